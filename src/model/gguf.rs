@@ -1,0 +1,248 @@
+//! Loading a Llama-family model and its tokenizer from one GGUF file (the format llama.cpp
+//! writes; read with candle's `gguf_file` reader). Metadata keys follow the GGUF spec
+//! (`{arch}.block_count`, `tokenizer.ggml.tokens`, ...).
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::QTensor;
+use candle_core::Device;
+
+use super::tokenizer::TextTokenizer;
+use super::{Block, Linear, Model, ModelConfig, ModelSource, RopeStyle, WeightDtype};
+use crate::error::{Error, Result};
+
+/// Architectures whose GGUF tensors kvbench maps onto its decoder.
+const SUPPORTED_ARCHS: &[&str] = &["llama", "mistral", "qwen2"];
+
+/// Opened GGUF file: metadata plus a reader for tensor data.
+pub struct GgufFile {
+    path: std::path::PathBuf,
+    content: Content,
+    reader: BufReader<File>,
+}
+
+impl GgufFile {
+    /// Opens and parses the header. Errors: [`Error::ModelNotFound`] when the file is missing,
+    /// [`Error::ModelFormat`] when it is not a readable GGUF.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(|e| Error::ModelNotFound {
+            model: path.display().to_string(),
+            reason: format!("{e}; pass an existing .gguf file or a folder with config.json"),
+        })?;
+        let mut reader = BufReader::new(file);
+        let content = Content::read(&mut reader).map_err(|e| Error::ModelFormat {
+            path: path.to_path_buf(),
+            reason: format!("not a readable GGUF file ({e})"),
+        })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            content,
+            reader,
+        })
+    }
+
+    fn bad(&self, reason: String) -> Error {
+        Error::ModelFormat {
+            path: self.path.clone(),
+            reason,
+        }
+    }
+
+    /// A metadata value. Errors: [`Error::ModelFormat`] naming the missing key.
+    pub fn meta(&self, key: &str) -> Result<&Value> {
+        self.content
+            .metadata
+            .get(key)
+            .ok_or_else(|| self.bad(format!("metadata key `{key}` is missing")))
+    }
+
+    fn meta_usize(&self, key: &str) -> Result<usize> {
+        let v = self.meta(key)?;
+        v.to_u32()
+            .map(|x| x as usize)
+            .or_else(|_| v.to_u64().map(|x| x as usize))
+            .or_else(|_| v.to_i32().map(|x| x as usize))
+            .map_err(|e| self.bad(format!("metadata `{key}`: {e}")))
+    }
+
+    fn meta_f32(&self, key: &str) -> Result<f32> {
+        self.meta(key)?
+            .to_f32()
+            .map_err(|e| self.bad(format!("metadata `{key}`: {e}")))
+    }
+
+    fn meta_str(&self, key: &str) -> Result<&str> {
+        self.meta(key)?
+            .to_string()
+            .map(String::as_str)
+            .map_err(|e| self.bad(format!("metadata `{key}`: {e}")))
+    }
+
+    fn meta_strings(&self, key: &str) -> Result<Vec<String>> {
+        let vals = self
+            .meta(key)?
+            .to_vec()
+            .map_err(|e| self.bad(format!("metadata `{key}`: {e}")))?;
+        vals.iter()
+            .map(|v| {
+                v.to_string()
+                    .cloned()
+                    .map_err(|e| self.bad(format!("metadata `{key}`: {e}")))
+            })
+            .collect()
+    }
+
+    /// Whether a tensor is present.
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// Reads one tensor. Errors: [`Error::ModelFormat`] when it is missing or the file ends early.
+    pub fn tensor(&mut self, name: &str) -> Result<QTensor> {
+        if !self.has_tensor(name) {
+            return Err(self.bad(format!("tensor `{name}` is missing")));
+        }
+        self.content
+            .tensor(&mut self.reader, name, &Device::Cpu)
+            .map_err(|e| Error::ModelFormat {
+                path: self.path.clone(),
+                reason: format!("tensor `{name}` could not be read ({e}); is the file truncated?"),
+            })
+    }
+
+    /// Hyper-parameters from `{arch}.*` metadata.
+    pub fn config(&self) -> Result<ModelConfig> {
+        let arch = self.meta_str("general.architecture")?.to_string();
+        if !SUPPORTED_ARCHS.contains(&arch.as_str()) {
+            return Err(Error::Unsupported(format!(
+                "GGUF architecture `{arch}` in {} (supported: {})",
+                self.path.display(),
+                SUPPORTED_ARCHS.join(", ")
+            )));
+        }
+        let k = |s: &str| format!("{arch}.{s}");
+        let hidden = self.meta_usize(&k("embedding_length"))?;
+        let q_heads = self.meta_usize(&k("attention.head_count"))?;
+        let kv_heads = self
+            .meta_usize(&k("attention.head_count_kv"))
+            .unwrap_or(q_heads);
+        let head_dim = self
+            .meta_usize(&k("attention.key_length"))
+            .unwrap_or(hidden / q_heads.max(1));
+        let vocab = match self.meta_usize(&k("vocab_size")) {
+            Ok(v) => v,
+            Err(_) => self.meta_strings("tokenizer.ggml.tokens")?.len(),
+        };
+        let cfg = ModelConfig {
+            layers: self.meta_usize(&k("block_count"))?,
+            hidden,
+            intermediate: self.meta_usize(&k("feed_forward_length"))?,
+            q_heads,
+            kv_heads,
+            head_dim,
+            vocab,
+            rope_theta: self.meta_f32(&k("rope.freq_base")).unwrap_or(10_000.0),
+            // llama.cpp's converter permutes Llama/Mistral Q and K rows for adjacent-pair RoPE;
+            // Qwen2 keeps Hugging Face's layout and uses NeoX (half) RoPE.
+            rope_style: if arch == "qwen2" {
+                RopeStyle::Half
+            } else {
+                RopeStyle::Interleaved
+            },
+            rms_eps: self.meta_f32(&k("attention.layer_norm_rms_epsilon"))? as f64,
+            max_ctx: self.meta_usize(&k("context_length"))?,
+            arch,
+        };
+        cfg.check(&self.path)?;
+        Ok(cfg)
+    }
+
+    /// Builds the byte-level BPE tokenizer from `tokenizer.ggml.*` metadata.
+    pub fn tokenizer(&self) -> Result<TextTokenizer> {
+        let model = self.meta_str("tokenizer.ggml.model")?;
+        if model != "gpt2" {
+            return Err(Error::Unsupported(format!(
+                "GGUF tokenizer model `{model}` in {}: kvbench builds gpt2-style byte-level BPE \
+                 from GGUF; pass a safetensors folder with tokenizer.json instead",
+                self.path.display()
+            )));
+        }
+        let tokens = self.meta_strings("tokenizer.ggml.tokens")?;
+        let merges = self.meta_strings("tokenizer.ggml.merges")?;
+        let types: Vec<i32> = match self.content.metadata.get("tokenizer.ggml.token_type") {
+            Some(v) => v
+                .to_vec()
+                .map_err(|e| self.bad(format!("token_type: {e}")))?
+                .iter()
+                .map(|t| t.to_i32().unwrap_or(1))
+                .collect(),
+            None => vec![1; tokens.len()],
+        };
+        let pre = self
+            .meta_str("tokenizer.ggml.pre")
+            .unwrap_or("default")
+            .to_string();
+        let bos = self.meta_usize("tokenizer.ggml.bos_token_id").ok().map(|x| x as u32);
+        let eos = self.meta_usize("tokenizer.ggml.eos_token_id").ok().map(|x| x as u32);
+        let add_bos = self
+            .content
+            .metadata
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(|v| v.to_bool().ok())
+            .unwrap_or(false);
+        TextTokenizer::from_gguf_vocab(&tokens, &merges, &types, &pre, bos, eos, add_bos)
+    }
+}
+
+/// Loads model and tokenizer from a GGUF file, linear layers in `dtype`.
+pub fn load(path: &Path, dtype: WeightDtype) -> Result<(Model, TextTokenizer, ModelSource)> {
+    let mut f = GgufFile::open(path)?;
+    let cfg = f.config()?;
+    let tokenizer = f.tokenizer()?;
+    let dev = Device::Cpu;
+    let embed_q = f.tensor("token_embd.weight")?;
+    let embed = embed_q.dequantize(&dev)?;
+    let mut blocks = Vec::with_capacity(cfg.layers);
+    for i in 0..cfg.layers {
+        let lin = |f: &mut GgufFile, name: &str| -> Result<Linear> {
+            let w = f.tensor(&format!("blk.{i}.{name}.weight"))?;
+            let bias_name = format!("blk.{i}.{name}.bias");
+            let b = if f.has_tensor(&bias_name) {
+                Some(f.tensor(&bias_name)?.dequantize(&dev)?)
+            } else {
+                None
+            };
+            Linear::new(w, b, dtype)
+        };
+        blocks.push(Block {
+            attn_norm: f.tensor(&format!("blk.{i}.attn_norm.weight"))?.dequantize(&dev)?,
+            q: lin(&mut f, "attn_q")?,
+            k: lin(&mut f, "attn_k")?,
+            v: lin(&mut f, "attn_v")?,
+            o: lin(&mut f, "attn_output")?,
+            ffn_norm: f.tensor(&format!("blk.{i}.ffn_norm.weight"))?.dequantize(&dev)?,
+            gate: lin(&mut f, "ffn_gate")?,
+            up: lin(&mut f, "ffn_up")?,
+            down: lin(&mut f, "ffn_down")?,
+        });
+    }
+    let norm = f.tensor("output_norm.weight")?.dequantize(&dev)?;
+    // Tied embeddings (SmolLM2, Qwen2-0.5B): no output.weight, the head reuses token_embd.
+    let head = if f.has_tensor("output.weight") {
+        f.tensor("output.weight")?
+    } else {
+        embed_q
+    };
+    let lm_head = Linear::new(head, None, dtype)?;
+    let model = Model::new(cfg, dtype, embed, blocks, norm, lm_head)?;
+    let source = ModelSource {
+        spec: path.display().to_string(),
+        format: "gguf".into(),
+        files: vec![path.to_path_buf()],
+        repo: None,
+    };
+    Ok((model, tokenizer, source))
+}

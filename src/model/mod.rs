@@ -1,0 +1,426 @@
+//! A Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM) built from candle ops, whose
+//! attention reads and writes a [`KvCache`] passed in from outside, and the loaders that build it
+//! from a GGUF file, a safetensors folder or a Hugging Face repo.
+//!
+//! Architecture as in Touvron et al. 2023 (Llama 2, §2.2): pre-norm RMSNorm, rotary position
+//! embeddings (RoFormer, Su et al. 2021), grouped-query attention (Ainslie et al. 2023), SwiGLU MLP.
+//! Qwen2 adds biases to the q/k/v projections.
+
+pub mod fetch;
+pub mod gguf;
+pub mod hub;
+pub mod safetensors;
+pub mod tokenizer;
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Tensor, D};
+
+use crate::error::{Error, Result};
+use crate::kv::{CacheGeometry, KvCache};
+pub use tokenizer::TextTokenizer;
+
+/// How rotary embeddings pair up the elements of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)`: GGUF Llama files, whose converter permutes Q/K rows for it.
+    Interleaved,
+    /// Halves `(i, i + d/2)`: Hugging Face checkpoints and GGUF Qwen2 ("NeoX" style).
+    Half,
+}
+
+/// Hyper-parameters of a Llama-family decoder, read from GGUF metadata or `config.json`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ModelConfig {
+    /// Architecture name as the file states it (`llama`, `qwen2`, `mistral`).
+    pub arch: String,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Residual stream width.
+    pub hidden: usize,
+    /// SwiGLU inner width.
+    pub intermediate: usize,
+    /// Query heads.
+    pub q_heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab: usize,
+    /// RoPE base frequency θ.
+    pub rope_theta: f32,
+    /// RoPE pairing.
+    pub rope_style: RopeStyle,
+    /// RMSNorm ε.
+    pub rms_eps: f64,
+    /// Context length the model was trained for (tokens).
+    pub max_ctx: usize,
+}
+
+impl ModelConfig {
+    /// The geometry the KV cache needs.
+    pub fn cache_geometry(&self) -> CacheGeometry {
+        CacheGeometry {
+            layers: self.layers,
+            kv_heads: self.kv_heads,
+            q_heads: self.q_heads,
+            head_dim: self.head_dim,
+        }
+    }
+
+    fn check(&self, path: &std::path::Path) -> Result<()> {
+        let bad = |reason: String| Error::ModelFormat {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if self.layers == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.head_dim == 0 {
+            return Err(bad(format!("degenerate geometry {self:?}")));
+        }
+        if self.q_heads % self.kv_heads != 0 {
+            return Err(bad(format!(
+                "{} query heads are not a multiple of {} kv heads",
+                self.q_heads, self.kv_heads
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The dtype the linear layers compute in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightDtype {
+    /// Weights dequantized to f32 at load: exact arithmetic, for quality numbers.
+    F32,
+    /// Weights (re)quantized to ggml Q8_0 (blocks of 32, f16 scale), which candle runs with AVX2
+    /// dot products: the fast path for timing sweeps.
+    Q8_0,
+    /// Whatever the file stores (e.g. Q4_1 in the default GGUF; candle 0.11 has no SIMD for it).
+    Native,
+}
+
+impl std::fmt::Display for WeightDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WeightDtype::F32 => "f32",
+            WeightDtype::Q8_0 => "q8_0",
+            WeightDtype::Native => "native",
+        })
+    }
+}
+
+impl FromStr for WeightDtype {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(WeightDtype::F32),
+            "q8_0" | "q8" => Ok(WeightDtype::Q8_0),
+            "native" => Ok(WeightDtype::Native),
+            _ => Err(Error::InvalidArgument {
+                name: "weight dtype".into(),
+                reason: format!("`{s}` is not one of f32, q8_0, native"),
+            }),
+        }
+    }
+}
+
+/// A linear layer `y = x Wᵀ (+ b)`, `W: [out, in]`, in the chosen [`WeightDtype`].
+#[derive(Debug, Clone)]
+pub struct Linear {
+    w: QMatMul,
+    b: Option<Tensor>,
+}
+
+impl Linear {
+    /// Builds the layer from a stored tensor `[out, in]`, converting it to `dtype`.
+    pub fn new(w: QTensor, b: Option<Tensor>, dtype: WeightDtype) -> Result<Self> {
+        let dev = Device::Cpu;
+        let w = match (dtype, w.dtype()) {
+            (WeightDtype::F32, _) | (_, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) => {
+                QMatMul::Tensor(w.dequantize(&dev)?)
+            }
+            (WeightDtype::Q8_0, GgmlDType::Q8_0) | (WeightDtype::Native, _) => {
+                QMatMul::QTensor(std::sync::Arc::new(w))
+            }
+            (WeightDtype::Q8_0, _) => {
+                let t = w.dequantize(&dev)?;
+                QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize(&t, GgmlDType::Q8_0)?))
+            }
+        };
+        Ok(Self { w, b })
+    }
+
+    /// Builds the layer from a dense `[out, in]` tensor (safetensors), converting to `dtype`
+    /// (`Native` keeps f32: candle's CPU backend has no fast bf16/f16 matmul).
+    pub fn from_dense(w: Tensor, b: Option<Tensor>, dtype: WeightDtype) -> Result<Self> {
+        let w = w.to_dtype(DType::F32)?;
+        let w = match dtype {
+            WeightDtype::F32 | WeightDtype::Native => QMatMul::Tensor(w),
+            WeightDtype::Q8_0 => {
+                QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0)?))
+            }
+        };
+        Ok(Self { w, b })
+    }
+
+    /// `x: [..., in]` f32 → `[..., out]` f32.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.w.forward(x)?;
+        Ok(match &self.b {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// One decoder block's weights.
+#[derive(Debug, Clone)]
+pub struct Block {
+    pub attn_norm: Tensor,
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub ffn_norm: Tensor,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+/// Where a model came from, recorded in `meta.json`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModelSource {
+    /// What the user passed to `--model`.
+    pub spec: String,
+    /// `gguf`, `safetensors` or `hf-hub`.
+    pub format: String,
+    /// Weight files read.
+    pub files: Vec<PathBuf>,
+    /// Hugging Face repo id, when resolved through hf-hub.
+    pub repo: Option<String>,
+}
+
+/// A loaded Llama-family decoder.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// Hyper-parameters.
+    pub config: ModelConfig,
+    /// Dtype of the linear layers.
+    pub weight_dtype: WeightDtype,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    lm_head: Linear,
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Model {
+    /// Assembles a model from loaded weights. `embed`: `[vocab, hidden]` f32.
+    pub fn new(
+        config: ModelConfig,
+        weight_dtype: WeightDtype,
+        embed: Tensor,
+        blocks: Vec<Block>,
+        norm: Tensor,
+        lm_head: Linear,
+    ) -> Result<Self> {
+        let (cos, sin) = rope_tables(&config)?;
+        Ok(Self {
+            config,
+            weight_dtype,
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            cos,
+            sin,
+        })
+    }
+
+    /// Runs `tokens` (`[batch, n]`, row-major, `n` new tokens per sequence) through the decoder,
+    /// appending their K/V to `cache` and attending over everything cached. Returns the final
+    /// hidden states after the output norm, `[batch, n, hidden]` f32.
+    ///
+    /// With `cache = None` attention is computed by plain candle ops over the f32 K/V of this call
+    /// only (no cache): the reference path the cached one is tested against.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when the position would pass the model's context length.
+    pub fn forward_hidden(
+        &self,
+        tokens: &[u32],
+        batch: usize,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let n = tokens.len() / batch;
+        let pos0 = cache.as_ref().map_or(0, |k| k.len(0));
+        if pos0 + n > c.max_ctx {
+            return Err(Error::InvalidArgument {
+                name: "sequence length".into(),
+                reason: format!(
+                    "{} tokens exceed the model's context length {}",
+                    pos0 + n,
+                    c.max_ctx
+                ),
+            });
+        }
+        let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
+        let mut x = self.embed.index_select(&ids, 0)?.reshape((batch, n, c.hidden))?;
+        let cos = self.cos.narrow(0, pos0, n)?;
+        let sin = self.sin.narrow(0, pos0, n)?;
+        let rope = |t: Tensor| -> Result<Tensor> {
+            Ok(match c.rope_style {
+                RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&t, &cos, &sin)?,
+                RopeStyle::Half => candle_nn::rotary_emb::rope(&t, &cos, &sin)?,
+            })
+        };
+        let heads = |t: Tensor, h: usize| -> Result<Tensor> {
+            Ok(t.reshape((batch, n, h, c.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        for (layer, blk) in self.blocks.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &blk.attn_norm, c.rms_eps as f32)?;
+            let q = rope(heads(blk.q.forward(&h)?, c.q_heads)?)?;
+            let k = rope(heads(blk.k.forward(&h)?, c.kv_heads)?)?;
+            let v = heads(blk.v.forward(&h)?, c.kv_heads)?;
+            let attn = match cache.as_deref_mut() {
+                Some(cache) => {
+                    let kf = k.flatten_all()?.to_vec1::<f32>()?;
+                    let vf = v.flatten_all()?.to_vec1::<f32>()?;
+                    cache.append(layer, &kf, &vf, n);
+                    let qf = q.flatten_all()?.to_vec1::<f32>()?;
+                    let out = cache.attend(layer, &qf, n);
+                    Tensor::from_vec(out, (batch, c.q_heads, n, c.head_dim), &Device::Cpu)?
+                }
+                None => reference_attention(&q, &k, &v, c)?,
+            };
+            let attn = attn
+                .transpose(1, 2)?
+                .reshape((batch, n, c.q_heads * c.head_dim))?;
+            x = (x + blk.o.forward(&attn)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &blk.ffn_norm, c.rms_eps as f32)?;
+            let act = (candle_nn::ops::silu(&blk.gate.forward(&h)?)? * blk.up.forward(&h)?)?;
+            x = (x + blk.down.forward(&act)?)?;
+        }
+        Ok(candle_nn::ops::rms_norm(&x, &self.norm, c.rms_eps as f32)?)
+    }
+
+    /// Logits for hidden states: `[..., hidden]` → `[..., vocab]` f32.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.lm_head.forward(&hidden.contiguous()?)
+    }
+
+    /// Full forward: logits for every position, `[batch, n, vocab]` f32 (see
+    /// [`forward_hidden`](Self::forward_hidden) for the arguments and errors).
+    pub fn forward(&self, tokens: &[u32], batch: usize, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let h = self.forward_hidden(tokens, batch, cache)?;
+        self.logits(&h)
+    }
+
+    /// Forward that returns only the last position's logits, `[batch, vocab]`: what prefill and
+    /// decode steps need.
+    pub fn forward_last(&self, tokens: &[u32], batch: usize, cache: &mut KvCache) -> Result<Tensor> {
+        let h = self.forward_hidden(tokens, batch, Some(cache))?;
+        let n = h.dim(1)?;
+        self.logits(&h.narrow(1, n - 1, 1)?.squeeze(1)?)
+    }
+}
+
+/// softmax(QKᵀ/√d + causal mask)·V in f32 with candle ops; `q: [b, hq, n, d]`, `k, v: [b, hkv,
+/// n, d]`. GQA by repeating each kv head `hq / hkv` times (as Hugging Face's `repeat_kv`).
+fn reference_attention(q: &Tensor, k: &Tensor, v: &Tensor, c: &ModelConfig) -> Result<Tensor> {
+    let (b, _, n, d) = q.dims4()?;
+    let rep = c.q_heads / c.kv_heads;
+    let expand = |t: &Tensor| -> Result<Tensor> {
+        Ok(t.unsqueeze(2)?
+            .expand((b, c.kv_heads, rep, n, d))?
+            .reshape((b, c.q_heads, n, d))?)
+    };
+    let (k, v) = (expand(k)?, expand(v)?);
+    let scores = (q.matmul(&k.t()?)? / (d as f64).sqrt())?;
+    let mask: Vec<f32> = (0..n)
+        .flat_map(|i| (0..n).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    let mask = Tensor::from_vec(mask, (n, n), &Device::Cpu)?;
+    let p = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
+    Ok(p.matmul(&v.contiguous()?)?)
+}
+
+/// cos/sin tables `[max_ctx, head_dim/2]` f32: θ_i = base^(−2i/d), angle = pos · θ_i.
+fn rope_tables(c: &ModelConfig) -> Result<(Tensor, Tensor)> {
+    let half = c.head_dim / 2;
+    let inv: Vec<f32> = (0..half)
+        .map(|i| 1.0 / c.rope_theta.powf(2.0 * i as f32 / c.head_dim as f32))
+        .collect();
+    let inv = Tensor::from_vec(inv, (1, half), &Device::Cpu)?;
+    let pos = Tensor::arange(0u32, c.max_ctx as u32, &Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .reshape((c.max_ctx, 1))?;
+    let ang = pos.broadcast_mul(&inv)?;
+    Ok((ang.cos()?, ang.sin()?))
+}
+
+/// A model and its tokenizer, loaded from whatever `--model` named.
+#[derive(Debug, Clone)]
+pub struct LoadedModel {
+    /// The decoder.
+    pub model: Model,
+    /// Its tokenizer.
+    pub tokenizer: TextTokenizer,
+    /// Where it came from.
+    pub source: ModelSource,
+}
+
+/// What `--model` resolves to before any weights are read.
+#[derive(Debug, Clone)]
+pub enum ModelLocation {
+    /// A single GGUF file (weights, hyper-parameters and tokenizer inside).
+    Gguf(PathBuf),
+    /// `config.json`, `tokenizer.json` and safetensors shards.
+    Safetensors {
+        config: PathBuf,
+        tokenizer: PathBuf,
+        weights: Vec<PathBuf>,
+        repo: Option<String>,
+    },
+}
+
+/// Resolves `spec` (see [`hub::resolve`]) and loads it with linear layers in `dtype`.
+///
+/// Errors: [`Error::ModelNotFound`] (missing path, uncached repo with the hub unreachable),
+/// [`Error::ModelFormat`] (truncated or malformed files), [`Error::Unsupported`] (architecture or
+/// tokenizer kvbench does not implement), [`Error::Fetch`] (default model download failed).
+pub fn load(spec: &str, dtype: WeightDtype) -> Result<LoadedModel> {
+    load_location(spec, &hub::resolve(spec)?, dtype)
+}
+
+/// Loads an already resolved location (resolution is separate so the sweep can load the same
+/// files twice, in two weight dtypes, without resolving twice).
+pub fn load_location(spec: &str, loc: &ModelLocation, dtype: WeightDtype) -> Result<LoadedModel> {
+    let (model, tokenizer, mut source) = match loc {
+        ModelLocation::Gguf(path) => gguf::load(path, dtype)?,
+        ModelLocation::Safetensors {
+            config,
+            tokenizer,
+            weights,
+            repo,
+        } => safetensors::load(config, tokenizer, weights, repo.clone(), dtype)?,
+    };
+    source.spec = spec.to_string();
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        source,
+    })
+}
+
+/// Index of the largest value in each row of `[rows, vocab]` logits (greedy decoding).
+pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
+    Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
+}

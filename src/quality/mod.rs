@@ -1,0 +1,5 @@
+//! Quality measurements through the KV cache. Raw per-item metrics only; summaries live in
+//! [`crate::measure`] and [`crate::report`].
+
+pub mod perplexity;
+pub mod wikitext;
