@@ -16,4 +16,5 @@ fn main() {
     println!("cargo:rustc-env=KVBENCH_GIT_REV={rev}");
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/index");
+    println!("cargo:rerun-if-changed=.git/refs/heads");
 }

@@ -38,8 +38,8 @@ pub enum Error {
     #[error("tokenizer: {0}")]
     Tokenizer(String),
 
-    /// Tensor operation failed inside candle.
-    #[error(transparent)]
+    /// Tensor operation failed inside candle (message without candle's backtrace).
+    #[error("{}", first_line(.0))]
     Candle(#[from] candle_core::Error),
 
     /// File-system error, with the path involved.
@@ -72,6 +72,12 @@ impl Error {
             source,
         }
     }
+}
+
+/// The first line of an error's message: candle appends a backtrace to its messages when
+/// `RUST_BACKTRACE` is set, which users should not have to read.
+pub fn first_line(e: &impl std::fmt::Display) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
 }
 
 /// Result alias used throughout the library.

@@ -38,9 +38,10 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            let usage = e
-                .chain()
-                .any(|c| c.downcast_ref::<crate::Error>().is_some_and(|k| k.is_usage()));
+            let usage = e.chain().any(|c| {
+                c.downcast_ref::<crate::Error>()
+                    .is_some_and(|k| k.is_usage())
+            });
             ExitCode::from(if usage { 2 } else { 1 })
         }
     }

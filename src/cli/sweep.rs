@@ -1,12 +1,13 @@
 //! `kvbench sweep`: the main job.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::kv::{KvScheme, VALID_SCHEMES};
-use crate::measure::sweep::{run_sweep, work_units, Progress, SweepSpec};
+use crate::measure::sweep::{run_sweep, work_units, PhaseModels, Progress, SweepSpec};
 use crate::model::{self, hub, ModelLocation, WeightDtype};
 use crate::quality::perplexity::{PplProtocol, Scoring};
 use crate::quality::wikitext;
@@ -52,9 +53,15 @@ pub struct SweepArgs {
     #[arg(long, value_enum, default_value_t = Scoring::Half)]
     pub ppl_score: Scoring,
 
-    /// Weights during timing: q8_0 (fast SIMD matmul), f32 (exact) or native (as stored).
+    /// Weights during decode steps (TPOT): q8_0 (candle's fastest memory-bound kernel here),
+    /// f32 (exact) or native (as stored in the file).
     #[arg(long, default_value = "q8_0")]
     pub weights: WeightDtype,
+
+    /// Weights during prefill (TTFT): f32 runs candle's gemm, ~3× faster than its Q8_0 kernels
+    /// on long prompts.
+    #[arg(long, default_value = "f32")]
+    pub prefill_weights: WeightDtype,
 
     /// Weights during perplexity: f32 keeps quality numbers exact.
     #[arg(long, default_value = "f32")]
@@ -99,7 +106,8 @@ struct ModelMeta {
     source: model::ModelSource,
     sha256: Vec<String>,
     config: model::ModelConfig,
-    weight_dtype_timing: WeightDtype,
+    weight_dtype_prefill: WeightDtype,
+    weight_dtype_decode: WeightDtype,
     weight_dtype_perplexity: WeightDtype,
     kv_bytes_per_token: Vec<(String, usize)>,
 }
@@ -132,12 +140,20 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     }
     let started_at = meta::now_rfc3339();
     let location = hub::resolve(&args.model)?;
-    let timing = model::load_location(&args.model, &location, args.weights)
-        .with_context(|| format!("loading model `{}`", args.model))?;
-    let quality_model = if args.ppl_weights == args.weights {
-        timing.model.clone()
-    } else {
-        model::load_location(&args.model, &location, args.ppl_weights)?.model
+    // One load per distinct weight dtype; phases that share a dtype share the model.
+    let mut loaded: HashMap<WeightDtype, model::LoadedModel> = HashMap::new();
+    for dtype in [args.weights, args.prefill_weights, args.ppl_weights] {
+        if !loaded.contains_key(&dtype) {
+            let m = model::load_location(&args.model, &location, dtype)
+                .with_context(|| format!("loading model `{}` with {dtype} weights", args.model))?;
+            loaded.insert(dtype, m);
+        }
+    }
+    let timing = &loaded[&args.weights];
+    let models = PhaseModels {
+        prefill: &loaded[&args.prefill_weights].model,
+        decode: &timing.model,
+        quality: &loaded[&args.ppl_weights].model,
     };
     let cfg = timing.model.config.clone();
     let tokens = timing.tokenizer.encode(wikitext::wikitext2_test_text())?;
@@ -168,7 +184,10 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     let label = model_label(&args.model, &location);
     let run_id = format!(
         "{}-{}",
-        started_at.replace([':', '-'], "").trim_end_matches('Z').replace('T', "-"),
+        started_at
+            .replace([':', '-'], "")
+            .trim_end_matches('Z')
+            .replace('T', "-"),
         label.trim_end_matches(".gguf").replace(['/', ' '], "_")
     );
     let dir = args
@@ -196,7 +215,8 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
             source: timing.source.clone(),
             sha256,
             config: cfg.clone(),
-            weight_dtype_timing: args.weights,
+            weight_dtype_prefill: args.prefill_weights,
+            weight_dtype_decode: args.weights,
             weight_dtype_perplexity: args.ppl_weights,
             kv_bytes_per_token: spec
                 .schemes
@@ -234,7 +254,8 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         RowContext {
             run_id: run_id.clone(),
             model: label,
-            weight_dtype: args.weights.to_string(),
+            prefill_weight_dtype: args.prefill_weights.to_string(),
+            decode_weight_dtype: args.weights.to_string(),
             ppl_weight_dtype: args.ppl_weights.to_string(),
             ppl_ctx: ppl.as_ref().map(|p| p.ctx),
             geometry: geom,
@@ -254,8 +275,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     });
     let progress = BarProgress(bar.clone());
     let result = run_sweep(
-        &timing.model,
-        &quality_model,
+        models,
         &tokens,
         timing.tokenizer.bos,
         &spec,
@@ -269,8 +289,9 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     result?;
     print!("{}", table::render(&sink.rows));
     println!(
-        "model {} · timing weights {} · perplexity: {} · {} threads",
+        "model {} · weights: prefill {}, decode {} · perplexity: {} · {} threads",
         meta.model.source.spec,
+        args.prefill_weights,
         args.weights,
         ppl.as_ref().map_or("skipped".to_string(), |p| format!(
             "WikiText-2, {} windows × {} tokens, {:?} scoring, weights {}",

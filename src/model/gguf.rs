@@ -35,7 +35,10 @@ impl GgufFile {
         let mut reader = BufReader::new(file);
         let content = Content::read(&mut reader).map_err(|e| Error::ModelFormat {
             path: path.to_path_buf(),
-            reason: format!("not a readable GGUF file ({e})"),
+            reason: format!(
+                "not a readable GGUF file ({})",
+                crate::error::first_line(&e)
+            ),
         })?;
         Ok(Self {
             path: path.to_path_buf(),
@@ -65,32 +68,50 @@ impl GgufFile {
             .map(|x| x as usize)
             .or_else(|_| v.to_u64().map(|x| x as usize))
             .or_else(|_| v.to_i32().map(|x| x as usize))
-            .map_err(|e| self.bad(format!("metadata `{key}`: {e}")))
+            .map_err(|e| {
+                self.bad(format!(
+                    "metadata `{key}`: {}",
+                    crate::error::first_line(&e)
+                ))
+            })
     }
 
     fn meta_f32(&self, key: &str) -> Result<f32> {
-        self.meta(key)?
-            .to_f32()
-            .map_err(|e| self.bad(format!("metadata `{key}`: {e}")))
+        self.meta(key)?.to_f32().map_err(|e| {
+            self.bad(format!(
+                "metadata `{key}`: {}",
+                crate::error::first_line(&e)
+            ))
+        })
     }
 
     fn meta_str(&self, key: &str) -> Result<&str> {
         self.meta(key)?
             .to_string()
             .map(String::as_str)
-            .map_err(|e| self.bad(format!("metadata `{key}`: {e}")))
+            .map_err(|e| {
+                self.bad(format!(
+                    "metadata `{key}`: {}",
+                    crate::error::first_line(&e)
+                ))
+            })
     }
 
     fn meta_strings(&self, key: &str) -> Result<Vec<String>> {
-        let vals = self
-            .meta(key)?
-            .to_vec()
-            .map_err(|e| self.bad(format!("metadata `{key}`: {e}")))?;
+        let vals = self.meta(key)?.to_vec().map_err(|e| {
+            self.bad(format!(
+                "metadata `{key}`: {}",
+                crate::error::first_line(&e)
+            ))
+        })?;
         vals.iter()
             .map(|v| {
-                v.to_string()
-                    .cloned()
-                    .map_err(|e| self.bad(format!("metadata `{key}`: {e}")))
+                v.to_string().cloned().map_err(|e| {
+                    self.bad(format!(
+                        "metadata `{key}`: {}",
+                        crate::error::first_line(&e)
+                    ))
+                })
             })
             .collect()
     }
@@ -109,7 +130,10 @@ impl GgufFile {
             .tensor(&mut self.reader, name, &Device::Cpu)
             .map_err(|e| Error::ModelFormat {
                 path: self.path.clone(),
-                reason: format!("tensor `{name}` could not be read ({e}); is the file truncated?"),
+                reason: format!(
+                    "tensor `{name}` could not be read ({}); is the file truncated?",
+                    crate::error::first_line(&e)
+                ),
             })
     }
 
@@ -185,8 +209,14 @@ impl GgufFile {
             .meta_str("tokenizer.ggml.pre")
             .unwrap_or("default")
             .to_string();
-        let bos = self.meta_usize("tokenizer.ggml.bos_token_id").ok().map(|x| x as u32);
-        let eos = self.meta_usize("tokenizer.ggml.eos_token_id").ok().map(|x| x as u32);
+        let bos = self
+            .meta_usize("tokenizer.ggml.bos_token_id")
+            .ok()
+            .map(|x| x as u32);
+        let eos = self
+            .meta_usize("tokenizer.ggml.eos_token_id")
+            .ok()
+            .map(|x| x as u32);
         let add_bos = self
             .content
             .metadata
@@ -218,12 +248,16 @@ pub fn load(path: &Path, dtype: WeightDtype) -> Result<(Model, TextTokenizer, Mo
             Linear::new(w, b, dtype)
         };
         blocks.push(Block {
-            attn_norm: f.tensor(&format!("blk.{i}.attn_norm.weight"))?.dequantize(&dev)?,
+            attn_norm: f
+                .tensor(&format!("blk.{i}.attn_norm.weight"))?
+                .dequantize(&dev)?,
             q: lin(&mut f, "attn_q")?,
             k: lin(&mut f, "attn_k")?,
             v: lin(&mut f, "attn_v")?,
             o: lin(&mut f, "attn_output")?,
-            ffn_norm: f.tensor(&format!("blk.{i}.ffn_norm.weight"))?.dequantize(&dev)?,
+            ffn_norm: f
+                .tensor(&format!("blk.{i}.ffn_norm.weight"))?
+                .dequantize(&dev)?,
             gate: lin(&mut f, "ffn_gate")?,
             up: lin(&mut f, "ffn_up")?,
             down: lin(&mut f, "ffn_down")?,

@@ -46,9 +46,8 @@ pub fn resolve(spec: &str) -> Result<ModelLocation> {
         .iter()
         .find(|(a, _)| a.eq_ignore_ascii_case(spec))
         .map(|(_, r)| r.to_string());
-    let looks_like_repo = spec.matches('/').count() == 1
-        && !spec.starts_with(['.', '/'])
-        && !spec.ends_with(".gguf");
+    let looks_like_repo =
+        spec.matches('/').count() == 1 && !spec.starts_with(['.', '/']) && !spec.ends_with(".gguf");
     match repo {
         Some(r) => from_hub(spec, &r),
         None if looks_like_repo => from_hub(spec, spec),
@@ -131,7 +130,11 @@ fn from_hub(spec: &str, repo_id: &str) -> Result<ModelLocation> {
             let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
             let mut files: Vec<String> = v["weight_map"]
                 .as_object()
-                .map(|m| m.values().filter_map(|f| f.as_str().map(String::from)).collect())
+                .map(|m| {
+                    m.values()
+                        .filter_map(|f| f.as_str().map(String::from))
+                        .collect()
+                })
                 .unwrap_or_default();
             files.sort();
             files.dedup();

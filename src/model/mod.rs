@@ -91,7 +91,7 @@ impl ModelConfig {
 }
 
 /// The dtype the linear layers compute in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WeightDtype {
     /// Weights dequantized to f32 at load: exact arithmetic, for quality numbers.
@@ -270,7 +270,10 @@ impl Model {
             });
         }
         let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
-        let mut x = self.embed.index_select(&ids, 0)?.reshape((batch, n, c.hidden))?;
+        let mut x = self
+            .embed
+            .index_select(&ids, 0)?
+            .reshape((batch, n, c.hidden))?;
         let cos = self.cos.narrow(0, pos0, n)?;
         let sin = self.sin.narrow(0, pos0, n)?;
         let rope = |t: Tensor| -> Result<Tensor> {
@@ -318,14 +321,24 @@ impl Model {
 
     /// Full forward: logits for every position, `[batch, n, vocab]` f32 (see
     /// [`forward_hidden`](Self::forward_hidden) for the arguments and errors).
-    pub fn forward(&self, tokens: &[u32], batch: usize, cache: Option<&mut KvCache>) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        batch: usize,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
         let h = self.forward_hidden(tokens, batch, cache)?;
         self.logits(&h)
     }
 
     /// Forward that returns only the last position's logits, `[batch, vocab]`: what prefill and
     /// decode steps need.
-    pub fn forward_last(&self, tokens: &[u32], batch: usize, cache: &mut KvCache) -> Result<Tensor> {
+    pub fn forward_last(
+        &self,
+        tokens: &[u32],
+        batch: usize,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
         let h = self.forward_hidden(tokens, batch, Some(cache))?;
         let n = h.dim(1)?;
         self.logits(&h.narrow(1, n - 1, 1)?.squeeze(1)?)

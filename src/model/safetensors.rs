@@ -88,7 +88,7 @@ pub fn load(
     // SAFETY: the files are memory-mapped read-only; kvbench does not modify them while loaded.
     let st = unsafe { MmapedSafetensors::multi(weights) }.map_err(|e| Error::ModelFormat {
         path: weights.first().cloned().unwrap_or_default(),
-        reason: format!("safetensors: {e}"),
+        reason: format!("safetensors: {}", crate::error::first_line(&e)),
     })?;
     let dev = Device::Cpu;
     let get = |name: &str| -> Result<Tensor> {
@@ -96,7 +96,7 @@ pub fn load(
             .and_then(|t| t.to_dtype(DType::F32))
             .map_err(|e| Error::ModelFormat {
                 path: weights.first().cloned().unwrap_or_default(),
-                reason: format!("tensor `{name}`: {e}"),
+                reason: format!("tensor `{name}`: {}", crate::error::first_line(&e)),
             })
     };
     let has = |name: &str| st.get(name).is_ok();
@@ -131,7 +131,12 @@ pub fn load(
     let model = Model::new(cfg, dtype, embed, blocks, norm, lm_head)?;
     let source = ModelSource {
         spec: config.parent().unwrap_or(config).display().to_string(),
-        format: if repo.is_some() { "hf-hub" } else { "safetensors" }.into(),
+        format: if repo.is_some() {
+            "hf-hub"
+        } else {
+            "safetensors"
+        }
+        .into(),
         files: weights.to_vec(),
         repo,
     };
@@ -150,7 +155,11 @@ pub fn shards_in(dir: &Path) -> Result<Vec<PathBuf>> {
         })?;
         let mut files: Vec<String> = v["weight_map"]
             .as_object()
-            .map(|m| m.values().filter_map(|f| f.as_str().map(String::from)).collect())
+            .map(|m| {
+                m.values()
+                    .filter_map(|f| f.as_str().map(String::from))
+                    .collect()
+            })
             .unwrap_or_default();
         files.sort();
         files.dedup();

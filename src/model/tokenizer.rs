@@ -60,7 +60,10 @@ impl TextTokenizer {
             .collect();
         let merges: Vec<(String, String)> = merges
             .iter()
-            .filter_map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())))
+            .filter_map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+            })
             .collect();
         let tk = |e: tokenizers::Error| Error::Tokenizer(e.to_string());
         let mut builder = BPE::builder().vocab_and_merges(vocab, merges);

@@ -60,7 +60,10 @@ impl PplProtocol {
             reason,
         };
         if self.ctx < 4 {
-            return Err(bad(format!("{} is too small; use at least 4 tokens", self.ctx)));
+            return Err(bad(format!(
+                "{} is too small; use at least 4 tokens",
+                self.ctx
+            )));
         }
         if self.ctx > model_ctx {
             return Err(bad(format!(
@@ -160,7 +163,12 @@ pub fn token_nll(logits: &Tensor, targets: &[u32]) -> Result<Vec<f64>> {
         .zip(targets)
         .map(|(row, &t)| {
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-            let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+            let lse = max
+                + row
+                    .iter()
+                    .map(|&x| (x as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
             lse - row[t as usize] as f64
         })
         .collect())
@@ -173,8 +181,11 @@ mod tests {
     /// Uniform logits over 4 classes: NLL = ln 4 for any target; a one-hot-ish row by hand.
     #[test]
     fn nll_by_hand() {
-        let l = Tensor::new(&[[0f32, 0., 0., 0.], [2f32.ln(), 0., 0., 0.]], &candle_core::Device::Cpu)
-            .unwrap();
+        let l = Tensor::new(
+            &[[0f32, 0., 0., 0.], [2f32.ln(), 0., 0., 0.]],
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
         let nll = token_nll(&l, &[3, 0]).unwrap();
         assert!((nll[0] - 4f64.ln()).abs() < 1e-12);
         // p(0) = 2 / (2 + 1 + 1 + 1) = 0.4

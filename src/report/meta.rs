@@ -7,7 +7,11 @@ use crate::measure::memory;
 
 /// kvbench's version and the git revision it was built from (`-dirty` if uncommitted changes).
 pub fn version() -> String {
-    format!("{} ({})", env!("CARGO_PKG_VERSION"), env!("KVBENCH_GIT_REV"))
+    format!(
+        "{} ({})",
+        env!("CARGO_PKG_VERSION"),
+        env!("KVBENCH_GIT_REV")
+    )
 }
 
 /// The machine a run happened on.

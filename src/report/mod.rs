@@ -19,8 +19,10 @@ pub struct ResultRow {
     pub run_id: String,
     /// Model file or repo (`meta.json` has its sha256).
     pub model: String,
-    /// Dtype of the linear layers during timing (`f32`, `q8_0`, `native`).
-    pub weight_dtype: String,
+    /// Dtype of the linear layers during prefill (`f32`, `q8_0`, `native`).
+    pub prefill_weight_dtype: String,
+    /// Dtype of the linear layers during decode steps.
+    pub decode_weight_dtype: String,
     /// KV-cache scheme spec (the string `--dtypes` takes).
     pub scheme: String,
     /// Sequences decoded together.
@@ -71,11 +73,33 @@ pub struct ResultRow {
 
 /// Columns of `results.csv`, in order, with their meaning (for `--help` and the README).
 pub const CSV_COLUMNS: &[&str] = &[
-    "run_id", "model", "weight_dtype", "scheme", "batch_size", "seq_len", "gen_tokens", "status",
-    "ttft_ms", "prefill_tokens_per_s", "tpot_ms_mean", "tpot_ms_p50", "tpot_ms_p95",
-    "decode_tokens_per_s", "kv_tokens", "kv_bytes", "kv_bytes_per_token", "kv_ratio_vs_fp16",
-    "kv_reserved_bytes", "peak_rss_bytes", "ppl", "ppl_delta_pct", "ppl_mean_nll", "ppl_windows",
-    "ppl_ctx", "ppl_weight_dtype",
+    "run_id",
+    "model",
+    "prefill_weight_dtype",
+    "decode_weight_dtype",
+    "scheme",
+    "batch_size",
+    "seq_len",
+    "gen_tokens",
+    "status",
+    "ttft_ms",
+    "prefill_tokens_per_s",
+    "tpot_ms_mean",
+    "tpot_ms_p50",
+    "tpot_ms_p95",
+    "decode_tokens_per_s",
+    "kv_tokens",
+    "kv_bytes",
+    "kv_bytes_per_token",
+    "kv_ratio_vs_fp16",
+    "kv_reserved_bytes",
+    "peak_rss_bytes",
+    "ppl",
+    "ppl_delta_pct",
+    "ppl_mean_nll",
+    "ppl_windows",
+    "ppl_ctx",
+    "ppl_weight_dtype",
 ];
 
 /// Fixed context of a run that every row repeats.
@@ -85,8 +109,10 @@ pub struct RowContext {
     pub run_id: String,
     /// Model label.
     pub model: String,
-    /// Timing weight dtype.
-    pub weight_dtype: String,
+    /// Prefill weight dtype.
+    pub prefill_weight_dtype: String,
+    /// Decode weight dtype.
+    pub decode_weight_dtype: String,
     /// Perplexity weight dtype.
     pub ppl_weight_dtype: String,
     /// Perplexity window length.
@@ -105,7 +131,8 @@ impl ResultRow {
         ResultRow {
             run_id: ctx.run_id.clone(),
             model: ctx.model.clone(),
-            weight_dtype: ctx.weight_dtype.clone(),
+            prefill_weight_dtype: ctx.prefill_weight_dtype.clone(),
+            decode_weight_dtype: ctx.decode_weight_dtype.clone(),
             scheme: o.scheme.to_string(),
             batch_size: o.batch,
             seq_len: o.seq_len,

@@ -5,8 +5,18 @@ use super::ResultRow;
 /// Renders rows as an aligned plain-text table.
 pub fn render(rows: &[ResultRow]) -> String {
     let header = [
-        "scheme", "batch", "seq", "TTFT ms", "TPOT p50 ms", "TPOT p95 ms", "decode tok/s",
-        "KV MiB", "KV vs fp16", "PPL", "ΔPPL %", "status",
+        "scheme",
+        "batch",
+        "seq",
+        "TTFT ms",
+        "TPOT p50 ms",
+        "TPOT p95 ms",
+        "decode tok/s",
+        "KV MiB",
+        "KV vs fp16",
+        "PPL",
+        "ΔPPL %",
+        "status",
     ];
     let f = |x: Option<f64>, p: usize| x.map_or("-".to_string(), |v| format!("{v:.p$}"));
     let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
@@ -20,18 +30,32 @@ pub fn render(rows: &[ResultRow]) -> String {
             f(r.tpot_ms_p95, 2),
             f(r.decode_tokens_per_s, 1),
             f(r.kv_bytes.map(|b| b as f64 / (1u64 << 20) as f64), 2),
-            r.kv_ratio_vs_fp16.map_or("-".into(), |x| format!("{x:.3}×")),
+            r.kv_ratio_vs_fp16
+                .map_or("-".into(), |x| format!("{x:.3}×")),
             f(r.ppl, 4),
             r.ppl_delta_pct.map_or("-".into(), |x| format!("{x:+.2}")),
             if r.status.len() > 40 {
-                format!("{}…", &r.status[..r.status.char_indices().nth(39).map_or(r.status.len(), |c| c.0)])
+                format!(
+                    "{}…",
+                    &r.status[..r
+                        .status
+                        .char_indices()
+                        .nth(39)
+                        .map_or(r.status.len(), |c| c.0)]
+                )
             } else {
                 r.status.clone()
             },
         ]);
     }
     let widths: Vec<usize> = (0..header.len())
-        .map(|c| cells.iter().map(|row| row[c].chars().count()).max().unwrap_or(0))
+        .map(|c| {
+            cells
+                .iter()
+                .map(|row| row[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut out = String::new();
     for (i, row) in cells.iter().enumerate() {

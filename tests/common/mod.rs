@@ -1,0 +1,33 @@
+//! Shared test helpers: the default model, fetched through kvbench's own fetch step and loaded
+//! once per test binary.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use kvbench::model::{self, LoadedModel, WeightDtype};
+
+/// SmolLM2-135M-Instruct with f32 weights (fetched with `kvbench::model::fetch` if missing).
+pub fn smollm_f32() -> &'static LoadedModel {
+    static M: OnceLock<LoadedModel> = OnceLock::new();
+    M.get_or_init(|| {
+        let path = model::fetch::ensure_default_model().expect("fetching the default model");
+        model::load(path.to_str().unwrap(), WeightDtype::F32).expect("loading the default model")
+    })
+}
+
+/// The first 64 ids and the count of WikiText-2 test tokens, from the independent reference.
+pub fn reference_tokens() -> (usize, Vec<u32>) {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/wikitext2_test_tokens.json"
+    ))
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = v["first_64_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    (v["n_tokens"].as_u64().unwrap() as usize, ids)
+}
