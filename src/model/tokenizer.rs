@@ -166,6 +166,13 @@ impl TextTokenizer {
             .map_err(|e| Error::Tokenizer(e.to_string()))
     }
 
+    /// Writes the tokenizer as a `tokenizer.json` (e.g. to turn a GGUF into a safetensors folder).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        self.inner
+            .save(path, false)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
