@@ -34,6 +34,10 @@ pub enum Error {
     #[error("fetching the default model failed: {0}")]
     Fetch(String),
 
+    /// A measurement produced NaN or infinity (never silently averaged away).
+    #[error("non-finite result: {0}")]
+    NonFinite(String),
+
     /// Tokenizer construction or encoding failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

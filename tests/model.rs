@@ -3,8 +3,8 @@
 mod common;
 
 use candle_core::{IndexOp, Tensor};
-use kvbench::kv::{KvCache, KvScheme};
-use kvbench::quality::perplexity::{perplexity, PplProtocol, Scoring};
+use kvbench::kv::{KvCache, KvScheme, Quant};
+use kvbench::quality::perplexity::{perplexity, PplMode, PplProtocol, Scoring};
 use kvbench::quality::wikitext::wikitext2_test_text;
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
@@ -32,7 +32,7 @@ fn fp16_cached_decode_matches_uncached_forward() {
         .encode(wikitext2_test_text())
         .unwrap()[..48];
     let full = m.forward(tokens, 1, None).unwrap().squeeze(0).unwrap();
-    let mut cache = KvCache::new(KvScheme::Fp16, m.config.cache_geometry(), 1).unwrap();
+    let mut cache = KvCache::new(KvScheme::FP16, m.config.cache_geometry(), 1).unwrap();
     let prefill = m
         .forward(&tokens[..32], 1, Some(&mut cache))
         .unwrap()
@@ -68,10 +68,20 @@ fn batched_decode_matches_single_sequences() {
         .unwrap();
     let (a, b) = (&all[100..120], &all[5000..5020]);
     let both: Vec<u32> = a.iter().chain(b).copied().collect();
-    let mut cache = KvCache::new(KvScheme::Int8Token, m.config.cache_geometry(), 2).unwrap();
+    let mut cache = KvCache::new(
+        KvScheme::plain(Quant::Int8Token),
+        m.config.cache_geometry(),
+        2,
+    )
+    .unwrap();
     let batched = m.forward(&both, 2, Some(&mut cache)).unwrap();
     for (i, seq) in [a, b].iter().enumerate() {
-        let mut c1 = KvCache::new(KvScheme::Int8Token, m.config.cache_geometry(), 1).unwrap();
+        let mut c1 = KvCache::new(
+            KvScheme::plain(Quant::Int8Token),
+            m.config.cache_geometry(),
+            1,
+        )
+        .unwrap();
         let single = m
             .forward(seq, 1, Some(&mut c1))
             .unwrap()
@@ -90,6 +100,8 @@ fn fp16_perplexity_matches_float32_reference() {
     let lm = common::smollm_f32();
     let tokens = lm.tokenizer.encode(wikitext2_test_text()).unwrap();
     let proto = PplProtocol {
+        mode: PplMode::Chunked,
+        batch: 4,
         ctx: 512,
         windows: Some(4),
         scoring: Scoring::Half,
@@ -98,7 +110,7 @@ fn fp16_perplexity_matches_float32_reference() {
     let r = perplexity(
         &lm.model,
         &tokens,
-        KvScheme::Fp16,
+        KvScheme::FP16,
         &proto,
         lm.tokenizer.bos,
         |_, _| {},
@@ -121,6 +133,8 @@ fn quantized_caches_cost_perplexity_in_order() {
     let lm = common::smollm_f32();
     let tokens = lm.tokenizer.encode(wikitext2_test_text()).unwrap();
     let proto = PplProtocol {
+        mode: PplMode::Chunked,
+        batch: 4,
         ctx: 512,
         windows: Some(4),
         scoring: Scoring::Half,
@@ -132,8 +146,8 @@ fn quantized_caches_cost_perplexity_in_order() {
             .perplexity
     };
     let base = 22.7453;
-    let int8 = ppl(KvScheme::Int8Token) / base - 1.0;
-    let int4 = ppl(KvScheme::Int4 { group: 32 }) / base - 1.0;
+    let int8 = ppl(KvScheme::plain(Quant::Int8Token)) / base - 1.0;
+    let int4 = ppl(KvScheme::plain(Quant::Int4 { group: 32 })) / base - 1.0;
     assert!(int8.abs() < 0.005, "int8 Δ {int8}");
     assert!((0.01..0.15).contains(&int4), "int4 Δ {int4}");
 }

@@ -37,7 +37,7 @@ fn write_checkpoint(gguf: &Path, dir: &Path) {
         .unwrap();
     let dev = Device::Cpu;
     let mut t: HashMap<String, Tensor> = HashMap::new();
-    let mut get = |f: &mut GgufFile, name: &str| f.tensor(name).unwrap().dequantize(&dev).unwrap();
+    let get = |f: &mut GgufFile, name: &str| f.tensor(name).unwrap().dequantize(&dev).unwrap();
     t.insert(
         "model.embed_tokens.weight".into(),
         get(&mut f, "token_embd.weight"),

@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::kv::{KvScheme, VALID_SCHEMES};
 use crate::measure::sweep::{run_sweep, work_units, PhaseModels, Progress, SweepSpec};
 use crate::model::{self, hub, ModelLocation, WeightDtype};
-use crate::quality::perplexity::{PplProtocol, Scoring};
+use crate::quality::perplexity::{PplMode, PplProtocol, Scoring};
 use crate::quality::wikitext;
 use crate::report::meta::{self, Machine};
 use crate::report::{table, CsvSink, RowContext, CSV_COLUMNS};
@@ -24,9 +24,10 @@ pub struct SweepArgs {
     pub model: String,
 
     /// KV-cache schemes, comma-separated.
-    #[arg(long = "dtypes", visible_alias = "schemes", value_delimiter = ',',
-          default_value = "fp16,int8,int4", help = format!("KV-cache schemes, comma-separated: {VALID_SCHEMES}"))]
-    pub schemes: Vec<KvScheme>,
+    #[arg(long = "dtypes", visible_alias = "schemes", default_value = "fp16,int8,int4",
+          value_parser = parse_schemes,
+          help = format!("KV-cache schemes, comma-separated: {VALID_SCHEMES}"))]
+    pub schemes: SchemeList,
 
     /// Batch sizes (sequences decoded together), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
@@ -52,6 +53,16 @@ pub struct SweepArgs {
     /// every token after the first.
     #[arg(long, value_enum, default_value_t = Scoring::Half)]
     pub ppl_score: Scoring,
+
+    /// Perplexity mode: `decode` feeds windows token by token through the cache (eviction acts
+    /// per step), `chunked` runs each window as one prefill (llama.cpp); `auto` = decode for
+    /// eviction schemes, chunked otherwise.
+    #[arg(long, value_enum, default_value_t = PplMode::Auto)]
+    pub ppl_mode: PplMode,
+
+    /// Windows decoded together in decode mode.
+    #[arg(long, default_value_t = 8)]
+    pub ppl_batch: usize,
 
     /// Weights during decode steps (TPOT): q8_0 (candle's fastest memory-bound kernel here),
     /// f32 (exact) or native (as stored in the file).
@@ -82,6 +93,14 @@ pub struct SweepArgs {
     /// Run folder (default: reports/<run-id>).
     #[arg(long)]
     pub out: Option<PathBuf>,
+}
+
+/// A parsed `--dtypes` list.
+#[derive(Debug, Clone)]
+pub struct SchemeList(pub Vec<KvScheme>);
+
+fn parse_schemes(s: &str) -> Result<SchemeList, crate::Error> {
+    crate::kv::parse_scheme_list(s).map(SchemeList)
 }
 
 /// Everything recorded in `meta.json`.
@@ -159,6 +178,8 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     let tokens = timing.tokenizer.encode(wikitext::wikitext2_test_text())?;
 
     let ppl = (args.ppl_windows > 0).then(|| PplProtocol {
+        mode: args.ppl_mode,
+        batch: args.ppl_batch,
         ctx: args.ctx,
         windows: Some(args.ppl_windows),
         scoring: args.ppl_score,
@@ -168,7 +189,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         p.validate(cfg.max_ctx, tokens.len())?;
     }
     let spec = SweepSpec {
-        schemes: baseline_first(args.schemes.clone()),
+        schemes: baseline_first(args.schemes.0.clone()),
         batch_sizes: args.batch_sizes.clone(),
         seq_lens: args.seq_lens.clone(),
         gen: args.gen,
@@ -294,10 +315,11 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         args.prefill_weights,
         args.weights,
         ppl.as_ref().map_or("skipped".to_string(), |p| format!(
-            "WikiText-2, {} windows × {} tokens, {:?} scoring, weights {}",
+            "WikiText-2, {} windows × {} tokens, {:?} scoring, {} mode, weights {}",
             p.windows.unwrap_or(0),
             p.ctx,
             p.scoring,
+            p.mode,
             args.ppl_weights
         )),
         meta.machine.threads
@@ -309,7 +331,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
 /// The fp16 baseline runs first so every later row can carry its perplexity delta.
 fn baseline_first(mut schemes: Vec<KvScheme>) -> Vec<KvScheme> {
     schemes.dedup();
-    if let Some(i) = schemes.iter().position(|s| *s == KvScheme::Fp16) {
+    if let Some(i) = schemes.iter().position(|s| *s == KvScheme::FP16) {
         let fp16 = schemes.remove(i);
         schemes.insert(0, fp16);
     }

@@ -11,12 +11,31 @@
 
 use rayon::prelude::*;
 
-use super::format::RowCodec;
+use super::stream::Stream;
 
 /// Query positions handled by one task (bounds its score buffer at `group × QUERY_BLOCK × keys`).
 pub const QUERY_BLOCK: usize = 32;
 /// Smallest key chunk worth a task of its own when splitting a decode step over threads.
 pub const MIN_KEY_CHUNK: usize = 256;
+
+/// One (sequence, kv head) as attention sees it.
+#[derive(Clone, Copy)]
+pub struct HeadView<'a> {
+    /// Stored keys (RoPE applied before storing).
+    pub k: &'a dyn Stream,
+    /// Stored values.
+    pub v: &'a dyn Stream,
+    /// Absolute position of each slot; `None` when slot `i` holds position `i`.
+    pub pos: Option<&'a [u32]>,
+    /// Absolute position of this sequence's first new query.
+    pub first_query_pos: usize,
+}
+
+impl HeadView<'_> {
+    fn key_pos(&self, slot: usize) -> usize {
+        self.pos.map_or(slot, |p| p[slot] as usize)
+    }
+}
 
 /// Shapes of one attention call.
 #[derive(Debug, Clone, Copy)]
@@ -27,88 +46,90 @@ pub struct AttnShape {
     pub kv_heads: usize,
     /// Query heads per kv head (GQA group size).
     pub group: usize,
-    /// New query positions per sequence (the newest `n_q` cached tokens).
+    /// New query positions per sequence.
     pub n_q: usize,
-    /// Tokens cached per sequence (including the new ones).
-    pub n_keys: usize,
     /// Elements per head.
     pub head_dim: usize,
 }
 
-/// Partial attention of some queries over a key range: running max and sum of exp(score − max)
-/// per query, and the unnormalized weighted sum of values.
+/// Partial attention of some queries over a slot range: per query the running max and sum of
+/// exp(score − max), and the unnormalized weighted sum of values; optionally the exp-weights
+/// per (slot, query) for attention-score accounting (H2O).
 struct Partial {
     max: Vec<f32>,
     sum: Vec<f32>,
     acc: Vec<f32>,
+    weights: Option<Vec<f32>>,
+    slots: (usize, usize),
+}
+
+/// Output of [`attend`].
+pub struct Attention {
+    /// `[batch, kv_heads·group, n_q, head_dim]` f32.
+    pub out: Vec<f32>,
+    /// With `want_scores`: for each (sequence, kv head), the attention probability each slot
+    /// received, summed over the group's query heads and the new queries.
+    pub slot_scores: Option<Vec<Vec<f32>>>,
 }
 
 /// Causal scaled-dot-product attention over stored rows for every (sequence, query head).
 ///
-/// - `keys[b * kv_heads + h]`, `values[..]`: `n_keys` stored rows of `codec.row_bytes(head_dim)`
-///   bytes for sequence `b`, kv head `h`.
-/// - `q`: `[batch, kv_heads * group, n_q, head_dim]` f32, RoPE applied. Query `i` sits at
-///   absolute position `n_keys − n_q + i` and sees keys `0..=` that position. Query head `hq`
-///   reads kv head `hq / group`.
-/// - returns `[batch, kv_heads * group, n_q, head_dim]` f32:
-///   `softmax(q·Kᵀ / √head_dim) · V`.
-pub fn attend<C: RowCodec>(
-    codec: C,
-    keys: &[Vec<u8>],
-    values: &[Vec<u8>],
-    q: &[f32],
-    s: AttnShape,
-) -> Vec<f32> {
+/// - `heads[b * kv_heads + h]`: the stored K/V of sequence `b`, kv head `h`.
+/// - `q`: `[batch, kv_heads·group, n_q, head_dim]` f32, RoPE applied. Query `i` of sequence `b`
+///   sits at position `first_query_pos + i` and sees slots whose key position is ≤ its own.
+///   Query head `hq` reads kv head `hq / group`.
+/// - output: `softmax(q·Kᵀ / √head_dim) · V` per query.
+pub fn attend(heads: &[HeadView<'_>], q: &[f32], s: AttnShape, want_scores: bool) -> Attention {
     let d = s.head_dim;
     let q_blocks = s.n_q.div_ceil(QUERY_BLOCK);
     let base_tasks = s.batch * s.kv_heads * q_blocks;
     let threads = rayon::current_num_threads();
-    // Split keys only when there are too few tasks to keep every thread busy.
-    let key_chunks = if base_tasks >= threads {
+    let max_slots = heads.iter().map(|h| h.k.len()).max().unwrap_or(0);
+    // Split slots only when there are too few tasks to keep every thread busy.
+    let chunks = if base_tasks >= threads {
         1
     } else {
         (2 * threads)
             .div_ceil(base_tasks)
-            .min(s.n_keys / MIN_KEY_CHUNK)
+            .min(max_slots / MIN_KEY_CHUNK)
             .max(1)
     };
     let tasks: Vec<(usize, usize, usize)> = (0..s.batch * s.kv_heads)
-        .flat_map(|bh| {
-            (0..q_blocks).flat_map(move |qb| (0..key_chunks).map(move |kc| (bh, qb, kc)))
-        })
+        .flat_map(|bh| (0..q_blocks).flat_map(move |qb| (0..chunks).map(move |c| (bh, qb, c))))
         .collect();
-    let first_pos = s.n_keys - s.n_q;
     let partials: Vec<Partial> = tasks
         .par_iter()
-        .map(|&(bh, qb, kc)| {
+        .map(|&(bh, qb, c)| {
             let (b, h) = (bh / s.kv_heads, bh % s.kv_heads);
+            let head = &heads[bh];
             let i0 = qb * QUERY_BLOCK;
             let i1 = (i0 + QUERY_BLOCK).min(s.n_q);
-            // Keys this block can see: up to its last query's position.
-            let visible = first_pos + i1;
-            let chunk = visible.div_ceil(key_chunks);
-            let (t0, t1) = ((kc * chunk).min(visible), ((kc + 1) * chunk).min(visible));
+            let n = head.k.len();
+            let per = n.div_ceil(chunks);
+            let slots = ((c * per).min(n), ((c + 1) * per).min(n));
             // Gather the block's queries: [group × (i1 − i0), d], head-major.
             let mut qs = Vec::with_capacity(s.group * (i1 - i0) * d);
-            let mut pos = Vec::with_capacity(s.group * (i1 - i0));
+            let mut qpos = Vec::with_capacity(s.group * (i1 - i0));
             for g in 0..s.group {
                 let hq = h * s.group + g;
                 let base = ((b * s.kv_heads * s.group + hq) * s.n_q) * d;
                 qs.extend_from_slice(&q[base + i0 * d..base + i1 * d]);
-                pos.extend((i0..i1).map(|i| first_pos + i));
+                qpos.extend((i0..i1).map(|i| head.first_query_pos + i));
             }
-            partial(codec, &keys[bh], &values[bh], t0, t1, &qs, &pos, d)
+            partial(head, slots, &qs, &qpos, d, want_scores)
         })
         .collect();
-    // Merge key chunks and scatter into [batch, q_heads, n_q, d].
+    // Merge slot chunks, scatter into [batch, q_heads, n_q, d], and sum slot scores.
     let mut out = vec![0f32; q.len()];
-    for (t, parts) in partials.chunks(key_chunks).enumerate() {
-        let (bh, qb, _) = tasks[t * key_chunks];
+    let mut slot_scores: Option<Vec<Vec<f32>>> =
+        want_scores.then(|| heads.iter().map(|h| vec![0f32; h.k.len()]).collect());
+    for (t, parts) in partials.chunks(chunks).enumerate() {
+        let (bh, qb, _) = tasks[t * chunks];
         let (b, h) = (bh / s.kv_heads, bh % s.kv_heads);
         let i0 = qb * QUERY_BLOCK;
-        let i1 = (i0 + QUERY_BLOCK).min(s.n_q);
-        let nb = i1 - i0;
-        for j in 0..s.group * nb {
+        let nb = (i0 + QUERY_BLOCK).min(s.n_q) - i0;
+        let nq = s.group * nb;
+        for j in 0..nq {
             let m = parts
                 .iter()
                 .map(|p| p.max[j])
@@ -124,37 +145,49 @@ pub fn attend<C: RowCodec>(
             }
             let inv = 1.0 / sum;
             o.iter_mut().for_each(|x| *x *= inv);
+            if let Some(scores) = slot_scores.as_mut() {
+                for p in parts.iter().filter(|p| p.max[j] > f32::NEG_INFINITY) {
+                    let w = (p.max[j] - m).exp() * inv;
+                    let e = p
+                        .weights
+                        .as_ref()
+                        .expect("weights kept when scores are wanted");
+                    for (k, slot) in (p.slots.0..p.slots.1).enumerate() {
+                        scores[bh][slot] += e[k * nq + j] * w;
+                    }
+                }
+            }
         }
     }
-    out
+    Attention { out, slot_scores }
 }
 
-/// Attention of queries `qs` (`[J, d]`, absolute positions `pos`) over stored keys `t0..t1`,
+/// Attention of queries `qs` (`[J, d]`, positions `qpos`) over slots `slots.0..slots.1`,
 /// unnormalized. Each K and V row is decoded once and used by all J queries.
-#[allow(clippy::too_many_arguments)]
-fn partial<C: RowCodec>(
-    codec: C,
-    keys: &[u8],
-    values: &[u8],
-    t0: usize,
-    t1: usize,
+fn partial(
+    head: &HeadView<'_>,
+    slots: (usize, usize),
     qs: &[f32],
-    pos: &[usize],
+    qpos: &[usize],
     d: usize,
+    keep_weights: bool,
 ) -> Partial {
-    let nq = pos.len();
-    let rb = codec.row_bytes(d);
+    let nq = qpos.len();
     let scale = 1.0 / (d as f32).sqrt();
     let mut row = vec![0f32; d];
-    let n = t1 - t0;
-    // scores[(t − t0) · nq + j], key-major so a decoded key row is used by every query in turn.
-    let mut scores = vec![f32::NEG_INFINITY; n * nq];
+    let n = slots.1 - slots.0;
+    // weights[(t − t0) · nq + j], slot-major so a decoded key row is used by every query in turn.
+    let mut w = vec![f32::NEG_INFINITY; n * nq];
     let mut max = vec![f32::NEG_INFINITY; nq];
-    for t in t0..t1 {
-        codec.decode(&keys[t * rb..(t + 1) * rb], &mut row);
-        let sc = &mut scores[(t - t0) * nq..(t - t0 + 1) * nq];
+    for t in slots.0..slots.1 {
+        let kp = head.key_pos(t);
+        if qpos.iter().all(|&p| kp > p) {
+            continue;
+        }
+        head.k.decode(t, &mut row);
+        let sc = &mut w[(t - slots.0) * nq..(t - slots.0 + 1) * nq];
         for j in 0..nq {
-            if t <= pos[j] {
+            if kp <= qpos[j] {
                 let v = dot(&qs[j * d..(j + 1) * d], &row) * scale;
                 sc[j] = v;
                 max[j] = max[j].max(v);
@@ -162,27 +195,37 @@ fn partial<C: RowCodec>(
         }
     }
     let mut sum = vec![0f32; nq];
-    for sc in scores.chunks_exact_mut(nq) {
+    for sc in w.chunks_exact_mut(nq.max(1)) {
         for j in 0..nq {
-            let e = (sc[j] - max[j]).exp(); // masked: exp(−∞) = 0
+            let e = if sc[j] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (sc[j] - max[j]).exp()
+            };
             sc[j] = e;
             sum[j] += e;
         }
     }
     let mut acc = vec![0f32; nq * d];
-    for t in t0..t1 {
-        let p = &scores[(t - t0) * nq..(t - t0 + 1) * nq];
+    for t in slots.0..slots.1 {
+        let p = &w[(t - slots.0) * nq..(t - slots.0 + 1) * nq];
         if p.iter().all(|&x| x == 0.0) {
             continue;
         }
-        codec.decode(&values[t * rb..(t + 1) * rb], &mut row);
+        head.v.decode(t, &mut row);
         for j in 0..nq {
             if p[j] != 0.0 {
                 axpy(p[j], &row, &mut acc[j * d..(j + 1) * d]);
             }
         }
     }
-    Partial { max, sum, acc }
+    Partial {
+        max,
+        sum,
+        acc,
+        weights: keep_weights.then_some(w),
+        slots,
+    }
 }
 
 /// f32 dot product with eight independent accumulators, so the compiler emits packed FMAs.
@@ -215,52 +258,73 @@ fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 mod tests {
     use super::*;
     use crate::kv::format::F16Row;
+    use crate::kv::stream::{RowStream, Stream};
 
-    fn store(rows: &[[f32; 2]]) -> Vec<u8> {
-        let mut b = vec![0u8; rows.len() * 4];
-        for (t, r) in rows.iter().enumerate() {
-            F16Row.encode(r, &mut b[t * 4..(t + 1) * 4]);
+    fn store(rows: &[[f32; 2]]) -> RowStream<F16Row> {
+        let mut s = RowStream::new(F16Row, 2);
+        for r in rows {
+            s.push(r);
         }
-        b
+        s
     }
 
-    fn shape(n_q: usize, n_keys: usize) -> AttnShape {
-        AttnShape {
+    fn run(k: &RowStream<F16Row>, v: &RowStream<F16Row>, q: &[f32], n_q: usize) -> Attention {
+        let head = HeadView {
+            k,
+            v,
+            pos: None,
+            first_query_pos: k.len() - n_q,
+        };
+        let shape = AttnShape {
             batch: 1,
             kv_heads: 1,
             group: 1,
             n_q,
-            n_keys,
             head_dim: 2,
-        }
+        };
+        attend(&[head], q, shape, true)
     }
 
     /// Two keys, one query, head_dim 2, values exact in f16: hand-computed softmax.
     #[test]
     fn hand_computed_two_keys() {
-        let k = vec![store(&[[1.0, 0.0], [0.0, 1.0]])];
-        let v = vec![store(&[[1.0, 2.0], [3.0, 4.0]])];
+        let k = store(&[[1.0, 0.0], [0.0, 1.0]]);
+        let v = store(&[[1.0, 2.0], [3.0, 4.0]]);
         // q = (ln 3 · √2, 0): scores (ln 3, 0) → weights (3/4, 1/4).
-        let q = [(3f32).ln() * 2f32.sqrt(), 0.0];
-        let out = attend(F16Row, &k, &v, &q, shape(1, 2));
-        assert!((out[0] - (0.75 * 1.0 + 0.25 * 3.0)).abs() < 1e-3, "{out:?}");
-        assert!((out[1] - (0.75 * 2.0 + 0.25 * 4.0)).abs() < 1e-3, "{out:?}");
+        let a = run(&k, &v, &[(3f32).ln() * 2f32.sqrt(), 0.0], 1);
+        assert!(
+            (a.out[0] - (0.75 * 1.0 + 0.25 * 3.0)).abs() < 1e-3,
+            "{:?}",
+            a.out
+        );
+        assert!(
+            (a.out[1] - (0.75 * 2.0 + 0.25 * 4.0)).abs() < 1e-3,
+            "{:?}",
+            a.out
+        );
+        let sc = &a.slot_scores.unwrap()[0];
+        assert!(
+            (sc[0] - 0.75).abs() < 1e-3 && (sc[1] - 0.25).abs() < 1e-3,
+            "{sc:?}"
+        );
         // Causal mask: with two queries the first sees only key 0, so it returns v0 exactly.
-        let out2 = attend(F16Row, &k, &v, &[1.0, 1.0, 1.0, 1.0], shape(2, 2));
-        assert_eq!(&out2[..2], &[1.0, 2.0]);
-        assert!((out2[2] - 2.0).abs() < 1e-3 && (out2[3] - 3.0).abs() < 1e-3);
+        let a2 = run(&k, &v, &[1.0, 1.0, 1.0, 1.0], 2);
+        assert_eq!(&a2.out[..2], &[1.0, 2.0]);
+        assert!((a2.out[2] - 2.0).abs() < 1e-3 && (a2.out[3] - 3.0).abs() < 1e-3);
     }
 
     /// Splitting the keys into chunks and merging must equal one pass: 1000 keys whose value is
-    /// their index, uniform scores → the mean index 499.5.
+    /// their index, uniform scores → the mean index 499.5; each slot's score is 1/1000.
     #[test]
     fn key_chunks_merge_exactly() {
         let n = 1000;
-        let k = vec![store(&vec![[0.0, 0.0]; n])];
+        let k = store(&vec![[0.0, 0.0]; n]);
         let rows: Vec<[f32; 2]> = (0..n).map(|t| [t as f32, 1.0]).collect();
-        let v = vec![store(&rows)];
-        let out = attend(F16Row, &k, &v, &[0.3, -0.2], shape(1, n));
-        assert!((out[0] - 499.5).abs() < 1e-2, "{out:?}");
-        assert!((out[1] - 1.0).abs() < 1e-5);
+        let v = store(&rows);
+        let a = run(&k, &v, &[0.3, -0.2], 1);
+        assert!((a.out[0] - 499.5).abs() < 1e-2, "{:?}", a.out);
+        assert!((a.out[1] - 1.0).abs() < 1e-5);
+        let sc = &a.slot_scores.unwrap()[0];
+        assert!(sc.iter().all(|&x| (x - 1e-3).abs() < 1e-6));
     }
 }

@@ -19,17 +19,25 @@
 //! computed, so every element stays inside the representable range and the round-trip error is at
 //! most half a quantization step: `|x − x̂| ≤ scale / 2` (plus f32 rounding).
 
+use std::sync::OnceLock;
+
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+
+use super::spec::Fp8Kind;
 
 /// One stored K or V row format. `encode` and `decode` work on exactly `head_dim` values.
 pub trait RowCodec: Copy + Send + Sync + 'static {
     /// Bytes one row of `head_dim` elements occupies, scales and zero-points included.
     fn row_bytes(&self, head_dim: usize) -> usize;
-    /// Quantizes `x` (`head_dim` f32 values) into `out` (`row_bytes(head_dim)` bytes).
-    fn encode(&self, x: &[f32], out: &mut [u8]);
+    /// Quantizes `x` (`head_dim` f32 values) into `out` (`row_bytes(head_dim)` bytes). Returns
+    /// how many values fell outside the representable range and were saturated (only formats
+    /// with a fixed external scale can saturate).
+    fn encode(&self, x: &[f32], out: &mut [u8]) -> usize;
     /// Dequantizes one stored row into `out` (`head_dim` f32 values).
     fn decode(&self, row: &[u8], out: &mut [f32]);
+    /// Installs an external scale (only fp8 with per-head or per-tensor scales has one).
+    fn set_scale(&mut self, _scale: f32) {}
 }
 
 /// IEEE binary16 storage: the FP16 baseline. 2 bytes per element, round-to-nearest-even.
@@ -41,10 +49,11 @@ impl RowCodec for F16Row {
         2 * head_dim
     }
 
-    fn encode(&self, x: &[f32], out: &mut [u8]) {
+    fn encode(&self, x: &[f32], out: &mut [u8]) -> usize {
         for (o, &v) in out.chunks_exact_mut(2).zip(x) {
             o.copy_from_slice(&f16::from_f32(v).to_le_bytes());
         }
+        0
     }
 
     #[inline]
@@ -71,7 +80,7 @@ impl RowCodec for Int8TokenRow {
         head_dim + 2
     }
 
-    fn encode(&self, x: &[f32], out: &mut [u8]) {
+    fn encode(&self, x: &[f32], out: &mut [u8]) -> usize {
         let absmax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
         let scale = f16_round_up(absmax / 127.0);
         out[..2].copy_from_slice(&scale.to_le_bytes());
@@ -80,6 +89,7 @@ impl RowCodec for Int8TokenRow {
         for (o, &v) in out[2..].iter_mut().zip(x) {
             *o = (v * inv).round().clamp(-127.0, 127.0) as i8 as u8;
         }
+        0
     }
 
     #[inline]
@@ -104,7 +114,7 @@ impl RowCodec for Int4GroupRow {
         head_dim / self.group * (4 + self.group / 2)
     }
 
-    fn encode(&self, x: &[f32], out: &mut [u8]) {
+    fn encode(&self, x: &[f32], out: &mut [u8]) -> usize {
         let block = 4 + self.group / 2;
         for (xs, o) in x.chunks_exact(self.group).zip(out.chunks_exact_mut(block)) {
             let (lo, hi) = xs
@@ -123,6 +133,7 @@ impl RowCodec for Int4GroupRow {
                 *byte = code(pair[0]) | (code(pair[1]) << 4);
             }
         }
+        0
     }
 
     #[inline]
@@ -142,8 +153,167 @@ impl RowCodec for Int4GroupRow {
     }
 }
 
+/// FP8 (E4M3 or E5M2) with a scale: per token (f16, stored in the row, absmax/max so nothing
+/// saturates) or external (per head or per layer, fixed at the first write; values beyond
+/// ±max·scale saturate to ±max and are counted). Conversion rounds to nearest even and saturates
+/// to the largest finite value, as CUDA's `__nv_cvt_float_to_fp8(…, __NV_SATFINITE, …)` (via the
+/// `float8` crate), so no NaN or Inf is ever stored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fp8Row {
+    /// E4M3 or E5M2.
+    pub kind: Fp8Kind,
+    /// `None`: per-token scale stored in each row. `Some(s)`: every value is stored as `x / s`.
+    pub scale: Option<f32>,
+}
+
+impl Fp8Row {
+    fn code(&self, v: f32) -> u8 {
+        match self.kind {
+            Fp8Kind::E4M3 => float8::F8E4M3::from_f32(v).to_bits(),
+            Fp8Kind::E5M2 => float8::F8E5M2::from_f32(v).to_bits(),
+        }
+    }
+
+    fn table(&self) -> &'static [f32; 256] {
+        static E4M3: OnceLock<[f32; 256]> = OnceLock::new();
+        static E5M2: OnceLock<[f32; 256]> = OnceLock::new();
+        match self.kind {
+            Fp8Kind::E4M3 => E4M3.get_or_init(|| {
+                std::array::from_fn(|b| float8::F8E4M3::from_bits(b as u8).to_f32())
+            }),
+            Fp8Kind::E5M2 => E5M2.get_or_init(|| {
+                std::array::from_fn(|b| float8::F8E5M2::from_bits(b as u8).to_f32())
+            }),
+        }
+    }
+}
+
+impl RowCodec for Fp8Row {
+    fn set_scale(&mut self, scale: f32) {
+        self.scale = Some(scale);
+    }
+
+    fn row_bytes(&self, head_dim: usize) -> usize {
+        head_dim + if self.scale.is_none() { 2 } else { 0 }
+    }
+
+    fn encode(&self, x: &[f32], out: &mut [u8]) -> usize {
+        let max = self.kind.max();
+        let (s, codes) = match self.scale {
+            None => {
+                let absmax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let s = f16_round_up(absmax / max);
+                out[..2].copy_from_slice(&s.to_le_bytes());
+                (s.to_f32(), &mut out[2..])
+            }
+            Some(s) => (s, &mut out[..]),
+        };
+        let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+        let mut saturated = 0;
+        for (o, &v) in codes.iter_mut().zip(x) {
+            let y = v * inv;
+            if y.abs() > max {
+                saturated += 1;
+            }
+            *o = self.code(y);
+        }
+        saturated
+    }
+
+    #[inline]
+    fn decode(&self, row: &[u8], out: &mut [f32]) {
+        let t = self.table();
+        let (s, codes) = match self.scale {
+            None => (f16::from_le_bytes([row[0], row[1]]).to_f32(), &row[2..]),
+            Some(s) => (s, row),
+        };
+        for (o, &c) in out.iter_mut().zip(codes) {
+            *o = t[c as usize] * s;
+        }
+    }
+}
+
+/// ggml's `Q8_0` block layout and rounding (`quantize_row_q8_0_ref` in ggml-quants.c): blocks of
+/// 32 along head_dim, each an f16 scale `d = absmax/127` then 32 i8 codes `round(x/d)`
+/// (computed with the f32 `d`, stored with the f16 one): 34 bytes per 32 values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Q8_0Row;
+
+impl RowCodec for Q8_0Row {
+    fn row_bytes(&self, head_dim: usize) -> usize {
+        head_dim / 32 * 34
+    }
+
+    fn encode(&self, x: &[f32], out: &mut [u8]) -> usize {
+        for (xs, o) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            o[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+            for (q, &v) in o[2..].iter_mut().zip(xs) {
+                *q = (v * id).round() as i8 as u8;
+            }
+        }
+        0
+    }
+
+    #[inline]
+    fn decode(&self, row: &[u8], out: &mut [f32]) {
+        for (b, o) in row.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
+            let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            for (y, &q) in o.iter_mut().zip(&b[2..]) {
+                *y = (q as i8) as f32 * d;
+            }
+        }
+    }
+}
+
+/// ggml's `Q4_0` block layout and rounding (`quantize_row_q4_0_ref`): blocks of 32, an f16
+/// scale `d = m / −8` where `m` is the value of largest magnitude, codes
+/// `min(15, trunc(x/d + 8.5))`; byte `j` holds element `j` (low nibble) and `j + 16` (high
+/// nibble); value = `(q − 8) · d`. 18 bytes per 32 values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Q4_0Row;
+
+impl RowCodec for Q4_0Row {
+    fn row_bytes(&self, head_dim: usize) -> usize {
+        head_dim / 32 * 18
+    }
+
+    fn encode(&self, x: &[f32], out: &mut [u8]) -> usize {
+        for (xs, o) in x.chunks_exact(32).zip(out.chunks_exact_mut(18)) {
+            let (mut amax, mut max) = (0f32, 0f32);
+            for &v in xs {
+                if amax < v.abs() {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            let d = max / -8.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            o[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+            let code = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+            for j in 0..16 {
+                o[2 + j] = code(xs[j]) | (code(xs[j + 16]) << 4);
+            }
+        }
+        0
+    }
+
+    #[inline]
+    fn decode(&self, row: &[u8], out: &mut [f32]) {
+        for (b, o) in row.chunks_exact(18).zip(out.chunks_exact_mut(32)) {
+            let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            for j in 0..16 {
+                o[j] = ((b[2 + j] & 0x0f) as i32 - 8) as f32 * d;
+                o[j + 16] = ((b[2 + j] >> 4) as i32 - 8) as f32 * d;
+            }
+        }
+    }
+}
+
 /// The smallest f16 that is `>= v`, saturating at f16's maximum.
-fn f16_round_up(v: f32) -> f16 {
+pub(crate) fn f16_round_up(v: f32) -> f16 {
     let h = f16::from_f32(v);
     if h.to_f32() < v && h != f16::MAX {
         next_toward_inf(h)
@@ -153,7 +323,7 @@ fn f16_round_up(v: f32) -> f16 {
 }
 
 /// The largest f16 that is `<= v`, saturating at f16's minimum.
-fn f16_round_down(v: f32) -> f16 {
+pub(crate) fn f16_round_down(v: f32) -> f16 {
     -f16_round_up(-v)
 }
 
@@ -225,6 +395,49 @@ mod tests {
         assert_eq!(codes, vec![0, 15, 5, 7, 10, 0, 14, 5]);
         let y = roundtrip(c, &x);
         assert!((y[1] - (-1.0 + 15.0 * d)).abs() < 1e-6);
+    }
+
+    /// E4M3 codes by hand (OCP FP8 spec table): 1.0 = 0x38, −2.5 = 0xC2, 448 = 0x7E (max
+    /// finite), 0.0 = 0x00; with external scale 1 a value of 1000 saturates to 448 and is counted,
+    /// never NaN.
+    #[test]
+    fn fp8_e4m3_hand_values_and_saturation() {
+        let c = Fp8Row {
+            kind: Fp8Kind::E4M3,
+            scale: Some(1.0),
+        };
+        let x = [1.0f32, -2.5, 448.0, 0.0, 1000.0, -1e9, 0.3, 17.0];
+        let mut b = vec![0u8; 8];
+        assert_eq!(c.encode(&x, &mut b), 2);
+        assert_eq!(&b[..4], &[0x38, 0xC2, 0x7E, 0x00]);
+        let y = roundtrip(c, &x);
+        assert_eq!(&y[..6], &[1.0, -2.5, 448.0, 0.0, 448.0, -448.0]);
+        // 0.3 → nearest E4M3 is 0.3125 (1.25·2⁻²); 17 → 16 (ties-to-even between 16 and 18).
+        assert_eq!(y[6], 0.3125);
+        assert_eq!(y[7], 16.0);
+        assert!(y.iter().all(|v| v.is_finite()));
+    }
+
+    /// ggml Q8_0 and Q4_0 on one block by hand.
+    #[test]
+    fn ggml_block_hand_values() {
+        let mut x = [0f32; 32];
+        x[0] = 1.27;
+        x[1] = -0.635;
+        x[16] = 0.01;
+        let y = roundtrip(Q8_0Row, &x);
+        // d = 0.01 (f16 0.0099945068...), codes 127, −64 (−63.5 rounds away from zero), 1
+        let d = f16::from_f32(0.01).to_f32();
+        assert_eq!(y[0], 127.0 * d);
+        assert_eq!(y[1], -64.0 * d);
+        assert_eq!(y[16], d);
+        // Q4_0: max-magnitude value 1.27 → d = −0.15875; codes trunc(x/d + 8.5):
+        // 1.27 → 0 (value (0−8)·d = 1.27), −0.635 → 12 (value −0.635), 0.01 → 8 (value 0).
+        let y = roundtrip(Q4_0Row, &x);
+        let d4 = f16::from_f32(-0.15875).to_f32();
+        assert_eq!(y[0], -8.0 * d4);
+        assert_eq!(y[1], 4.0 * d4);
+        assert_eq!(y[16], 0.0);
     }
 
     #[test]

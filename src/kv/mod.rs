@@ -1,160 +1,26 @@
 //! KV-cache schemes and the cache that attention reads.
 //!
 //! The contract: the model hands each layer's new keys and values (`[batch, kv_heads, n_new,
-//! head_dim]` f32, RoPE already applied to keys) to [`KvCache::append`], which quantizes them into
-//! the scheme's stored form; [`KvCache::attend`] then computes causal attention for the new
-//! queries by reading the stored form directly. Memory figures come from what is stored:
-//! [`KvCache::kv_bytes`] counts every byte held (codes, scales, zero-points).
+//! head_dim]` f32, RoPE already applied to keys) to [`KvCache::append`], which stores them in the
+//! scheme's form; [`KvCache::attend`] computes causal attention for the new queries by reading
+//! the stored form directly, then applies the scheme's eviction. Memory figures come from what is
+//! stored: [`KvCache::kv_bytes`] counts every byte held (codes, scales, zero-points, residual
+//! rows, eviction bookkeeping) and equals [`KvScheme::bytes_for`].
 
 pub mod attention;
 pub mod format;
-
-use std::fmt;
-use std::str::FromStr;
+pub mod spec;
+pub mod stream;
 
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use format::{F16Row, Int4GroupRow, Int8TokenRow, RowCodec};
-
-/// Default group size of [`KvScheme::Int4`] along head_dim (KIVI's and ggml's 32).
-pub const DEFAULT_INT4_GROUP: usize = 32;
-
-/// A KV-cache scheme, parsed from the same string the CLI takes and the CSV prints.
-///
-/// | spec | stored form | bytes per (token, kv head), head_dim = d |
-/// |---|---|---|
-/// | `fp16` | IEEE binary16 | `2d` |
-/// | `int8-token` (alias `int8`) | i8 codes, one f16 absmax scale per (token, kv head) | `d + 2` |
-/// | `int4[:group=G]` | 4-bit codes, f16 scale and f16 zero-point per group of G (default 32) | `d/G · (4 + G/2)` |
-///
-/// Parsing errors ([`Error::UnknownScheme`]) list the valid schemes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KvScheme {
-    /// FP16 baseline.
-    Fp16,
-    /// Symmetric int8, absmax scale per (token, kv head).
-    Int8Token,
-    /// Asymmetric int4, group-wise along head_dim with scale and zero-point per group.
-    Int4 {
-        /// Elements per group (even, divides head_dim).
-        group: usize,
-    },
-}
-
-/// The scheme specs `FromStr` accepts, for error messages and `--help`.
-pub const VALID_SCHEMES: &str =
-    "fp16, int8-token (alias int8), int4[:group=G] (G even, divides head_dim; default 32)";
-
-impl KvScheme {
-    /// Bytes one (token, kv head) row occupies for the given head_dim, scales included.
-    pub fn row_bytes(&self, head_dim: usize) -> usize {
-        match *self {
-            KvScheme::Fp16 => F16Row.row_bytes(head_dim),
-            KvScheme::Int8Token => Int8TokenRow.row_bytes(head_dim),
-            KvScheme::Int4 { group } => Int4GroupRow { group }.row_bytes(head_dim),
-        }
-    }
-
-    /// Exact KV bytes per token of context for a model: K and V, every layer and kv head.
-    pub fn bytes_per_token(&self, geom: &CacheGeometry) -> usize {
-        2 * geom.layers * geom.kv_heads * self.row_bytes(geom.head_dim)
-    }
-
-    /// Checks the scheme against a model's head_dim before anything is allocated.
-    ///
-    /// Errors: [`Error::InvalidArgument`] when the int4 group does not divide head_dim.
-    pub fn validate(&self, head_dim: usize) -> Result<()> {
-        if let KvScheme::Int4 { group } = *self {
-            if group == 0 || group % 2 != 0 || head_dim % group != 0 {
-                return Err(Error::InvalidArgument {
-                    name: format!("scheme {self}"),
-                    reason: format!(
-                        "group size {group} must be even and divide the model's head_dim {head_dim}"
-                    ),
-                });
-            }
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Display for KvScheme {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            KvScheme::Fp16 => write!(f, "fp16"),
-            KvScheme::Int8Token => write!(f, "int8-token"),
-            KvScheme::Int4 { group } if group == DEFAULT_INT4_GROUP => write!(f, "int4"),
-            KvScheme::Int4 { group } => write!(f, "int4:group={group}"),
-        }
-    }
-}
-
-impl serde::Serialize for KvScheme {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl FromStr for KvScheme {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        let unknown = |reason: String| Error::UnknownScheme {
-            input: s.to_string(),
-            reason,
-            valid: VALID_SCHEMES.to_string(),
-        };
-        let (name, params) = match s.trim().split_once(':') {
-            Some((n, p)) => (n, Some(p)),
-            None => (s.trim(), None),
-        };
-        let params: Vec<(&str, &str)> = match params {
-            None => vec![],
-            Some(p) => p
-                .split(',')
-                .map(|kv| {
-                    kv.split_once('=')
-                        .map(|(k, v)| (k.trim(), v.trim()))
-                        .ok_or_else(|| unknown(format!("parameter `{kv}` is not key=value")))
-                })
-                .collect::<Result<_>>()?,
-        };
-        let no_params = |scheme: KvScheme| {
-            if params.is_empty() {
-                Ok(scheme)
-            } else {
-                Err(unknown(format!("`{name}` takes no parameters")))
-            }
-        };
-        match name.to_ascii_lowercase().as_str() {
-            "fp16" | "f16" => no_params(KvScheme::Fp16),
-            "int8" | "int8-token" => no_params(KvScheme::Int8Token),
-            "int4" => {
-                let mut group = DEFAULT_INT4_GROUP;
-                for (k, v) in params {
-                    match k {
-                        "group" => {
-                            group = v.parse().map_err(|_| {
-                                unknown(format!("group `{v}` is not a positive integer"))
-                            })?;
-                            if group == 0 || group % 2 != 0 {
-                                return Err(unknown(format!("group {group} must be even and > 0")));
-                            }
-                        }
-                        other => {
-                            return Err(unknown(format!(
-                                "int4 has no parameter `{other}` (it takes group=G)"
-                            )))
-                        }
-                    }
-                }
-                Ok(KvScheme::Int4 { group })
-            }
-            _ => Err(unknown(format!("no scheme is called `{name}`"))),
-        }
-    }
-}
+use format::{F16Row, Fp8Row, Int4GroupRow, Int8TokenRow, Q4_0Row, Q8_0Row};
+pub use spec::{
+    h2o_budget, parse_scheme_list, split_scheme_list, Budget, Eviction, Fp8Kind, Fp8Scale,
+    KvScheme, Quant, VALID_SCHEMES,
+};
+use stream::{hadamard, ChannelStream, RowStream, Stream};
 
 /// The cache-relevant shape of a decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -169,25 +35,91 @@ pub struct CacheGeometry {
     pub head_dim: usize,
 }
 
-/// One layer's stored K and V: a byte buffer per (sequence, kv head), rows appended in order.
-#[derive(Debug, Default, Clone)]
-struct LayerStore {
-    k: Vec<Vec<u8>>,
-    v: Vec<Vec<u8>>,
-    len: usize,
+/// A new, empty stream for quant `q`.
+fn new_stream(q: Quant, d: usize) -> Box<dyn Stream> {
+    match q {
+        Quant::Fp16 => Box::new(RowStream::new(F16Row, d)),
+        Quant::Int8Token => Box::new(RowStream::new(Int8TokenRow, d)),
+        Quant::Int4 { group } => Box::new(RowStream::new(Int4GroupRow { group }, d)),
+        Quant::Channel {
+            bits,
+            group,
+            residual,
+        } => Box::new(ChannelStream::new(bits, group, residual, d)),
+        Quant::Fp8 {
+            kind,
+            scale: Fp8Scale::Token,
+        } => Box::new(RowStream::new(Fp8Row { kind, scale: None }, d)),
+        Quant::Fp8 {
+            kind,
+            scale: Fp8Scale::None,
+        } => Box::new(RowStream::new(
+            Fp8Row {
+                kind,
+                scale: Some(1.0),
+            },
+            d,
+        )),
+        Quant::Fp8 { kind, scale } => {
+            Box::new(RowStream::fp8_external(kind, d, scale == Fp8Scale::Head))
+        }
+        Quant::Q8_0 => Box::new(RowStream::new(Q8_0Row, d)),
+        Quant::Q4_0 => Box::new(RowStream::new(Q4_0Row, d)),
+    }
 }
 
-/// A KV cache for `batch` sequences of equal length, storing every layer in one scheme.
+/// One (sequence, kv head): its K and V streams and eviction bookkeeping.
+#[derive(Debug)]
+struct Head {
+    k: Box<dyn Stream>,
+    v: Box<dyn Stream>,
+    /// Absolute position of each slot (eviction schemes only).
+    pos: Vec<u32>,
+    /// Accumulated attention per slot (H2O only).
+    score: Vec<f32>,
+}
+
+impl Head {
+    fn bytes(&self) -> usize {
+        self.k.bytes() + self.v.bytes() + 4 * self.pos.len() + 4 * self.score.len()
+    }
+
+    fn reserved(&self) -> usize {
+        self.k.reserved() + self.v.reserved() + 4 * self.pos.capacity() + 4 * self.score.capacity()
+    }
+
+    fn swap_remove(&mut self, slot: usize) {
+        self.k.swap_remove(slot);
+        self.v.swap_remove(slot);
+        self.pos.swap_remove(slot);
+        if !self.score.is_empty() {
+            self.score.swap_remove(slot);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Layer {
+    /// `batch × kv_heads`, sequence-major.
+    heads: Vec<Head>,
+    /// Tokens each sequence has written to this layer.
+    seen: Vec<usize>,
+    /// Per-layer fp8 scales (K, V) when the scheme uses `scale=tensor`, once set.
+    tensor_scales: [Option<f32>; 2],
+}
+
+/// A KV cache for `batch` sequences, storing every layer in one scheme.
 ///
-/// Shapes: inputs to [`append`](Self::append) are `[batch, kv_heads, n_new, head_dim]` f32;
-/// queries to [`attend`](Self::attend) are `[batch, q_heads, n_new, head_dim]` f32. Query head `h`
-/// reads kv head `h / (q_heads / kv_heads)` (grouped-query attention).
-#[derive(Debug, Clone)]
+/// Shapes: [`append`](Self::append) takes `[batch, kv_heads, n_new, head_dim]` f32;
+/// [`attend`](Self::attend) takes queries `[batch, q_heads, n_new, head_dim]` f32. Query head `h`
+/// reads kv head `h / (q_heads / kv_heads)` (grouped-query attention). Sequences may have
+/// different lengths ([`stack`](Self::stack) joins separately prefilled ones).
+#[derive(Debug)]
 pub struct KvCache {
     scheme: KvScheme,
     geom: CacheGeometry,
-    batch: usize,
-    layers: Vec<LayerStore>,
+    layers: Vec<Layer>,
+    saturated: u64,
 }
 
 impl KvCache {
@@ -201,18 +133,52 @@ impl KvCache {
                 reason: "must be at least 1".into(),
             });
         }
-        let n = batch * geom.kv_heads;
-        let layer = LayerStore {
-            k: vec![Vec::new(); n],
-            v: vec![Vec::new(); n],
-            len: 0,
-        };
+        let d = geom.head_dim;
+        let layers = (0..geom.layers)
+            .map(|_| Layer {
+                heads: (0..batch * geom.kv_heads)
+                    .map(|_| Head {
+                        k: new_stream(scheme.k, d),
+                        v: new_stream(scheme.v, d),
+                        pos: Vec::new(),
+                        score: Vec::new(),
+                    })
+                    .collect(),
+                seen: vec![0; batch],
+                tensor_scales: [None, None],
+            })
+            .collect();
         Ok(Self {
             scheme,
             geom,
-            batch,
-            layers: vec![layer; geom.layers],
+            layers,
+            saturated: 0,
         })
+    }
+
+    /// Joins single- or multi-sequence caches of the same scheme into one batch, in order
+    /// (e.g. prompts of different lengths prefilled one at a time, then decoded together).
+    /// Errors: [`Error::InvalidArgument`] if schemes or geometries differ or `parts` is empty.
+    pub fn stack(parts: Vec<KvCache>) -> Result<Self> {
+        let mut it = parts.into_iter();
+        let mut first = it.next().ok_or_else(|| Error::InvalidArgument {
+            name: "cache stack".into(),
+            reason: "no caches given".into(),
+        })?;
+        for p in it {
+            if p.scheme != first.scheme || p.geom != first.geom {
+                return Err(Error::InvalidArgument {
+                    name: "cache stack".into(),
+                    reason: "caches must share scheme and geometry".into(),
+                });
+            }
+            first.saturated += p.saturated;
+            for (a, b) in first.layers.iter_mut().zip(p.layers) {
+                a.heads.extend(b.heads);
+                a.seen.extend(b.seen);
+            }
+        }
+        Ok(first)
     }
 
     /// The scheme this cache stores.
@@ -222,25 +188,45 @@ impl KvCache {
 
     /// Sequences in the batch.
     pub fn batch(&self) -> usize {
-        self.batch
+        self.layers[0].seen.len()
     }
 
-    /// Tokens held per sequence in `layer` (all layers agree between forward passes).
-    pub fn len(&self, layer: usize) -> usize {
-        self.layers[layer].len
+    /// Tokens sequence `b` has written (its next position), after the last complete forward.
+    pub fn seen(&self, b: usize) -> usize {
+        self.layers[self.layers.len() - 1].seen[b]
+    }
+
+    /// Tokens held for sequence `b`, kv head `h` of `layer` (≤ seen under eviction).
+    pub fn held(&self, layer: usize, b: usize, h: usize) -> usize {
+        self.layers[layer].heads[b * self.geom.kv_heads + h].k.len()
+    }
+
+    /// Positions held for sequence `b`, kv head `h` of `layer`, ascending.
+    pub fn held_positions(&self, layer: usize, b: usize, h: usize) -> Vec<usize> {
+        let head = &self.layers[layer].heads[b * self.geom.kv_heads + h];
+        let mut p: Vec<usize> = if self.scheme.evicts() {
+            head.pos.iter().map(|&x| x as usize).collect()
+        } else {
+            (0..head.k.len()).collect()
+        };
+        p.sort_unstable();
+        p
     }
 
     /// Whether no token is cached.
     pub fn is_empty(&self) -> bool {
-        self.layers.iter().all(|l| l.len == 0)
+        self.layers.iter().all(|l| l.seen.iter().all(|&s| s == 0))
     }
 
-    /// Bytes of K/V held (codes, scales and zero-points), over all layers and sequences.
+    /// Bytes of K/V held over all layers and sequences: codes, scales, zero-points, residual
+    /// rows, eviction bookkeeping and per-layer fp8 scales.
     pub fn kv_bytes(&self) -> usize {
         self.layers
             .iter()
-            .flat_map(|l| l.k.iter().chain(&l.v))
-            .map(Vec::len)
+            .map(|l| {
+                l.heads.iter().map(Head::bytes).sum::<usize>()
+                    + 4 * l.tensor_scales.iter().flatten().count()
+            })
             .sum()
     }
 
@@ -248,121 +234,221 @@ impl KvCache {
     pub fn reserved_bytes(&self) -> usize {
         self.layers
             .iter()
-            .flat_map(|l| l.k.iter().chain(&l.v))
-            .map(Vec::capacity)
+            .map(|l| {
+                l.heads.iter().map(Head::reserved).sum::<usize>()
+                    + 4 * l.tensor_scales.iter().flatten().count()
+            })
             .sum()
+    }
+
+    /// Values that fell outside an fp8 scale's range and were saturated, so far.
+    pub fn saturated(&self) -> u64 {
+        self.saturated
     }
 
     /// Drops every cached token but keeps the allocations (as a serving engine reuses blocks).
     pub fn clear(&mut self) {
         for l in &mut self.layers {
-            l.k.iter_mut().chain(l.v.iter_mut()).for_each(Vec::clear);
-            l.len = 0;
+            for h in &mut l.heads {
+                h.k.clear();
+                h.v.clear();
+                h.pos.clear();
+                h.score.clear();
+            }
+            l.seen.iter_mut().for_each(|s| *s = 0);
+            l.tensor_scales = [None, None];
         }
     }
 
-    /// Quantizes and stores `n_new` tokens of keys and values for every sequence of `layer`.
+    /// Stores `n_new` tokens of keys and values for every sequence of `layer`.
     /// `k`, `v`: `[batch, kv_heads, n_new, head_dim]` f32.
     pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32], n_new: usize) {
         let d = self.geom.head_dim;
-        let rb = self.scheme.row_bytes(d);
-        let scheme = self.scheme;
-        let store = &mut self.layers[layer];
+        let kvh = self.geom.kv_heads;
         let per_head = n_new * d;
-        debug_assert_eq!(k.len(), store.k.len() * per_head);
-        let encode = |buf: &mut Vec<u8>, x: &[f32]| {
-            let start = buf.len();
-            buf.resize(start + n_new * rb, 0);
-            for (row, out) in x.chunks_exact(d).zip(buf[start..].chunks_exact_mut(rb)) {
-                match scheme {
-                    KvScheme::Fp16 => F16Row.encode(row, out),
-                    KvScheme::Int8Token => Int8TokenRow.encode(row, out),
-                    KvScheme::Int4 { group } => Int4GroupRow { group }.encode(row, out),
+        let rot = self.scheme.rotate.then(|| rotation_block(d));
+        let rotated = |x: &[f32]| -> Vec<f32> {
+            let mut x = x.to_vec();
+            if let Some(b) = rot {
+                hadamard(&mut x, b);
+            }
+            x
+        };
+        let (k, v) = (rotated(k), rotated(v));
+        let scheme = self.scheme;
+        let l = &mut self.layers[layer];
+        // fp8 scale=tensor: one scale per layer from the first write's absmax (K and V apart).
+        for (i, (q, x)) in [(scheme.k, &k), (scheme.v, &v)].into_iter().enumerate() {
+            if let Quant::Fp8 {
+                kind,
+                scale: Fp8Scale::Tensor,
+            } = q
+            {
+                if l.tensor_scales[i].is_none() {
+                    l.tensor_scales[i] = Some(absmax_scale(x, kind));
                 }
             }
-        };
-        store
-            .k
+        }
+        let scales = l.tensor_scales;
+        let saturated: usize = l
+            .heads
             .par_iter_mut()
-            .zip(k.par_chunks(per_head))
-            .chain(store.v.par_iter_mut().zip(v.par_chunks(per_head)))
-            .for_each(|(buf, x)| encode(buf, x));
-        store.len += n_new;
+            .enumerate()
+            .map(|(bh, head)| {
+                let (kx, vx) = (
+                    &k[bh * per_head..(bh + 1) * per_head],
+                    &v[bh * per_head..(bh + 1) * per_head],
+                );
+                for (i, (stream, x, q)) in
+                    [(&mut head.k, kx, scheme.k), (&mut head.v, vx, scheme.v)]
+                        .into_iter()
+                        .enumerate()
+                {
+                    if stream.needs_scale() {
+                        let s = match q {
+                            Quant::Fp8 {
+                                scale: Fp8Scale::Tensor,
+                                ..
+                            } => scales[i].expect("set above"),
+                            Quant::Fp8 { kind, .. } => absmax_scale(x, kind),
+                            _ => 1.0,
+                        };
+                        stream.set_scale(s);
+                    }
+                }
+                head.k.push(kx) + head.v.push(vx)
+            })
+            .sum();
+        self.saturated += saturated as u64;
+        if scheme.evicts() {
+            for (bh, head) in l.heads.iter_mut().enumerate() {
+                let start = l.seen[bh / kvh];
+                head.pos.extend((start..start + n_new).map(|p| p as u32));
+                if matches!(scheme.evict, Some(Eviction::H2o { .. })) {
+                    head.score.resize(head.pos.len(), 0.0);
+                }
+            }
+        }
+        for s in &mut l.seen {
+            *s += n_new;
+        }
     }
 
-    /// Causal attention of the newest `n_q` tokens of `layer` over everything cached there
-    /// (call after [`append`](Self::append)). `q`: `[batch, q_heads, n_q, head_dim]` f32,
-    /// RoPE applied; returns `[batch, q_heads, n_q, head_dim]` f32. See [`attention::attend`].
-    pub fn attend(&self, layer: usize, q: &[f32], n_q: usize) -> Vec<f32> {
+    /// Causal attention of the newest `n_q` tokens of `layer` over everything held there (call
+    /// after [`append`](Self::append)), then the scheme's eviction. `q`: `[batch, q_heads, n_q,
+    /// head_dim]` f32, RoPE applied; returns `[batch, q_heads, n_q, head_dim]` f32.
+    pub fn attend(&mut self, layer: usize, q: &[f32], n_q: usize) -> Vec<f32> {
         let g = self.geom;
-        let store = &self.layers[layer];
+        let d = g.head_dim;
+        let rot = self.scheme.rotate.then(|| rotation_block(d));
+        let mut qr;
+        let q = match rot {
+            Some(b) => {
+                qr = q.to_vec();
+                hadamard(&mut qr, b);
+                &qr[..]
+            }
+            None => q,
+        };
+        let l = &mut self.layers[layer];
+        let evicts = self.scheme.evicts();
+        let h2o = matches!(self.scheme.evict, Some(Eviction::H2o { .. }));
+        let views: Vec<attention::HeadView<'_>> = l
+            .heads
+            .iter()
+            .enumerate()
+            .map(|(bh, h)| attention::HeadView {
+                k: h.k.as_ref(),
+                v: h.v.as_ref(),
+                pos: evicts.then_some(&h.pos[..]),
+                first_query_pos: l.seen[bh / g.kv_heads] - n_q,
+            })
+            .collect();
         let shape = attention::AttnShape {
-            batch: self.batch,
+            batch: l.seen.len(),
             kv_heads: g.kv_heads,
             group: g.q_heads / g.kv_heads,
             n_q,
-            n_keys: store.len,
-            head_dim: g.head_dim,
+            head_dim: d,
         };
-        let (k, v) = (&store.k, &store.v);
-        match self.scheme {
-            KvScheme::Fp16 => attention::attend(F16Row, k, v, q, shape),
-            KvScheme::Int8Token => attention::attend(Int8TokenRow, k, v, q, shape),
-            KvScheme::Int4 { group } => attention::attend(Int4GroupRow { group }, k, v, q, shape),
+        let attention::Attention {
+            mut out,
+            slot_scores,
+        } = attention::attend(&views, q, shape, h2o);
+        drop(views);
+        if let Some(b) = rot {
+            hadamard(&mut out, b); // V was rotated: rotate the output back (H is an involution)
         }
+        if let Some(scores) = slot_scores {
+            for (h, s) in l.heads.iter_mut().zip(scores) {
+                h.score.iter_mut().zip(s).for_each(|(a, b)| *a += b);
+            }
+        }
+        if let Some(ev) = self.scheme.evict {
+            for (bh, head) in l.heads.iter_mut().enumerate() {
+                evict(head, ev, l.seen[bh / g.kv_heads]);
+            }
+        }
+        out
+    }
+}
+
+/// Hadamard block for `+rot`: 64 as llama.cpp (when head_dim is a multiple), else head_dim.
+fn rotation_block(d: usize) -> usize {
+    if d % 64 == 0 {
+        64
+    } else {
+        d
+    }
+}
+
+/// absmax / fp8 max over `x`, or 1 for all-zero input.
+fn absmax_scale(x: &[f32], kind: Fp8Kind) -> f32 {
+    let a = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if a > 0.0 {
+        a / kind.max()
+    } else {
+        1.0
+    }
+}
+
+/// Applies an eviction policy to one (sequence, kv head) after `seen` tokens.
+fn evict(head: &mut Head, ev: Eviction, seen: usize) {
+    let mut drop: Vec<usize> = match ev {
+        Eviction::Window { size, sinks } => (0..head.pos.len())
+            .filter(|&s| {
+                let p = head.pos[s] as usize;
+                p >= sinks && p + size < seen
+            })
+            .collect(),
+        Eviction::H2o { budget, recent } => {
+            let cap = h2o_budget(budget, recent, seen);
+            let excess = head.pos.len().saturating_sub(cap);
+            if excess == 0 {
+                Vec::new()
+            } else {
+                // Candidates: everything outside the recent window (the newest token is always
+                // protected, even with recent = 0); lowest accumulated attention goes first.
+                let protect = recent.max(1);
+                let mut cand: Vec<usize> = (0..head.pos.len())
+                    .filter(|&s| head.pos[s] as usize + protect < seen)
+                    .collect();
+                // Ties (e.g. all-zero scores) evict the oldest first.
+                cand.sort_by(|&a, &b| {
+                    head.score[a]
+                        .total_cmp(&head.score[b])
+                        .then(head.pos[a].cmp(&head.pos[b]))
+                });
+                cand.truncate(excess);
+                cand
+            }
+        }
+    };
+    drop.sort_unstable_by(|a, b| b.cmp(a));
+    for s in drop {
+        head.swap_remove(s);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scheme_strings_round_trip() {
-        for (s, want) in [
-            ("fp16", KvScheme::Fp16),
-            ("int8", KvScheme::Int8Token),
-            ("int8-token", KvScheme::Int8Token),
-            ("int4", KvScheme::Int4 { group: 32 }),
-            ("int4:group=64", KvScheme::Int4 { group: 64 }),
-        ] {
-            let got: KvScheme = s.parse().unwrap();
-            assert_eq!(got, want);
-            assert_eq!(got.to_string().parse::<KvScheme>().unwrap(), want);
-        }
-    }
-
-    #[test]
-    fn unknown_scheme_lists_valid_ones() {
-        let err = "int3".parse::<KvScheme>().unwrap_err().to_string();
-        assert!(
-            err.contains("int3") && err.contains("int8-token") && err.contains("int4"),
-            "{err}"
-        );
-        assert!("int4:group=7".parse::<KvScheme>().is_err());
-        assert!("int4:size=32".parse::<KvScheme>().is_err());
-        assert!("fp16:group=2".parse::<KvScheme>().is_err());
-    }
-
-    /// Bytes per token by hand for SmolLM2-135M (30 layers, 3 kv heads, head_dim 64):
-    /// fp16 2·30·3·128 = 23040; int8 2·30·3·66 = 11880; int4 2·30·3·(2·(4+16)) = 7200.
-    #[test]
-    fn bytes_per_token_by_hand() {
-        let g = CacheGeometry {
-            layers: 30,
-            kv_heads: 3,
-            q_heads: 9,
-            head_dim: 64,
-        };
-        assert_eq!(KvScheme::Fp16.bytes_per_token(&g), 23040);
-        assert_eq!(KvScheme::Int8Token.bytes_per_token(&g), 11880);
-        assert_eq!(KvScheme::Int4 { group: 32 }.bytes_per_token(&g), 7200);
-        let mut c = KvCache::new(KvScheme::Int4 { group: 32 }, g, 2).unwrap();
-        let x = vec![0.5f32; 2 * 3 * 5 * 64];
-        for l in 0..30 {
-            c.append(l, &x, &x, 5);
-        }
-        assert_eq!(c.kv_bytes(), 2 * 5 * 7200);
-        assert!(KvCache::new(KvScheme::Int4 { group: 48 }, g, 1).is_err());
-    }
-}
+mod tests;

@@ -105,6 +105,8 @@ pub struct PointTiming {
     pub kv_reserved_bytes: usize,
     /// Peak RSS of the process during this point alone, bytes.
     pub peak_rss_bytes: Option<u64>,
+    /// Values saturated by fixed fp8 scales during this point.
+    pub saturated_values: u64,
     /// Greedy tokens of the first sequence (for agreement checks).
     pub generated: Vec<u32>,
 }
@@ -192,7 +194,7 @@ pub fn run_sweep(
                 let r = perplexity(models.quality, tokens, scheme, proto, bos, |_, _| {
                     progress.advance(1)
                 })?;
-                if scheme == KvScheme::Fp16 {
+                if scheme.is_baseline() {
                     baseline_ppl = Some(r.perplexity);
                 }
                 Some(r)
@@ -308,10 +310,11 @@ pub fn time_point(
         tpot_ms: summarize(&steps_ms).expect("gen ≥ 2 gives at least one step"),
         prefill_tokens_per_s: (batch * seq_len) as f64 / ttft,
         decode_tokens_per_s: (batch * (gen - 1)) as f64 / decode_s,
-        kv_tokens: cache.len(0),
+        kv_tokens: cache.seen(0),
         kv_bytes: cache.kv_bytes(),
         kv_reserved_bytes: cache.reserved_bytes(),
         peak_rss_bytes: memory::peak_rss_bytes(),
+        saturated_values: cache.saturated(),
         generated,
     })
 }

@@ -258,24 +258,43 @@ impl Model {
     ) -> Result<Tensor> {
         let c = &self.config;
         let n = tokens.len() / batch;
-        let pos0 = cache.as_ref().map_or(0, |k| k.len(0));
-        if pos0 + n > c.max_ctx {
-            return Err(Error::InvalidArgument {
-                name: "sequence length".into(),
-                reason: format!(
-                    "{} tokens exceed the model's context length {}",
-                    pos0 + n,
-                    c.max_ctx
-                ),
-            });
+        // Each sequence continues from its own position (prompts of different lengths).
+        let pos0: Vec<usize> = match cache.as_deref() {
+            Some(k) => (0..batch).map(|b| k.seen(b)).collect(),
+            None => vec![0; batch],
+        };
+        if let Some(&p) = pos0.iter().max() {
+            if p + n > c.max_ctx {
+                return Err(Error::InvalidArgument {
+                    name: "sequence length".into(),
+                    reason: format!(
+                        "{} tokens exceed the model's context length {}",
+                        p + n,
+                        c.max_ctx
+                    ),
+                });
+            }
         }
         let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
         let mut x = self
             .embed
             .index_select(&ids, 0)?
             .reshape((batch, n, c.hidden))?;
-        let cos = self.cos.narrow(0, pos0, n)?;
-        let sin = self.sin.narrow(0, pos0, n)?;
+        let (cos, sin) = if pos0.iter().all(|&p| p == pos0[0]) {
+            (
+                self.cos.narrow(0, pos0[0], n)?,
+                self.sin.narrow(0, pos0[0], n)?,
+            )
+        } else {
+            let pick = |t: &Tensor| -> Result<Tensor> {
+                let rows = pos0
+                    .iter()
+                    .map(|&p| t.narrow(0, p, n))
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                Ok(Tensor::stack(&rows, 0)?)
+            };
+            (pick(&self.cos)?, pick(&self.sin)?)
+        };
         let rope = |t: Tensor| -> Result<Tensor> {
             Ok(match c.rope_style {
                 RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&t, &cos, &sin)?,

@@ -57,12 +57,16 @@ pub struct ResultRow {
     pub kv_reserved_bytes: Option<usize>,
     /// Peak resident set size of the process during this point, bytes.
     pub peak_rss_bytes: Option<u64>,
+    /// Values saturated by an fp8 scale fixed at the first write (0 for other formats).
+    pub saturated_values: Option<u64>,
     /// Perplexity of the scheme on WikiText-2 (protocol in `meta.json`).
     pub ppl: Option<f64>,
     /// `100 × (ppl / ppl_fp16 − 1)`, % (empty when fp16 was not run first).
     pub ppl_delta_pct: Option<f64>,
     /// Mean NLL per scored token, nats.
     pub ppl_mean_nll: Option<f64>,
+    /// `chunked` or `decode`.
+    pub ppl_mode: Option<String>,
     /// Windows in the perplexity run.
     pub ppl_windows: Option<usize>,
     /// Tokens per perplexity window.
@@ -126,7 +130,7 @@ impl ResultRow {
     pub fn new(ctx: &RowContext, o: &PointOutcome) -> Self {
         let t = o.timing.as_ref().ok();
         let fp16_bytes = |tokens: usize| {
-            (KvScheme::Fp16.bytes_per_token(&ctx.geometry) * tokens * o.batch) as f64
+            (KvScheme::FP16.bytes_per_token(&ctx.geometry) * tokens * o.batch) as f64
         };
         ResultRow {
             run_id: ctx.run_id.clone(),
@@ -153,6 +157,7 @@ impl ResultRow {
             kv_ratio_vs_fp16: t.map(|t| t.kv_bytes as f64 / fp16_bytes(t.kv_tokens)),
             kv_reserved_bytes: t.map(|t| t.kv_reserved_bytes),
             peak_rss_bytes: t.and_then(|t| t.peak_rss_bytes),
+            saturated_values: t.map(|t| t.saturated_values),
             ppl: o.ppl.as_ref().map(|p| p.perplexity),
             ppl_delta_pct: o
                 .ppl
@@ -160,6 +165,7 @@ impl ResultRow {
                 .zip(o.baseline_ppl)
                 .map(|(p, b)| 100.0 * (p.perplexity / b - 1.0)),
             ppl_mean_nll: o.ppl.as_ref().map(|p| p.mean_nll),
+            ppl_mode: o.ppl.as_ref().map(|p| p.mode.to_string()),
             ppl_windows: o.ppl.as_ref().map(|p| p.windows),
             ppl_ctx: o.ppl.as_ref().and(ctx.ppl_ctx),
             ppl_weight_dtype: ctx.ppl_weight_dtype.clone(),

@@ -1,0 +1,287 @@
+//! Cache-level tests: eviction semantics against dense references, byte formulas, GQA scoring.
+
+use super::*;
+use proptest::prelude::*;
+
+fn geom(kv_heads: usize, group: usize, d: usize) -> CacheGeometry {
+    CacheGeometry {
+        layers: 1,
+        kv_heads,
+        q_heads: kv_heads * group,
+        head_dim: d,
+    }
+}
+
+/// Deterministic pseudo-random values in [−1, 1) (xorshift), so tests need no RNG crate.
+fn noise(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn f16r(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+}
+
+/// Dense reference: softmax(q·kᵀ/√d)·v over the given (f16-rounded) rows.
+fn dense(q: &[f32], keys: &[Vec<f32>], vals: &[Vec<f32>]) -> Vec<f32> {
+    let d = q.len();
+    let s: Vec<f64> = keys
+        .iter()
+        .map(|k| {
+            q.iter()
+                .zip(k)
+                .map(|(a, b)| (*a as f64) * (*b as f64))
+                .sum::<f64>()
+                / (d as f64).sqrt()
+        })
+        .collect();
+    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+    let z: f64 = e.iter().sum();
+    (0..d)
+        .map(|c| {
+            (e.iter()
+                .zip(vals)
+                .map(|(w, v)| w * v[c] as f64)
+                .sum::<f64>()
+                / z) as f32
+        })
+        .collect()
+}
+
+/// Sliding window at lengths W−1, W, W+1 and 2W, with and without sinks: exactly the right
+/// positions are held, and attention equals a dense reference restricted to them.
+#[test]
+fn window_holds_exact_tokens_and_matches_dense_reference() {
+    let (w, d) = (8usize, 8usize);
+    for sinks in [0usize, 2] {
+        let scheme: KvScheme = format!("window:size={w},sinks={sinks}").parse().unwrap();
+        let g = geom(1, 2, d);
+        let mut cache = KvCache::new(scheme, g, 1).unwrap();
+        let (mut all_k, mut all_v) = (Vec::new(), Vec::new());
+        for t in 0..2 * w {
+            let (k, v) = (noise(t as u64, d), noise(1000 + t as u64, d));
+            all_k.push(f16r(&k));
+            all_v.push(f16r(&v));
+            cache.append(0, &k, &v, 1);
+            let q = noise(5000 + t as u64, 2 * d);
+            let out = cache.attend(0, &q, 1);
+            let n = t + 1;
+            let want: Vec<usize> = (0..n).filter(|&p| p < sinks || p + w >= n).collect();
+            if [w - 1, w, w + 1, 2 * w].contains(&n) {
+                assert_eq!(cache.held_positions(0, 0, 0), want, "n={n} sinks={sinks}");
+            }
+            // Attention at this step sees every token before eviction of this step's arrival:
+            // eviction runs after attention, and the window then holds `want`.
+            let seen_now: Vec<usize> = (0..n).filter(|&p| p < sinks || p + w + 1 >= n).collect();
+            for gq in 0..2 {
+                let r = dense(
+                    &q[gq * d..(gq + 1) * d],
+                    &seen_now
+                        .iter()
+                        .map(|&p| all_k[p].clone())
+                        .collect::<Vec<_>>(),
+                    &seen_now
+                        .iter()
+                        .map(|&p| all_v[p].clone())
+                        .collect::<Vec<_>>(),
+                );
+                for c in 0..d {
+                    assert!((out[gq * d + c] - r[c]).abs() < 1e-4, "n={n} head {gq}");
+                }
+            }
+        }
+        assert_eq!(cache.kv_bytes(), scheme.bytes_for(&g, 1, 2 * w));
+    }
+}
+
+/// H2O on a GQA model (2 kv heads × 2 query heads): a prompt longer than the budget is cut to
+/// the budget, each kv head keeps the tokens *its* query heads attend to, and the newest token is
+/// never evicted on arrival.
+#[test]
+fn h2o_scores_per_kv_head_and_protects_newest() {
+    let d = 4;
+    let g = geom(2, 2, d);
+    let scheme: KvScheme = "h2o:budget=4,recent=1".parse().unwrap();
+    let mut cache = KvCache::new(scheme, g, 1).unwrap();
+    // Prompt of 10 tokens. Keys: head 0 has a large key at positions 2 and 5, head 1 at 3 and 7.
+    let n = 10;
+    let mut k = vec![0f32; 2 * n * d];
+    for (h, hot) in [(0usize, [2usize, 5]), (1, [3, 7])] {
+        for p in hot {
+            k[(h * n + p) * d] = 4.0;
+        }
+    }
+    let v = noise(3, 2 * n * d);
+    cache.append(0, &k, &v, n);
+    // Queries point along channel 0, so attention concentrates on each head's hot keys.
+    let mut q = vec![0f32; 4 * n * d];
+    for i in 0..4 * n {
+        q[i * d] = 2.0;
+    }
+    cache.attend(0, &q, n);
+    let h0 = cache.held_positions(0, 0, 0);
+    let h1 = cache.held_positions(0, 0, 1);
+    assert_eq!(h0.len(), 4);
+    assert!(
+        h0.contains(&2) && h0.contains(&5) && h0.contains(&9),
+        "{h0:?}"
+    );
+    assert!(
+        h1.contains(&3) && h1.contains(&7) && h1.contains(&9),
+        "{h1:?}"
+    );
+    // Decode steps with all-zero keys (tiny scores): the newest token is always kept.
+    for t in n..n + 5 {
+        cache.append(0, &vec![0f32; 2 * d], &noise(t as u64, 2 * d), 1);
+        cache.attend(0, &noise(99 + t as u64, 4 * d), 1);
+        for h in 0..2 {
+            let held = cache.held_positions(0, 0, h);
+            assert!(held.contains(&t), "step {t} head {h}: {held:?}");
+            assert_eq!(held.len(), 4);
+        }
+    }
+    assert_eq!(cache.kv_bytes(), scheme.bytes_for(&g, 1, n + 5));
+}
+
+proptest! {
+    /// The H2O cache never exceeds its budget, whatever the lengths and chunking.
+    #[test]
+    fn h2o_never_exceeds_budget(budget in 3usize..20, recent in 0usize..3,
+                                chunks in prop::collection::vec(1usize..12, 1..8), seed in 0u64..1000) {
+        let d = 4;
+        let g = geom(2, 2, d);
+        let scheme = KvScheme { evict: Some(Eviction::H2o { budget: Budget::Tokens(budget), recent }),
+                                ..KvScheme::FP16 };
+        let mut cache = KvCache::new(scheme, g, 2).unwrap();
+        let mut seen = 0;
+        for (i, &c) in chunks.iter().enumerate() {
+            cache.append(0, &noise(seed + i as u64, 2 * 2 * c * d), &noise(seed + 50 + i as u64, 2 * 2 * c * d), c);
+            cache.attend(0, &noise(seed + 100 + i as u64, 2 * 4 * c * d), c);
+            seen += c;
+            for b in 0..2 {
+                for h in 0..2 {
+                    let held = cache.held_positions(0, b, h);
+                    prop_assert!(held.len() <= budget.max(recent + 1));
+                    prop_assert!(held.contains(&(seen - 1)));
+                }
+            }
+        }
+    }
+}
+
+/// Every scheme is really active: after prompts and decode steps, `kv_bytes` equals the scheme's
+/// formula, and formats differ in size as their layouts say.
+#[test]
+fn kv_bytes_match_formula_for_every_scheme() {
+    let g = CacheGeometry {
+        layers: 2,
+        kv_heads: 2,
+        q_heads: 6,
+        head_dim: 64,
+    };
+    let specs = [
+        "fp16",
+        "int8-token",
+        "int4",
+        "int4:group=16",
+        "int8-channel",
+        "int8-channel:group=8,residual=16",
+        "int4-channel/int4",
+        "fp8",
+        "fp8:scale=head",
+        "fp8:scale=tensor",
+        "fp8:scale=none",
+        "fp8-e5m2",
+        "q8_0",
+        "q4_0",
+        "q4_0+rot",
+        "h2o",
+        "h2o:budget=40,recent=8@q8_0",
+        "window:size=32,sinks=4",
+        "window:size=50,sinks=0@int4/int8-token",
+    ];
+    for spec in specs {
+        let s: KvScheme = spec.parse().unwrap();
+        let mut c = KvCache::new(s, g, 3).unwrap();
+        let mut seen = 0;
+        for (i, n) in [70usize, 1, 1, 1, 30, 1].into_iter().enumerate() {
+            for l in 0..2 {
+                let k = noise(i as u64 * 7 + l as u64, 3 * 2 * n * 64);
+                let v = noise(i as u64 * 11 + l as u64, 3 * 2 * n * 64);
+                c.append(l, &k, &v, n);
+                c.attend(l, &noise(i as u64, 3 * 6 * n * 64), n);
+            }
+            seen += n;
+            assert_eq!(
+                c.kv_bytes(),
+                s.bytes_for(&g, 3, seen),
+                "{spec} after {seen} tokens"
+            );
+        }
+    }
+}
+
+/// Bytes per token by hand for SmolLM2-135M (30 layers, 3 kv heads, head_dim 64), K + V:
+/// fp16 2·30·3·128 = 23,040; int8 (64 + 2) → 11,880; int4 g32 (2·20) → 7,200; fp8 per-token
+/// (64 + 2) → 11,880; q8_0 (2·34) → 12,240; q4_0 (2·18) → 6,480.
+#[test]
+fn bytes_per_token_by_hand() {
+    let g = CacheGeometry {
+        layers: 30,
+        kv_heads: 3,
+        q_heads: 9,
+        head_dim: 64,
+    };
+    for (spec, want) in [
+        ("fp16", 23040),
+        ("int8", 11880),
+        ("int4", 7200),
+        ("fp8", 11880),
+        ("fp8:scale=head", 11520),
+        ("q8_0", 12240),
+        ("q4_0", 6480),
+    ] {
+        let s: KvScheme = spec.parse().unwrap();
+        assert_eq!(s.bytes_per_token(&g), want, "{spec}");
+    }
+}
+
+/// Rotation is exact in exact arithmetic: fp16+rot gives the same attention as fp16 up to f16
+/// rounding of rotated values.
+#[test]
+fn rotation_preserves_attention() {
+    let d = 64;
+    let g = geom(1, 2, d);
+    let mut a = KvCache::new(KvScheme::FP16, g, 1).unwrap();
+    let mut b = KvCache::new("fp16+rot".parse().unwrap(), g, 1).unwrap();
+    let (k, v, q) = (noise(1, 20 * d), noise(2, 20 * d), noise(3, 2 * 20 * d));
+    for c in [&mut a, &mut b] {
+        c.append(0, &k, &v, 20);
+    }
+    let (oa, ob) = (a.attend(0, &q, 20), b.attend(0, &q, 20));
+    for (x, y) in oa.iter().zip(&ob) {
+        assert!((x - y).abs() < 2e-3, "{x} vs {y}");
+    }
+}
+
+/// fp8 with a per-head scale fixed by the prompt saturates later outliers and counts them.
+#[test]
+fn fp8_head_scale_saturates_and_counts() {
+    let d = 4;
+    let g = geom(1, 1, d);
+    let mut c = KvCache::new("fp8:scale=head".parse().unwrap(), g, 1).unwrap();
+    c.append(0, &[1.0, -1.0, 0.5, 0.0], &[1.0, 1.0, 1.0, 1.0], 1);
+    assert_eq!(c.saturated(), 0);
+    c.append(0, &[10.0, 0.0, 0.0, 0.0], &[1.0, 1.0, 1.0, 1.0], 1); // 10 > 448 · (1/448)
+    assert_eq!(c.saturated(), 1);
+    let out = c.attend(0, &[0.0, 0.0, 0.0, 0.0], 1);
+    assert!(out.iter().all(|v| v.is_finite()));
+}
