@@ -79,14 +79,15 @@ fn eviction_changes_decode_mode_perplexity() {
 
 /// A batch of different-length prompts (prefilled one at a time, then decoded together) gives
 /// the same per-token NLL as each prompt run alone — with an eviction scheme, so per-sequence
-/// positions, budgets and scores are all exercised. Tolerance 0.01 nats: f32 matmuls sum in a
-/// different order at batch 2 than at batch 1, which can move an int8 code by one step; a wrong
-/// position or a shared budget would change NLLs by far more.
+/// positions, budgets and scores are all exercised. Tolerance 2e-3 nats: f32 matmuls sum in a
+/// different order at batch 2 than at batch 1 (measured ≤ 8e-4 here); a wrong position or a
+/// shared budget changes NLLs by far more. (Over int8 storage the same run differs by up to
+/// 0.02 nats, because such tiny differences move some int8 codes by one step.)
 #[test]
 fn different_length_prompts_batched_equal_one_at_a_time() {
     let m = &common::smollm_f32().model;
     let toks = tokens();
-    let scheme: KvScheme = "h2o:budget=24,recent=4@int8".parse().unwrap();
+    let scheme: KvScheme = "h2o:budget=24,recent=4".parse().unwrap();
     let geom = m.config.cache_geometry();
     let prompts = [&toks[1000..1020], &toks[3000..3033]];
     let steps = 10;
@@ -123,7 +124,7 @@ fn different_length_prompts_batched_equal_one_at_a_time() {
         let nll = token_nll(&l, &[follow(0, i + 1), follow(1, i + 1)]).unwrap();
         for p in 0..2 {
             assert!(
-                (nll[p] - alone[p][i]).abs() < 1e-2,
+                (nll[p] - alone[p][i]).abs() < 2e-3,
                 "prompt {p} step {i}: {} vs {}",
                 nll[p],
                 alone[p][i]
