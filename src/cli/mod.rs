@@ -2,6 +2,7 @@
 //! 2 usage error (bad flag value, unknown scheme, missing or unreadable model), 3 reserved for
 //! failed quality/performance gates.
 
+pub mod attn_bench;
 pub mod fetch;
 pub mod sweep;
 
@@ -23,6 +24,9 @@ pub enum Command {
     /// Sweep KV-cache schemes × batch sizes × sequence lengths on a model: TTFT, TPOT, tokens/s,
     /// KV bytes, peak RSS and perplexity, written to reports/<run-id>/.
     Sweep(sweep::SweepArgs),
+    /// Time the decode step's cache work (append + attention) per scheme at a context length,
+    /// on synthetic K/V with a model's geometry.
+    AttnBench(attn_bench::AttnBenchArgs),
     /// Fetch the default model (SmolLM2-135M-Instruct Q4_1 GGUF) and print its path.
     Fetch(fetch::FetchArgs),
 }
@@ -33,6 +37,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Sweep(a) => sweep::run(a),
         Command::Fetch(a) => fetch::run(a),
+        Command::AttnBench(a) => attn_bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -99,7 +99,7 @@ pub struct SweepArgs {
 #[derive(Debug, Clone)]
 pub struct SchemeList(pub Vec<KvScheme>);
 
-fn parse_schemes(s: &str) -> Result<SchemeList, crate::Error> {
+pub fn parse_schemes(s: &str) -> Result<SchemeList, crate::Error> {
     crate::kv::parse_scheme_list(s).map(SchemeList)
 }
 

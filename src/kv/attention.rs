@@ -17,6 +17,8 @@ use super::stream::Stream;
 pub const QUERY_BLOCK: usize = 32;
 /// Smallest key chunk worth a task of its own when splitting a decode step over threads.
 pub const MIN_KEY_CHUNK: usize = 256;
+/// Row × query visits below which a call stays on one thread (~0.1 ms of work).
+pub const PARALLEL_WORK: usize = 32 * 1024;
 
 /// One (sequence, kv head) as attention sees it.
 #[derive(Clone, Copy)]
@@ -25,16 +27,6 @@ pub struct HeadView<'a> {
     pub k: &'a dyn Stream,
     /// Stored values.
     pub v: &'a dyn Stream,
-    /// Absolute position of each slot; `None` when slot `i` holds position `i`.
-    pub pos: Option<&'a [u32]>,
-    /// Absolute position of this sequence's first new query.
-    pub first_query_pos: usize,
-}
-
-impl HeadView<'_> {
-    fn key_pos(&self, slot: usize) -> usize {
-        self.pos.map_or(slot, |p| p[slot] as usize)
-    }
 }
 
 /// Shapes of one attention call.
@@ -75,21 +67,22 @@ pub struct Attention {
 /// Causal scaled-dot-product attention over stored rows for every (sequence, query head).
 ///
 /// - `heads[b * kv_heads + h]`: the stored K/V of sequence `b`, kv head `h`.
-/// - `q`: `[batch, kv_heads·group, n_q, head_dim]` f32, RoPE applied. Query `i` of sequence `b`
-///   sits at position `first_query_pos + i` and sees slots whose key position is ≤ its own.
-///   Query head `hq` reads kv head `hq / group`.
+/// - `q`: `[batch, kv_heads·group, n_q, head_dim]` f32, RoPE applied, for the `n_q` tokens just
+///   appended (the last `n_q` slots of every head); new token `i` sees every older slot and new
+///   tokens `0..=i`. Query head `hq` reads kv head `hq / group`.
 /// - output: `softmax(q·Kᵀ / √head_dim) · V` per query.
 pub fn attend(heads: &[HeadView<'_>], q: &[f32], s: AttnShape, want_scores: bool) -> Attention {
     let d = s.head_dim;
     let q_blocks = s.n_q.div_ceil(QUERY_BLOCK);
     let base_tasks = s.batch * s.kv_heads * q_blocks;
     let threads = rayon::current_num_threads();
+    let work: usize = heads.iter().map(|h| h.k.len()).sum::<usize>() * s.group * s.n_q;
     let max_slots = heads.iter().map(|h| h.k.len()).max().unwrap_or(0);
-    // Split slots only when there are too few tasks to keep every thread busy.
-    let chunks = if base_tasks >= threads {
+    // Split slots when there are too few tasks to balance every thread (at least 4 per thread).
+    let chunks = if base_tasks >= 4 * threads || work < PARALLEL_WORK {
         1
     } else {
-        (2 * threads)
+        (4 * threads)
             .div_ceil(base_tasks)
             .min(max_slots / MIN_KEY_CHUNK)
             .max(1)
@@ -97,28 +90,33 @@ pub fn attend(heads: &[HeadView<'_>], q: &[f32], s: AttnShape, want_scores: bool
     let tasks: Vec<(usize, usize, usize)> = (0..s.batch * s.kv_heads)
         .flat_map(|bh| (0..q_blocks).flat_map(move |qb| (0..chunks).map(move |c| (bh, qb, c))))
         .collect();
-    let partials: Vec<Partial> = tasks
-        .par_iter()
-        .map(|&(bh, qb, c)| {
-            let (b, h) = (bh / s.kv_heads, bh % s.kv_heads);
-            let head = &heads[bh];
-            let i0 = qb * QUERY_BLOCK;
-            let i1 = (i0 + QUERY_BLOCK).min(s.n_q);
-            let n = head.k.len();
-            let per = n.div_ceil(chunks);
-            let slots = ((c * per).min(n), ((c + 1) * per).min(n));
-            // Gather the block's queries: [group × (i1 − i0), d], head-major.
-            let mut qs = Vec::with_capacity(s.group * (i1 - i0) * d);
-            let mut qpos = Vec::with_capacity(s.group * (i1 - i0));
-            for g in 0..s.group {
-                let hq = h * s.group + g;
-                let base = ((b * s.kv_heads * s.group + hq) * s.n_q) * d;
-                qs.extend_from_slice(&q[base + i0 * d..base + i1 * d]);
-                qpos.extend((i0..i1).map(|i| head.first_query_pos + i));
-            }
-            partial(head, slots, &qs, &qpos, d, want_scores)
-        })
-        .collect();
+    // Small calls (short-context decode) run on the calling thread: a parallel join costs more
+    // than the work, and on a loaded machine each join can wait a whole scheduler slice for a
+    // preempted worker (seen as 25× slower decode steps when another process shared the cores).
+    let run = |&(bh, qb, c): &(usize, usize, usize)| {
+        let (b, h) = (bh / s.kv_heads, bh % s.kv_heads);
+        let head = &heads[bh];
+        let i0 = qb * QUERY_BLOCK;
+        let i1 = (i0 + QUERY_BLOCK).min(s.n_q);
+        let n = head.k.len();
+        let per = n.div_ceil(chunks);
+        let slots = ((c * per).min(n), ((c + 1) * per).min(n));
+        // Gather the block's queries: [group × (i1 − i0), d], head-major.
+        let mut qs = Vec::with_capacity(s.group * (i1 - i0) * d);
+        let mut qi = Vec::with_capacity(s.group * (i1 - i0));
+        for g in 0..s.group {
+            let hq = h * s.group + g;
+            let off = ((b * s.kv_heads * s.group + hq) * s.n_q) * d;
+            qs.extend_from_slice(&q[off + i0 * d..off + i1 * d]);
+            qi.extend(i0..i1);
+        }
+        partial(head, slots, n - s.n_q, &qs, &qi, d, want_scores)
+    };
+    let partials: Vec<Partial> = if work >= PARALLEL_WORK {
+        tasks.par_iter().map(run).collect()
+    } else {
+        tasks.iter().map(run).collect()
+    };
     // Merge slot chunks, scatter into [batch, q_heads, n_q, d], and sum slot scores.
     let mut out = vec![0f32; q.len()];
     let mut slot_scores: Option<Vec<Vec<f32>>> =
@@ -162,69 +160,62 @@ pub fn attend(heads: &[HeadView<'_>], q: &[f32], s: AttnShape, want_scores: bool
     Attention { out, slot_scores }
 }
 
-/// Attention of queries `qs` (`[J, d]`, positions `qpos`) over slots `slots.0..slots.1`,
-/// unnormalized. Each K and V row is decoded once and used by all J queries.
+/// Attention of queries `qs` (`[J, d]`, query-block offsets `qi`: query `j` is new token
+/// `qi[j]` of this call) over slots `slots.0..slots.1`, unnormalized. Visibility needs no
+/// positions: the call's `n_q` new tokens are the last `n_q` slots in order (eviction only runs
+/// after attention), and everything before them is older than every query, so slot `t` is
+/// visible to new token `i` iff `t ≤ base + i`, `base = slots − n_q`.
 fn partial(
     head: &HeadView<'_>,
     slots: (usize, usize),
+    base: usize,
     qs: &[f32],
-    qpos: &[usize],
+    qi: &[usize],
     d: usize,
     keep_weights: bool,
 ) -> Partial {
-    let nq = qpos.len();
+    let nq = qi.len();
     let scale = 1.0 / (d as f32).sqrt();
-    let mut row = vec![0f32; d];
-    let n = slots.1 - slots.0;
-    // weights[(t − t0) · nq + j], slot-major so a decoded key row is used by every query in turn.
-    let mut w = vec![f32::NEG_INFINITY; n * nq];
+    let last_visible = base + qi.iter().copied().max().unwrap_or(0); // inclusive
+    let (t0, t1) = (slots.0, slots.1.min(last_visible + 1).max(slots.0));
+    let n = t1 - t0;
+    // w[(t − t0) · nq + j], slot-major so a decoded key row is used by every query in turn.
+    let mut w = vec![0f32; n * nq];
     let mut max = vec![f32::NEG_INFINITY; nq];
-    for t in slots.0..slots.1 {
-        let kp = head.key_pos(t);
-        if qpos.iter().all(|&p| kp > p) {
-            continue;
-        }
-        head.k.decode(t, &mut row);
-        let sc = &mut w[(t - slots.0) * nq..(t - slots.0 + 1) * nq];
-        for j in 0..nq {
-            if kp <= qpos[j] {
-                let v = dot(&qs[j * d..(j + 1) * d], &row) * scale;
-                sc[j] = v;
-                max[j] = max[j].max(v);
-            }
-        }
-    }
     let mut sum = vec![0f32; nq];
-    for sc in w.chunks_exact_mut(nq.max(1)) {
-        for j in 0..nq {
-            let e = if sc[j] == f32::NEG_INFINITY {
-                0.0
-            } else {
-                (sc[j] - max[j]).exp()
-            };
-            sc[j] = e;
-            sum[j] += e;
-        }
-    }
     let mut acc = vec![0f32; nq * d];
-    for t in slots.0..slots.1 {
-        let p = &w[(t - slots.0) * nq..(t - slots.0 + 1) * nq];
-        if p.iter().all(|&x| x == 0.0) {
-            continue;
-        }
-        head.v.decode(t, &mut row);
-        for j in 0..nq {
-            if p[j] != 0.0 {
-                axpy(p[j], &row, &mut acc[j * d..(j + 1) * d]);
+    if n > 0 {
+        head.k.dot_rows(t0, t1, qs, &mut w);
+        let first_masked = base + qi.iter().copied().min().unwrap_or(0) + 1;
+        for (t, sc) in (t0..t1).zip(w.chunks_exact_mut(nq)) {
+            for j in 0..nq {
+                sc[j] = if t >= first_masked && t > base + qi[j] {
+                    f32::NEG_INFINITY
+                } else {
+                    sc[j] * scale
+                };
+                max[j] = max[j].max(sc[j]);
             }
         }
+        for sc in w.chunks_exact_mut(nq) {
+            for j in 0..nq {
+                let e = if sc[j] == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    (sc[j] - max[j]).exp()
+                };
+                sc[j] = e;
+                sum[j] += e;
+            }
+        }
+        head.v.axpy_rows(t0, t1, &w, &mut acc);
     }
     Partial {
         max,
         sum,
         acc,
         weights: keep_weights.then_some(w),
-        slots,
+        slots: (t0, t1),
     }
 }
 
@@ -269,12 +260,7 @@ mod tests {
     }
 
     fn run(k: &RowStream<F16Row>, v: &RowStream<F16Row>, q: &[f32], n_q: usize) -> Attention {
-        let head = HeadView {
-            k,
-            v,
-            pos: None,
-            first_query_pos: k.len() - n_q,
-        };
+        let head = HeadView { k, v };
         let shape = AttnShape {
             batch: 1,
             kv_heads: 1,

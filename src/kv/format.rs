@@ -19,10 +19,7 @@
 //! computed, so every element stays inside the representable range and the round-trip error is at
 //! most half a quantization step: `|x − x̂| ≤ scale / 2` (plus f32 rounding).
 
-use std::sync::OnceLock;
-
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 
 use super::spec::Fp8Kind;
 
@@ -56,18 +53,9 @@ impl RowCodec for F16Row {
         0
     }
 
-    #[inline]
+    #[inline(always)]
     fn decode(&self, row: &[u8], out: &mut [f32]) {
-        // Aligned rows (the usual case: buffers come from the allocator, rows are 2·head_dim
-        // bytes) convert with half's slice routine, which uses F16C 8-wide where available.
-        match bytemuck::try_cast_slice::<u8, f16>(row) {
-            Ok(h) => h.convert_to_f32_slice(out),
-            Err(_) => {
-                for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
-                    *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                }
-            }
-        }
+        super::simd::f16_to_f32(row, out);
     }
 }
 
@@ -92,12 +80,10 @@ impl RowCodec for Int8TokenRow {
         0
     }
 
-    #[inline]
+    #[inline(always)]
     fn decode(&self, row: &[u8], out: &mut [f32]) {
         let s = f16::from_le_bytes([row[0], row[1]]).to_f32();
-        for (o, &q) in out.iter_mut().zip(&row[2..]) {
-            *o = (q as i8) as f32 * s;
-        }
+        super::simd::i8_to_f32(&row[2..], s, out);
     }
 }
 
@@ -136,7 +122,7 @@ impl RowCodec for Int4GroupRow {
         0
     }
 
-    #[inline]
+    #[inline(always)]
     fn decode(&self, row: &[u8], out: &mut [f32]) {
         let block = 4 + self.group / 2;
         for (b, o) in row
@@ -145,10 +131,7 @@ impl RowCodec for Int4GroupRow {
         {
             let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
             let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
-            for (pair, &byte) in o.chunks_exact_mut(2).zip(&b[4..]) {
-                pair[0] = m + (byte & 0x0f) as f32 * d;
-                pair[1] = m + (byte >> 4) as f32 * d;
-            }
+            super::simd::u4_pairs_to_f32(&b[4..], d, m, o);
         }
     }
 }
@@ -171,19 +154,6 @@ impl Fp8Row {
         match self.kind {
             Fp8Kind::E4M3 => float8::F8E4M3::from_f32(v).to_bits(),
             Fp8Kind::E5M2 => float8::F8E5M2::from_f32(v).to_bits(),
-        }
-    }
-
-    fn table(&self) -> &'static [f32; 256] {
-        static E4M3: OnceLock<[f32; 256]> = OnceLock::new();
-        static E5M2: OnceLock<[f32; 256]> = OnceLock::new();
-        match self.kind {
-            Fp8Kind::E4M3 => E4M3.get_or_init(|| {
-                std::array::from_fn(|b| float8::F8E4M3::from_bits(b as u8).to_f32())
-            }),
-            Fp8Kind::E5M2 => E5M2.get_or_init(|| {
-                std::array::from_fn(|b| float8::F8E5M2::from_bits(b as u8).to_f32())
-            }),
         }
     }
 }
@@ -220,16 +190,13 @@ impl RowCodec for Fp8Row {
         saturated
     }
 
-    #[inline]
+    #[inline(always)]
     fn decode(&self, row: &[u8], out: &mut [f32]) {
-        let t = self.table();
         let (s, codes) = match self.scale {
             None => (f16::from_le_bytes([row[0], row[1]]).to_f32(), &row[2..]),
             Some(s) => (s, row),
         };
-        for (o, &c) in out.iter_mut().zip(codes) {
-            *o = t[c as usize] * s;
-        }
+        super::simd::fp8_to_f32(codes, self.kind == Fp8Kind::E4M3, s, out);
     }
 }
 
@@ -257,13 +224,11 @@ impl RowCodec for Q8_0Row {
         0
     }
 
-    #[inline]
+    #[inline(always)]
     fn decode(&self, row: &[u8], out: &mut [f32]) {
         for (b, o) in row.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
             let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-            for (y, &q) in o.iter_mut().zip(&b[2..]) {
-                *y = (q as i8) as f32 * d;
-            }
+            super::simd::i8_to_f32(&b[2..], d, o);
         }
     }
 }
@@ -300,14 +265,11 @@ impl RowCodec for Q4_0Row {
         0
     }
 
-    #[inline]
+    #[inline(always)]
     fn decode(&self, row: &[u8], out: &mut [f32]) {
         for (b, o) in row.chunks_exact(18).zip(out.chunks_exact_mut(32)) {
             let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-            for j in 0..16 {
-                o[j] = ((b[2 + j] & 0x0f) as i32 - 8) as f32 * d;
-                o[j + 16] = ((b[2 + j] >> 4) as i32 - 8) as f32 * d;
-            }
+            super::simd::q4_0_to_f32(&b[2..], d, o);
         }
     }
 }

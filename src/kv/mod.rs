@@ -9,6 +9,7 @@
 
 pub mod attention;
 pub mod format;
+pub mod simd;
 pub mod spec;
 pub mod stream;
 
@@ -290,35 +291,35 @@ impl KvCache {
             }
         }
         let scales = l.tensor_scales;
-        let saturated: usize = l
-            .heads
-            .par_iter_mut()
-            .enumerate()
-            .map(|(bh, head)| {
-                let (kx, vx) = (
-                    &k[bh * per_head..(bh + 1) * per_head],
-                    &v[bh * per_head..(bh + 1) * per_head],
-                );
-                for (i, (stream, x, q)) in
-                    [(&mut head.k, kx, scheme.k), (&mut head.v, vx, scheme.v)]
-                        .into_iter()
-                        .enumerate()
-                {
-                    if stream.needs_scale() {
-                        let s = match q {
-                            Quant::Fp8 {
-                                scale: Fp8Scale::Tensor,
-                                ..
-                            } => scales[i].expect("set above"),
-                            Quant::Fp8 { kind, .. } => absmax_scale(x, kind),
-                            _ => 1.0,
-                        };
-                        stream.set_scale(s);
-                    }
+        let store = |(bh, head): (usize, &mut Head)| {
+            let (kx, vx) = (
+                &k[bh * per_head..(bh + 1) * per_head],
+                &v[bh * per_head..(bh + 1) * per_head],
+            );
+            for (i, (stream, x, q)) in [(&mut head.k, kx, scheme.k), (&mut head.v, vx, scheme.v)]
+                .into_iter()
+                .enumerate()
+            {
+                if stream.needs_scale() {
+                    let s = match q {
+                        Quant::Fp8 {
+                            scale: Fp8Scale::Tensor,
+                            ..
+                        } => scales[i].expect("set above"),
+                        Quant::Fp8 { kind, .. } => absmax_scale(x, kind),
+                        _ => 1.0,
+                    };
+                    stream.set_scale(s);
                 }
-                head.k.push(kx) + head.v.push(vx)
-            })
-            .sum();
+            }
+            head.k.push(kx) + head.v.push(vx)
+        };
+        // Decode steps append one row per head: not worth a parallel join (see attention).
+        let saturated: usize = if k.len() >= attention::PARALLEL_WORK {
+            l.heads.par_iter_mut().enumerate().map(store).sum()
+        } else {
+            l.heads.iter_mut().enumerate().map(store).sum()
+        };
         self.saturated += saturated as u64;
         if scheme.evicts() {
             for (bh, head) in l.heads.iter_mut().enumerate() {
@@ -351,17 +352,13 @@ impl KvCache {
             None => q,
         };
         let l = &mut self.layers[layer];
-        let evicts = self.scheme.evicts();
         let h2o = matches!(self.scheme.evict, Some(Eviction::H2o { .. }));
         let views: Vec<attention::HeadView<'_>> = l
             .heads
             .iter()
-            .enumerate()
-            .map(|(bh, h)| attention::HeadView {
+            .map(|h| attention::HeadView {
                 k: h.k.as_ref(),
                 v: h.v.as_ref(),
-                pos: evicts.then_some(&h.pos[..]),
-                first_query_pos: l.seen[bh / g.kv_heads] - n_q,
             })
             .collect();
         let shape = attention::AttnShape {

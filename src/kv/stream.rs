@@ -21,6 +21,22 @@ pub trait Stream: Send + Sync + std::fmt::Debug {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Raw dot products of rows `t0..t1` with `nq` queries (`qs`: `[nq, head_dim]`):
+    /// `out[(t − t0)·nq + j] = q_j · row_t`.
+    fn dot_rows(&self, t0: usize, t1: usize, qs: &[f32], out: &mut [f32]) {
+        let nq = out.len() / (t1 - t0).max(1);
+        dot_rows_with(t0, t1, qs, out, qs.len() / nq.max(1), |t, r| {
+            self.decode(t, r)
+        });
+    }
+    /// Weighted sums of rows `t0..t1`: `acc_j += Σ_t w[(t − t0)·nq + j] · row_t`, `acc`:
+    /// `[nq, head_dim]`; rows whose weights are all zero are not read.
+    fn axpy_rows(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
+        let nq = w.len() / (t1 - t0).max(1);
+        axpy_rows_with(t0, t1, w, acc, acc.len() / nq.max(1), |t, r| {
+            self.decode(t, r)
+        });
+    }
     /// Bytes held: codes, scales, zero-points.
     fn bytes(&self) -> usize;
     /// Bytes allocated (capacity).
@@ -35,6 +51,59 @@ pub trait Stream: Send + Sync + std::fmt::Debug {
     }
     /// Sets the external scale.
     fn set_scale(&mut self, _scale: f32) {}
+}
+
+/// Rows decoded per tile: 32 rows × head_dim f32 stay in L1 while every query uses them.
+const TILE: usize = 32;
+
+/// Shared loop of [`Stream::dot_rows`]: decode a tile of rows once, dot it with every query.
+#[inline(always)]
+fn dot_rows_with(
+    t0: usize,
+    t1: usize,
+    qs: &[f32],
+    out: &mut [f32],
+    d: usize,
+    mut decode: impl FnMut(usize, &mut [f32]),
+) {
+    let nq = qs.len() / d;
+    let mut tile = vec![0f32; TILE * d];
+    let mut t = t0;
+    while t < t1 {
+        let n = (t1 - t).min(TILE);
+        for r in 0..n {
+            decode(t + r, &mut tile[r * d..(r + 1) * d]);
+        }
+        let o = &mut out[(t - t0) * nq..(t - t0 + n) * nq];
+        super::simd::tile_dots(&tile[..n * d], qs, d, o);
+        t += n;
+    }
+}
+
+/// Shared loop of [`Stream::axpy_rows`]; tiles whose weights are all zero are not read.
+#[inline(always)]
+fn axpy_rows_with(
+    t0: usize,
+    t1: usize,
+    w: &[f32],
+    acc: &mut [f32],
+    d: usize,
+    mut decode: impl FnMut(usize, &mut [f32]),
+) {
+    let nq = acc.len() / d;
+    let mut tile = vec![0f32; TILE * d];
+    let mut t = t0;
+    while t < t1 {
+        let n = (t1 - t).min(TILE);
+        let wt = &w[(t - t0) * nq..(t - t0 + n) * nq];
+        if wt.iter().any(|&x| x != 0.0) {
+            for r in 0..n {
+                decode(t + r, &mut tile[r * d..(r + 1) * d]);
+            }
+            super::simd::tile_axpy(wt, &tile[..n * d], d, acc);
+        }
+        t += n;
+    }
 }
 
 /// Fixed-size rows in a flat byte buffer.
@@ -105,6 +174,21 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
     fn decode(&self, slot: usize, out: &mut [f32]) {
         self.codec
             .decode(&self.data[slot * self.rb..(slot + 1) * self.rb], out)
+    }
+
+    // Monomorphized per codec: the row decode inlines into the loop (no call per row).
+    fn dot_rows(&self, t0: usize, t1: usize, qs: &[f32], out: &mut [f32]) {
+        let (codec, rb, data) = (self.codec, self.rb, &self.data);
+        dot_rows_with(t0, t1, qs, out, self.head_dim, |t, r| {
+            codec.decode(&data[t * rb..(t + 1) * rb], r)
+        });
+    }
+
+    fn axpy_rows(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
+        let (codec, rb, data) = (self.codec, self.rb, &self.data);
+        axpy_rows_with(t0, t1, w, acc, self.head_dim, |t, r| {
+            codec.decode(&data[t * rb..(t + 1) * rb], r)
+        });
     }
 
     fn len(&self) -> usize {

@@ -3,3 +3,4 @@
 pub mod memory;
 pub mod stats;
 pub mod sweep;
+pub mod synthetic;

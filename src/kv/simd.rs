@@ -1,0 +1,642 @@
+//! The two inner loops of attention over decoded rows, with AVX2/FMA kernels where the build
+//! targets them (`.cargo/config.toml` builds for the native CPU) and portable fallbacks.
+//!
+//! - [`dot_many`]: `out[j] = q_j · row` for several queries at once, so one decoded key row is
+//!   loaded once per 8 lanes for all queries of a GQA group.
+//! - [`axpy_many`]: `acc_j += w_j · row` for several queries.
+
+/// Little-endian IEEE binary16 values (`src`: `2·dst.len()` bytes) to f32, with F16C where
+/// the build targets it.
+#[inline(always)]
+pub fn f16_to_f32(src: &[u8], dst: &mut [f32]) {
+    assert!(src.len() >= 2 * dst.len());
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "f16c",
+        target_feature = "avx2"
+    ))]
+    unsafe {
+        use std::arch::x86_64::*;
+        let n = dst.len() - dst.len() % 8;
+        let mut i = 0;
+        while i < n {
+            let h = _mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            i += 8;
+        }
+        for i in n..dst.len() {
+            dst[i] = half::f16::from_le_bytes([src[2 * i], src[2 * i + 1]]).to_f32();
+        }
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "f16c",
+        target_feature = "avx2"
+    )))]
+    for (o, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    }
+}
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+const AVX: bool = true;
+#[cfg(not(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+)))]
+const AVX: bool = false;
+
+/// `dst[i] = (src[i] as i8) · scale`.
+#[inline(always)]
+pub fn i8_to_f32(src: &[u8], scale: f32, dst: &mut [f32]) {
+    assert!(src.len() >= dst.len());
+    let mut i = 0;
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    unsafe {
+        use std::arch::x86_64::*;
+        let s = _mm256_set1_ps(scale);
+        while i + 8 <= dst.len() {
+            let b = _mm_loadl_epi64(src.as_ptr().add(i) as *const __m128i);
+            let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_mul_ps(x, s));
+            i += 8;
+        }
+    }
+    for k in i..dst.len() {
+        dst[k] = (src[k] as i8) as f32 * scale;
+    }
+}
+
+/// 4-bit codes, element `2j` in the low and `2j+1` in the high nibble of byte `j`:
+/// `dst[i] = m + q_i · d`.
+#[inline(always)]
+pub fn u4_pairs_to_f32(src: &[u8], d: f32, m: f32, dst: &mut [f32]) {
+    assert!(2 * src.len() >= dst.len());
+    let mut i = 0;
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    unsafe {
+        use std::arch::x86_64::*;
+        let (dv, mv, mask) = (_mm256_set1_ps(d), _mm256_set1_ps(m), _mm_set1_epi16(0x0f));
+        while i + 16 <= dst.len() {
+            let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(src.as_ptr().add(i / 2) as *const __m128i));
+            let (lo, hi) = (_mm_and_si128(b, mask), _mm_srli_epi16(b, 4));
+            let (p0, p1) = (_mm_unpacklo_epi16(lo, hi), _mm_unpackhi_epi16(lo, hi));
+            for (k, p) in [p0, p1].into_iter().enumerate() {
+                let x = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(p));
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i + 8 * k), _mm256_fmadd_ps(x, dv, mv));
+            }
+            i += 16;
+        }
+    }
+    while i < dst.len() {
+        let b = src[i / 2];
+        dst[i] = m + (b & 0x0f) as f32 * d;
+        if i + 1 < dst.len() {
+            dst[i + 1] = m + (b >> 4) as f32 * d;
+        }
+        i += 2;
+    }
+}
+
+/// ggml Q4_0 block body: 16 bytes, element `j` low nibble and `j + 16` high nibble of byte `j`:
+/// `dst[i] = (q_i − 8) · d` for 32 values.
+#[inline(always)]
+pub fn q4_0_to_f32(src: &[u8], d: f32, dst: &mut [f32]) {
+    assert!(src.len() >= 16 && dst.len() >= 32);
+    if AVX {
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))]
+        unsafe {
+            use std::arch::x86_64::*;
+            let dv = _mm256_set1_ps(d);
+            let eight = _mm256_set1_epi32(8);
+            for h in 0..2 {
+                let b = _mm_loadl_epi64(src.as_ptr().add(8 * h) as *const __m128i);
+                let w = _mm256_cvtepu8_epi32(b);
+                let lo = _mm256_sub_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x0f)), eight);
+                let hi = _mm256_sub_epi32(_mm256_srli_epi32(w, 4), eight);
+                _mm256_storeu_ps(
+                    dst.as_mut_ptr().add(8 * h),
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(lo), dv),
+                );
+                _mm256_storeu_ps(
+                    dst.as_mut_ptr().add(16 + 8 * h),
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(hi), dv),
+                );
+            }
+        }
+        return;
+    }
+    for j in 0..16 {
+        dst[j] = ((src[j] & 0x0f) as i32 - 8) as f32 * d;
+        dst[j + 16] = ((src[j] >> 4) as i32 - 8) as f32 * d;
+    }
+}
+
+/// FP8 codes to f32 times `scale`, by widening to IEEE binary16 bits and F16C: E5M2 is the top
+/// byte of an f16; E4M3 (bias 7, no infinities) becomes f16 bits `sign | (byte & 0x7f) << 7`,
+/// which reads as the same value divided by 2⁸ (normals and subnormals alike), so the scale is
+/// multiplied by 256. Code 0x7f (E4M3 NaN) is never stored: encoding saturates.
+#[inline(always)]
+pub fn fp8_to_f32(src: &[u8], e4m3: bool, scale: f32, dst: &mut [f32]) {
+    assert!(src.len() >= dst.len());
+    let mut i = 0;
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "f16c"
+    ))]
+    unsafe {
+        use std::arch::x86_64::*;
+        let s = _mm256_set1_ps(if e4m3 { scale * 256.0 } else { scale });
+        while i + 8 <= dst.len() {
+            let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(src.as_ptr().add(i) as *const __m128i));
+            let h = if e4m3 {
+                let sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
+                _mm_or_si128(
+                    sign,
+                    _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
+                )
+            } else {
+                _mm_slli_epi16(b, 8)
+            };
+            _mm256_storeu_ps(
+                dst.as_mut_ptr().add(i),
+                _mm256_mul_ps(_mm256_cvtph_ps(h), s),
+            );
+            i += 8;
+        }
+    }
+    for k in i..dst.len() {
+        let b = src[k] as u16;
+        let bits = if e4m3 {
+            ((b & 0x80) << 8) | ((b & 0x7f) << 7)
+        } else {
+            b << 8
+        };
+        let f = half::f16::from_bits(bits).to_f32();
+        dst[k] = f * if e4m3 { scale * 256.0 } else { scale };
+    }
+}
+
+/// `out[j] = Σ_c qs[j·d + c] · row[c]`, `d = row.len()`, for `j < out.len()`.
+#[inline(always)]
+pub fn dot_many(row: &[f32], qs: &[f32], out: &mut [f32]) {
+    assert!(qs.len() >= out.len() * row.len());
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    {
+        // SAFETY: the target features are enabled at compile time; bounds asserted above.
+        unsafe { avx::dot_many(row, qs, out) }
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    )))]
+    {
+        let d = row.len();
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = qs[j * d..(j + 1) * d]
+                .iter()
+                .zip(row)
+                .map(|(a, b)| a * b)
+                .sum();
+        }
+    }
+}
+
+/// `acc[j·d + c] += w[j] · row[c]` for every `j` with `w[j] ≠ 0`, `d = row.len()`.
+#[inline(always)]
+pub fn axpy_many(w: &[f32], row: &[f32], acc: &mut [f32]) {
+    assert!(acc.len() >= w.len() * row.len());
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    {
+        // SAFETY: as above.
+        unsafe { avx::axpy_many(w, row, acc) }
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    )))]
+    {
+        let d = row.len();
+        for (j, &a) in w.iter().enumerate() {
+            if a != 0.0 {
+                for (y, &x) in acc[j * d..(j + 1) * d].iter_mut().zip(row) {
+                    *y = a.mul_add(x, *y);
+                }
+            }
+        }
+    }
+}
+
+/// Dots of a decoded tile of rows with several queries: `out[r·nq + j] = tile_r · q_j` for
+/// `tile`: `[rows, d]`, `qs`: `[nq, d]`, `out`: `[rows, nq]`. Eight rows share each query load
+/// and are reduced together, so no per-row horizontal sum is paid.
+#[inline(always)]
+pub fn tile_dots(tile: &[f32], qs: &[f32], d: usize, out: &mut [f32]) {
+    let rows = tile.len() / d;
+    let nq = qs.len() / d;
+    assert!(out.len() >= rows * nq && tile.len() == rows * d);
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    if d % 8 == 0 {
+        // SAFETY: target features enabled at compile time; shapes asserted above.
+        unsafe { avx::tile_dots(tile, qs, d, out) };
+        return;
+    }
+    for r in 0..rows {
+        dot_many(
+            &tile[r * d..(r + 1) * d],
+            qs,
+            &mut out[r * nq..(r + 1) * nq],
+        );
+    }
+}
+
+/// `acc_j += Σ_r w[r·nq + j] · tile_r` for `tile`: `[rows, d]`, `w`: `[rows, nq]`, `acc`:
+/// `[nq, d]`; accumulators stay in registers across the tile's rows.
+#[inline(always)]
+pub fn tile_axpy(w: &[f32], tile: &[f32], d: usize, acc: &mut [f32]) {
+    let rows = tile.len() / d;
+    let nq = acc.len() / d;
+    assert!(w.len() >= rows * nq && tile.len() == rows * d);
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    if d % 8 == 0 {
+        // SAFETY: as above.
+        unsafe { avx::tile_axpy(w, tile, d, acc) };
+        return;
+    }
+    for r in 0..rows {
+        axpy_many(&w[r * nq..(r + 1) * nq], &tile[r * d..(r + 1) * d], acc);
+    }
+}
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+mod avx {
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// Lane i of the result = Σ lanes of v[i], for four vectors.
+    #[inline(always)]
+    unsafe fn hsum4(v: &[__m256; 4]) -> __m128 {
+        let a = _mm256_hadd_ps(v[0], v[1]);
+        let b = _mm256_hadd_ps(v[2], v[3]);
+        let ab = _mm256_hadd_ps(a, b);
+        _mm_add_ps(_mm256_castps256_ps128(ab), _mm256_extractf128_ps(ab, 1))
+    }
+
+    /// Q queries × 4 rows: each tile load feeds Q FMAs, each query load feeds 4.
+    #[inline(always)]
+    unsafe fn dot_block<const Q: usize>(
+        t: *const f32,
+        q: *const f32,
+        d: usize,
+        nq: usize,
+        o: *mut f32,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 4]; Q];
+        let mut c = 0;
+        while c < d {
+            let rows = [
+                _mm256_loadu_ps(t.add(c)),
+                _mm256_loadu_ps(t.add(d + c)),
+                _mm256_loadu_ps(t.add(2 * d + c)),
+                _mm256_loadu_ps(t.add(3 * d + c)),
+            ];
+            for (j, aj) in acc.iter_mut().enumerate() {
+                let qv = _mm256_loadu_ps(q.add(j * d + c));
+                for r in 0..4 {
+                    aj[r] = _mm256_fmadd_ps(rows[r], qv, aj[r]);
+                }
+            }
+            c += 8;
+        }
+        for (j, aj) in acc.iter().enumerate() {
+            let mut sums = [0f32; 4];
+            _mm_storeu_ps(sums.as_mut_ptr(), hsum4(aj));
+            for (r, &s) in sums.iter().enumerate() {
+                *o.add(r * nq + j) = s;
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub unsafe fn tile_dots(tile: &[f32], qs: &[f32], d: usize, out: &mut [f32]) {
+        let rows = tile.len() / d;
+        let nq = qs.len() / d;
+        let (t, q, o) = (tile.as_ptr(), qs.as_ptr(), out.as_mut_ptr());
+        let full = rows - rows % 4;
+        let mut r0 = 0;
+        while r0 < full {
+            let (tr, or) = (t.add(r0 * d), o.add(r0 * nq));
+            let mut j = 0;
+            while nq - j >= 3 {
+                dot_block::<3>(tr, q.add(j * d), d, nq, or.add(j));
+                j += 3;
+            }
+            match nq - j {
+                2 => dot_block::<2>(tr, q.add(j * d), d, nq, or.add(j)),
+                1 => dot_block::<1>(tr, q.add(j * d), d, nq, or.add(j)),
+                _ => {}
+            }
+            r0 += 4;
+        }
+        for r in full..rows {
+            for j in 0..nq {
+                dot_n::<1>(t.add(r * d), q.add(j * d), d, o.add(r * nq + j));
+            }
+        }
+    }
+
+    /// Q queries × 32 channels of accumulators in registers over all rows of the tile.
+    #[inline(always)]
+    unsafe fn axpy_block<const Q: usize>(
+        w: *const f32,
+        t: *const f32,
+        rows: usize,
+        d: usize,
+        nq: usize,
+        a: *mut f32,
+        c0: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 4]; Q];
+        for (j, aj) in acc.iter_mut().enumerate() {
+            for (k, r) in aj.iter_mut().enumerate() {
+                *r = _mm256_loadu_ps(a.add(j * d + c0 + 8 * k));
+            }
+        }
+        for r in 0..rows {
+            let src = t.add(r * d + c0);
+            let x = [
+                _mm256_loadu_ps(src),
+                _mm256_loadu_ps(src.add(8)),
+                _mm256_loadu_ps(src.add(16)),
+                _mm256_loadu_ps(src.add(24)),
+            ];
+            for (j, aj) in acc.iter_mut().enumerate() {
+                let wv = _mm256_broadcast_ss(&*w.add(r * nq + j));
+                for k in 0..4 {
+                    aj[k] = _mm256_fmadd_ps(wv, x[k], aj[k]);
+                }
+            }
+        }
+        for (j, aj) in acc.iter().enumerate() {
+            for (k, r) in aj.iter().enumerate() {
+                _mm256_storeu_ps(a.add(j * d + c0 + 8 * k), *r);
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub unsafe fn tile_axpy(w: &[f32], tile: &[f32], d: usize, acc: &mut [f32]) {
+        let rows = tile.len() / d;
+        let nq = acc.len() / d;
+        let (wp, t, a) = (w.as_ptr(), tile.as_ptr(), acc.as_mut_ptr());
+        let body = d - d % 32;
+        let mut c0 = 0;
+        while c0 < body {
+            let mut j = 0;
+            while nq - j >= 3 {
+                axpy_block::<3>(wp.add(j), t, rows, d, nq, a.add(j * d), c0);
+                j += 3;
+            }
+            match nq - j {
+                2 => axpy_block::<2>(wp.add(j), t, rows, d, nq, a.add(j * d), c0),
+                1 => axpy_block::<1>(wp.add(j), t, rows, d, nq, a.add(j * d), c0),
+                _ => {}
+            }
+            c0 += 32;
+        }
+        if body < d {
+            for r in 0..rows {
+                for j in 0..nq {
+                    let wr = *wp.add(r * nq + j);
+                    for c in body..d {
+                        *a.add(j * d + c) += wr * *t.add(r * d + c);
+                    }
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_n<const N: usize>(row: *const f32, qs: *const f32, d: usize, out: *mut f32) {
+        let mut acc = [_mm256_setzero_ps(); N];
+        let body = d - d % 8;
+        let mut c = 0;
+        while c < body {
+            let r = _mm256_loadu_ps(row.add(c));
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(qs.add(j * d + c)), r, *a);
+            }
+            c += 8;
+        }
+        for (j, a) in acc.iter().enumerate() {
+            let mut s = hsum(*a);
+            for c in body..d {
+                s += *qs.add(j * d + c) * *row.add(c);
+            }
+            *out.add(j) = s;
+        }
+    }
+
+    #[inline(always)]
+    pub unsafe fn dot_many(row: &[f32], qs: &[f32], out: &mut [f32]) {
+        let d = row.len();
+        let (r, q, o) = (row.as_ptr(), qs.as_ptr(), out.as_mut_ptr());
+        let mut j = 0;
+        while out.len() - j >= 4 {
+            dot_n::<4>(r, q.add(j * d), d, o.add(j));
+            j += 4;
+        }
+        match out.len() - j {
+            3 => dot_n::<3>(r, q.add(j * d), d, o.add(j)),
+            2 => dot_n::<2>(r, q.add(j * d), d, o.add(j)),
+            1 => dot_n::<1>(r, q.add(j * d), d, o.add(j)),
+            _ => {}
+        }
+    }
+
+    #[inline(always)]
+    pub unsafe fn axpy_many(w: &[f32], row: &[f32], acc: &mut [f32]) {
+        let d = row.len();
+        let body = d - d % 8;
+        let (r, a) = (row.as_ptr(), acc.as_mut_ptr());
+        for (j, &wj) in w.iter().enumerate() {
+            if wj == 0.0 {
+                continue;
+            }
+            let wv = _mm256_set1_ps(wj);
+            let dst = a.add(j * d);
+            let mut c = 0;
+            while c < body {
+                let y = _mm256_fmadd_ps(wv, _mm256_loadu_ps(r.add(c)), _mm256_loadu_ps(dst.add(c)));
+                _mm256_storeu_ps(dst.add(c), y);
+                c += 8;
+            }
+            for c in body..d {
+                *dst.add(c) += wj * *r.add(c);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against plain sums, for every query count 1..9 and a head_dim with a tail (20).
+    #[test]
+    fn kernels_match_plain_loops() {
+        for d in [8usize, 20, 64] {
+            let row: Vec<f32> = (0..d).map(|c| (c as f32 * 0.37).sin()).collect();
+            for n in 1..9 {
+                let qs: Vec<f32> = (0..n * d).map(|i| (i as f32 * 0.11).cos()).collect();
+                let mut out = vec![0f32; n];
+                dot_many(&row, &qs, &mut out);
+                for j in 0..n {
+                    let want: f32 = (0..d).map(|c| qs[j * d + c] * row[c]).sum();
+                    assert!((out[j] - want).abs() < 1e-4, "d={d} n={n} j={j}");
+                }
+                let w: Vec<f32> = (0..n)
+                    .map(|j| if j == 1 { 0.0 } else { j as f32 + 0.5 })
+                    .collect();
+                let mut acc = vec![1f32; n * d];
+                axpy_many(&w, &row, &mut acc);
+                for j in 0..n {
+                    for c in 0..d {
+                        assert!((acc[j * d + c] - (1.0 + w[j] * row[c])).abs() < 1e-5);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every FP8 code decodes through the f16 trick exactly as the `float8` crate decodes it.
+    #[test]
+    fn fp8_widening_matches_float8_crate() {
+        let codes: Vec<u8> = (0..=255u8).filter(|&b| b & 0x7f != 0x7f).collect();
+        let mut out = vec![0f32; codes.len()];
+        fp8_to_f32(&codes, true, 1.0, &mut out);
+        for (&b, &y) in codes.iter().zip(&out) {
+            assert_eq!(y, float8::F8E4M3::from_bits(b).to_f32(), "E4M3 {b:#04x}");
+        }
+        let codes: Vec<u8> = (0..=255u8).filter(|&b| b & 0x7c != 0x7c).collect();
+        let mut out = vec![0f32; codes.len()];
+        fp8_to_f32(&codes, false, 2.0, &mut out);
+        for (&b, &y) in codes.iter().zip(&out) {
+            assert_eq!(
+                y,
+                2.0 * float8::F8E5M2::from_bits(b).to_f32(),
+                "E5M2 {b:#04x}"
+            );
+        }
+    }
+
+    #[test]
+    fn int_decoders_match_scalar() {
+        let src: Vec<u8> = (0..40u32).map(|i| (i * 37 % 256) as u8).collect();
+        let mut a = vec![0f32; 40];
+        i8_to_f32(&src, 0.5, &mut a);
+        for i in 0..40 {
+            assert_eq!(a[i], (src[i] as i8) as f32 * 0.5);
+        }
+        let mut b = vec![0f32; 36];
+        u4_pairs_to_f32(&src, 0.25, -1.0, &mut b);
+        for i in 0..36 {
+            let q = if i % 2 == 0 {
+                src[i / 2] & 15
+            } else {
+                src[i / 2] >> 4
+            };
+            assert_eq!(b[i], -1.0 + q as f32 * 0.25);
+        }
+        let mut c = vec![0f32; 32];
+        q4_0_to_f32(&src, 0.5, &mut c);
+        for j in 0..16 {
+            assert_eq!(c[j], ((src[j] & 15) as i32 - 8) as f32 * 0.5);
+            assert_eq!(c[j + 16], ((src[j] >> 4) as i32 - 8) as f32 * 0.5);
+        }
+    }
+
+    /// Tile kernels against plain loops, for tiles with a partial 8-row group.
+    #[test]
+    fn tile_kernels_match_plain_loops() {
+        for (rows, d, nq) in [
+            (16usize, 64usize, 3usize),
+            (13, 32, 5),
+            (8, 128, 1),
+            (3, 20, 2),
+        ] {
+            let tile: Vec<f32> = (0..rows * d).map(|i| (i as f32 * 0.013).sin()).collect();
+            let qs: Vec<f32> = (0..nq * d).map(|i| (i as f32 * 0.07).cos()).collect();
+            let mut out = vec![0f32; rows * nq];
+            tile_dots(&tile, &qs, d, &mut out);
+            for r in 0..rows {
+                for j in 0..nq {
+                    let want: f32 = (0..d).map(|c| tile[r * d + c] * qs[j * d + c]).sum();
+                    assert!(
+                        (out[r * nq + j] - want).abs() < 1e-3,
+                        "rows={rows} d={d} r={r} j={j}"
+                    );
+                }
+            }
+            let w: Vec<f32> = (0..rows * nq).map(|i| (i % 4) as f32 * 0.25).collect();
+            let mut acc = vec![0.5f32; nq * d];
+            tile_axpy(&w, &tile, d, &mut acc);
+            for j in 0..nq {
+                for c in 0..d {
+                    let want = 0.5
+                        + (0..rows)
+                            .map(|r| w[r * nq + j] * tile[r * d + c])
+                            .sum::<f32>();
+                    assert!((acc[j * d + c] - want).abs() < 1e-3);
+                }
+            }
+        }
+    }
+}
