@@ -18,8 +18,9 @@ use crate::report::{table, CsvSink, RowContext, CSV_COLUMNS};
 #[derive(Debug, clap::Args)]
 pub struct SweepArgs {
     /// Model: `default` (SmolLM2-135M-Instruct, fetched on first use), a .gguf file, a folder
-    /// with config.json + tokenizer.json + *.safetensors, an alias (llama-3-8b, llama-2-7b,
-    /// mistral-7b, qwen2.5-0.5b, qwen2.5-7b, smollm2-135m) or a Hugging Face repo id.
+    /// with config.json + tokenizer.json + *.safetensors, an alias (llama-3-8b,
+    /// llama-3-8b-instruct, llama-2-7b, mistral-7b, qwen2.5-0.5b, qwen2.5-7b, smollm2-135m) or a
+    /// Hugging Face repo id.
     #[arg(long, default_value = hub::DEFAULT_MODEL)]
     pub model: String,
 

@@ -246,7 +246,9 @@ fn kv_bytes_match_formula_for_every_scheme() {
 
 /// Bytes per token by hand for SmolLM2-135M (30 layers, 3 kv heads, head_dim 64), K + V:
 /// fp16 2·30·3·128 = 23,040; int8 (64 + 2) → 11,880; int4 g32 (2·20) → 7,200; fp8 per-token
-/// (64 + 2) → 11,880; q8_0 (2·34) → 12,240; q4_0 (2·18) → 6,480.
+/// (64 + 2) → 11,880; q8_0 (2·34) → 12,240; q4_0 (2·18) → 6,480; KIVI int8-channel, long run:
+/// K 64 codes + 64 f16 scales per 32 tokens (4 bytes/token) = 68, V int8-token 66 → 12,060;
+/// int4-channel: K 32 + 64·4/32 = 40, V int4 40 → 7,200.
 #[test]
 fn bytes_per_token_by_hand() {
     let g = CacheGeometry {
@@ -263,6 +265,8 @@ fn bytes_per_token_by_hand() {
         ("fp8:scale=head", 11520),
         ("q8_0", 12240),
         ("q4_0", 6480),
+        ("int8-channel", 12060),
+        ("int4-channel", 7200),
     ] {
         let s: KvScheme = spec.parse().unwrap();
         assert_eq!(s.bytes_per_token(&g), want, "{spec}");
@@ -299,4 +303,54 @@ fn fp8_head_scale_saturates_and_counts() {
     assert_eq!(c.saturated(), 1);
     let out = c.attend(0, &[0.0, 0.0, 0.0, 0.0], 1);
     assert!(out.iter().all(|v| v.is_finite()));
+}
+
+/// Per-token formats store each row independently of how tokens arrive: 40 tokens appended as
+/// one chunk or one at a time give the same bytes held and the same attention output for the
+/// newest token (to f32 rounding), which is why chunked and decode perplexity agree for them.
+#[test]
+fn per_token_formats_are_chunking_invariant() {
+    let d = 64;
+    let g = geom(2, 3, d);
+    for spec in [
+        "fp16",
+        "int8-token",
+        "int4",
+        "fp8",
+        "fp8:scale=none",
+        "fp8-e5m2",
+        "q8_0",
+        "q4_0",
+        "q4_0+rot",
+    ] {
+        let s: KvScheme = spec.parse().unwrap();
+        let n = 40;
+        let (k, v) = (noise(1, 2 * n * d), noise(2, 2 * n * d));
+        let q = noise(3, 6 * n * d);
+        let mut chunked = KvCache::new(s, g, 1).unwrap();
+        chunked.append(0, &k, &v, n);
+        let out_c = chunked.attend(0, &q, n);
+        let mut steps = KvCache::new(s, g, 1).unwrap();
+        let mut out_s = Vec::new();
+        for t in 0..n {
+            let pick = |x: &[f32], heads: usize| -> Vec<f32> {
+                (0..heads)
+                    .flat_map(|h| x[(h * n + t) * d..(h * n + t + 1) * d].to_vec())
+                    .collect()
+            };
+            steps.append(0, &pick(&k, 2), &pick(&v, 2), 1);
+            out_s = steps.attend(0, &pick(&q, 6), 1);
+        }
+        assert_eq!(chunked.kv_bytes(), steps.kv_bytes(), "{spec}");
+        for h in 0..6 {
+            for c in 0..d {
+                let a = out_c[(h * n + n - 1) * d + c];
+                let b = out_s[h * d + c];
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + a.abs()),
+                    "{spec} head {h}: {a} vs {b}"
+                );
+            }
+        }
+    }
 }
