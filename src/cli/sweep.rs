@@ -61,6 +61,11 @@ pub struct SweepArgs {
     #[arg(long, value_enum, default_value_t = PplMode::Auto)]
     pub ppl_mode: PplMode,
 
+    /// Skip the lockstep comparison with the fp16 cache (KL divergence, top-1 agreement), which
+    /// doubles perplexity time for every other scheme.
+    #[arg(long)]
+    pub no_kl: bool,
+
     /// Windows decoded together in decode mode.
     #[arg(long, default_value_t = 8)]
     pub ppl_batch: usize,
@@ -197,6 +202,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         ppl: ppl.clone(),
         seed: args.seed,
         warmup: args.warmup,
+        kl: !args.no_kl,
     };
     spec.validate(cfg.max_ctx, tokens.len())?;
     for s in &spec.schemes {
@@ -284,7 +290,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         },
     )?
     .on_row(move |r| {
-        printer.println(format!(
+        let line = format!(
             "{:<12} batch {:>3} seq {:>5}: {}",
             r.scheme,
             r.batch_size,
@@ -293,7 +299,13 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
                 (Some(a), Some(b)) => format!("TTFT {a:.1} ms, TPOT p50 {b:.2} ms"),
                 _ => r.status.clone(),
             }
-        ))
+        );
+        // Without a terminal (CI logs) the bar is hidden and would swallow the line.
+        if printer.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            printer.println(line);
+        }
     });
     let progress = BarProgress(bar.clone());
     let result = run_sweep(

@@ -36,6 +36,18 @@ pub fn summarize(xs: &[f64]) -> Option<Summary> {
     })
 }
 
+/// The `p`-th percentile (0–100) of `xs` with linear interpolation between order statistics
+/// (NumPy's default, Hyndman & Fan type 7); sorts `xs`. NaN for an empty sample.
+pub fn percentile(xs: &mut [f64], p: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let h = (xs.len() - 1) as f64 * p / 100.0;
+    let (lo, hi) = (h.floor() as usize, h.ceil() as usize);
+    xs[lo] + (h - lo as f64) * (xs[hi] - xs[lo])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,5 +62,9 @@ mod tests {
         assert_eq!(s.p95, 10.0);
         assert_eq!((s.min, s.max), (1.0, 10.0));
         assert!(summarize(&[]).is_none());
+        // Type 7 by hand: n = 10, p99 → h = 9·0.99 = 8.91 → 9 + 0.91·(10 − 9) = 9.91.
+        let mut v = vec![1.0, 5.0, 3.0, 4.0, 10.0, 9.0, 6.0, 7.0, 8.0, 2.0];
+        assert!((percentile(&mut v, 99.0) - 9.91).abs() < 1e-12);
+        assert_eq!(percentile(&mut v, 50.0), 5.5);
     }
 }

@@ -19,7 +19,7 @@ use super::stats::{summarize, Summary};
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvScheme};
 use crate::model::{argmax_rows, Model};
-use crate::quality::perplexity::{perplexity, PplProtocol, PplResult};
+use crate::quality::perplexity::{perplexity_vs, PplProtocol, PplResult};
 
 /// What to sweep.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -38,6 +38,9 @@ pub struct SweepSpec {
     pub seed: u64,
     /// Untimed runs of the first point before measuring (page-in, thread start-up).
     pub warmup: usize,
+    /// Compare every scheme's next-token distributions with the fp16 cache's in lockstep
+    /// (KL divergence, top-1 agreement); doubles perplexity time for non-baseline schemes.
+    pub kl: bool,
 }
 
 impl SweepSpec {
@@ -191,9 +194,16 @@ pub fn run_sweep(
         let ppl = match &spec.ppl {
             Some(proto) => {
                 progress.start(&format!("{scheme}: perplexity"));
-                let r = perplexity(models.quality, tokens, scheme, proto, bos, |_, _| {
-                    progress.advance(1)
-                })?;
+                let baseline = spec.kl.then_some(KvScheme::FP16);
+                let r = perplexity_vs(
+                    models.quality,
+                    tokens,
+                    scheme,
+                    baseline,
+                    proto,
+                    bos,
+                    |_, _| progress.advance(1),
+                )?;
                 if scheme.is_baseline() {
                     baseline_ppl = Some(r.perplexity);
                 }

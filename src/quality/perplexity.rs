@@ -136,6 +136,79 @@ impl PplProtocol {
     }
 }
 
+/// Agreement of a scheme's next-token distributions with the fp16 baseline's on the same scored
+/// tokens, computed in lockstep (no logit files), as llama.cpp's `--kl-divergence` reports it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Agreement {
+    /// Mean KL(P_fp16 ‖ P_scheme) per scored token, nats.
+    pub kl_mean: f64,
+    /// 99th percentile of per-token KL, nats.
+    pub kl_p99: f64,
+    /// Share of scored tokens whose greedy (top-1) token equals the baseline's, %.
+    pub top1_agree_pct: f64,
+    /// Mean |p_fp16(t*) − p_scheme(t*)| of the baseline's top token t*.
+    pub mean_abs_dp_top: f64,
+    /// Mean KL per quarter of the scored span (early → late positions), nats.
+    pub kl_by_quarter: [f64; 4],
+}
+
+/// Per-token comparison of two `[n, vocab]` logit rows sets: (KL(P‖Q), top-1 equal, |Δp| of P's
+/// top token), with softmax in f64.
+pub fn compare_logits(base: &Tensor, other: &Tensor) -> Result<Vec<(f64, bool, f64)>> {
+    let (a, b) = (base.to_vec2::<f32>()?, other.to_vec2::<f32>()?);
+    Ok(a.iter()
+        .zip(&b)
+        .map(|(p, q)| {
+            let lp = log_softmax(p);
+            let lq = log_softmax(q);
+            let kl: f64 = lp.iter().zip(&lq).map(|(x, y)| x.exp() * (x - y)).sum();
+            let top = |v: &[f64]| {
+                v.iter()
+                    .enumerate()
+                    .fold(
+                        (0, f64::NEG_INFINITY),
+                        |m, (i, &x)| if x > m.1 { (i, x) } else { m },
+                    )
+                    .0
+            };
+            let (tp, tq) = (top(&lp), top(&lq));
+            (kl.max(0.0), tp == tq, (lp[tp].exp() - lq[tp].exp()).abs())
+        })
+        .collect())
+}
+
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+    let lse = max
+        + row
+            .iter()
+            .map(|&x| (x as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    row.iter().map(|&x| x as f64 - lse).collect()
+}
+
+fn summarize_agreement(per_token: &[(f64, bool, f64)], span: usize) -> Agreement {
+    let n = per_token.len().max(1) as f64;
+    let mut kls: Vec<f64> = per_token.iter().map(|t| t.0).collect();
+    let mut quarters = [0f64; 4];
+    let mut counts = [0usize; 4];
+    for (i, t) in per_token.iter().enumerate() {
+        let q = ((i % span) * 4 / span).min(3);
+        quarters[q] += t.0;
+        counts[q] += 1;
+    }
+    let kl_mean = kls.iter().sum::<f64>() / n;
+    let kl_p99 = crate::measure::stats::percentile(&mut kls, 99.0);
+    Agreement {
+        kl_mean,
+        kl_p99,
+        top1_agree_pct: 100.0 * per_token.iter().filter(|t| t.1).count() as f64 / n,
+        mean_abs_dp_top: per_token.iter().map(|t| t.2).sum::<f64>() / n,
+        kl_by_quarter: std::array::from_fn(|q| quarters[q] / counts[q].max(1) as f64),
+    }
+}
+
 /// Result of a perplexity run.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct PplResult {
@@ -153,6 +226,8 @@ pub struct PplResult {
     pub kv_bytes_per_window: usize,
     /// The mode actually used.
     pub mode: PplMode,
+    /// Agreement with the baseline scheme, when one was given and differs from this scheme.
+    pub agreement: Option<Agreement>,
 }
 
 /// Perplexity of `tokens` with K/V stored in `scheme`. `on_window(i, n)` is called after each
@@ -164,8 +239,25 @@ pub fn perplexity(
     scheme: KvScheme,
     proto: &PplProtocol,
     bos: Option<u32>,
+    on_window: impl FnMut(usize, usize),
+) -> Result<PplResult> {
+    perplexity_vs(model, tokens, scheme, None, proto, bos, on_window)
+}
+
+/// [`perplexity`], plus — when `baseline` is given and differs from `scheme` — the baseline
+/// cache run in lockstep over the same windows and mode, for KL divergence and top-1 agreement
+/// ([`Agreement`]). The baseline costs one more forward per step.
+pub fn perplexity_vs(
+    model: &Model,
+    tokens: &[u32],
+    scheme: KvScheme,
+    baseline: Option<KvScheme>,
+    proto: &PplProtocol,
+    bos: Option<u32>,
     mut on_window: impl FnMut(usize, usize),
 ) -> Result<PplResult> {
+    let baseline = baseline.filter(|b| *b != scheme);
+    let mut agree: Vec<(f64, bool, f64)> = Vec::new();
     proto.validate(model.config.max_ctx, tokens.len())?;
     let available = tokens.len() / proto.ctx;
     let n_windows = proto.windows.map_or(available, |w| w.min(available));
@@ -188,18 +280,32 @@ pub fn perplexity(
             for group in windows.chunks(proto.batch) {
                 let b = group.len();
                 let mut cache = KvCache::new(scheme, geom, b)?;
+                let mut base_cache = baseline.map(|s| KvCache::new(s, geom, b)).transpose()?;
                 let mut sums = vec![0f64; b];
+                let mut group_agree: Vec<Vec<(f64, bool, f64)>> = vec![Vec::new(); b];
                 for t in 0..proto.ctx - 1 {
                     let step: Vec<u32> = group.iter().map(|w| w[t]).collect();
                     let hidden = model.forward_hidden(&step, b, Some(&mut cache))?;
+                    let base_hidden = match base_cache.as_mut() {
+                        Some(c) => Some(model.forward_hidden(&step, b, Some(c))?),
+                        None => None,
+                    };
                     if t >= first {
                         let logits = model.logits(&hidden.squeeze(1)?)?;
                         let targets: Vec<u32> = group.iter().map(|w| w[t + 1]).collect();
                         for (s, nll) in sums.iter_mut().zip(token_nll(&logits, &targets)?) {
                             *s += nll;
                         }
+                        if let Some(h) = base_hidden {
+                            let bl = model.logits(&h.squeeze(1)?)?;
+                            for (w, c) in group_agree.iter_mut().zip(compare_logits(&bl, &logits)?)
+                            {
+                                w.push(c);
+                            }
+                        }
                     }
                 }
+                agree.extend(group_agree.into_iter().flatten());
                 kv_bytes = cache.kv_bytes() / b;
                 for s in sums {
                     window_nll.push(s / (proto.ctx - 1 - first) as f64);
@@ -209,13 +315,21 @@ pub fn perplexity(
         }
         PplMode::Chunked | PplMode::Auto => {
             let mut cache = KvCache::new(scheme, geom, 1)?;
+            let mut base_cache = baseline.map(|s| KvCache::new(s, geom, 1)).transpose()?;
             for win in &windows {
                 cache.clear();
                 let hidden = model.forward_hidden(win, 1, Some(&mut cache))?;
                 kv_bytes = cache.kv_bytes();
                 // Logits at positions first..ctx-1 predict tokens first+1..ctx.
                 let h = hidden.squeeze(0)?.narrow(0, first, proto.ctx - 1 - first)?;
-                let nll = token_nll(&model.logits(&h)?, &win[first + 1..])?;
+                let logits = model.logits(&h)?;
+                if let Some(c) = base_cache.as_mut() {
+                    c.clear();
+                    let bh = model.forward_hidden(win, 1, Some(c))?;
+                    let bh = bh.squeeze(0)?.narrow(0, first, proto.ctx - 1 - first)?;
+                    agree.extend(compare_logits(&model.logits(&bh)?, &logits)?);
+                }
+                let nll = token_nll(&logits, &win[first + 1..])?;
                 window_nll.push(nll.iter().sum::<f64>() / nll.len() as f64);
                 on_window(window_nll.len(), n_windows);
             }
@@ -230,6 +344,7 @@ pub fn perplexity(
         window_nll,
         kv_bytes_per_window: kv_bytes,
         mode,
+        agreement: baseline.map(|_| summarize_agreement(&agree, proto.ctx - 1 - first)),
     })
 }
 
@@ -277,6 +392,14 @@ mod tests {
         )
         .unwrap();
         let nll = token_nll(&l, &[3, 0]).unwrap();
+        // KL of identical distributions is 0; of a hand-made pair: P = (0.5, 0.5), Q = (0.8, 0.2)
+        // (logits ln 4, 0) → 0.5 ln(0.5/0.8) + 0.5 ln(0.5/0.2) = 0.2231436.
+        let p = Tensor::new(&[[0f32, 0.], [0f32, 0.]], &candle_core::Device::Cpu).unwrap();
+        let q = Tensor::new(&[[0f32, 0.], [4f32.ln(), 0.]], &candle_core::Device::Cpu).unwrap();
+        let c = compare_logits(&p, &q).unwrap();
+        assert!(c[0].0.abs() < 1e-12 && c[0].1);
+        assert!((c[1].0 - 0.2231435513).abs() < 1e-7, "{}", c[1].0);
+        assert!((c[1].2 - 0.3).abs() < 1e-9);
         assert!(finite_mean(&[1.0, f64::NAN], &KvScheme::FP16)
             .unwrap_err()
             .to_string()

@@ -65,6 +65,22 @@ pub struct ResultRow {
     pub ppl_delta_pct: Option<f64>,
     /// Mean NLL per scored token, nats.
     pub ppl_mean_nll: Option<f64>,
+    /// Mean KL(P_fp16 ‖ P_scheme) per scored token, nats (lockstep with an fp16 cache).
+    pub kl_mean: Option<f64>,
+    /// 99th percentile of per-token KL, nats.
+    pub kl_p99: Option<f64>,
+    /// Mean KL over the first … last quarter of each window's scored span, nats.
+    pub kl_q1: Option<f64>,
+    /// Second quarter.
+    pub kl_q2: Option<f64>,
+    /// Third quarter.
+    pub kl_q3: Option<f64>,
+    /// Last quarter.
+    pub kl_q4: Option<f64>,
+    /// Scored tokens whose greedy token equals the fp16 cache's, %.
+    pub top1_agree_pct: Option<f64>,
+    /// Mean |Δp| of the fp16 cache's top token.
+    pub mean_abs_dp_top: Option<f64>,
     /// `chunked` or `decode`.
     pub ppl_mode: Option<String>,
     /// Windows in the perplexity run.
@@ -129,6 +145,7 @@ impl ResultRow {
     /// Builds the row for a finished point.
     pub fn new(ctx: &RowContext, o: &PointOutcome) -> Self {
         let t = o.timing.as_ref().ok();
+        let agreement = o.ppl.as_ref().and_then(|p| p.agreement.as_ref());
         let fp16_bytes = |tokens: usize| {
             (KvScheme::FP16.bytes_per_token(&ctx.geometry) * tokens * o.batch) as f64
         };
@@ -165,6 +182,14 @@ impl ResultRow {
                 .zip(o.baseline_ppl)
                 .map(|(p, b)| 100.0 * (p.perplexity / b - 1.0)),
             ppl_mean_nll: o.ppl.as_ref().map(|p| p.mean_nll),
+            kl_mean: agreement.map(|a| a.kl_mean),
+            kl_p99: agreement.map(|a| a.kl_p99),
+            kl_q1: agreement.map(|a| a.kl_by_quarter[0]),
+            kl_q2: agreement.map(|a| a.kl_by_quarter[1]),
+            kl_q3: agreement.map(|a| a.kl_by_quarter[2]),
+            kl_q4: agreement.map(|a| a.kl_by_quarter[3]),
+            top1_agree_pct: agreement.map(|a| a.top1_agree_pct),
+            mean_abs_dp_top: agreement.map(|a| a.mean_abs_dp_top),
             ppl_mode: o.ppl.as_ref().map(|p| p.mode.to_string()),
             ppl_windows: o.ppl.as_ref().map(|p| p.windows),
             ppl_ctx: o.ppl.as_ref().and(ctx.ppl_ctx),

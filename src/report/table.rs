@@ -34,6 +34,8 @@ pub fn render(rows: &[ResultRow]) -> String {
                 .map_or("-".into(), |x| format!("{x:.3}×")),
             f(r.ppl, 4),
             r.ppl_delta_pct.map_or("-".into(), |x| format!("{x:+.2}")),
+            r.kl_mean.map_or("-".into(), |x| format!("{x:.4}")),
+            f(r.top1_agree_pct, 1),
             if r.status.len() > 40 {
                 format!(
                     "{}…",
