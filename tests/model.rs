@@ -7,19 +7,6 @@ use kvbench::kv::{KvCache, KvScheme, Quant};
 use kvbench::quality::perplexity::{perplexity, PplMode, PplProtocol, Scoring};
 use kvbench::quality::wikitext::wikitext2_test_text;
 
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
 /// Prefill 32 tokens into an fp16 cache, then decode 16 one at a time: the logits of every
 /// position equal those of one uncached forward over all 48 tokens (plain candle attention over
 /// f32 K/V). Tolerance: 0.05 absolute on logits of magnitude ~10–30, the error f16 K/V storage
@@ -48,7 +35,7 @@ fn fp16_cached_decode_matches_uncached_forward() {
         );
     }
     let cached = Tensor::cat(&rows, 0).unwrap();
-    let diff = max_abs_diff(&full, &cached);
+    let diff = common::max_abs_diff(&full, &cached);
     assert!(diff < 0.05, "max |Δlogit| = {diff}");
     let a = full.argmax(1).unwrap().to_vec1::<u32>().unwrap();
     let b = cached.argmax(1).unwrap().to_vec1::<u32>().unwrap();
@@ -87,7 +74,7 @@ fn batched_decode_matches_single_sequences() {
             .unwrap()
             .squeeze(0)
             .unwrap();
-        let diff = max_abs_diff(&batched.i(i).unwrap(), &single);
+        let diff = common::max_abs_diff(&batched.i(i).unwrap(), &single);
         assert!(diff < 1e-3, "sequence {i}: max |Δlogit| = {diff}");
     }
 }

@@ -6,6 +6,8 @@
 //! `tokenizer.json` written. Both loaders must then give the same logits, which checks the tensor
 //! mapping, the config reader and both RoPE layouts at once.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -101,16 +103,7 @@ fn safetensors_folder_and_hub_cache_match_gguf() {
     assert_eq!(ids, b.tokenizer.encode(text).unwrap());
     let la = a.model.forward(&ids, 1, None).unwrap();
     let lb = b.model.forward(&ids, 1, None).unwrap();
-    let diff = (la - lb)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let diff = common::max_abs_diff(&la, &lb);
     assert!(diff < 1e-3, "max |Δlogit| GGUF vs safetensors = {diff}");
 
     // The same checkpoint through hf-hub's cache, offline.

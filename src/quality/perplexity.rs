@@ -177,14 +177,18 @@ pub fn compare_logits(base: &Tensor, other: &Tensor) -> Result<Vec<(f64, bool, f
         .collect())
 }
 
-fn log_softmax(row: &[f32]) -> Vec<f64> {
+/// log Σ exp(row), max-shifted, in f64.
+fn log_sum_exp(row: &[f32]) -> f64 {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-    let lse = max
-        + row
-            .iter()
-            .map(|&x| (x as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
+    max + row
+        .iter()
+        .map(|&x| (x as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+}
+
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let lse = log_sum_exp(row);
     row.iter().map(|&x| x as f64 - lse).collect()
 }
 
@@ -366,16 +370,7 @@ pub fn token_nll(logits: &Tensor, targets: &[u32]) -> Result<Vec<f64>> {
     Ok(rows
         .iter()
         .zip(targets)
-        .map(|(row, &t)| {
-            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-            let lse = max
-                + row
-                    .iter()
-                    .map(|&x| (x as f64 - max).exp())
-                    .sum::<f64>()
-                    .ln();
-            lse - row[t as usize] as f64
-        })
+        .map(|(row, &t)| log_sum_exp(row) - row[t as usize] as f64)
         .collect())
 }
 

@@ -4,6 +4,7 @@
 
 use std::sync::OnceLock;
 
+use candle_core::Tensor;
 use kvbench::model::{self, LoadedModel, WeightDtype};
 
 /// SmolLM2-135M-Instruct with f32 weights (fetched with `kvbench::model::fetch` if missing).
@@ -30,4 +31,18 @@ pub fn reference_tokens() -> (usize, Vec<u32>) {
         .map(|x| x.as_u64().unwrap() as u32)
         .collect();
     (v["n_tokens"].as_u64().unwrap() as usize, ids)
+}
+
+/// Largest absolute elementwise difference of two tensors of the same shape.
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }
