@@ -79,6 +79,19 @@ fn batched_decode_matches_single_sequences() {
     }
 }
 
+/// llama.cpp's `llama-perplexity` protocol on the first 4 windows: 512 tokens, no BOS (the
+/// model's setting), the last 255 targets of each window scored, one prefill per window.
+fn llama_cpp_protocol() -> PplProtocol {
+    PplProtocol {
+        mode: PplMode::Chunked,
+        batch: 4,
+        ctx: 512,
+        windows: Some(4),
+        scoring: Scoring::Half,
+        bos: false,
+    }
+}
+
 /// FP16-cache perplexity on the first 4 windows of WikiText-2 (llama.cpp protocol: 512-token
 /// windows, no BOS, last 255 targets) equals the exact float32 reference with f16 K/V, 22.7453,
 /// to well under 0.1 % (we require 0.02 %).
@@ -86,14 +99,8 @@ fn batched_decode_matches_single_sequences() {
 fn fp16_perplexity_matches_float32_reference() {
     let lm = common::smollm_f32();
     let tokens = lm.tokenizer.encode(wikitext2_test_text()).unwrap();
-    let proto = PplProtocol {
-        mode: PplMode::Chunked,
-        batch: 4,
-        ctx: 512,
-        windows: Some(4),
-        scoring: Scoring::Half,
-        bos: lm.tokenizer.add_bos,
-    };
+    assert!(!lm.tokenizer.add_bos);
+    let proto = llama_cpp_protocol();
     let r = perplexity(
         &lm.model,
         &tokens,
@@ -119,14 +126,7 @@ fn fp16_perplexity_matches_float32_reference() {
 fn quantized_caches_cost_perplexity_in_order() {
     let lm = common::smollm_f32();
     let tokens = lm.tokenizer.encode(wikitext2_test_text()).unwrap();
-    let proto = PplProtocol {
-        mode: PplMode::Chunked,
-        batch: 4,
-        ctx: 512,
-        windows: Some(4),
-        scoring: Scoring::Half,
-        bos: false,
-    };
+    let proto = llama_cpp_protocol();
     let ppl = |s: KvScheme| {
         perplexity(&lm.model, &tokens, s, &proto, None, |_, _| {})
             .unwrap()
