@@ -9,6 +9,7 @@ pub mod error;
 pub mod kv;
 pub mod measure;
 pub mod model;
+pub mod plan;
 pub mod quality;
 pub mod report;
 

@@ -4,6 +4,7 @@
 
 pub mod attn_bench;
 pub mod fetch;
+pub mod plan;
 pub mod sweep;
 
 use std::process::ExitCode;
@@ -27,6 +28,9 @@ pub enum Command {
     /// Time the decode step's cache work (append + attention) per scheme at a context length,
     /// on synthetic K/V with a model's geometry.
     AttnBench(attn_bench::AttnBenchArgs),
+    /// Capacity planning: max concurrent sequences per KV scheme × context in a memory budget,
+    /// after weights and a reserve, with paged-block accounting.
+    Plan(plan::PlanArgs),
     /// Fetch the default model (SmolLM2-135M-Instruct Q4_1 GGUF) and print its path.
     Fetch(fetch::FetchArgs),
 }
@@ -38,6 +42,7 @@ pub fn main() -> ExitCode {
         Command::Sweep(a) => sweep::run(a),
         Command::Fetch(a) => fetch::run(a),
         Command::AttnBench(a) => attn_bench::run(a),
+        Command::Plan(a) => plan::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -255,7 +255,14 @@ impl KvScheme {
     /// kv head and sequence, scales and zero-points included, plus eviction bookkeeping (a u32
     /// position per held token, and an f32 score for H2O) and per-layer fp8 tensor scales.
     pub fn bytes_for(&self, geom: &super::CacheGeometry, batch: usize, seen: usize) -> usize {
-        let held = self.held_tokens(seen);
+        self.bytes_for_held(geom, batch, self.held_tokens(seen))
+    }
+
+    /// Exact KV bytes of a whole cache holding `held` tokens per (sequence, kv head) — the same
+    /// accounting as [`Self::bytes_for`] without the eviction cap (paged planning rounds `held`
+    /// up to whole blocks first).
+    pub fn bytes_for_held(&self, geom: &super::CacheGeometry, batch: usize, held: usize) -> usize {
+        let seen = held;
         let d = geom.head_dim;
         let per_head = Self::stream_bytes(self.k, d, held)
             + Self::stream_bytes(self.v, d, held)
@@ -285,16 +292,21 @@ impl KvScheme {
         }
     }
 
-    /// Bytes per token of context for a whole model without eviction caps (long-run average for
-    /// grouped formats), for capacity planning and the CSV's fp16 ratio.
+    /// Bytes per token of context for a whole model without eviction caps: the marginal cost
+    /// of one more token once every fixed cost (residual rows, per-head scales) is paid, i.e.
+    /// `(bytes(n + K) − bytes(n)) / K` for a large `n` and `K` a multiple of every token group.
     pub fn bytes_per_token(&self, geom: &super::CacheGeometry) -> usize {
         let plain = KvScheme {
             evict: None,
             ..*self
         };
-        // Large n so grouped formats' residual and scale amortize; per-head scales vanish.
+        let group = |q: Quant| match q {
+            Quant::Channel { group, .. } => group,
+            _ => 1,
+        };
+        let k = group(self.k) * group(self.v);
         let n = 1 << 20;
-        plain.bytes_for(geom, 1, n) / n
+        (plain.bytes_for(geom, 1, n + k) - plain.bytes_for(geom, 1, n)) / k
     }
 }
 

@@ -116,6 +116,15 @@ impl GgufFile {
             .collect()
     }
 
+    /// Parameters stored in the file (sum of every tensor's element count).
+    pub fn parameter_count(&self) -> u64 {
+        self.content
+            .tensor_infos
+            .values()
+            .map(|t| t.shape.elem_count() as u64)
+            .sum()
+    }
+
     /// Whether a tensor is present.
     pub fn has_tensor(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)

@@ -7,6 +7,7 @@
 //! Qwen2 adds biases to the q/k/v projections.
 
 pub mod fetch;
+pub mod geometry;
 pub mod gguf;
 pub mod hub;
 pub mod safetensors;

@@ -1,0 +1,154 @@
+//! `kvbench plan`: max concurrent sequences per KV scheme × context in a memory budget.
+
+use std::path::PathBuf;
+
+use crate::model::geometry::{geometry, weight_bytes_per_param};
+use crate::plan::{max_context, parse_bytes, parse_tokens, plan, PlanInput};
+use crate::report::meta;
+
+/// Arguments of `kvbench plan`.
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    /// Model: an alias with shipped geometry (llama-3-8b, llama-3-70b, llama-2-7b, mistral-7b,
+    /// qwen2.5-7b, qwen2.5-0.5b, smollm2-135m), a config.json (or its folder), or a GGUF file.
+    #[arg(long, default_value = "llama-3-8b")]
+    pub model: String,
+    /// Device memory, e.g. 80GiB, 24GB.
+    #[arg(long, default_value = "80GiB")]
+    pub memory: String,
+    /// KV-cache schemes, comma-separated (see `kvbench sweep --help`).
+    #[arg(long = "schemes", visible_alias = "dtypes", default_value = "fp16,fp8,int4",
+          value_parser = super::sweep::parse_schemes)]
+    pub schemes: super::sweep::SchemeList,
+    /// Contexts per sequence, comma-separated (k = 1024 tokens).
+    #[arg(long, value_delimiter = ',', default_value = "4k,32k,128k")]
+    pub ctx: Vec<String>,
+    /// Weight dtype (default: the checkpoint's, bf16 for shipped aliases).
+    #[arg(long)]
+    pub weights_dtype: Option<String>,
+    /// Memory kept free for activations and fragmentation, e.g. 10% or 0.1.
+    #[arg(long, default_value = "10%")]
+    pub reserve: String,
+    /// Tokens per KV block (paged allocation, vLLM's default 16).
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Also print the longest context that fits at this many concurrent sequences.
+    #[arg(long)]
+    pub concurrency: Option<u64>,
+    /// Folder for plan.csv (default: reports/plan-<time>-<model>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Runs the planner, prints the table, writes `plan.csv` and `plan.json`.
+pub fn run(a: PlanArgs) -> anyhow::Result<()> {
+    let model = geometry(&a.model)?;
+    let dtype = a
+        .weights_dtype
+        .clone()
+        .unwrap_or_else(|| model.weight_dtype.clone());
+    let bytes_per_param = if dtype == "gguf" {
+        None
+    } else {
+        Some(weight_bytes_per_param(&dtype)?)
+    };
+    let weight_bytes = match bytes_per_param {
+        Some(b) => (model.params as f64 * b) as u64,
+        None => std::fs::metadata(&a.model).map(|m| m.len()).unwrap_or(0),
+    };
+    let reserve = parse_fraction(&a.reserve)?;
+    if a.block_size == 0 {
+        anyhow::bail!(crate::Error::InvalidArgument {
+            name: "--block-size".into(),
+            reason: "must be at least 1".into()
+        });
+    }
+    let ctxs = a
+        .ctx
+        .iter()
+        .map(|c| parse_tokens(c))
+        .collect::<Result<Vec<_>, _>>()?;
+    let input = PlanInput {
+        model: model.clone(),
+        memory_bytes: parse_bytes(&a.memory)?,
+        reserve,
+        weight_bytes,
+        block: a.block_size,
+    };
+    let rows = plan(&input, &a.schemes.0, &ctxs)?;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    println!(
+        "{} ({} layers, {} kv heads × {}), weights {} = {:.2} GiB, memory {:.2} GiB, reserve {:.0} %, KV budget {:.2} GiB, blocks of {} tokens",
+        model.name, model.layers, model.kv_heads, model.head_dim, dtype, gib(weight_bytes),
+        gib(input.memory_bytes), reserve * 100.0, gib(rows.first().map_or(0, |r| r.kv_budget_bytes)),
+        a.block_size
+    );
+    println!(
+        "{:<28} {:>8} {:>12} {:>14} {:>12} {:>12}",
+        "scheme", "context", "bytes/token", "GiB/sequence", "waste MiB", "max seqs"
+    );
+    for r in &rows {
+        println!(
+            "{:<28} {:>8} {:>12} {:>14.3} {:>12.2} {:>12}",
+            r.scheme,
+            r.ctx,
+            r.bytes_per_token,
+            gib(r.kv_bytes_per_seq),
+            r.paging_waste_bytes as f64 / (1u64 << 20) as f64,
+            r.max_concurrency
+        );
+    }
+    for &c in ctxs.iter().filter(|&&c| c > model.max_ctx) {
+        println!(
+            "note: context {c} exceeds {}'s trained context of {} tokens (it needs RoPE scaling there)",
+            model.name, model.max_ctx
+        );
+    }
+    if let Some(n) = a.concurrency {
+        for s in &a.schemes.0 {
+            let c = max_context(&input, s, n, 1 << 24)?;
+            println!("{s}: longest context for {n} concurrent sequences: {c} tokens");
+        }
+    }
+    let dir = a.out.clone().unwrap_or_else(|| {
+        let t = meta::now_rfc3339()
+            .replace([':', '-'], "")
+            .replace('T', "-");
+        PathBuf::from("reports").join(format!(
+            "plan-{}-{}",
+            t.trim_end_matches('Z'),
+            model.name.replace('/', "_")
+        ))
+    });
+    std::fs::create_dir_all(&dir)?;
+    let mut w = csv::Writer::from_path(dir.join("plan.csv"))?;
+    for r in &rows {
+        w.serialize(r)?;
+    }
+    w.flush()?;
+    meta::write_json(
+        &dir.join("plan.json"),
+        &serde_json::json!({
+            "kvbench": meta::version(),
+            "input": input,
+            "weights_dtype": dtype,
+            "rows": rows,
+        }),
+    )?;
+    println!("wrote {}", dir.join("plan.csv").display());
+    Ok(())
+}
+
+fn parse_fraction(s: &str) -> Result<f64, crate::Error> {
+    let t = s.trim();
+    let v = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
+        None => t.parse::<f64>(),
+    };
+    v.ok()
+        .filter(|x| (0.0..1.0).contains(x))
+        .ok_or_else(|| crate::Error::InvalidArgument {
+            name: "--reserve".into(),
+            reason: format!("`{s}` is not a share like 10% or 0.1"),
+        })
+}
