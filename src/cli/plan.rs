@@ -135,7 +135,43 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             "rows": rows,
         }),
     )?;
-    println!("wrote {}", dir.join("plan.csv").display());
+    let machine = meta::Machine::probe();
+    let chart = crate::report::chart::LineChart {
+        title: format!("Max concurrent sequences vs context — {}", model.name),
+        caption: format!(
+            "{:.0} GiB memory, {} weights {:.1} GiB, {:.0} % reserve, KV blocks of {} tokens · kvbench {} · planned on {}",
+            gib(input.memory_bytes),
+            dtype,
+            gib(weight_bytes),
+            reserve * 100.0,
+            a.block_size,
+            env!("CARGO_PKG_VERSION"),
+            machine.hostname
+        ),
+        x_label: "context per sequence (tokens, log scale)".into(),
+        y_label: "max concurrent sequences".into(),
+        log_x: ctxs.len() > 1 && ctxs.iter().max() > ctxs.iter().min().map(|m| m * 2).as_ref(),
+        series: a
+            .schemes
+            .0
+            .iter()
+            .map(|s| crate::report::chart::Series {
+                name: s.to_string(),
+                points: rows
+                    .iter()
+                    .filter(|r| r.scheme == s.to_string())
+                    .map(|r| (r.ctx as f64, r.max_concurrency as f64))
+                    .collect(),
+            })
+            .collect(),
+    };
+    chart.render(&dir, "concurrency_vs_context")?;
+    println!(
+        "wrote {}, {} and {}",
+        dir.join("plan.csv").display(),
+        dir.join("concurrency_vs_context.png").display(),
+        dir.join("concurrency_vs_context.svg").display()
+    );
     Ok(())
 }
 

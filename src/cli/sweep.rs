@@ -96,6 +96,16 @@ pub struct SweepArgs {
     #[arg(long)]
     pub threads: Option<usize>,
 
+    /// Attention-only sweep at the model's real shapes with synthetic K/V: no weights needed,
+    /// so any geometry (e.g. --model llama-3-8b) can be timed on a CPU; no perplexity.
+    #[arg(long)]
+    pub synthetic: bool,
+
+    /// With --synthetic: points whose predicted KV bytes exceed this (e.g. 16GiB) are recorded
+    /// as `oom` and skipped (default: the memory available now).
+    #[arg(long)]
+    pub memory_limit: Option<String>,
+
     /// Run folder (default: reports/<run-id>).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -162,6 +172,9 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
             .num_threads(n)
             .build_global()
             .ok();
+    }
+    if args.synthetic {
+        return run_synthetic(args);
     }
     let started_at = meta::now_rfc3339();
     let location = hub::resolve(&args.model)?;
@@ -338,6 +351,93 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         meta.machine.threads
     );
     println!("wrote {} and {}", csv_path.display(), meta_path.display());
+    Ok(())
+}
+
+/// `--synthetic`: geometry only, attention + append timed on synthetic K/V.
+fn run_synthetic(args: SweepArgs) -> anyhow::Result<()> {
+    let started_at = meta::now_rfc3339();
+    let geometry_spec = if args.model == hub::DEFAULT_MODEL {
+        crate::model::fetch::ensure_default_model()?
+            .display()
+            .to_string()
+    } else {
+        args.model.clone()
+    };
+    let model = crate::model::geometry::geometry(&geometry_spec)?;
+    let geom = model.cache();
+    let memory_limit = match &args.memory_limit {
+        Some(m) => crate::plan::parse_bytes(m)?,
+        None => crate::measure::memory::available_bytes().unwrap_or(u64::MAX),
+    };
+    let spec = SweepSpec {
+        schemes: baseline_first(args.schemes.0.clone()),
+        batch_sizes: args.batch_sizes.clone(),
+        seq_lens: args.seq_lens.clone(),
+        gen: args.gen,
+        ppl: None,
+        seed: args.seed,
+        warmup: 0,
+        kl: false,
+    };
+    spec.validate(usize::MAX, usize::MAX)?;
+    let label = model.name.replace(['/', ' '], "_");
+    let run_id = format!(
+        "{}-synthetic-{}",
+        started_at
+            .replace([':', '-'], "")
+            .trim_end_matches('Z')
+            .replace('T', "-"),
+        label
+    );
+    let dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("reports").join(&run_id));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let meta_value = serde_json::json!({
+        "kvbench": meta::version(),
+        "run_id": run_id,
+        "command": std::env::args().collect::<Vec<_>>(),
+        "started_at": started_at,
+        "mode": "synthetic: attention + append only, synthetic K/V (outlier key channels), no weights",
+        "machine": Machine::probe(),
+        "model_geometry": model,
+        "memory_limit_bytes": memory_limit,
+        "sweep": spec,
+        "csv_columns": CSV_COLUMNS,
+    });
+    meta::write_json(&dir.join("meta.json"), &meta_value)?;
+    let bar = ProgressBar::new(work_units(&spec, 0));
+    let csv_path = dir.join("results.csv");
+    let mut sink = CsvSink::create(
+        &csv_path,
+        RowContext {
+            run_id: run_id.clone(),
+            model: format!("{} (synthetic)", model.name),
+            prefill_weight_dtype: "none".into(),
+            decode_weight_dtype: "none".into(),
+            ppl_weight_dtype: "none".into(),
+            ppl_ctx: None,
+            geometry: geom,
+        },
+    )?;
+    let progress = BarProgress(bar.clone());
+    let result =
+        crate::measure::synthetic::run_synthetic(&geom, &spec, memory_limit, &mut sink, &progress);
+    bar.finish_and_clear();
+    result?;
+    print!("{}", table::render(&sink.rows));
+    println!(
+        "model geometry {} ({} layers × {} kv heads × {}), synthetic K/V, TPOT = append + attention only, memory limit {:.2} GiB, {} threads",
+        model.name, geom.layers, geom.kv_heads, geom.head_dim,
+        memory_limit as f64 / (1u64 << 30) as f64, rayon::current_num_threads()
+    );
+    println!(
+        "wrote {} and {}",
+        csv_path.display(),
+        dir.join("meta.json").display()
+    );
     Ok(())
 }
 

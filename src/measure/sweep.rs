@@ -93,11 +93,11 @@ impl SweepSpec {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PointTiming {
     /// Time to first token, ms.
-    pub ttft_ms: f64,
+    pub ttft_ms: Option<f64>,
     /// Decode-step times after the first token, ms.
     pub tpot_ms: Summary,
     /// Prompt tokens processed per second over the batch.
-    pub prefill_tokens_per_s: f64,
+    pub prefill_tokens_per_s: Option<f64>,
     /// Generated tokens per second over the batch (decode steps only).
     pub decode_tokens_per_s: f64,
     /// Tokens held per sequence at the end.
@@ -244,6 +244,23 @@ pub fn prompts(tokens: &[u32], batch: usize, seq_len: usize, seed: u64) -> Vec<u
         .collect()
 }
 
+/// Runs `f`, turning an error or a panic into an `error: …` status so a sweep goes on.
+pub fn catch_point(
+    f: impl FnOnce() -> Result<PointTiming>,
+) -> std::result::Result<PointTiming, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(format!("error: {e}")),
+        Err(p) => Err(format!(
+            "error: panicked: {}",
+            p.downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| p.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown")
+        )),
+    }
+}
+
 /// A point that cannot take the process down: predicted memory beyond what is available is
 /// recorded as `oom` without running, and an error or panic inside is recorded as `error`.
 fn guarded_point(
@@ -270,20 +287,7 @@ fn guarded_point(
             ));
         }
     }
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        time_point(models, scheme, batch, seq_len, gen, prompts)
-    }));
-    match run {
-        Ok(Ok(t)) => Ok(t),
-        Ok(Err(e)) => Err(format!("error: {e}")),
-        Err(p) => Err(format!(
-            "error: panicked: {}",
-            p.downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| p.downcast_ref::<&str>().copied())
-                .unwrap_or("unknown")
-        )),
-    }
+    catch_point(|| time_point(models, scheme, batch, seq_len, gen, prompts))
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -316,9 +320,9 @@ pub fn time_point(
     let decode_s: f64 = steps.iter().sum();
     let steps_ms: Vec<f64> = steps.iter().map(|s| s * 1e3).collect();
     Ok(PointTiming {
-        ttft_ms: ttft * 1e3,
+        ttft_ms: Some(ttft * 1e3),
         tpot_ms: summarize(&steps_ms).expect("gen ≥ 2 gives at least one step"),
-        prefill_tokens_per_s: (batch * seq_len) as f64 / ttft,
+        prefill_tokens_per_s: Some((batch * seq_len) as f64 / ttft),
         decode_tokens_per_s: (batch * (gen - 1)) as f64 / decode_s,
         kv_tokens: cache.seen(0),
         kv_bytes: cache.kv_bytes(),

@@ -100,3 +100,140 @@ pub fn time_decode_steps(
         })
         .collect()
 }
+
+/// Attention-only sweep at a model's real shapes, no weights: for every scheme × batch × length,
+/// fill a cache with synthetic K/V to `seq_len` tokens, then time `gen − 1` decode steps of
+/// cache work (TPOT of the cache alone). A point whose predicted bytes exceed `memory_limit` is
+/// recorded as `oom` without allocating, and the sweep goes on; errors and panics inside a
+/// point are recorded as `error`.
+pub fn run_synthetic(
+    geom: &CacheGeometry,
+    spec: &super::sweep::SweepSpec,
+    memory_limit: u64,
+    sink: &mut dyn super::sweep::PointSink,
+    progress: &dyn super::sweep::Progress,
+) -> crate::Result<()> {
+    for &scheme in &spec.schemes {
+        scheme.validate(geom.head_dim)?;
+        for &batch in &spec.batch_sizes {
+            for &seq_len in &spec.seq_lens {
+                progress.start(&format!(
+                    "{scheme}: batch {batch} × {seq_len} tokens (synthetic)"
+                ));
+                let predicted = scheme.bytes_for(geom, batch, seq_len + spec.gen - 1) as u64;
+                let timing = if predicted > memory_limit {
+                    Err(format!(
+                        "oom: KV needs {:.2} GiB, limit {:.2} GiB",
+                        predicted as f64 / (1u64 << 30) as f64,
+                        memory_limit as f64 / (1u64 << 30) as f64
+                    ))
+                } else {
+                    super::sweep::catch_point(|| {
+                        point(geom, scheme, batch, seq_len, spec.gen, spec.seed)
+                    })
+                };
+                sink.point(&super::sweep::PointOutcome {
+                    scheme,
+                    batch,
+                    seq_len,
+                    timing,
+                    ppl: None,
+                    baseline_ppl: None,
+                })?;
+                progress.advance(1);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn point(
+    geom: &CacheGeometry,
+    scheme: crate::kv::KvScheme,
+    batch: usize,
+    seq_len: usize,
+    gen: usize,
+    seed: u64,
+) -> crate::Result<super::sweep::PointTiming> {
+    let mut cache = KvCache::new(scheme, *geom, batch)?;
+    super::memory::reset_peak_rss();
+    fill(&mut cache, geom, seq_len, seed);
+    let steps = time_decode_steps(&mut cache, geom, gen - 1, seed);
+    let tpot = super::stats::summarize(&steps).ok_or_else(|| crate::Error::InvalidArgument {
+        name: "--gen".into(),
+        reason: "needs at least 2 tokens".into(),
+    })?;
+    Ok(super::sweep::PointTiming {
+        ttft_ms: None,
+        tpot_ms: tpot,
+        prefill_tokens_per_s: None,
+        decode_tokens_per_s: batch as f64 / (tpot.mean * 1e-3),
+        kv_tokens: cache.seen(0),
+        kv_bytes: cache.kv_bytes(),
+        kv_reserved_bytes: cache.reserved_bytes(),
+        peak_rss_bytes: super::memory::peak_rss_bytes(),
+        saturated_values: cache.saturated(),
+        generated: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::sweep::{PointOutcome, PointSink, SweepSpec};
+
+    struct Collect(Vec<PointOutcome>);
+    impl PointSink for Collect {
+        fn point(&mut self, o: &PointOutcome) -> crate::Result<()> {
+            self.0.push(o.clone());
+            Ok(())
+        }
+    }
+
+    /// Measured bytes equal the formula at every point, and a point over the memory limit is
+    /// recorded as `oom` while the next point still runs.
+    #[test]
+    fn synthetic_sweep_bytes_and_oom() {
+        let g = CacheGeometry {
+            layers: 2,
+            kv_heads: 2,
+            q_heads: 4,
+            head_dim: 64,
+        };
+        let spec = SweepSpec {
+            schemes: vec![
+                "fp16".parse().unwrap(),
+                "int8-channel".parse().unwrap(),
+                "h2o:budget=64,recent=8@q4_0".parse().unwrap(),
+            ],
+            batch_sizes: vec![2],
+            seq_lens: vec![300, 5000, 200],
+            gen: 3,
+            ppl: None,
+            seed: 1,
+            warmup: 0,
+            kl: false,
+        };
+        // fp16 at 5002 tokens × 2 sequences: 2·2·2·2·128·5002 ≈ 10.2 MB > the 4 MB limit.
+        let limit = 4_000_000;
+        let mut sink = Collect(Vec::new());
+        run_synthetic(&g, &spec, limit, &mut sink, &()).unwrap();
+        assert_eq!(sink.0.len(), 9);
+        for o in &sink.0 {
+            let predicted = o.scheme.bytes_for(&g, 2, o.seq_len + 2);
+            match &o.timing {
+                Ok(t) => assert_eq!(t.kv_bytes, predicted, "{} {}", o.scheme, o.seq_len),
+                Err(e) => {
+                    assert!(e.starts_with("oom"), "{e}");
+                    assert!(predicted as u64 > limit);
+                }
+            }
+        }
+        assert!(sink.0[1].timing.is_err(), "fp16 × 5000 should be oom");
+        assert!(sink.0[2].timing.is_ok(), "the next point still runs");
+        assert!(
+            sink.0[7].timing.is_ok(),
+            "h2o caps its bytes: 5000 tokens fit"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! Turning finished results into bytes: `results.csv` rows, `meta.json`, the terminal table.
 //! Nothing here measures anything.
 
+pub mod chart;
 pub mod meta;
 pub mod table;
 
@@ -49,6 +50,9 @@ pub struct ResultRow {
     pub kv_tokens: Option<usize>,
     /// Bytes of K/V held at the end, all sequences, scales and zero-points included.
     pub kv_bytes: Option<usize>,
+    /// What the scheme's byte formula predicts for `batch_size` sequences of `kv_tokens`
+    /// (the same accounting `kvbench plan` uses); equals `kv_bytes` when the cache is right.
+    pub kv_bytes_predicted: Option<usize>,
     /// `kv_bytes / (batch_size × kv_tokens)`: bytes per token of context.
     pub kv_bytes_per_token: Option<f64>,
     /// `kv_bytes` over what fp16 would hold for the same tokens (formula), e.g. 0.516 for int8.
@@ -110,6 +114,7 @@ pub const CSV_COLUMNS: &[&str] = &[
     "decode_tokens_per_s",
     "kv_tokens",
     "kv_bytes",
+    "kv_bytes_predicted",
     "kv_bytes_per_token",
     "kv_ratio_vs_fp16",
     "kv_reserved_bytes",
@@ -157,19 +162,20 @@ impl ResultRow {
             scheme: o.scheme.to_string(),
             batch_size: o.batch,
             seq_len: o.seq_len,
-            gen_tokens: t.map_or(0, |t| t.generated.len()),
+            gen_tokens: t.map_or(0, |t| t.kv_tokens + 1 - o.seq_len),
             status: match &o.timing {
                 Ok(_) => "ok".into(),
                 Err(e) => e.clone(),
             },
-            ttft_ms: t.map(|t| t.ttft_ms),
-            prefill_tokens_per_s: t.map(|t| t.prefill_tokens_per_s),
+            ttft_ms: t.and_then(|t| t.ttft_ms),
+            prefill_tokens_per_s: t.and_then(|t| t.prefill_tokens_per_s),
             tpot_ms_mean: t.map(|t| t.tpot_ms.mean),
             tpot_ms_p50: t.map(|t| t.tpot_ms.p50),
             tpot_ms_p95: t.map(|t| t.tpot_ms.p95),
             decode_tokens_per_s: t.map(|t| t.decode_tokens_per_s),
             kv_tokens: t.map(|t| t.kv_tokens),
             kv_bytes: t.map(|t| t.kv_bytes),
+            kv_bytes_predicted: t.map(|t| o.scheme.bytes_for(&ctx.geometry, o.batch, t.kv_tokens)),
             kv_bytes_per_token: t.map(|t| t.kv_bytes as f64 / (o.batch * t.kv_tokens) as f64),
             kv_ratio_vs_fp16: t.map(|t| t.kv_bytes as f64 / fp16_bytes(t.kv_tokens)),
             kv_reserved_bytes: t.map(|t| t.kv_reserved_bytes),

@@ -114,6 +114,7 @@ mod tests {
             decode_tokens_per_s: Some(41.6),
             kv_tokens: Some(543),
             kv_bytes: Some(6450840),
+            kv_bytes_predicted: Some(6450840),
             kv_bytes_per_token: None,
             kv_ratio_vs_fp16: Some(0.515625),
             kv_reserved_bytes: None,

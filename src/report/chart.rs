@@ -1,0 +1,237 @@
+//! Line charts as PNG and SVG with plotters. Charts draw finished series and compute nothing;
+//! text uses DejaVu Sans embedded in the binary (`assets/fonts`, Bitstream Vera licence), so no
+//! system font library is needed.
+
+use std::path::Path;
+use std::sync::Once;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::error::{Error, Result};
+
+const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+const FAMILY: &str = "sans-serif";
+
+fn register_font() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // The font is compiled in and known to parse; a failure would only lose text.
+        let _ = plotters::style::register_font(FAMILY, FontStyle::Normal, FONT);
+    });
+}
+
+/// One named line.
+#[derive(Debug, Clone)]
+pub struct Series {
+    /// Legend label.
+    pub name: String,
+    /// `(x, y)` points in drawing order.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A line chart: title, axis labels with units, a caption naming model, machine and settings.
+#[derive(Debug, Clone)]
+pub struct LineChart {
+    /// Title.
+    pub title: String,
+    /// Caption under the title (model, machine, settings).
+    pub caption: String,
+    /// x axis label with unit.
+    pub x_label: String,
+    /// y axis label with unit.
+    pub y_label: String,
+    /// Logarithmic x axis (e.g. context lengths 4k…128k).
+    pub log_x: bool,
+    /// Lines.
+    pub series: Vec<Series>,
+}
+
+impl LineChart {
+    /// Writes `<stem>.png` and `<stem>.svg` into `dir`. Errors: [`Error::Io`] when drawing or
+    /// writing fails, naming the file.
+    pub fn render(&self, dir: &Path, stem: &str) -> Result<()> {
+        register_font();
+        let png = dir.join(format!("{stem}.png"));
+        let svg = dir.join(format!("{stem}.svg"));
+        let draw_err = |p: &Path, e: String| Error::io(p, std::io::Error::other(e));
+        {
+            let root = BitMapBackend::new(&png, (1000, 640)).into_drawing_area();
+            self.draw(&root).map_err(|e| draw_err(&png, e))?;
+            root.present().map_err(|e| draw_err(&png, e.to_string()))?;
+        }
+        {
+            let root = SVGBackend::new(&svg, (1000, 640)).into_drawing_area();
+            self.draw(&root).map_err(|e| draw_err(&svg, e))?;
+            root.present().map_err(|e| draw_err(&svg, e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), String> {
+        let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+        root.fill(&WHITE).map_err(e)?;
+        let (top, body) = root.split_vertically(70);
+        top.draw(&Text::new(
+            self.title.as_str(),
+            (20, 10),
+            (FAMILY, 24).into_font(),
+        ))
+        .map_err(e)?;
+        top.draw(&Text::new(
+            self.caption.as_str(),
+            (20, 42),
+            (FAMILY, 14).into_font().color(&RGBColor(90, 90, 90)),
+        ))
+        .map_err(e)?;
+        let xs = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.0));
+        let ys = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.1));
+        let (x0, x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+            (a.min(x), b.max(x))
+        });
+        let y1 = ys.fold(0f64, f64::max) * 1.08 + 1e-9;
+        let (x0, x1) = if x0.is_finite() && x1 > x0 {
+            (x0, x1)
+        } else {
+            (1.0, 2.0)
+        };
+        let mut builder = ChartBuilder::on(&body);
+        builder
+            .margin(20)
+            .x_label_area_size(50)
+            .y_label_area_size(80);
+        let colors = [
+            RGBColor(31, 119, 180),
+            RGBColor(255, 127, 14),
+            RGBColor(44, 160, 44),
+            RGBColor(214, 39, 40),
+            RGBColor(148, 103, 189),
+            RGBColor(140, 86, 75),
+            RGBColor(227, 119, 194),
+            RGBColor(127, 127, 127),
+            RGBColor(188, 189, 34),
+            RGBColor(23, 190, 207),
+        ];
+        macro_rules! body {
+            ($chart:expr) => {{
+                let mut chart = $chart;
+                chart
+                    .configure_mesh()
+                    .x_labels(8)
+                    .y_labels(8)
+                    .x_label_formatter(&|x: &f64| compact(*x))
+                    .y_label_formatter(&|y: &f64| compact(*y))
+                    .x_desc(self.x_label.as_str())
+                    .y_desc(self.y_label.as_str())
+                    .label_style((FAMILY, 14))
+                    .axis_desc_style((FAMILY, 16))
+                    .draw()
+                    .map_err(e)?;
+                for (i, s) in self.series.iter().enumerate() {
+                    let c = colors[i % colors.len()];
+                    chart
+                        .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
+                        .map_err(e)?
+                        .label(s.name.as_str())
+                        .legend(move |(x, y)| {
+                            PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
+                        });
+                    chart
+                        .draw_series(s.points.iter().map(|&p| Circle::new(p, 4, c.filled())))
+                        .map_err(e)?;
+                }
+                chart
+                    .configure_series_labels()
+                    .label_font((FAMILY, 14))
+                    .background_style(WHITE.mix(0.85))
+                    .border_style(BLACK)
+                    .position(SeriesLabelPosition::UpperRight)
+                    .draw()
+                    .map_err(e)?;
+            }};
+        }
+        if self.log_x {
+            body!(builder
+                .build_cartesian_2d((x0..x1).log_scale(), 0f64..y1)
+                .map_err(e)?);
+        } else {
+            body!(builder.build_cartesian_2d(x0..x1, 0f64..y1).map_err(e)?);
+        }
+        Ok(())
+    }
+}
+
+/// Tick labels: `4k`, `128k`, `1.5M` for large values (k = 1024, as token counts), plain
+/// numbers otherwise.
+fn compact(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1024.0 * 1024.0 {
+        format!("{:.3}M", v / (1024.0 * 1024.0))
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .to_string()
+    } else if a >= 1024.0 {
+        format!("{:.1}k", v / 1024.0)
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .to_string()
+    } else if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both files are produced, non-empty, and the SVG holds one line per series (plus its
+    /// legend mark) and the title text.
+    #[test]
+    fn renders_png_and_svg_with_every_series() {
+        let dir = std::env::temp_dir().join(format!("kvbench-chart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let chart = LineChart {
+            title: "Max concurrent sequences".into(),
+            caption: "llama-3-8b · 80 GiB".into(),
+            x_label: "context (tokens)".into(),
+            y_label: "sequences".into(),
+            log_x: true,
+            series: ["fp16", "fp8", "int4"]
+                .iter()
+                .enumerate()
+                .map(|(i, n)| Series {
+                    name: n.to_string(),
+                    points: vec![
+                        (4096.0, 100.0 * (i + 1) as f64),
+                        (131072.0, 3.0 * (i + 1) as f64),
+                    ],
+                })
+                .collect(),
+        };
+        chart.render(&dir, "c").unwrap();
+        assert!(std::fs::metadata(dir.join("c.png")).unwrap().len() > 5_000);
+        let svg = std::fs::read_to_string(dir.join("c.svg")).unwrap();
+        // Each series: its line and its legend mark in its own colour; no fourth colour.
+        for hex in ["#1F77B4", "#FF7F0E", "#2CA02C"] {
+            assert_eq!(
+                svg.matches(&format!("stroke=\"{hex}\"")).count(),
+                2,
+                "{hex}"
+            );
+        }
+        assert_eq!(svg.matches("stroke=\"#D62728\"").count(), 0);
+        assert!(svg.contains("Max concurrent sequences"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
