@@ -246,7 +246,7 @@ mod tests {
         assert_eq!(waste, 12 * 131_072);
         // Max context at 114 sequences is at least 4k and below what 113 would allow.
         let c = max_context(&i, &KvScheme::FP16, 114, 1 << 20).unwrap();
-        assert!(c >= 4096 && c < 4096 + 16 * 3, "{c}");
+        assert!((4096..4096 + 16 * 3).contains(&c), "{c}");
     }
 
     /// Eviction caps the held tokens: a 1,024-token window plus 4 sinks holds 1,028 tokens

@@ -25,7 +25,7 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 fn row(seed: u64) -> Vec<f32> {
     let mut n = Noise::new(seed);
     let s = 2f32.powi((seed % 9) as i32 - 3);
-    (0..64).map(|_| n.next() * s).collect()
+    (0..64).map(|_| n.uniform() * s).collect()
 }
 
 /// int8 per-token absmax: |x − x̂| ≤ scale / 2, scale = absmax/127 rounded up to f16, so

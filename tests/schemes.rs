@@ -92,6 +92,7 @@ fn eviction_changes_decode_mode_perplexity() {
 /// shared budget changes NLLs by far more. (Over int8 storage the same run differs by up to
 /// 0.02 nats, because such tiny differences move some int8 codes by one step.)
 #[test]
+#[allow(clippy::needless_range_loop)] // `i` indexes both the token stream and the NLL record
 fn different_length_prompts_batched_equal_one_at_a_time() {
     let m = &common::smollm_f32().model;
     let toks = tokens();

@@ -181,10 +181,10 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     // One load per distinct weight dtype; phases that share a dtype share the model.
     let mut loaded: HashMap<WeightDtype, model::LoadedModel> = HashMap::new();
     for dtype in [args.weights, args.prefill_weights, args.ppl_weights] {
-        if !loaded.contains_key(&dtype) {
+        if let std::collections::hash_map::Entry::Vacant(e) = loaded.entry(dtype) {
             let m = model::load_location(&args.model, &location, dtype)
                 .with_context(|| format!("loading model `{}` with {dtype} weights", args.model))?;
-            loaded.insert(dtype, m);
+            e.insert(m);
         }
     }
     let timing = &loaded[&args.weights];
@@ -196,7 +196,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     let cfg = timing.model.config.clone();
     let tokens = timing.tokenizer.encode(wikitext::wikitext2_test_text())?;
 
-    let ppl = (args.ppl_windows > 0).then(|| PplProtocol {
+    let ppl = (args.ppl_windows > 0).then_some(PplProtocol {
         mode: args.ppl_mode,
         batch: args.ppl_batch,
         ctx: args.ctx,

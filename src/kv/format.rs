@@ -349,7 +349,7 @@ mod tests {
         c.encode(&x, &mut bytes);
         let d = f16::from_le_bytes([bytes[0], bytes[1]]).to_f32();
         let m = f16::from_le_bytes([bytes[2], bytes[3]]).to_f32();
-        assert_eq!(d, 0.2000732421875);
+        assert_eq!(d, 0.200_073_24);
         assert_eq!(m, -1.0);
         // (x+1)/d: 0, 14.995 → 15, 4.998 → 5, 7.497 → 7, 9.996 → 10, 0.4998 → 0, 14.495 → 14,
         // 5.498 → 5

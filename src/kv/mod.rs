@@ -392,7 +392,7 @@ impl KvCache {
 
 /// Hadamard block for `+rot`: 64 as llama.cpp (when head_dim is a multiple), else head_dim.
 fn rotation_block(d: usize) -> usize {
-    if d % 64 == 0 {
+    if d.is_multiple_of(64) {
         64
     } else {
         d

@@ -268,7 +268,7 @@ pub fn tile_dots(tile: &[f32], qs: &[f32], d: usize, out: &mut [f32]) {
         target_feature = "avx2",
         target_feature = "fma"
     ))]
-    if d % 8 == 0 {
+    if d.is_multiple_of(8) {
         // SAFETY: target features enabled at compile time; shapes asserted above.
         unsafe { avx::tile_dots(tile, qs, d, out) };
         return;
@@ -294,7 +294,7 @@ pub fn tile_axpy(w: &[f32], tile: &[f32], d: usize, acc: &mut [f32]) {
         target_feature = "avx2",
         target_feature = "fma"
     ))]
-    if d % 8 == 0 {
+    if d.is_multiple_of(8) {
         // SAFETY: as above.
         unsafe { avx::tile_axpy(w, tile, d, acc) };
         return;

@@ -171,17 +171,17 @@ impl KvScheme {
         };
         for q in [self.k, self.v] {
             match q {
-                Quant::Int4 { group } if head_dim % group != 0 => {
+                Quant::Int4 { group } if !head_dim.is_multiple_of(group) => {
                     return bad(format!(
                         "int4 group {group} must divide the model's head_dim {head_dim}"
                     ))
                 }
-                Quant::Q8_0 | Quant::Q4_0 if head_dim % 32 != 0 => {
+                Quant::Q8_0 | Quant::Q4_0 if !head_dim.is_multiple_of(32) => {
                     return bad(format!(
                         "ggml blocks of 32 need head_dim divisible by 32 (model: {head_dim})"
                     ))
                 }
-                Quant::Channel { bits: 4, .. } if head_dim % 2 != 0 => {
+                Quant::Channel { bits: 4, .. } if !head_dim.is_multiple_of(2) => {
                     return bad(format!(
                         "4-bit codes need an even head_dim (model: {head_dim})"
                     ))
@@ -189,7 +189,7 @@ impl KvScheme {
                 _ => {}
             }
         }
-        if self.rotate && !head_dim.is_power_of_two() && head_dim % 64 != 0 {
+        if self.rotate && !head_dim.is_power_of_two() && !head_dim.is_multiple_of(64) {
             return bad(format!(
                 "+rot needs head_dim a power of two or a multiple of 64 (model: {head_dim})"
             ));
@@ -469,7 +469,7 @@ impl Parser<'_> {
                         _ => return Err(self.unknown_param(name, k, "group=G")),
                     }
                 }
-                if group == 0 || group % 2 != 0 {
+                if group == 0 || !group.is_multiple_of(2) {
                     return Err(self.err(format!("int4 group {group} must be even and > 0")));
                 }
                 Ok(Quant::Int4 { group })

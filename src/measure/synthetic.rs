@@ -20,7 +20,7 @@ impl Noise {
     }
 
     /// Next value in [−1, 1).
-    pub fn next(&mut self) -> f32 {
+    pub fn uniform(&mut self) -> f32 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -30,7 +30,7 @@ impl Noise {
 
     /// Approximately standard-normal value (sum of four uniforms, variance-matched).
     pub fn gauss(&mut self) -> f32 {
-        (self.next() + self.next() + self.next() + self.next()) * 0.866
+        (self.uniform() + self.uniform() + self.uniform() + self.uniform()) * 0.866
     }
 }
 

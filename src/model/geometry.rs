@@ -46,7 +46,18 @@ impl ModelGeometry {
 /// Values as published in each repository's `config.json` (`num_hidden_layers`,
 /// `num_attention_heads`, `num_key_value_heads`, `hidden_size / num_attention_heads`,
 /// `max_position_embeddings`) and parameter counts from the model cards.
-const KNOWN: &[(&str, usize, usize, usize, usize, usize, u64, &str)] = &[
+type KnownModel = (
+    &'static str,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    u64,
+    &'static str,
+);
+
+const KNOWN: &[KnownModel] = &[
     (
         "llama-3-8b",
         32,

@@ -81,7 +81,7 @@ impl ModelConfig {
         if self.layers == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.head_dim == 0 {
             return Err(bad(format!("degenerate geometry {self:?}")));
         }
-        if self.q_heads % self.kv_heads != 0 {
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
             return Err(bad(format!(
                 "{} query heads are not a multiple of {} kv heads",
                 self.q_heads, self.kv_heads

@@ -204,6 +204,9 @@ impl ResultRow {
     }
 }
 
+/// Called with every row after it is written.
+type RowHook = Box<dyn FnMut(&ResultRow)>;
+
 /// Writes `results.csv` row by row (flushed after each, so an interrupted sweep keeps every
 /// finished point) and keeps the rows for the summary table.
 pub struct CsvSink {
@@ -212,7 +215,7 @@ pub struct CsvSink {
     ctx: RowContext,
     /// Rows written so far.
     pub rows: Vec<ResultRow>,
-    on_row: Option<Box<dyn FnMut(&ResultRow)>>,
+    on_row: Option<RowHook>,
 }
 
 impl CsvSink {
