@@ -87,10 +87,14 @@ impl LineChart {
             (FAMILY, 14).into_font().color(&RGBColor(90, 90, 90)),
         ))
         .map_err(e)?;
+        // A log axis is drawn as log₂(x) on a linear axis, so ticks land on powers of two
+        // (4k, 8k, …, 128k for context lengths) and are labelled with the original values.
+        let log_x = self.log_x;
+        let tx = move |x: f64| if log_x { x.log2() } else { x };
         let xs = self
             .series
             .iter()
-            .flat_map(|s| s.points.iter().map(|p| p.0));
+            .flat_map(|s| s.points.iter().map(move |p| tx(p.0)));
         let ys = self
             .series
             .iter()
@@ -104,6 +108,13 @@ impl LineChart {
         } else {
             (1.0, 2.0)
         };
+        let (x0, x1) = if log_x {
+            (x0.floor(), x1.ceil())
+        } else {
+            (x0, x1)
+        };
+        let n_x_labels = if log_x { (x1 - x0) as usize + 1 } else { 8 };
+        let label_x = move |x: &f64| compact(if log_x { x.exp2() } else { *x });
         let mut builder = ChartBuilder::on(&body);
         builder
             .margin(20)
@@ -121,51 +132,42 @@ impl LineChart {
             RGBColor(188, 189, 34),
             RGBColor(23, 190, 207),
         ];
-        macro_rules! body {
-            ($chart:expr) => {{
-                let mut chart = $chart;
-                chart
-                    .configure_mesh()
-                    .x_labels(8)
-                    .y_labels(8)
-                    .x_label_formatter(&|x: &f64| compact(*x))
-                    .y_label_formatter(&|y: &f64| compact(*y))
-                    .x_desc(self.x_label.as_str())
-                    .y_desc(self.y_label.as_str())
-                    .label_style((FAMILY, 14))
-                    .axis_desc_style((FAMILY, 16))
-                    .draw()
-                    .map_err(e)?;
-                for (i, s) in self.series.iter().enumerate() {
-                    let c = colors[i % colors.len()];
-                    chart
-                        .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
-                        .map_err(e)?
-                        .label(s.name.as_str())
-                        .legend(move |(x, y)| {
-                            PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
-                        });
-                    chart
-                        .draw_series(s.points.iter().map(|&p| Circle::new(p, 4, c.filled())))
-                        .map_err(e)?;
-                }
-                chart
-                    .configure_series_labels()
-                    .label_font((FAMILY, 14))
-                    .background_style(WHITE.mix(0.85))
-                    .border_style(BLACK)
-                    .position(SeriesLabelPosition::UpperRight)
-                    .draw()
-                    .map_err(e)?;
-            }};
+        let mut chart = builder.build_cartesian_2d(x0..x1, 0f64..y1).map_err(e)?;
+        chart
+            .configure_mesh()
+            .x_labels(n_x_labels)
+            .y_labels(8)
+            .x_label_formatter(&label_x)
+            .y_label_formatter(&|y: &f64| compact(*y))
+            .x_desc(self.x_label.as_str())
+            .y_desc(self.y_label.as_str())
+            .label_style((FAMILY, 14))
+            .axis_desc_style((FAMILY, 16))
+            .draw()
+            .map_err(e)?;
+        for (i, s) in self.series.iter().enumerate() {
+            let c = colors[i % colors.len()];
+            let pts: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (tx(x), y)).collect();
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+                .map_err(e)?
+                .label(s.name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
+                });
+            chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
+                .map_err(e)?;
         }
-        if self.log_x {
-            body!(builder
-                .build_cartesian_2d((x0..x1).log_scale(), 0f64..y1)
-                .map_err(e)?);
-        } else {
-            body!(builder.build_cartesian_2d(x0..x1, 0f64..y1).map_err(e)?);
-        }
+        chart
+            .configure_series_labels()
+            .label_font((FAMILY, 14))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(e)?;
+
         Ok(())
     }
 }
@@ -173,17 +175,12 @@ impl LineChart {
 /// Tick labels: `4k`, `128k`, `1.5M` for large values (k = 1024, as token counts), plain
 /// numbers otherwise.
 fn compact(v: f64) -> String {
+    let trim = |x: String| x.trim_end_matches('0').trim_end_matches('.').to_string();
     let a = v.abs();
     if a >= 1024.0 * 1024.0 {
-        format!("{:.3}M", v / (1024.0 * 1024.0))
-            .trim_end_matches('0')
-            .trim_end_matches('.')
-            .to_string()
+        format!("{}M", trim(format!("{:.3}", v / (1024.0 * 1024.0))))
     } else if a >= 1024.0 {
-        format!("{:.1}k", v / 1024.0)
-            .trim_end_matches('0')
-            .trim_end_matches('.')
-            .to_string()
+        format!("{}k", trim(format!("{:.1}", v / 1024.0)))
     } else if v.fract() == 0.0 {
         format!("{v:.0}")
     } else {
@@ -197,6 +194,15 @@ mod tests {
 
     /// Both files are produced, non-empty, and the SVG holds one line per series (plus its
     /// legend mark) and the title text.
+    #[test]
+    fn compact_tick_labels() {
+        assert_eq!(compact(4096.0), "4k");
+        assert_eq!(compact(131072.0), "128k");
+        assert_eq!(compact(1536.0), "1.5k");
+        assert_eq!(compact(3.0 * 1024.0 * 1024.0), "3M");
+        assert_eq!(compact(250.0), "250");
+    }
+
     #[test]
     fn renders_png_and_svg_with_every_series() {
         let dir = std::env::temp_dir().join(format!("kvbench-chart-{}", std::process::id()));
