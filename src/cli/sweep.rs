@@ -223,19 +223,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     }
 
     let label = model_label(&args.model, &location);
-    let run_id = format!(
-        "{}-{}",
-        started_at
-            .replace([':', '-'], "")
-            .trim_end_matches('Z')
-            .replace('T', "-"),
-        label.trim_end_matches(".gguf").replace(['/', ' '], "_")
-    );
-    let dir = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("reports").join(&run_id));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let (run_id, dir) = run_folder(&started_at, label.trim_end_matches(".gguf"), &args.out)?;
 
     let sha256 = timing
         .source
@@ -381,20 +369,7 @@ fn run_synthetic(args: SweepArgs) -> anyhow::Result<()> {
         kl: false,
     };
     spec.validate(usize::MAX, usize::MAX)?;
-    let label = model.name.replace(['/', ' '], "_");
-    let run_id = format!(
-        "{}-synthetic-{}",
-        started_at
-            .replace([':', '-'], "")
-            .trim_end_matches('Z')
-            .replace('T', "-"),
-        label
-    );
-    let dir = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("reports").join(&run_id));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let (run_id, dir) = run_folder(&started_at, &format!("synthetic-{}", model.name), &args.out)?;
     let meta_value = serde_json::json!({
         "kvbench": meta::version(),
         "run_id": run_id,
@@ -439,6 +414,25 @@ fn run_synthetic(args: SweepArgs) -> anyhow::Result<()> {
         dir.join("meta.json").display()
     );
     Ok(())
+}
+
+/// The run id (`<UTC time>-<label>`) and its folder (`--out`, else `reports/<run id>`),
+/// created.
+fn run_folder(
+    started_at: &str,
+    label: &str,
+    out: &Option<PathBuf>,
+) -> anyhow::Result<(String, PathBuf)> {
+    let time = started_at
+        .replace([':', '-'], "")
+        .trim_end_matches('Z')
+        .replace('T', "-");
+    let run_id = format!("{time}-{}", label.replace(['/', ' '], "_"));
+    let dir = out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("reports").join(&run_id));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok((run_id, dir))
 }
 
 /// The fp16 baseline runs first so every later row can carry its perplexity delta.
