@@ -5,11 +5,13 @@
 pub mod attn_bench;
 pub mod fetch;
 pub mod plan;
+pub mod report;
+pub mod suite;
 pub mod sweep;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Measures what KV-cache quantization and eviction cost and save when serving LLMs.
 #[derive(Debug, Parser)]
@@ -31,15 +33,20 @@ pub enum Command {
     /// Capacity planning: max concurrent sequences per KV scheme × context in a memory budget,
     /// after weights and a reserve, with paged-block accounting.
     Plan(plan::PlanArgs),
+    /// Re-render results.csv, summary.md and plots/ of one or more run folders from their raw
+    /// data (raw.jsonl) without re-running; several folders go side by side.
+    Report(report::ReportArgs),
     /// Fetch the default model (SmolLM2-135M-Instruct Q4_1 GGUF) and print its path.
     Fetch(fetch::FetchArgs),
 }
 
 /// Parses the command line, runs it and returns the exit code.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
-        Command::Sweep(a) => sweep::run(a),
+        Command::Sweep(a) => sweep::run(a, matches.subcommand_matches("sweep")),
+        Command::Report(a) => report::run(a),
         Command::Fetch(a) => fetch::run(a),
         Command::AttnBench(a) => attn_bench::run(a),
         Command::Plan(a) => plan::run(a),

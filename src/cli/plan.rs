@@ -155,13 +155,14 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             .schemes
             .0
             .iter()
-            .map(|s| crate::report::chart::Series {
-                name: s.to_string(),
-                points: rows
-                    .iter()
-                    .filter(|r| r.scheme == s.to_string())
-                    .map(|r| (r.ctx as f64, r.max_concurrency as f64))
-                    .collect(),
+            .map(|s| {
+                crate::report::chart::Series::line(
+                    s.to_string(),
+                    rows.iter()
+                        .filter(|r| r.scheme == s.to_string())
+                        .map(|r| (r.ctx as f64, r.max_concurrency as f64))
+                        .collect(),
+                )
             })
             .collect(),
     };

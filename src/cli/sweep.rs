@@ -7,16 +7,29 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::kv::{KvScheme, VALID_SCHEMES};
-use crate::measure::sweep::{run_sweep, work_units, PhaseModels, Progress, SweepSpec};
+use crate::measure::sweep::{
+    run_sweep, work_units, PhaseModels, PointOutcome, Progress, SweepSpec,
+};
 use crate::model::{self, hub, ModelLocation, WeightDtype};
 use crate::quality::perplexity::{PplMode, PplProtocol, Scoring};
 use crate::quality::wikitext;
 use crate::report::meta::{self, Machine};
-use crate::report::{table, CsvSink, RowContext, CSV_COLUMNS};
+use crate::report::{table, ResultRow, RowContext, RunSink, CSV_COLUMNS};
+
+use super::suite::{self, Suite};
 
 /// Arguments of `kvbench sweep`.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct SweepArgs {
+    /// Read settings from a suite file (e.g. suites/quick.toml); flags given here override it.
+    #[arg(long)]
+    pub suite: Option<PathBuf>,
+
+    /// Continue an interrupted sweep in this run folder with the settings it started with
+    /// (from its meta.json); finished points are kept, the rest run.
+    #[arg(long, value_name = "RUN_DIR")]
+    pub resume: Option<PathBuf>,
+
     /// Model: `default` (SmolLM2-135M-Instruct, fetched on first use), a .gguf file, a folder
     /// with config.json + tokenizer.json + *.safetensors, an alias (llama-3-8b,
     /// llama-3-8b-instruct, llama-2-7b, mistral-7b, qwen2.5-0.5b, qwen2.5-7b, smollm2-135m) or a
@@ -88,9 +101,17 @@ pub struct SweepArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
-    /// Untimed warm-up runs before the first point.
+    /// Untimed warm-up repeats before each point (4 tokens each).
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
+
+    /// Timed repeats per point, each with a fresh cache (TTFT and TPOT samples).
+    #[arg(long, default_value_t = 1)]
+    pub repeats: usize,
+
+    /// Keep repeating each point until its timed total reaches this many seconds.
+    #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
+    pub min_time: f64,
 
     /// Worker threads (default: all logical CPUs).
     #[arg(long)]
@@ -111,9 +132,31 @@ pub struct SweepArgs {
     pub out: Option<PathBuf>,
 }
 
-/// A parsed `--dtypes` list.
-#[derive(Debug, Clone)]
+/// A parsed `--dtypes` list. In a suite: a list of spec strings or one comma-separated string.
+#[derive(Debug, Clone, PartialEq)]
 pub struct SchemeList(pub Vec<KvScheme>);
+
+impl serde::Serialize for SchemeList {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for SchemeList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            One(String),
+            Many(Vec<String>),
+        }
+        let joined = match Form::deserialize(d)? {
+            Form::One(s) => s,
+            Form::Many(v) => v.join(","),
+        };
+        parse_schemes(&joined).map_err(serde::de::Error::custom)
+    }
+}
 
 pub fn parse_schemes(s: &str) -> Result<SchemeList, crate::Error> {
     crate::kv::parse_scheme_list(s).map(SchemeList)
@@ -131,8 +174,11 @@ struct Meta<'a> {
     machine: Machine,
     model: ModelMeta,
     tokenizer: TokenizerMeta,
+    resumed_at: Vec<String>,
+    settings: Suite,
     sweep: &'a SweepSpec,
     perplexity: Option<PerplexityMeta<'a>>,
+    report_context: &'a RowContext,
     csv_columns: &'a [&'a str],
 }
 
@@ -163,8 +209,60 @@ struct PerplexityMeta<'a> {
     reference: &'static str,
 }
 
-/// Runs the sweep and writes `results.csv` and `meta.json`.
-pub fn run(args: SweepArgs) -> anyhow::Result<()> {
+/// Settings from `--suite` or, with `--resume`, from the run folder's `meta.json`; flags given
+/// on the command line win over a suite. Returns the points a resumed run already finished and
+/// the earlier `meta.json`.
+fn resolve_settings(
+    args: &mut SweepArgs,
+    matches: Option<&clap::ArgMatches>,
+) -> anyhow::Result<(Vec<PointOutcome>, Option<serde_json::Value>)> {
+    let from_cli = |id: &str| suite::given_on_cli(matches, id);
+    if let Some(dir) = args.resume.clone() {
+        if let Some(m) = matches {
+            let extra: Vec<String> = m
+                .ids()
+                .map(|id| id.as_str().to_string())
+                .filter(|id| !["resume", "threads"].contains(&id.as_str()) && from_cli(id))
+                .collect();
+            if !extra.is_empty() {
+                return Err(crate::Error::InvalidArgument {
+                    name: "--resume".into(),
+                    reason: format!(
+                        "a resumed sweep keeps the settings it started with (in {}/meta.json); \
+                         drop {}",
+                        dir.display(),
+                        extra
+                            .iter()
+                            .map(|id| format!("--{}", id.replace('_', "-")))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                }
+                .into());
+            }
+        }
+        let run = crate::report::summary::Run::read(&dir)?;
+        let settings: Suite = serde_json::from_value(run.meta["settings"].clone()).map_err(|e| {
+            crate::Error::InvalidArgument {
+                name: "--resume".into(),
+                reason: format!("{}/meta.json has no usable settings: {e}", dir.display()),
+            }
+        })?;
+        settings.apply(args, |id| id == "threads" && from_cli(id));
+        args.out = Some(dir.clone());
+        let done = crate::report::read_raw(&dir.join(crate::report::RAW_FILE))?;
+        return Ok((done, Some(run.meta)));
+    }
+    if let Some(path) = &args.suite {
+        Suite::read(path)?.apply(args, from_cli);
+    }
+    Ok((Vec::new(), None))
+}
+
+/// Runs the sweep: `raw.jsonl` and `results.csv` grow as points finish; at the end
+/// `summary.md` and `plots/` are written and the table printed.
+pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Result<()> {
+    let (done, earlier_meta) = resolve_settings(&mut args, matches)?;
     if let Some(n) = args.threads {
         // candle's CPU kernels size their pools from RAYON_NUM_THREADS; set it before any use.
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
@@ -174,7 +272,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
             .ok();
     }
     if args.synthetic {
-        return run_synthetic(args);
+        return run_synthetic(args, done, earlier_meta);
     }
     let started_at = meta::now_rfc3339();
     let location = hub::resolve(&args.model)?;
@@ -215,6 +313,8 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         ppl: ppl.clone(),
         seed: args.seed,
         warmup: args.warmup,
+        repeats: args.repeats,
+        min_time_s: args.min_time,
         kl: !args.no_kl,
     };
     spec.validate(cfg.max_ctx, tokens.len())?;
@@ -223,7 +323,12 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     }
 
     let label = model_label(&args.model, &location);
-    let (run_id, dir) = run_folder(&started_at, label.trim_end_matches(".gguf"), &args.out)?;
+    let folder = RunFolder::open(
+        &started_at,
+        label.trim_end_matches(".gguf"),
+        &args.out,
+        earlier_meta.as_ref(),
+    )?;
 
     let sha256 = timing
         .source
@@ -232,11 +337,20 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         .map(|f| model::fetch::sha256_file(f))
         .collect::<Result<Vec<_>, _>>()?;
     let geom = cfg.cache_geometry();
+    let row_ctx = RowContext {
+        run_id: folder.run_id.clone(),
+        model: label,
+        prefill_weight_dtype: args.prefill_weights.to_string(),
+        decode_weight_dtype: args.weights.to_string(),
+        ppl_weight_dtype: args.ppl_weights.to_string(),
+        ppl_ctx: ppl.as_ref().map(|p| p.ctx),
+        geometry: geom,
+    };
     let mut meta = Meta {
         kvbench: meta::version(),
-        run_id: &run_id,
+        run_id: &folder.run_id,
         command: std::env::args().collect(),
-        started_at,
+        started_at: folder.started_at.clone(),
         finished_at: None,
         status: "running",
         machine: Machine::probe(),
@@ -259,6 +373,8 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
             add_bos: timing.tokenizer.add_bos,
             bos: timing.tokenizer.bos,
         },
+        resumed_at: folder.resumed_at.clone(),
+        settings: Suite::from_args(&args),
         sweep: &spec,
         perplexity: ppl.as_ref().map(|p| PerplexityMeta {
             protocol: p,
@@ -266,84 +382,102 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
             dataset_tokens: tokens.len(),
             reference: "llama.cpp llama-perplexity (non-overlapping windows, half scoring)",
         }),
+        report_context: &row_ctx,
         csv_columns: CSV_COLUMNS,
     };
-    let meta_path = dir.join("meta.json");
+    let meta_path = folder.dir.join(crate::report::META_FILE);
     meta::write_json(&meta_path, &meta)?;
 
-    let bar = ProgressBar::new(work_units(&spec, args.ppl_windows));
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
-            .expect("static template"),
-    );
-    let printer = bar.clone();
-    let csv_path = dir.join("results.csv");
-    let mut sink = CsvSink::create(
-        &csv_path,
-        RowContext {
-            run_id: run_id.clone(),
-            model: label,
-            prefill_weight_dtype: args.prefill_weights.to_string(),
-            decode_weight_dtype: args.weights.to_string(),
-            ppl_weight_dtype: args.ppl_weights.to_string(),
-            ppl_ctx: ppl.as_ref().map(|p| p.ctx),
-            geometry: geom,
-        },
-    )?
-    .on_row(move |r| {
-        let line = format!(
-            "{:<12} batch {:>3} seq {:>5}: {}",
-            r.scheme,
-            r.batch_size,
-            r.seq_len,
-            match (r.ttft_ms, r.tpot_ms_p50) {
-                (Some(a), Some(b)) => format!("TTFT {a:.1} ms, TPOT p50 {b:.2} ms"),
-                _ => r.status.clone(),
-            }
-        );
-        // Without a terminal (CI logs) the bar is hidden and would swallow the line.
-        if printer.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            printer.println(line);
-        }
-    });
-    let progress = BarProgress(bar.clone());
+    let bar = progress_bar(work_units(&spec, args.ppl_windows));
+    let mut sink = RunSink::create(&folder.dir, row_ctx.clone(), done.clone())?
+        .on_row(print_row(bar.clone()));
     let result = run_sweep(
         models,
         &tokens,
         timing.tokenizer.bos,
         &spec,
+        &done,
         &mut sink,
-        &progress,
+        &BarProgress(bar.clone()),
     );
     bar.finish_and_clear();
     meta.finished_at = Some(meta::now_rfc3339());
     meta.status = if result.is_ok() { "finished" } else { "failed" };
     meta::write_json(&meta_path, &meta)?;
     result?;
-    print!("{}", table::render(&sink.rows));
+    finish(&folder.dir, "kvbench sweep")
+}
+
+/// Renders the finished run folder (the same code as `kvbench report`) and prints its table.
+fn finish(dir: &std::path::Path, title: &str) -> anyhow::Result<()> {
+    let run = crate::report::summary::Run::read(dir)?;
+    let about = crate::report::summary::about(&run);
+    let summary = crate::report::summary::write_report(
+        dir,
+        &format!("{title} — {}", run.caption().model),
+        &about,
+        &run.rows,
+        &run.caption(),
+    )?;
+    print!("{}", table::render(&run.rows));
+    for line in &about {
+        println!("{line}");
+    }
+    for w in crate::report::summary::warnings(&run.rows) {
+        eprintln!("warning: {w}");
+    }
     println!(
-        "model {} · weights: prefill {}, decode {} · perplexity: {} · {} threads",
-        meta.model.source.spec,
-        args.prefill_weights,
-        args.weights,
-        ppl.as_ref().map_or("skipped".to_string(), |p| format!(
-            "WikiText-2, {} windows × {} tokens, {:?} scoring, {} mode, weights {}",
-            p.windows.unwrap_or(0),
-            p.ctx,
-            p.scoring,
-            p.mode,
-            args.ppl_weights
-        )),
-        meta.machine.threads
+        "wrote {} ({}, {}, {}, {}/)",
+        dir.display(),
+        crate::report::RAW_FILE,
+        crate::report::CSV_FILE,
+        summary.file_name().map_or("".into(), |f| f.to_string_lossy()),
+        crate::report::PLOTS_DIR
     );
-    println!("wrote {} and {}", csv_path.display(), meta_path.display());
     Ok(())
 }
 
+fn progress_bar(len: u64) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .expect("static template"),
+    );
+    bar
+}
+
+/// Prints each finished point above the progress bar (or to stderr when the bar is hidden, as
+/// in CI logs, where it would swallow the line).
+fn print_row(printer: ProgressBar) -> impl FnMut(&ResultRow) + 'static {
+    move |r| {
+        let line = format!(
+            "{:<12} batch {:>3} seq {:>5}: {}",
+            r.scheme,
+            r.batch_size,
+            r.seq_len,
+            match r.tpot_ms_mean {
+                Some(tpot) => format!(
+                    "TTFT {} TPOT {tpot:.2} ms, {:.1} tokens/s",
+                    r.ttft_ms_p50.map_or(String::new(), |t| format!("{t:.1} ms,")),
+                    r.decode_tokens_per_s.unwrap_or(f64::NAN)
+                ),
+                None => r.status.clone(),
+            }
+        );
+        if printer.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            printer.println(line);
+        }
+    }
+}
+
 /// `--synthetic`: geometry only, attention + append timed on synthetic K/V.
-fn run_synthetic(args: SweepArgs) -> anyhow::Result<()> {
+fn run_synthetic(
+    args: SweepArgs,
+    done: Vec<PointOutcome>,
+    earlier_meta: Option<serde_json::Value>,
+) -> anyhow::Result<()> {
     let started_at = meta::now_rfc3339();
     let geometry_spec = if args.model == hub::DEFAULT_MODEL {
         crate::model::fetch::ensure_default_model()?
@@ -366,54 +500,100 @@ fn run_synthetic(args: SweepArgs) -> anyhow::Result<()> {
         ppl: None,
         seed: args.seed,
         warmup: 0,
+        repeats: 1,
+        min_time_s: 0.0,
         kl: false,
     };
     spec.validate(usize::MAX, usize::MAX)?;
-    let (run_id, dir) = run_folder(&started_at, &format!("synthetic-{}", model.name), &args.out)?;
+    let folder = RunFolder::open(
+        &started_at,
+        &format!("synthetic-{}", model.name),
+        &args.out,
+        earlier_meta.as_ref(),
+    )?;
+    let row_ctx = RowContext {
+        run_id: folder.run_id.clone(),
+        model: format!("{} (synthetic)", model.name),
+        prefill_weight_dtype: "none".into(),
+        decode_weight_dtype: "none".into(),
+        ppl_weight_dtype: "none".into(),
+        ppl_ctx: None,
+        geometry: geom,
+    };
     let meta_value = serde_json::json!({
         "kvbench": meta::version(),
-        "run_id": run_id,
+        "run_id": folder.run_id,
         "command": std::env::args().collect::<Vec<_>>(),
-        "started_at": started_at,
+        "started_at": folder.started_at,
+        "resumed_at": folder.resumed_at,
         "mode": "synthetic: attention + append only, synthetic K/V (outlier key channels), no weights",
         "machine": Machine::probe(),
         "model_geometry": model,
         "memory_limit_bytes": memory_limit,
+        "settings": Suite::from_args(&args),
         "sweep": spec,
+        "report_context": row_ctx,
         "csv_columns": CSV_COLUMNS,
     });
-    meta::write_json(&dir.join("meta.json"), &meta_value)?;
-    let bar = ProgressBar::new(work_units(&spec, 0));
-    let csv_path = dir.join("results.csv");
-    let mut sink = CsvSink::create(
-        &csv_path,
-        RowContext {
-            run_id: run_id.clone(),
-            model: format!("{} (synthetic)", model.name),
-            prefill_weight_dtype: "none".into(),
-            decode_weight_dtype: "none".into(),
-            ppl_weight_dtype: "none".into(),
-            ppl_ctx: None,
-            geometry: geom,
-        },
-    )?;
-    let progress = BarProgress(bar.clone());
-    let result =
-        crate::measure::synthetic::run_synthetic(&geom, &spec, memory_limit, &mut sink, &progress);
+    meta::write_json(&folder.dir.join(crate::report::META_FILE), &meta_value)?;
+    let bar = progress_bar(work_units(&spec, 0));
+    let mut sink =
+        RunSink::create(&folder.dir, row_ctx, done.clone())?.on_row(print_row(bar.clone()));
+    let result = crate::measure::synthetic::run_synthetic(
+        &geom,
+        &spec,
+        memory_limit,
+        &done,
+        &mut sink,
+        &BarProgress(bar.clone()),
+    );
     bar.finish_and_clear();
     result?;
-    print!("{}", table::render(&sink.rows));
+    finish(&folder.dir, "kvbench sweep --synthetic")?;
     println!(
         "model geometry {} ({} layers × {} kv heads × {}), synthetic K/V, TPOT = append + attention only, memory limit {:.2} GiB, {} threads",
         model.name, geom.layers, geom.kv_heads, geom.head_dim,
         memory_limit as f64 / (1u64 << 30) as f64, rayon::current_num_threads()
     );
-    println!(
-        "wrote {} and {}",
-        csv_path.display(),
-        dir.join("meta.json").display()
-    );
     Ok(())
+}
+
+/// A run folder: its id, when it started, when it was resumed, and the path.
+struct RunFolder {
+    run_id: String,
+    started_at: String,
+    resumed_at: Vec<String>,
+    dir: PathBuf,
+}
+
+impl RunFolder {
+    /// A new folder (`--out`, else `reports/<run id>`, run id `<UTC time>-<label>`), or, when
+    /// resuming, the existing one with its original id and start time.
+    fn open(
+        now: &str,
+        label: &str,
+        out: &Option<PathBuf>,
+        earlier: Option<&serde_json::Value>,
+    ) -> anyhow::Result<RunFolder> {
+        if let (Some(m), Some(dir)) = (earlier, out) {
+            let mut resumed_at: Vec<String> =
+                serde_json::from_value(m["resumed_at"].clone()).unwrap_or_default();
+            resumed_at.push(now.to_string());
+            return Ok(RunFolder {
+                run_id: m["run_id"].as_str().unwrap_or(label).to_string(),
+                started_at: m["started_at"].as_str().unwrap_or(now).to_string(),
+                resumed_at,
+                dir: dir.clone(),
+            });
+        }
+        let (run_id, dir) = run_folder(now, label, out)?;
+        Ok(RunFolder {
+            run_id,
+            started_at: now.to_string(),
+            resumed_at: Vec::new(),
+            dir,
+        })
+    }
 }
 
 /// The run id (`<UTC time>-<label>`) and its folder (`--out`, else `reports/<run id>`),

@@ -24,7 +24,7 @@ pub use spec::{
 use stream::{hadamard, ChannelStream, RowStream, Stream};
 
 /// The cache-relevant shape of a decoder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CacheGeometry {
     /// Decoder layers.
     pub layers: usize,

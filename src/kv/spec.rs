@@ -638,6 +638,14 @@ impl serde::Serialize for KvScheme {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for KvScheme {
+    /// Parses the spec string, with the same error text as `--dtypes`.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// Splits a `--dtypes` list: commas separate schemes, except before `key=value` parameters of
 /// the previous scheme (`int8-channel:group=32,residual=64,fp16` → two schemes).
 pub fn split_scheme_list(list: &str) -> Vec<String> {

@@ -2,20 +2,28 @@
 //! greedily, and time it; per scheme, perplexity through the cache. Each finished point goes to a
 //! [`PointSink`] at once, so an interrupted sweep keeps what finished.
 //!
-//! Definitions (as vLLM's `benchmark_serving` defines them for one request):
+//! Definitions (as vLLM's `benchmarks/benchmark_serving.py` defines them per request; a batch is
+//! `batch` requests that start together and share every step):
 //! - TTFT: wall time from the start of prefill to the first generated token (prefill forward +
-//!   greedy pick), ms.
-//! - TPOT: time per output token after the first: each later decode step's wall time, ms; with a
-//!   batch every step yields one token per sequence.
-//! - decode tokens/s: `batch × (gen − 1)` / Σ decode-step time — throughput over the batch.
-//! - prefill tokens/s: `batch × seq_len` / TTFT.
+//!   greedy pick), ms; one sample per repeat.
+//! - ITL (inter-token latency): the wall time of each decode step after the first token, ms; every
+//!   step yields one token per sequence. All steps of all repeats are samples.
+//! - TPOT (time per output token): `(E2E − TTFT) / (gen − 1)` per request, i.e. the mean ITL of
+//!   one repeat; one sample per repeat.
+//! - E2E latency: TTFT + Σ ITL of a repeat, ms.
+//! - decode tokens/s: `batch × steps` / Σ decode-step time over all repeats (memory-bound);
+//!   prefill tokens/s: `batch × seq_len` / mean TTFT (compute-bound). Reported separately.
+//!
+//! Each point runs `warmup` untimed repeats (short: 4 tokens) and then `repeats` timed ones, more
+//! while the timed total is under `min_time_s` (optimum-benchmark's `duration`), each with a
+//! fresh cache.
 
 use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 
 use super::memory;
-use super::stats::{summarize, Summary};
+use super::stats::summarize;
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvScheme};
 use crate::model::{argmax_rows, Model};
@@ -36,8 +44,12 @@ pub struct SweepSpec {
     pub ppl: Option<PplProtocol>,
     /// Seed for choosing prompt offsets in the token stream.
     pub seed: u64,
-    /// Untimed runs of the first point before measuring (page-in, thread start-up).
+    /// Untimed repeats before each point (page-in, thread start-up, allocator warm-up).
     pub warmup: usize,
+    /// Timed repeats per point (at least).
+    pub repeats: usize,
+    /// Keep repeating a point until its timed total reaches this many seconds (0: off).
+    pub min_time_s: f64,
     /// Compare every scheme's next-token distributions with the fp16 cache's in lockstep
     /// (KL divergence, top-1 agreement); doubles perplexity time for non-baseline schemes.
     pub kl: bool,
@@ -61,6 +73,15 @@ impl SweepSpec {
         }
         if self.seq_lens.is_empty() || self.seq_lens.contains(&0) {
             return bad("--seq-lens", "give one or more lengths ≥ 1".into());
+        }
+        if self.repeats == 0 {
+            return bad("--repeats", "give 1 or more timed repeats".into());
+        }
+        if !(self.min_time_s.is_finite() && self.min_time_s >= 0.0) {
+            return bad(
+                "--min-time",
+                format!("{} is not a duration ≥ 0 s", self.min_time_s),
+            );
         }
         if self.gen < 2 {
             return bad(
@@ -89,33 +110,70 @@ impl SweepSpec {
     }
 }
 
-/// Timings of one sweep point.
-#[derive(Debug, Clone, serde::Serialize)]
+/// Raw samples and memory of one sweep point. Summaries are computed from these when a report
+/// is rendered, so `raw.jsonl` holds everything needed to re-render.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PointTiming {
-    /// Time to first token, ms.
-    pub ttft_ms: Option<f64>,
-    /// Decode-step times after the first token, ms.
-    pub tpot_ms: Summary,
-    /// Prompt tokens processed per second over the batch.
-    pub prefill_tokens_per_s: Option<f64>,
-    /// Generated tokens per second over the batch (decode steps only).
-    pub decode_tokens_per_s: f64,
+    /// TTFT of each timed repeat, ms (empty when nothing is prefilled, e.g. synthetic sweeps).
+    pub ttft_ms: Vec<f64>,
+    /// Inter-token latencies of each timed repeat, ms: `[repeat][decode step]`.
+    pub itl_ms: Vec<Vec<f64>>,
     /// Tokens held per sequence at the end.
     pub kv_tokens: usize,
     /// Bytes of K/V held at the end (codes, scales, zero-points), all sequences.
     pub kv_bytes: usize,
     /// Bytes the cache had allocated at the end (capacity).
     pub kv_reserved_bytes: usize,
-    /// Peak RSS of the process during this point alone, bytes.
+    /// Peak RSS of the process during this point's timed repeats alone, bytes.
     pub peak_rss_bytes: Option<u64>,
-    /// Values saturated by fixed fp8 scales during this point.
+    /// Values saturated by fixed fp8 scales during the last repeat.
     pub saturated_values: u64,
-    /// Greedy tokens of the first sequence (for agreement checks).
+    /// Greedy tokens of the first sequence of the last repeat (for agreement checks).
     pub generated: Vec<u32>,
 }
 
-/// One finished point, as it reaches the sink.
-#[derive(Debug, Clone)]
+impl PointTiming {
+    /// TPOT of each repeat, ms: its mean inter-token latency.
+    pub fn tpot_ms(&self) -> Vec<f64> {
+        self.itl_ms
+            .iter()
+            .filter(|r| !r.is_empty())
+            .map(|r| r.iter().sum::<f64>() / r.len() as f64)
+            .collect()
+    }
+
+    /// Every inter-token latency of every repeat, ms.
+    pub fn itl_all_ms(&self) -> Vec<f64> {
+        self.itl_ms.iter().flatten().copied().collect()
+    }
+
+    /// End-to-end latency of each repeat (TTFT + Σ ITL), ms; empty without TTFT samples.
+    pub fn e2e_ms(&self) -> Vec<f64> {
+        self.ttft_ms
+            .iter()
+            .zip(&self.itl_ms)
+            .map(|(t, r)| t + r.iter().sum::<f64>())
+            .collect()
+    }
+
+    /// Decode throughput over a batch of `batch` sequences, tokens/s.
+    pub fn decode_tokens_per_s(&self, batch: usize) -> Option<f64> {
+        let steps: usize = self.itl_ms.iter().map(Vec::len).sum();
+        let ms: f64 = self.itl_ms.iter().flatten().sum();
+        (steps > 0 && ms > 0.0).then(|| (batch * steps) as f64 / (ms * 1e-3))
+    }
+
+    /// Prefill throughput over `batch × seq_len` prompt tokens, tokens/s (mean TTFT).
+    pub fn prefill_tokens_per_s(&self, batch: usize, seq_len: usize) -> Option<f64> {
+        let t = summarize(&self.ttft_ms)?.mean;
+        Some((batch * seq_len) as f64 / (t * 1e-3))
+    }
+}
+
+/// One finished point, as it reaches the sink; one line of `raw.jsonl` (serialized with a
+/// `status` field, `ok` or the failure, and `timing` present only when ok).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "RawPoint", try_from = "RawPoint")]
 pub struct PointOutcome {
     /// The scheme.
     pub scheme: KvScheme,
@@ -129,6 +187,58 @@ pub struct PointOutcome {
     pub ppl: Option<PplResult>,
     /// The fp16 baseline's perplexity, if measured.
     pub baseline_ppl: Option<f64>,
+}
+
+/// The on-disk form of [`PointOutcome`].
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RawPoint {
+    scheme: KvScheme,
+    batch: usize,
+    seq_len: usize,
+    status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    timing: Option<PointTiming>,
+    #[serde(default)]
+    ppl: Option<PplResult>,
+    #[serde(default)]
+    baseline_ppl: Option<f64>,
+}
+
+impl From<PointOutcome> for RawPoint {
+    fn from(o: PointOutcome) -> Self {
+        let (status, timing) = match o.timing {
+            Ok(t) => ("ok".to_string(), Some(t)),
+            Err(e) => (e, None),
+        };
+        RawPoint {
+            scheme: o.scheme,
+            batch: o.batch,
+            seq_len: o.seq_len,
+            status,
+            timing,
+            ppl: o.ppl,
+            baseline_ppl: o.baseline_ppl,
+        }
+    }
+}
+
+impl TryFrom<RawPoint> for PointOutcome {
+    type Error = String;
+    fn try_from(r: RawPoint) -> std::result::Result<Self, String> {
+        let timing = match (r.status.as_str(), r.timing) {
+            ("ok", Some(t)) => Ok(t),
+            ("ok", None) => return Err("status `ok` without `timing`".into()),
+            (_, _) => Err(r.status),
+        };
+        Ok(PointOutcome {
+            scheme: r.scheme,
+            batch: r.batch,
+            seq_len: r.seq_len,
+            timing,
+            ppl: r.ppl,
+            baseline_ppl: r.baseline_ppl,
+        })
+    }
 }
 
 /// Receives results as they finish.
@@ -168,11 +278,17 @@ pub struct PhaseModels<'a> {
 }
 
 /// Runs the sweep over `tokens`, which supply both the perplexity text and the prompts.
+///
+/// `done` holds points finished by an earlier, interrupted run of the same spec (`--resume`):
+/// they are skipped, and a scheme's perplexity found among them is reused rather than measured
+/// again. Errors: [`SweepSpec::validate`]'s, perplexity failures, and the sink's I/O errors; a
+/// failing timing point is recorded (`error: …`, `oom: …`) and the sweep goes on.
 pub fn run_sweep(
     models: PhaseModels<'_>,
     tokens: &[u32],
     bos: Option<u32>,
     spec: &SweepSpec,
+    done: &[PointOutcome],
     sink: &mut dyn PointSink,
     progress: &dyn Progress,
 ) -> Result<()> {
@@ -181,18 +297,39 @@ pub fn run_sweep(
     for s in &spec.schemes {
         s.validate(cfg.head_dim)?;
     }
-    if spec.warmup > 0 {
-        progress.start("warm-up");
-        let (b, l) = (spec.batch_sizes[0], spec.seq_lens[0]);
-        let prompts = prompts(tokens, b, l, spec.seed);
-        for _ in 0..spec.warmup {
-            time_point(models, spec.schemes[0], b, l, spec.gen.min(4), &prompts)?;
-        }
-    }
-    let mut baseline_ppl = None;
+    let is_done = |scheme: KvScheme, batch: usize, seq_len: usize| {
+        done.iter()
+            .any(|o| o.scheme == scheme && o.batch == batch && o.seq_len == seq_len)
+    };
+    let mut baseline_ppl = done
+        .iter()
+        .find(|o| o.scheme.is_baseline())
+        .and_then(|o| o.ppl.as_ref().map(|p| p.perplexity));
     for &scheme in &spec.schemes {
-        let ppl = match &spec.ppl {
-            Some(proto) => {
+        let todo: Vec<(usize, usize)> = spec
+            .batch_sizes
+            .iter()
+            .flat_map(|&b| spec.seq_lens.iter().map(move |&l| (b, l)))
+            .filter(|&(b, l)| !is_done(scheme, b, l))
+            .collect();
+        let skipped = spec.batch_sizes.len() * spec.seq_lens.len() - todo.len();
+        progress.advance(skipped as u64);
+        if todo.is_empty() {
+            if let Some(p) = &spec.ppl {
+                progress.advance(p.windows.unwrap_or(0) as u64);
+            }
+            continue;
+        }
+        let earlier = done
+            .iter()
+            .find(|o| o.scheme == scheme)
+            .and_then(|o| o.ppl.clone());
+        let ppl = match (&spec.ppl, earlier) {
+            (Some(proto), Some(r)) => {
+                progress.advance(proto.windows.unwrap_or(0) as u64);
+                Some(r)
+            }
+            (Some(proto), None) => {
                 progress.start(&format!("{scheme}: perplexity"));
                 let baseline = spec.kl.then_some(KvScheme::FP16);
                 let r = perplexity_vs(
@@ -204,28 +341,26 @@ pub fn run_sweep(
                     bos,
                     |_, _| progress.advance(1),
                 )?;
-                if scheme.is_baseline() {
-                    baseline_ppl = Some(r.perplexity);
-                }
                 Some(r)
             }
-            None => None,
+            (None, _) => None,
         };
-        for &batch in &spec.batch_sizes {
-            for &seq_len in &spec.seq_lens {
-                progress.start(&format!("{scheme}: batch {batch} × {seq_len} tokens"));
-                let prompts = prompts(tokens, batch, seq_len, spec.seed);
-                let timing = guarded_point(models, scheme, batch, seq_len, spec.gen, &prompts);
-                sink.point(&PointOutcome {
-                    scheme,
-                    batch,
-                    seq_len,
-                    timing,
-                    ppl: ppl.clone(),
-                    baseline_ppl,
-                })?;
-                progress.advance(1);
-            }
+        if scheme.is_baseline() {
+            baseline_ppl = ppl.as_ref().map(|r| r.perplexity).or(baseline_ppl);
+        }
+        for (batch, seq_len) in todo {
+            progress.start(&format!("{scheme}: batch {batch} × {seq_len} tokens"));
+            let prompts = prompts(tokens, batch, seq_len, spec.seed);
+            let timing = guarded_point(models, scheme, batch, seq_len, spec, &prompts);
+            sink.point(&PointOutcome {
+                scheme,
+                batch,
+                seq_len,
+                timing,
+                ppl: ppl.clone(),
+                baseline_ppl,
+            })?;
+            progress.advance(1);
         }
     }
     Ok(())
@@ -268,12 +403,12 @@ fn guarded_point(
     scheme: KvScheme,
     batch: usize,
     seq_len: usize,
-    gen: usize,
+    spec: &SweepSpec,
     prompts: &[u32],
 ) -> std::result::Result<PointTiming, String> {
     let c = &models.decode.config;
     let g = c.cache_geometry();
-    let kv = (scheme.bytes_per_token(&g) * batch * (seq_len + gen)) as u64;
+    let kv = (scheme.bytes_per_token(&g) * batch * (seq_len + spec.gen)) as u64;
     // Prefill activations: logits-free hidden states, q/k/v, and attention scores per task.
     let act = (batch * seq_len * (4 * c.hidden + 3 * c.intermediate + c.vocab / seq_len.max(1)) * 4)
         as u64;
@@ -287,48 +422,76 @@ fn guarded_point(
             ));
         }
     }
-    catch_point(|| time_point(models, scheme, batch, seq_len, gen, prompts))
+    catch_point(|| {
+        for _ in 0..spec.warmup {
+            run_once(models, scheme, batch, spec.gen.min(4), prompts)?;
+        }
+        memory::reset_peak_rss();
+        let mut ttft_ms = Vec::new();
+        let mut itl_ms = Vec::new();
+        let mut measured = 0.0;
+        // Repeats stop at `repeats`, or later once `min_time_s` is reached (capped at 100×).
+        let cap = spec.repeats.max(1) * 100;
+        let mut last = loop {
+            let run = run_once(models, scheme, batch, spec.gen, prompts)?;
+            measured += (run.ttft_ms + run.itl_ms.iter().sum::<f64>()) * 1e-3;
+            ttft_ms.push(run.ttft_ms);
+            itl_ms.push(run.itl_ms.clone());
+            let n = ttft_ms.len();
+            if (n >= spec.repeats.max(1) && measured >= spec.min_time_s) || n >= cap {
+                break run;
+            }
+        };
+        Ok(PointTiming {
+            ttft_ms,
+            itl_ms,
+            kv_tokens: last.cache.seen(0),
+            kv_bytes: last.cache.kv_bytes(),
+            kv_reserved_bytes: last.cache.reserved_bytes(),
+            peak_rss_bytes: memory::peak_rss_bytes(),
+            saturated_values: last.cache.saturated(),
+            generated: std::mem::take(&mut last.generated),
+        })
+    })
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// Prefill `prompts` (`[batch, seq_len]`) with `models.prefill`, then decode `gen − 1` more
-/// tokens greedily with `models.decode`, timing each.
-pub fn time_point(
+/// One timed request: the cache it filled, TTFT and each ITL (ms), the first sequence's tokens.
+struct Run {
+    cache: KvCache,
+    ttft_ms: f64,
+    itl_ms: Vec<f64>,
+    generated: Vec<u32>,
+}
+
+/// Prefill `prompts` (`[batch, seq_len]`) with `models.prefill` into a fresh cache, then decode
+/// `gen − 1` more tokens greedily with `models.decode`, timing each.
+fn run_once(
     models: PhaseModels<'_>,
     scheme: KvScheme,
     batch: usize,
-    seq_len: usize,
     gen: usize,
     prompts: &[u32],
-) -> Result<PointTiming> {
+) -> Result<Run> {
     let mut cache = KvCache::new(scheme, models.decode.config.cache_geometry(), batch)?;
-    memory::reset_peak_rss();
     let t0 = Instant::now();
     let logits = models.prefill.forward_last(prompts, batch, &mut cache)?;
     let mut next = argmax_rows(&logits)?;
-    let ttft = t0.elapsed().as_secs_f64();
+    let ttft_ms = t0.elapsed().as_secs_f64() * 1e3;
     let mut generated = vec![next[0]];
-    let mut steps = Vec::with_capacity(gen - 1);
+    let mut itl_ms = Vec::with_capacity(gen.saturating_sub(1));
     for _ in 1..gen {
         let t = Instant::now();
         let logits = models.decode.forward_last(&next, batch, &mut cache)?;
         next = argmax_rows(&logits)?;
-        steps.push(t.elapsed().as_secs_f64());
+        itl_ms.push(t.elapsed().as_secs_f64() * 1e3);
         generated.push(next[0]);
     }
-    let decode_s: f64 = steps.iter().sum();
-    let steps_ms: Vec<f64> = steps.iter().map(|s| s * 1e3).collect();
-    Ok(PointTiming {
-        ttft_ms: Some(ttft * 1e3),
-        tpot_ms: summarize(&steps_ms).expect("gen ≥ 2 gives at least one step"),
-        prefill_tokens_per_s: Some((batch * seq_len) as f64 / ttft),
-        decode_tokens_per_s: (batch * (gen - 1)) as f64 / decode_s,
-        kv_tokens: cache.seen(0),
-        kv_bytes: cache.kv_bytes(),
-        kv_reserved_bytes: cache.reserved_bytes(),
-        peak_rss_bytes: memory::peak_rss_bytes(),
-        saturated_values: cache.saturated(),
+    Ok(Run {
+        cache,
+        ttft_ms,
+        itl_ms,
         generated,
     })
 }

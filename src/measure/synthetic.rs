@@ -105,11 +105,12 @@ pub fn time_decode_steps(
 /// fill a cache with synthetic K/V to `seq_len` tokens, then time `gen − 1` decode steps of
 /// cache work (TPOT of the cache alone). A point whose predicted bytes exceed `memory_limit` is
 /// recorded as `oom` without allocating, and the sweep goes on; errors and panics inside a
-/// point are recorded as `error`.
+/// point are recorded as `error`. Points in `done` (a resumed run's) are skipped.
 pub fn run_synthetic(
     geom: &CacheGeometry,
     spec: &super::sweep::SweepSpec,
     memory_limit: u64,
+    done: &[super::sweep::PointOutcome],
     sink: &mut dyn super::sweep::PointSink,
     progress: &dyn super::sweep::Progress,
 ) -> crate::Result<()> {
@@ -117,6 +118,13 @@ pub fn run_synthetic(
         scheme.validate(geom.head_dim)?;
         for &batch in &spec.batch_sizes {
             for &seq_len in &spec.seq_lens {
+                if done
+                    .iter()
+                    .any(|o| o.scheme == scheme && o.batch == batch && o.seq_len == seq_len)
+                {
+                    progress.advance(1);
+                    continue;
+                }
                 progress.start(&format!(
                     "{scheme}: batch {batch} × {seq_len} tokens (synthetic)"
                 ));
@@ -159,15 +167,9 @@ fn point(
     super::memory::reset_peak_rss();
     fill(&mut cache, geom, seq_len, seed);
     let steps = time_decode_steps(&mut cache, geom, gen - 1, seed);
-    let tpot = super::stats::summarize(&steps).ok_or_else(|| crate::Error::InvalidArgument {
-        name: "--gen".into(),
-        reason: "needs at least 2 tokens".into(),
-    })?;
     Ok(super::sweep::PointTiming {
-        ttft_ms: None,
-        tpot_ms: tpot,
-        prefill_tokens_per_s: None,
-        decode_tokens_per_s: batch as f64 / (tpot.mean * 1e-3),
+        ttft_ms: Vec::new(),
+        itl_ms: vec![steps],
         kv_tokens: cache.seen(0),
         kv_bytes: cache.kv_bytes(),
         kv_reserved_bytes: cache.reserved_bytes(),
@@ -212,12 +214,14 @@ mod tests {
             ppl: None,
             seed: 1,
             warmup: 0,
+            repeats: 1,
+            min_time_s: 0.0,
             kl: false,
         };
         // fp16 at 5002 tokens × 2 sequences: 2·2·2·2·128·5002 ≈ 10.2 MB > the 4 MB limit.
         let limit = 4_000_000;
         let mut sink = Collect(Vec::new());
-        run_synthetic(&g, &spec, limit, &mut sink, &()).unwrap();
+        run_synthetic(&g, &spec, limit, &[], &mut sink, &()).unwrap();
         assert_eq!(sink.0.len(), 9);
         for o in &sink.0 {
             let predicted = o.scheme.bytes_for(&g, 2, o.seq_len + 2);

@@ -92,7 +92,7 @@ impl ModelConfig {
 }
 
 /// The dtype the linear layers compute in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WeightDtype {
     /// Weights dequantized to f32 at load: exact arithmetic, for quality numbers.

@@ -2,4 +2,5 @@
 //! [`crate::measure`] and [`crate::report`].
 
 pub mod perplexity;
+pub mod rouge;
 pub mod wikitext;

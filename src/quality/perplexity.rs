@@ -26,7 +26,7 @@ use crate::kv::{KvCache, KvScheme};
 use crate::model::Model;
 
 /// Which targets of a window are scored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Scoring {
     /// The second half of each window (llama.cpp's `llama-perplexity`).
@@ -36,7 +36,7 @@ pub enum Scoring {
 }
 
 /// How windows go through the cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum PplMode {
     /// `decode` for eviction schemes, `chunked` otherwise.
@@ -138,7 +138,7 @@ impl PplProtocol {
 
 /// Agreement of a scheme's next-token distributions with the fp16 baseline's on the same scored
 /// tokens, computed in lockstep (no logit files), as llama.cpp's `--kl-divergence` reports it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Agreement {
     /// Mean KL(P_fp16 ‖ P_scheme) per scored token, nats.
     pub kl_mean: f64,
@@ -214,7 +214,7 @@ fn summarize_agreement(per_token: &[(f64, bool, f64)], span: usize) -> Agreement
 }
 
 /// Result of a perplexity run.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PplResult {
     /// exp(mean NLL).
     pub perplexity: f64,

@@ -28,6 +28,19 @@ pub struct Series {
     pub name: String,
     /// `(x, y)` points in drawing order.
     pub points: Vec<(f64, f64)>,
+    /// Draw markers only (a scatter), no connecting line.
+    pub markers_only: bool,
+}
+
+impl Series {
+    /// A line through `points`.
+    pub fn line(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
+        Series {
+            name: name.into(),
+            points,
+            markers_only: false,
+        }
+    }
 }
 
 /// A line chart: title, axis labels with units, a caption naming model, machine and settings.
@@ -102,7 +115,9 @@ impl LineChart {
         let (x0, x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
             (a.min(x), b.max(x))
         });
-        let y1 = ys.fold(0f64, f64::max) * 1.08 + 1e-9;
+        let (ymin, ymax) = ys.fold((0f64, 0f64), |(a, b), y| (a.min(y), b.max(y)));
+        let pad = (ymax - ymin) * 0.08 + 1e-9;
+        let (y0, y1) = (if ymin < 0.0 { ymin - pad } else { 0.0 }, ymax + pad);
         let (x0, x1) = if x0.is_finite() && x1 > x0 {
             (x0, x1)
         } else {
@@ -132,7 +147,7 @@ impl LineChart {
             RGBColor(188, 189, 34),
             RGBColor(23, 190, 207),
         ];
-        let mut chart = builder.build_cartesian_2d(x0..x1, 0f64..y1).map_err(e)?;
+        let mut chart = builder.build_cartesian_2d(x0..x1, y0..y1).map_err(e)?;
         chart
             .configure_mesh()
             .x_labels(n_x_labels)
@@ -148,16 +163,24 @@ impl LineChart {
         for (i, s) in self.series.iter().enumerate() {
             let c = colors[i % colors.len()];
             let pts: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (tx(x), y)).collect();
-            chart
-                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
-                .map_err(e)?
-                .label(s.name.as_str())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
-                });
-            chart
-                .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
-                .map_err(e)?;
+            if s.markers_only {
+                chart
+                    .draw_series(pts.iter().map(|&p| Circle::new(p, 6, c.filled())))
+                    .map_err(e)?
+                    .label(s.name.as_str())
+                    .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
+            } else {
+                chart
+                    .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+                    .map_err(e)?
+                    .label(s.name.as_str())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
+                    });
+                chart
+                    .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
+                    .map_err(e)?;
+            }
         }
         chart
             .configure_series_labels()
@@ -216,12 +239,14 @@ mod tests {
             series: ["fp16", "fp8", "int4"]
                 .iter()
                 .enumerate()
-                .map(|(i, n)| Series {
-                    name: n.to_string(),
-                    points: vec![
-                        (4096.0, 100.0 * (i + 1) as f64),
-                        (131072.0, 3.0 * (i + 1) as f64),
-                    ],
+                .map(|(i, n)| {
+                    Series::line(
+                        *n,
+                        vec![
+                            (4096.0, 100.0 * (i + 1) as f64),
+                            (131072.0, 3.0 * (i + 1) as f64),
+                        ],
+                    )
                 })
                 .collect(),
         };

@@ -3,18 +3,22 @@
 
 pub mod chart;
 pub mod meta;
+pub mod plots;
+pub mod summary;
 pub mod table;
 
 use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::kv::{CacheGeometry, KvScheme};
+use crate::measure::stats::summarize;
 use crate::measure::sweep::{PointOutcome, PointSink};
 
 /// One row of `results.csv`: the output schema. Units are in the field names; every column is
 /// documented in the README.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ResultRow {
     /// Run folder name (timestamp + model).
     pub run_id: String,
@@ -34,17 +38,47 @@ pub struct ResultRow {
     pub gen_tokens: usize,
     /// `ok`, `oom: ...` or `error: ...`.
     pub status: String,
-    /// Time to first token, ms.
-    pub ttft_ms: Option<f64>,
-    /// Prefill throughput over the batch, tokens/s.
+    /// Timed repeats behind the latency columns (each a fresh cache; warm-up excluded).
+    pub repeats: Option<usize>,
+    /// Time to first token (prefill + first greedy pick), mean over repeats, ms.
+    pub ttft_ms_mean: Option<f64>,
+    /// Median TTFT, ms.
+    pub ttft_ms_p50: Option<f64>,
+    /// 95th-percentile TTFT, ms.
+    pub ttft_ms_p95: Option<f64>,
+    /// 99th-percentile TTFT, ms.
+    pub ttft_ms_p99: Option<f64>,
+    /// Sample standard deviation of TTFT, ms.
+    pub ttft_ms_std: Option<f64>,
+    /// Half-width of the 95 % confidence interval of mean TTFT (Student's t), ms.
+    pub ttft_ms_ci95: Option<f64>,
+    /// Prefill throughput over the batch, tokens/s (`batch × seq_len / TTFT`).
     pub prefill_tokens_per_s: Option<f64>,
-    /// Mean time per output token after the first, ms.
+    /// Time per output token after the first, `(E2E − TTFT)/(gen − 1)`, mean over repeats, ms.
     pub tpot_ms_mean: Option<f64>,
-    /// Median TPOT, ms.
+    /// Median TPOT over repeats, ms.
     pub tpot_ms_p50: Option<f64>,
-    /// 95th-percentile TPOT, ms.
+    /// 95th-percentile TPOT over repeats, ms.
     pub tpot_ms_p95: Option<f64>,
-    /// Decode throughput over the batch, tokens/s.
+    /// 99th-percentile TPOT over repeats, ms.
+    pub tpot_ms_p99: Option<f64>,
+    /// Sample standard deviation of TPOT, ms.
+    pub tpot_ms_std: Option<f64>,
+    /// Half-width of the 95 % confidence interval of mean TPOT, ms.
+    pub tpot_ms_ci95: Option<f64>,
+    /// Inter-token latency (one decode step), mean over all steps of all repeats, ms.
+    pub itl_ms_mean: Option<f64>,
+    /// Median ITL, ms.
+    pub itl_ms_p50: Option<f64>,
+    /// 95th-percentile ITL, ms.
+    pub itl_ms_p95: Option<f64>,
+    /// 99th-percentile ITL, ms.
+    pub itl_ms_p99: Option<f64>,
+    /// ITL samples outside Tukey's fences (1.5 × IQR): a count worth a warning when high.
+    pub itl_outliers: Option<usize>,
+    /// End-to-end latency of one request (TTFT + all ITLs), mean over repeats, ms.
+    pub e2e_ms_mean: Option<f64>,
+    /// Decode throughput over the batch, tokens/s (`batch × steps / Σ ITL`).
     pub decode_tokens_per_s: Option<f64>,
     /// Tokens held per sequence when the point ended (`seq_len + gen_tokens − 1`).
     pub kv_tokens: Option<usize>,
@@ -106,11 +140,26 @@ pub const CSV_COLUMNS: &[&str] = &[
     "seq_len",
     "gen_tokens",
     "status",
-    "ttft_ms",
+    "repeats",
+    "ttft_ms_mean",
+    "ttft_ms_p50",
+    "ttft_ms_p95",
+    "ttft_ms_p99",
+    "ttft_ms_std",
+    "ttft_ms_ci95",
     "prefill_tokens_per_s",
     "tpot_ms_mean",
     "tpot_ms_p50",
     "tpot_ms_p95",
+    "tpot_ms_p99",
+    "tpot_ms_std",
+    "tpot_ms_ci95",
+    "itl_ms_mean",
+    "itl_ms_p50",
+    "itl_ms_p95",
+    "itl_ms_p99",
+    "itl_outliers",
+    "e2e_ms_mean",
     "decode_tokens_per_s",
     "kv_tokens",
     "kv_bytes",
@@ -119,16 +168,27 @@ pub const CSV_COLUMNS: &[&str] = &[
     "kv_ratio_vs_fp16",
     "kv_reserved_bytes",
     "peak_rss_bytes",
+    "saturated_values",
     "ppl",
     "ppl_delta_pct",
     "ppl_mean_nll",
+    "kl_mean",
+    "kl_p99",
+    "kl_q1",
+    "kl_q2",
+    "kl_q3",
+    "kl_q4",
+    "top1_agree_pct",
+    "mean_abs_dp_top",
+    "ppl_mode",
     "ppl_windows",
     "ppl_ctx",
     "ppl_weight_dtype",
 ];
 
-/// Fixed context of a run that every row repeats.
-#[derive(Debug, Clone)]
+/// Fixed context of a run that every row repeats (kept in `meta.json` as `report_context`, so
+/// `kvbench report` can rebuild rows from `raw.jsonl`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RowContext {
     /// Run id.
     pub run_id: String,
@@ -150,6 +210,9 @@ impl ResultRow {
     /// Builds the row for a finished point.
     pub fn new(ctx: &RowContext, o: &PointOutcome) -> Self {
         let t = o.timing.as_ref().ok();
+        let ttft = t.and_then(|t| summarize(&t.ttft_ms));
+        let tpot = t.and_then(|t| summarize(&t.tpot_ms()));
+        let itl = t.and_then(|t| summarize(&t.itl_all_ms()));
         let agreement = o.ppl.as_ref().and_then(|p| p.agreement.as_ref());
         let fp16_bytes = |tokens: usize| {
             (KvScheme::FP16.bytes_per_token(&ctx.geometry) * tokens * o.batch) as f64
@@ -167,12 +230,27 @@ impl ResultRow {
                 Ok(_) => "ok".into(),
                 Err(e) => e.clone(),
             },
-            ttft_ms: t.and_then(|t| t.ttft_ms),
-            prefill_tokens_per_s: t.and_then(|t| t.prefill_tokens_per_s),
-            tpot_ms_mean: t.map(|t| t.tpot_ms.mean),
-            tpot_ms_p50: t.map(|t| t.tpot_ms.p50),
-            tpot_ms_p95: t.map(|t| t.tpot_ms.p95),
-            decode_tokens_per_s: t.map(|t| t.decode_tokens_per_s),
+            repeats: t.map(|t| t.itl_ms.len()),
+            ttft_ms_mean: ttft.map(|s| s.mean),
+            ttft_ms_p50: ttft.map(|s| s.p50),
+            ttft_ms_p95: ttft.map(|s| s.p95),
+            ttft_ms_p99: ttft.map(|s| s.p99),
+            ttft_ms_std: ttft.and_then(|s| finite(s.std)),
+            ttft_ms_ci95: ttft.and_then(|s| finite(s.ci95)),
+            prefill_tokens_per_s: t.and_then(|t| t.prefill_tokens_per_s(o.batch, o.seq_len)),
+            tpot_ms_mean: tpot.map(|s| s.mean),
+            tpot_ms_p50: tpot.map(|s| s.p50),
+            tpot_ms_p95: tpot.map(|s| s.p95),
+            tpot_ms_p99: tpot.map(|s| s.p99),
+            tpot_ms_std: tpot.and_then(|s| finite(s.std)),
+            tpot_ms_ci95: tpot.and_then(|s| finite(s.ci95)),
+            itl_ms_mean: itl.map(|s| s.mean),
+            itl_ms_p50: itl.map(|s| s.p50),
+            itl_ms_p95: itl.map(|s| s.p95),
+            itl_ms_p99: itl.map(|s| s.p99),
+            itl_outliers: itl.map(|s| s.outliers),
+            e2e_ms_mean: t.and_then(|t| summarize(&t.e2e_ms())).map(|s| s.mean),
+            decode_tokens_per_s: t.and_then(|t| t.decode_tokens_per_s(o.batch)),
             kv_tokens: t.map(|t| t.kv_tokens),
             kv_bytes: t.map(|t| t.kv_bytes),
             kv_bytes_predicted: t.map(|t| o.scheme.bytes_for(&ctx.geometry, o.batch, t.kv_tokens)),
@@ -204,31 +282,59 @@ impl ResultRow {
     }
 }
 
+fn finite(x: f64) -> Option<f64> {
+    x.is_finite().then_some(x)
+}
+
 /// Called with every row after it is written.
 type RowHook = Box<dyn FnMut(&ResultRow)>;
 
-/// Writes `results.csv` row by row (flushed after each, so an interrupted sweep keeps every
-/// finished point) and keeps the rows for the summary table.
-pub struct CsvSink {
-    path: PathBuf,
-    writer: csv::Writer<File>,
+/// The files of a run folder, written as points finish: `raw.jsonl` gets one JSON line per
+/// point (every sample, [`PointOutcome`]'s serialized form) and `results.csv` one row, both
+/// flushed at once, so an interrupted sweep keeps every finished point and `--resume` can go on.
+pub struct RunSink {
+    raw_path: PathBuf,
+    raw: File,
+    csv_path: PathBuf,
+    csv: csv::Writer<File>,
     ctx: RowContext,
-    /// Rows written so far.
+    /// Rows so far (earlier run's first when resuming).
     pub rows: Vec<ResultRow>,
+    /// Outcomes so far, in the same order.
+    pub outcomes: Vec<PointOutcome>,
     on_row: Option<RowHook>,
 }
 
-impl CsvSink {
-    /// Creates (truncates) `path` and writes the header.
-    pub fn create(path: &Path, ctx: RowContext) -> Result<Self> {
-        let writer = csv::Writer::from_path(path).map_err(|e| Error::io(path, csv_io(e)))?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            writer,
+impl RunSink {
+    /// Opens the run folder `dir`: `raw.jsonl` is appended to (created if missing) and
+    /// `results.csv` rewritten from `earlier` (the points a resumed run already has).
+    /// Errors: [`Error::Io`] naming the file.
+    pub fn create(dir: &Path, ctx: RowContext, earlier: Vec<PointOutcome>) -> Result<Self> {
+        let raw_path = dir.join(RAW_FILE);
+        let raw = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&raw_path)
+            .map_err(|e| Error::io(&raw_path, e))?;
+        let csv_path = dir.join(CSV_FILE);
+        let csv = csv_writer(&csv_path)?;
+        let mut sink = Self {
+            raw_path,
+            raw,
+            csv_path,
+            csv,
             ctx,
             rows: Vec::new(),
+            outcomes: Vec::new(),
             on_row: None,
-        })
+        };
+        for o in earlier {
+            let row = ResultRow::new(&sink.ctx, &o);
+            sink.write_csv_row(&row)?;
+            sink.rows.push(row);
+            sink.outcomes.push(o);
+        }
+        Ok(sink)
     }
 
     /// Calls `f` with every row after it is written (e.g. to print it above a progress bar).
@@ -236,28 +342,108 @@ impl CsvSink {
         self.on_row = Some(Box::new(f));
         self
     }
+
+    /// Path of `results.csv`.
+    pub fn csv_path(&self) -> &Path {
+        &self.csv_path
+    }
+
+    fn write_csv_row(&mut self, row: &ResultRow) -> Result<()> {
+        self.csv
+            .serialize(row)
+            .map_err(|e| Error::io(&self.csv_path, csv_io(e)))?;
+        self.csv.flush().map_err(|e| Error::io(&self.csv_path, e))
+    }
+}
+
+/// A CSV writer whose header is [`CSV_COLUMNS`], written at once; rows then serialize as values
+/// only (the test `csv_columns_match_the_row_fields` keeps the two in step).
+fn csv_writer(path: &Path) -> Result<csv::Writer<File>> {
+    let mut w = csv::WriterBuilder::new()
+        .has_headers(false)
+        .from_path(path)
+        .map_err(|e| Error::io(path, csv_io(e)))?;
+    w.write_record(CSV_COLUMNS)
+        .map_err(|e| Error::io(path, csv_io(e)))?;
+    w.flush().map_err(|e| Error::io(path, e))?;
+    Ok(w)
 }
 
 fn csv_io(e: csv::Error) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
 
-impl PointSink for CsvSink {
+impl PointSink for RunSink {
     fn point(&mut self, outcome: &PointOutcome) -> Result<()> {
+        let mut line = serde_json::to_string(outcome).map_err(|e| Error::io(&self.raw_path, e.into()))?;
+        line.push('\n');
+        self.raw
+            .write_all(line.as_bytes())
+            .and_then(|_| self.raw.flush())
+            .map_err(|e| Error::io(&self.raw_path, e))?;
         let row = ResultRow::new(&self.ctx, outcome);
-        self.writer
-            .serialize(&row)
-            .map_err(|e| Error::io(&self.path, csv_io(e)))?;
-        self.writer.flush().map_err(|e| Error::io(&self.path, e))?;
+        self.write_csv_row(&row)?;
         if let Some(f) = self.on_row.as_mut() {
             f(&row);
         }
         self.rows.push(row);
+        self.outcomes.push(outcome.clone());
         Ok(())
     }
 }
 
-/// Reads a `results.csv` back (for tests and later re-rendering).
+/// File names inside a run folder.
+pub const RAW_FILE: &str = "raw.jsonl";
+/// See [`RAW_FILE`].
+pub const CSV_FILE: &str = "results.csv";
+/// See [`RAW_FILE`].
+pub const META_FILE: &str = "meta.json";
+/// See [`RAW_FILE`].
+pub const SUMMARY_FILE: &str = "summary.md";
+/// See [`RAW_FILE`].
+pub const PLOTS_DIR: &str = "plots";
+
+/// Reads `raw.jsonl` (every finished point of a run). A last line cut short by an interrupted
+/// write is dropped with a warning on stderr; any other bad line is an error naming the file
+/// and line. A missing file reads as no points.
+pub fn read_raw(path: &Path) -> Result<Vec<PointOutcome>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let mut out = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        match serde_json::from_str::<PointOutcome>(line) {
+            Ok(o) => out.push(o),
+            Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {
+                eprintln!(
+                    "warning: {}: dropped an incomplete last line (an interrupted write)",
+                    path.display()
+                );
+            }
+            Err(e) => {
+                return Err(Error::InvalidArgument {
+                    name: format!("{}:{}", path.display(), i + 1),
+                    reason: format!("not a kvbench raw result line: {e}"),
+                })
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Writes `rows` as `results.csv` at `path` (header first). Errors: [`Error::Io`].
+pub fn write_csv(path: &Path, rows: &[ResultRow]) -> Result<()> {
+    let mut w = csv_writer(path)?;
+    for r in rows {
+        w.serialize(r).map_err(|e| Error::io(path, csv_io(e)))?;
+    }
+    w.flush().map_err(|e| Error::io(path, e))
+}
+
+/// Reads a `results.csv` back (for tests, `kvbench gate` and re-rendering).
 pub fn read_csv(path: &Path) -> Result<Vec<ResultRow>> {
     let mut r = csv::Reader::from_path(path).map_err(|e| Error::io(path, csv_io(e)))?;
     r.deserialize()

@@ -1,36 +1,59 @@
-//! The terminal summary: one line per point, schemes grouped, deltas against the fp16 baseline.
+//! The summary table, shared by the terminal and `summary.md`: one row per point, schemes
+//! grouped, deltas against the fp16 baseline at the same batch size and prompt length.
 
 use super::ResultRow;
 
-/// Renders rows as an aligned plain-text table (one cell per header column; the test below
-/// pins the layout).
-pub fn render(rows: &[ResultRow]) -> String {
-    let header = [
-        "scheme",
-        "batch",
-        "seq",
-        "TTFT ms",
-        "TPOT p50 ms",
-        "TPOT p95 ms",
-        "decode tok/s",
-        "KV MiB",
-        "KV vs fp16",
-        "PPL",
-        "ΔPPL %",
-        "KL",
-        "top-1 %",
-        "status",
-    ];
+/// Header of the summary table.
+const HEADER: [&str; 15] = [
+    "scheme",
+    "batch",
+    "seq",
+    "TTFT ms",
+    "TPOT ms",
+    "±95% CI",
+    "ΔTPOT %",
+    "ITL p95 ms",
+    "decode tok/s",
+    "KV MiB",
+    "KV vs fp16",
+    "PPL",
+    "ΔPPL %",
+    "KL",
+    "status",
+];
+
+/// The table's cells, header first. TTFT is the median, TPOT the mean over repeats with its
+/// 95 % confidence half-width, ΔTPOT the change against the fp16 row of the same run, batch
+/// and prompt length; `-` where a value was not measured.
+pub fn cells(rows: &[ResultRow]) -> Vec<Vec<String>> {
     let f = |x: Option<f64>, p: usize| x.map_or("-".to_string(), |v| format!("{v:.p$}"));
-    let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    let mut out: Vec<Vec<String>> = vec![HEADER.iter().map(|s| s.to_string()).collect()];
+    let multi_run = rows.iter().any(|r| r.run_id != rows[0].run_id);
     for r in rows {
-        cells.push(vec![
-            r.scheme.clone(),
+        let base = rows.iter().find(|b| {
+            b.scheme == "fp16"
+                && b.run_id == r.run_id
+                && b.batch_size == r.batch_size
+                && b.seq_len == r.seq_len
+        });
+        let dtpot = base
+            .and_then(|b| b.tpot_ms_mean)
+            .zip(r.tpot_ms_mean)
+            .filter(|_| r.scheme != "fp16")
+            .map(|(b, x)| 100.0 * (x / b - 1.0));
+        out.push(vec![
+            if multi_run {
+                format!("{} · {}", super::plots::short_run(&r.run_id), r.scheme)
+            } else {
+                r.scheme.clone()
+            },
             r.batch_size.to_string(),
             r.seq_len.to_string(),
-            f(r.ttft_ms, 1),
-            f(r.tpot_ms_p50, 2),
-            f(r.tpot_ms_p95, 2),
+            f(r.ttft_ms_p50, 1),
+            f(r.tpot_ms_mean, 2),
+            r.tpot_ms_ci95.map_or("-".into(), |x| format!("±{x:.2}")),
+            dtpot.map_or("-".into(), |x| format!("{x:+.1}")),
+            f(r.itl_ms_p95, 2),
             f(r.decode_tokens_per_s, 1),
             f(r.kv_bytes.map(|b| b as f64 / (1u64 << 20) as f64), 2),
             r.kv_ratio_vs_fp16
@@ -38,22 +61,24 @@ pub fn render(rows: &[ResultRow]) -> String {
             f(r.ppl, 4),
             r.ppl_delta_pct.map_or("-".into(), |x| format!("{x:+.2}")),
             r.kl_mean.map_or("-".into(), |x| format!("{x:.4}")),
-            f(r.top1_agree_pct, 1),
-            if r.status.len() > 40 {
-                format!(
-                    "{}…",
-                    &r.status[..r
-                        .status
-                        .char_indices()
-                        .nth(39)
-                        .map_or(r.status.len(), |c| c.0)]
-                )
-            } else {
-                r.status.clone()
-            },
+            truncate(&r.status, 40),
         ]);
     }
-    let widths: Vec<usize> = (0..header.len())
+    out
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    match s.char_indices().nth(n - 1) {
+        Some((i, _)) if s.chars().count() > n => format!("{}…", &s[..i]),
+        _ => s.to_string(),
+    }
+}
+
+/// Renders rows as an aligned plain-text table for the terminal: text columns left-aligned,
+/// numbers right-aligned, a rule under the header.
+pub fn render(rows: &[ResultRow]) -> String {
+    let cells = cells(rows);
+    let widths: Vec<usize> = (0..HEADER.len())
         .map(|c| {
             cells
                 .iter()
@@ -69,12 +94,11 @@ pub fn render(rows: &[ResultRow]) -> String {
             .zip(&widths)
             .enumerate()
             .map(|(c, (s, &w))| {
-                let pad = w - s.chars().count();
-                // Text columns left-aligned, numbers right-aligned.
-                if c == 0 || c == header.len() - 1 {
-                    format!("{s}{}", " ".repeat(pad))
+                let pad = " ".repeat(w - s.chars().count());
+                if c == 0 || c == HEADER.len() - 1 {
+                    format!("{s}{pad}")
                 } else {
-                    format!("{}{s}", " ".repeat(pad))
+                    format!("{pad}{s}")
                 }
             })
             .collect();
@@ -89,58 +113,99 @@ pub fn render(rows: &[ResultRow]) -> String {
     out
 }
 
+/// Renders rows as a GitHub-flavoured Markdown table (numbers right-aligned).
+pub fn render_markdown(rows: &[ResultRow]) -> String {
+    let cells = cells(rows);
+    let mut out = String::new();
+    for (i, row) in cells.iter().enumerate() {
+        out.push_str(&format!("| {} |\n", row.join(" | ")));
+        if i == 0 {
+            let align: Vec<&str> = (0..row.len())
+                .map(|c| {
+                    if c == 0 || c == row.len() - 1 {
+                        "---"
+                    } else {
+                        "---:"
+                    }
+                })
+                .collect();
+            out.push_str(&format!("| {} |\n", align.join(" | ")));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// A fixed result renders to exactly this text (snapshot written by hand from the row).
-    #[test]
-    fn renders_aligned_snapshot() {
-        let row = ResultRow {
+    /// Two points of one run: fp16 and int8-token at batch 1, 512 tokens.
+    pub(crate) fn fixed_rows() -> Vec<ResultRow> {
+        let base = ResultRow {
             run_id: "r".into(),
-            model: "m".into(),
+            model: "m.gguf".into(),
             prefill_weight_dtype: "f32".into(),
             decode_weight_dtype: "q8_0".into(),
-            scheme: "int8-token".into(),
+            ppl_weight_dtype: "f32".into(),
             batch_size: 1,
             seq_len: 512,
             gen_tokens: 32,
             status: "ok".into(),
-            ttft_ms: Some(2205.2),
-            prefill_tokens_per_s: None,
-            tpot_ms_mean: None,
-            tpot_ms_p50: Some(23.932),
-            tpot_ms_p95: Some(25.28),
-            decode_tokens_per_s: Some(41.6),
-            kv_tokens: Some(543),
-            kv_bytes: Some(6450840),
-            kv_bytes_predicted: Some(6450840),
-            kv_bytes_per_token: None,
-            kv_ratio_vs_fp16: Some(0.515625),
-            kv_reserved_bytes: None,
-            peak_rss_bytes: None,
-            saturated_values: Some(0),
-            ppl: Some(24.51274),
-            ppl_delta_pct: Some(0.0587),
-            ppl_mean_nll: None,
-            kl_mean: Some(0.00071),
-            kl_p99: None,
-            kl_q1: None,
-            kl_q2: None,
-            kl_q3: None,
-            kl_q4: None,
-            top1_agree_pct: Some(97.25),
-            mean_abs_dp_top: None,
-            ppl_mode: None,
-            ppl_windows: None,
-            ppl_ctx: None,
-            ppl_weight_dtype: "f32".into(),
+            repeats: Some(3),
+            ..Default::default()
         };
+        vec![
+            ResultRow {
+                scheme: "fp16".into(),
+                ttft_ms_p50: Some(2201.04),
+                tpot_ms_mean: Some(25.0),
+                tpot_ms_ci95: Some(0.5),
+                itl_ms_p95: Some(26.2),
+                decode_tokens_per_s: Some(40.0),
+                kv_bytes: Some(12_509_184),
+                kv_ratio_vs_fp16: Some(1.0),
+                ppl: Some(24.49834),
+                ppl_delta_pct: Some(0.0),
+                ..base.clone()
+            },
+            ResultRow {
+                scheme: "int8-token".into(),
+                ttft_ms_p50: Some(2205.2),
+                tpot_ms_mean: Some(23.932),
+                tpot_ms_ci95: Some(0.4),
+                itl_ms_p95: Some(25.28),
+                decode_tokens_per_s: Some(41.6),
+                kv_bytes: Some(6_450_840),
+                kv_ratio_vs_fp16: Some(0.515625),
+                ppl: Some(24.51274),
+                ppl_delta_pct: Some(0.0587),
+                kl_mean: Some(0.00071),
+                ..base
+            },
+        ]
+    }
+
+    /// A fixed result renders to exactly this text (snapshot written by hand from the rows:
+    /// ΔTPOT = 23.932 / 25 − 1 = −4.27 %, KV MiB = 6,450,840 / 2²⁰ = 6.15).
+    #[test]
+    fn renders_aligned_snapshot() {
         let want = "\
-scheme      batch  seq  TTFT ms  TPOT p50 ms  TPOT p95 ms  decode tok/s  KV MiB  KV vs fp16      PPL  ΔPPL %      KL  top-1 %  status
--------------------------------------------------------------------------------------------------------------------------------------
-int8-token      1  512   2205.2        23.93        25.28          41.6    6.15      0.516×  24.5127   +0.06  0.0007     97.2  ok
+scheme      batch  seq  TTFT ms  TPOT ms  ±95% CI  ΔTPOT %  ITL p95 ms  decode tok/s  KV MiB  KV vs fp16      PPL  ΔPPL %      KL  status
+-----------------------------------------------------------------------------------------------------------------------------------------
+fp16            1  512   2201.0    25.00    ±0.50        -       26.20          40.0   11.93      1.000×  24.4983   +0.00       -  ok
+int8-token      1  512   2205.2    23.93    ±0.40     -4.3       25.28          41.6    6.15      0.516×  24.5127   +0.06  0.0007  ok
 ";
-        assert_eq!(render(&[row]), want);
+        assert_eq!(render(&fixed_rows()), want);
+    }
+
+    #[test]
+    fn renders_markdown_snapshot() {
+        let want = "\
+| scheme | batch | seq | TTFT ms | TPOT ms | ±95% CI | ΔTPOT % | ITL p95 ms | decode tok/s | KV MiB | KV vs fp16 | PPL | ΔPPL % | KL | status |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |
+| fp16 | 1 | 512 | 2201.0 | 25.00 | ±0.50 | - | 26.20 | 40.0 | 11.93 | 1.000× | 24.4983 | +0.00 | - | ok |
+| int8-token | 1 | 512 | 2205.2 | 23.93 | ±0.40 | -4.3 | 25.28 | 41.6 | 6.15 | 0.516× | 24.5127 | +0.06 | 0.0007 | ok |
+";
+        assert_eq!(render_markdown(&fixed_rows()), want);
     }
 }

@@ -1,0 +1,271 @@
+//! The sweep's trade-off charts, built from result rows (they draw, never measure):
+//! TPOT vs prompt length, decode tokens/s vs batch size, KV memory vs tokens held, and quality
+//! (perplexity delta) vs KV bytes per token with the Pareto frontier marked.
+
+use std::path::{Path, PathBuf};
+
+use super::chart::{LineChart, Series};
+use super::ResultRow;
+use crate::error::Result;
+
+/// Stems of the charts [`charts`] builds, in order.
+pub const CHARTS: [&str; 4] = [
+    "tpot_vs_seq_len",
+    "decode_tps_vs_batch",
+    "kv_memory_vs_tokens",
+    "quality_vs_kv_bytes",
+];
+
+/// Where a set of rows came from, for chart captions: model, machine and settings.
+#[derive(Debug, Clone, Default)]
+pub struct Caption {
+    /// Model label(s).
+    pub model: String,
+    /// CPU model and threads.
+    pub machine: String,
+    /// Weight dtypes, tokens generated, repeats, seed.
+    pub settings: String,
+}
+
+impl Caption {
+    fn line(&self) -> String {
+        [&self.model, &self.machine, &self.settings]
+            .iter()
+            .filter(|s| !s.is_empty())
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(" · ")
+    }
+}
+
+/// One series per scheme (per run and scheme when rows come from several runs).
+fn by_scheme<'a>(rows: &[&'a ResultRow]) -> Vec<(String, Vec<&'a ResultRow>)> {
+    let multi_run = rows.iter().any(|r| r.run_id != rows[0].run_id);
+    let mut out: Vec<(String, Vec<&ResultRow>)> = Vec::new();
+    for r in rows {
+        let name = if multi_run {
+            format!("{} · {}", short_run(&r.run_id), r.scheme)
+        } else {
+            r.scheme.clone()
+        };
+        match out.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => v.push(r),
+            None => out.push((name, vec![r])),
+        }
+    }
+    out
+}
+
+/// A run id's distinguishing part (its time stamp) for legends and tables.
+pub(crate) fn short_run(run_id: &str) -> &str {
+    run_id.get(..15).unwrap_or(run_id)
+}
+
+/// Builds the charts for `rows` (failed points are left out). A chart whose data is missing
+/// (e.g. no perplexity measured) is omitted. Returns `(stem, chart)` pairs.
+pub fn charts(rows: &[ResultRow], caption: &Caption) -> Vec<(&'static str, LineChart)> {
+    let ok: Vec<&ResultRow> = rows.iter().filter(|r| r.status == "ok").collect();
+    if ok.is_empty() {
+        return Vec::new();
+    }
+    let min_batch = ok.iter().map(|r| r.batch_size).min().unwrap_or(1);
+    let max_seq = ok.iter().map(|r| r.seq_len).max().unwrap_or(1);
+    let cap = caption.line();
+    let series = |pick: &dyn Fn(&ResultRow) -> Option<(f64, f64)>| -> Vec<Series> {
+        by_scheme(&ok)
+            .into_iter()
+            .filter_map(|(name, rs)| {
+                let mut pts: Vec<(f64, f64)> = rs.iter().filter_map(|r| pick(r)).collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                (!pts.is_empty()).then(|| Series::line(name, pts))
+            })
+            .collect()
+    };
+    let mut out = vec![
+        (
+            CHARTS[0],
+            LineChart {
+                title: format!("Decode latency (TPOT) vs prompt length, batch {min_batch}"),
+                caption: cap.clone(),
+                x_label: "prompt length (tokens)".into(),
+                y_label: "TPOT, mean over repeats (ms)".into(),
+                log_x: false,
+                series: series(&|r| {
+                    (r.batch_size == min_batch)
+                        .then_some(())
+                        .and(r.tpot_ms_mean)
+                        .map(|y| (r.seq_len as f64, y))
+                }),
+            },
+        ),
+        (
+            CHARTS[1],
+            LineChart {
+                title: format!("Decode throughput vs batch size, prompt {max_seq} tokens"),
+                caption: cap.clone(),
+                x_label: "batch size (sequences)".into(),
+                y_label: "decode throughput (tokens/s)".into(),
+                log_x: false,
+                series: series(&|r| {
+                    (r.seq_len == max_seq)
+                        .then_some(())
+                        .and(r.decode_tokens_per_s)
+                        .map(|y| (r.batch_size as f64, y))
+                }),
+            },
+        ),
+        (
+            CHARTS[2],
+            LineChart {
+                title: "KV-cache memory per sequence vs tokens held".into(),
+                caption: cap.clone(),
+                x_label: "tokens held per sequence".into(),
+                y_label: "KV bytes held per sequence (MiB)".into(),
+                log_x: false,
+                series: series(&|r| {
+                    (r.batch_size == min_batch)
+                        .then_some(())
+                        .and(r.kv_bytes.zip(r.kv_tokens))
+                        .map(|(b, t)| {
+                            (
+                                t as f64,
+                                b as f64 / r.batch_size as f64 / (1u64 << 20) as f64,
+                            )
+                        })
+                }),
+            },
+        ),
+    ];
+    // Quality vs memory: one point per scheme (perplexity does not depend on the timing point).
+    let mut quality: Vec<(String, f64, f64)> = Vec::new();
+    for (name, rs) in by_scheme(&ok) {
+        if let Some(r) = rs.iter().find(|r| r.ppl_delta_pct.is_some()) {
+            if let (Some(b), Some(d)) = (r.kv_bytes_per_token, r.ppl_delta_pct) {
+                quality.push((name, b, d));
+            }
+        }
+    }
+    if !quality.is_empty() {
+        let mut s: Vec<Series> = quality
+            .iter()
+            .map(|(n, b, d)| Series {
+                name: n.clone(),
+                points: vec![(*b, *d)],
+                markers_only: true,
+            })
+            .collect();
+        s.push(Series::line(
+            "Pareto frontier",
+            pareto_frontier(quality.iter().map(|q| (q.1, q.2)).collect()),
+        ));
+        out.push((
+            CHARTS[3],
+            LineChart {
+                title: "Quality vs memory: perplexity change vs KV bytes per token".into(),
+                caption: cap,
+                x_label: "KV bytes per token (all layers and kv heads, bytes)".into(),
+                y_label: "perplexity change vs fp16 (%)".into(),
+                log_x: false,
+                series: s,
+            },
+        ));
+    }
+    out
+}
+
+/// The points no other point beats on both axes (fewer bytes and lower perplexity change),
+/// sorted by bytes: walking up in bytes, a point joins when it is strictly better in quality
+/// than every point with fewer bytes.
+pub fn pareto_frontier(mut pts: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    pts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    for p in pts {
+        if out.last().is_none_or(|l| p.1 < l.1) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Renders every chart into `dir` as PNG and SVG; returns the PNG paths.
+/// Errors: [`crate::Error::Io`] naming the file.
+pub fn render_all(rows: &[ResultRow], caption: &Caption, dir: &Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
+    let mut written = Vec::new();
+    for (stem, chart) in charts(rows, caption) {
+        chart.render(dir, stem)?;
+        written.push(dir.join(format!("{stem}.png")));
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hand-made points: (100, 5) and (50, 9) are both optimal; (120, 5) has more bytes for the
+    /// same change, (80, 12) more bytes and a worse change than (50, 9).
+    #[test]
+    fn pareto_by_hand() {
+        let f = pareto_frontier(vec![(100.0, 5.0), (50.0, 9.0), (120.0, 5.0), (80.0, 12.0)]);
+        assert_eq!(f, vec![(50.0, 9.0), (100.0, 5.0)]);
+    }
+
+    fn rows() -> Vec<ResultRow> {
+        let mut rows = Vec::new();
+        for (scheme, bpt, dppl) in [("fp16", 46080.0, 0.0), ("int8-token", 23760.0, 0.06), ("int4", 14400.0, 6.5)] {
+            for batch in [1, 4] {
+                for seq in [128, 512] {
+                    rows.push(ResultRow {
+                        run_id: "20261129-170000-m".into(),
+                        scheme: scheme.into(),
+                        batch_size: batch,
+                        seq_len: seq,
+                        status: "ok".into(),
+                        tpot_ms_mean: Some(20.0 + seq as f64 / 100.0),
+                        decode_tokens_per_s: Some(50.0 * batch as f64),
+                        kv_tokens: Some(seq + 31),
+                        kv_bytes: Some((bpt as usize) * batch * (seq + 31)),
+                        kv_bytes_per_token: Some(bpt),
+                        ppl_delta_pct: Some(dppl),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+        rows.push(ResultRow {
+            scheme: "fp8".into(),
+            status: "oom: needs 9 GiB".into(),
+            ..rows[0].clone()
+        });
+        rows
+    }
+
+    /// Every chart is built with one series per scheme that has data (failed points left out),
+    /// the quality chart adds the frontier, and every file is written and non-empty.
+    #[test]
+    fn every_chart_with_expected_series() {
+        let rows = rows();
+        let charts = charts(&rows, &Caption::default());
+        let stems: Vec<&str> = charts.iter().map(|c| c.0).collect();
+        assert_eq!(stems, CHARTS);
+        for (stem, c) in &charts[..3] {
+            assert_eq!(c.series.len(), 3, "{stem}");
+            assert!(c.series.iter().all(|s| s.points.len() == 2), "{stem}");
+        }
+        assert_eq!(charts[3].1.series.len(), 4);
+        // fp16 (46080 B, 0 %) is on the frontier, as are int8 and int4.
+        assert_eq!(charts[3].1.series[3].points.len(), 3);
+
+        let dir = std::env::temp_dir().join(format!("kvbench-plots-{}", std::process::id()));
+        let pngs = render_all(&rows, &Caption::default(), &dir).unwrap();
+        assert_eq!(pngs.len(), 4);
+        for stem in CHARTS {
+            for ext in ["png", "svg"] {
+                let len = std::fs::metadata(dir.join(format!("{stem}.{ext}"))).unwrap().len();
+                assert!(len > 2_000, "{stem}.{ext}: {len} bytes");
+            }
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -1,0 +1,188 @@
+//! `summary.md` and the re-rendering of a run folder: rows rebuilt from `raw.jsonl` and the
+//! `report_context` of `meta.json`, then `results.csv`, `summary.md` and `plots/` written. The
+//! sweep calls the same code when it finishes, so a re-render gives the same files.
+
+use std::path::{Path, PathBuf};
+
+use super::plots::{self, Caption};
+use super::{read_raw, table, write_csv, ResultRow, RowContext};
+use crate::error::{Error, Result};
+
+/// A run folder read back: its `meta.json` and its rows rebuilt from `raw.jsonl`.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// The folder.
+    pub dir: PathBuf,
+    /// `meta.json` as written by the sweep.
+    pub meta: serde_json::Value,
+    /// One row per finished point, in the order they finished.
+    pub rows: Vec<ResultRow>,
+}
+
+impl Run {
+    /// Reads `dir/meta.json` and `dir/raw.jsonl`. Errors: [`Error::InvalidArgument`] naming the
+    /// folder when it is not a kvbench run folder (no `meta.json`, or one without
+    /// `report_context`, as written before raw data was kept).
+    pub fn read(dir: &Path) -> Result<Run> {
+        let meta_path = dir.join(super::META_FILE);
+        let text = std::fs::read_to_string(&meta_path).map_err(|e| Error::InvalidArgument {
+            name: dir.display().to_string(),
+            reason: format!("not a kvbench run folder ({}: {e})", meta_path.display()),
+        })?;
+        let meta: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| Error::InvalidArgument {
+                name: meta_path.display().to_string(),
+                reason: format!("not valid JSON: {e}"),
+            })?;
+        let ctx: RowContext = serde_json::from_value(meta["report_context"].clone()).map_err(
+            |e| Error::InvalidArgument {
+                name: meta_path.display().to_string(),
+                reason: format!(
+                    "has no usable `report_context` ({e}); re-run the sweep with this kvbench"
+                ),
+            },
+        )?;
+        let rows = read_raw(&dir.join(super::RAW_FILE))?
+            .iter()
+            .map(|o| ResultRow::new(&ctx, o))
+            .collect();
+        Ok(Run {
+            dir: dir.to_path_buf(),
+            meta,
+            rows,
+        })
+    }
+
+    /// Chart caption from `meta.json`: model, CPU and threads, weights, tokens, repeats, seed.
+    pub fn caption(&self) -> Caption {
+        let m = &self.meta;
+        let s = &m["settings"];
+        let str_of = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Null => String::new(),
+            other => other.to_string(),
+        };
+        let mut settings = Vec::new();
+        if s["synthetic"] == serde_json::Value::Bool(true) {
+            settings.push("synthetic K/V, attention + append only".to_string());
+        } else if !s["weights"].is_null() {
+            settings.push(format!("decode weights {}", str_of(&s["weights"])));
+        }
+        for (key, label) in [("gen", "gen"), ("repeats", "repeats"), ("seed", "seed")] {
+            if !s[key].is_null() {
+                settings.push(format!("{label} {}", str_of(&s[key])));
+            }
+        }
+        Caption {
+            model: str_of(&m["report_context"]["model"]),
+            machine: format!(
+                "{}, {} threads",
+                str_of(&m["machine"]["cpu"]),
+                str_of(&m["machine"]["threads"])
+            ),
+            settings: settings.join(", "),
+        }
+    }
+}
+
+/// Notes a reader must see next to the numbers: noisy points and missing repeats.
+pub fn warnings(rows: &[ResultRow]) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in rows.iter().filter(|r| r.status == "ok") {
+        let point = format!("{} batch {} × {}", r.scheme, r.batch_size, r.seq_len);
+        let steps = r.repeats.unwrap_or(0) * r.gen_tokens.saturating_sub(1);
+        if let Some(k) = r.itl_outliers.filter(|&k| steps > 0 && k * 20 > steps) {
+            out.push(format!(
+                "{point}: {k} of {steps} inter-token latencies lie outside Tukey's fences — \
+                 the machine was busy or throttling; rerun it on a quiet machine with more \
+                 --repeats or --min-time"
+            ));
+        }
+        if let (Some(ci), Some(m)) = (r.tpot_ms_ci95, r.tpot_ms_mean) {
+            if ci > 0.05 * m {
+                out.push(format!(
+                    "{point}: TPOT {m:.2} ± {ci:.2} ms (95 % CI wider than 5 % of the mean) — \
+                     raise --repeats or --min-time"
+                ));
+            }
+        }
+    }
+    if rows.iter().any(|r| r.status == "ok" && r.repeats == Some(1)) {
+        out.push(
+            "one timed repeat per point: TPOT has no confidence interval; use --repeats 3 or \
+             more for numbers you compare"
+                .into(),
+        );
+    }
+    out
+}
+
+/// The Markdown report: title, where the numbers come from, the table, warnings, charts, and
+/// what the memory columns mean.
+pub fn markdown(title: &str, about: &[String], rows: &[ResultRow], charts: &[PathBuf]) -> String {
+    let mut md = format!("# {title}\n\n");
+    for line in about {
+        md.push_str(&format!("- {line}\n"));
+    }
+    md.push('\n');
+    md.push_str(&table::render_markdown(rows));
+    md.push_str(
+        "\nTTFT: median over repeats. TPOT: mean over repeats of (E2E − TTFT)/(gen − 1), with \
+         the 95 % confidence half-width; ΔTPOT against fp16 at the same batch and prompt \
+         length. ITL: one decode step. KV MiB: bytes held (codes, scales, zero-points) at \
+         the end of the point. All columns, with units, are in `results.csv`.\n",
+    );
+    let w = warnings(rows);
+    if !w.is_empty() {
+        md.push_str("\n## Warnings\n\n");
+        for line in w {
+            md.push_str(&format!("- {line}\n"));
+        }
+    }
+    if !charts.is_empty() {
+        md.push_str("\n## Charts\n\n");
+        for c in charts {
+            let name = c.file_name().map_or(String::new(), |f| f.to_string_lossy().into_owned());
+            md.push_str(&format!("![{name}](plots/{name})\n"));
+        }
+    }
+    md
+}
+
+/// Writes `results.csv`, `summary.md` and `plots/` for `rows` into `dir`; returns the path of
+/// `summary.md`. Errors: [`Error::Io`] naming the file.
+pub fn write_report(dir: &Path, title: &str, about: &[String], rows: &[ResultRow], caption: &Caption) -> Result<PathBuf> {
+    write_csv(&dir.join(super::CSV_FILE), rows)?;
+    let charts = plots::render_all(rows, caption, &dir.join(super::PLOTS_DIR))?;
+    let path = dir.join(super::SUMMARY_FILE);
+    std::fs::write(&path, markdown(title, about, rows, &charts)).map_err(|e| Error::io(&path, e))?;
+    Ok(path)
+}
+
+/// The "where the numbers come from" lines of a run, from its `meta.json`.
+pub fn about(run: &Run) -> Vec<String> {
+    let c = run.caption();
+    let m = &run.meta;
+    let mut lines = vec![
+        format!("model: {}", c.model),
+        format!("machine: {}", c.machine),
+        format!("settings: {}", c.settings),
+        format!(
+            "run {} · kvbench {} · started {}",
+            m["run_id"].as_str().unwrap_or("?"),
+            m["kvbench"].as_str().unwrap_or("?"),
+            m["started_at"].as_str().unwrap_or("?")
+        ),
+    ];
+    if let Some(p) = m.get("perplexity").filter(|p| !p.is_null()) {
+        lines.push(format!(
+            "perplexity: {}, {} windows × {} tokens, {} scoring, weights {}",
+            p["dataset"].as_str().unwrap_or("?"),
+            p["protocol"]["windows"],
+            p["protocol"]["ctx"],
+            p["protocol"]["scoring"].as_str().unwrap_or("?"),
+            m["settings"]["ppl-weights"].as_str().unwrap_or("?"),
+        ));
+    }
+    lines
+}
