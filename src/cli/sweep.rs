@@ -219,9 +219,10 @@ fn resolve_settings(
     let from_cli = |id: &str| suite::given_on_cli(matches, id);
     if let Some(dir) = args.resume.clone() {
         if let Some(m) = matches {
-            let extra: Vec<String> = m
-                .ids()
-                .map(|id| id.as_str().to_string())
+            let cmd = <SweepArgs as clap::Args>::augment_args(clap::Command::new("sweep"));
+            let extra: Vec<String> = cmd
+                .get_arguments()
+                .map(|a| a.get_id().as_str().to_string())
                 .filter(|id| !["resume", "threads"].contains(&id.as_str()) && from_cli(id))
                 .collect();
             if !extra.is_empty() {

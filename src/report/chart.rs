@@ -28,8 +28,19 @@ pub struct Series {
     pub name: String,
     /// `(x, y)` points in drawing order.
     pub points: Vec<(f64, f64)>,
-    /// Draw markers only (a scatter), no connecting line.
-    pub markers_only: bool,
+    /// How the points are drawn.
+    pub style: Style,
+}
+
+/// How a series is drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// A line with a marker at every point.
+    LineMarkers,
+    /// Markers only (a scatter).
+    Markers,
+    /// A thin dashed line without markers (a guide such as a Pareto frontier).
+    Guide,
 }
 
 impl Series {
@@ -38,7 +49,7 @@ impl Series {
         Series {
             name: name.into(),
             points,
-            markers_only: false,
+            style: Style::LineMarkers,
         }
     }
 }
@@ -123,10 +134,11 @@ impl LineChart {
         } else {
             (1.0, 2.0)
         };
+        // Linear axes start at zero (no exaggerated differences) and leave room at the right.
         let (x0, x1) = if log_x {
             (x0.floor(), x1.ceil())
         } else {
-            (x0, x1)
+            (x0.min(0.0), x1 + 0.05 * (x1 - x0.min(0.0)))
         };
         let n_x_labels = if log_x { (x1 - x0) as usize + 1 } else { 8 };
         let label_x = move |x: &f64| compact(if log_x { x.exp2() } else { *x });
@@ -163,12 +175,26 @@ impl LineChart {
         for (i, s) in self.series.iter().enumerate() {
             let c = colors[i % colors.len()];
             let pts: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (tx(x), y)).collect();
-            if s.markers_only {
+            if s.style == Style::Markers {
                 chart
                     .draw_series(pts.iter().map(|&p| Circle::new(p, 6, c.filled())))
                     .map_err(e)?
                     .label(s.name.as_str())
                     .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
+            } else if s.style == Style::Guide {
+                let grey = RGBColor(60, 60, 60);
+                chart
+                    .draw_series(DashedLineSeries::new(
+                        pts.iter().copied(),
+                        6,
+                        4,
+                        grey.stroke_width(1),
+                    ))
+                    .map_err(e)?
+                    .label(s.name.as_str())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], grey.stroke_width(1))
+                    });
             } else {
                 chart
                     .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))

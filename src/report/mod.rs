@@ -306,11 +306,25 @@ pub struct RunSink {
 }
 
 impl RunSink {
-    /// Opens the run folder `dir`: `raw.jsonl` is appended to (created if missing) and
-    /// `results.csv` rewritten from `earlier` (the points a resumed run already has).
+    /// Opens the run folder `dir`: `raw.jsonl` is rewritten from `earlier` (the points a
+    /// resumed run already has) and appended to, `results.csv` rewritten from them.
     /// Errors: [`Error::Io`] naming the file.
     pub fn create(dir: &Path, ctx: RowContext, earlier: Vec<PointOutcome>) -> Result<Self> {
         let raw_path = dir.join(RAW_FILE);
+        if !earlier.is_empty() {
+            // Rewrite the earlier points first (atomically), which drops a line an interruption
+            // cut short; serde_json round-trips every f64 exactly.
+            let tmp = raw_path.with_extension("jsonl.tmp");
+            let mut text = String::new();
+            for o in &earlier {
+                text.push_str(
+                    &serde_json::to_string(o).map_err(|e| Error::io(&raw_path, e.into()))?,
+                );
+                text.push('\n');
+            }
+            std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
+            std::fs::rename(&tmp, &raw_path).map_err(|e| Error::io(&raw_path, e))?;
+        }
         let raw = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::chart::{LineChart, Series};
+use super::chart::{LineChart, Series, Style};
 use super::ResultRow;
 use crate::error::Result;
 
@@ -151,13 +151,14 @@ pub fn charts(rows: &[ResultRow], caption: &Caption) -> Vec<(&'static str, LineC
             .map(|(n, b, d)| Series {
                 name: n.clone(),
                 points: vec![(*b, *d)],
-                markers_only: true,
+                style: Style::Markers,
             })
             .collect();
-        s.push(Series::line(
-            "Pareto frontier",
-            pareto_frontier(quality.iter().map(|q| (q.1, q.2)).collect()),
-        ));
+        s.push(Series {
+            name: "Pareto frontier".into(),
+            points: pareto_frontier(quality.iter().map(|q| (q.1, q.2)).collect()),
+            style: Style::Guide,
+        });
         out.push((
             CHARTS[3],
             LineChart {
