@@ -53,3 +53,61 @@ fn matches_rouge_score_reference() {
     assert_eq!(rows, 20, "expected 20 reference rows");
     eprintln!("max |ours - rouge-score| = {max_err:.3e} over {rows} rows");
 }
+
+/// `kvbench rouge --format jsonl` on the single-line reference pairs gives rouge-score's values
+/// (one object per pair, by line number), with and without the stemmer.
+#[test]
+fn rouge_subcommand_matches_reference() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/rouge_pairs.jsonl");
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|r: &serde_json::Value| {
+            !r["target"].as_str().unwrap().contains('\n')
+                && !r["prediction"].as_str().unwrap().contains('\n')
+        })
+        .collect();
+    let dir = std::env::temp_dir().join(format!("kvbench-rouge-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for stem in [false, true] {
+        let sel: Vec<&serde_json::Value> = rows
+            .iter()
+            .filter(|r| r["use_stemmer"].as_bool() == Some(stem))
+            .collect();
+        assert!(sel.len() >= 8);
+        let write = |name: &str, key: &str| {
+            let p = dir.join(name);
+            let text: Vec<&str> = sel.iter().map(|r| r[key].as_str().unwrap()).collect();
+            std::fs::write(&p, text.join("\n") + "\n").unwrap();
+            p
+        };
+        let (t, p) = (write("t.txt", "target"), write("p.txt", "prediction"));
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"));
+        cmd.args(["rouge", "--format", "jsonl", "--predictions"])
+            .arg(&p)
+            .arg("--references")
+            .arg(&t);
+        if stem {
+            cmd.arg("--stemmer");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let got: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(got.len(), sel.len());
+        for (g, r) in got.iter().zip(&sel) {
+            for v in ["rouge1", "rouge2", "rougeL", "rougeLsum"] {
+                for m in ["precision", "recall", "fmeasure"] {
+                    let k = format!("{v}_{m}");
+                    let err = (g[&k].as_f64().unwrap() - r[&k].as_f64().unwrap()).abs();
+                    assert!(err <= TOLERANCE, "pair {} {k}: {g} vs {r}", r["pair"]);
+                }
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

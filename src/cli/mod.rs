@@ -6,6 +6,7 @@ pub mod attn_bench;
 pub mod fetch;
 pub mod plan;
 pub mod report;
+pub mod rouge;
 pub mod suite;
 pub mod sweep;
 
@@ -36,6 +37,9 @@ pub enum Command {
     /// Re-render results.csv, summary.md and plots/ of one or more run folders from their raw
     /// data (raw.jsonl) without re-running; several folders go side by side.
     Report(report::ReportArgs),
+    /// Score summaries against references with ROUGE-1/2/L/Lsum exactly as Google's
+    /// rouge-score 0.1.2 (one text per line, pairs by line number).
+    Rouge(rouge::RougeArgs),
     /// Fetch the default model (SmolLM2-135M-Instruct Q4_1 GGUF) and print its path.
     Fetch(fetch::FetchArgs),
 }
@@ -47,6 +51,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Sweep(a) => sweep::run(a, matches.subcommand_matches("sweep")),
         Command::Report(a) => report::run(a),
+        Command::Rouge(a) => rouge::run(a),
         Command::Fetch(a) => fetch::run(a),
         Command::AttnBench(a) => attn_bench::run(a),
         Command::Plan(a) => plan::run(a),

@@ -218,7 +218,7 @@ fn resolve_settings(
 ) -> anyhow::Result<(Vec<PointOutcome>, Option<serde_json::Value>)> {
     let from_cli = |id: &str| suite::given_on_cli(matches, id);
     if let Some(dir) = args.resume.clone() {
-        if let Some(m) = matches {
+        if matches.is_some() {
             let cmd = <SweepArgs as clap::Args>::augment_args(clap::Command::new("sweep"));
             let extra: Vec<String> = cmd
                 .get_arguments()

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 /// Precision divides the matches by the prediction's count (n-grams or tokens), recall by the
 /// target's; `fmeasure` is their harmonic mean `2PR / (P + R)`, or 0 when `P + R` is 0
 /// (`rouge_score/scoring.py`).
-#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Score {
     /// Matches over the prediction's n-grams (or tokens, for the LCS variants).
     pub precision: f64,
@@ -55,7 +55,7 @@ impl Score {
 }
 
 /// The four variants `rouge-score` users report: `rouge1`, `rouge2`, `rougeL`, `rougeLsum`.
-#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct RougeScores {
     /// ROUGE-1: unigram overlap (Lin 2004, §2).
     pub rouge1: Score,
