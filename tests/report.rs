@@ -142,3 +142,48 @@ fn suite_resume_and_report() {
     assert!(md.contains("full") && md.contains("cut"), "{md}");
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// `kvbench gate` on the committed CI baseline: equal results pass (exit 0), a doctored file
+/// whose int4 perplexity is 5 % worse fails (exit 3, the row marked), a file without the
+/// perplexity column is unusable (exit 2, the column named).
+#[test]
+fn gate_exit_codes() {
+    let base = concat!(env!("CARGO_MANIFEST_DIR"), "/suites/baselines/ci-smollm2-135m.csv");
+    let d = tmp("gate");
+    let gate = |cur: &Path| {
+        kvbench(&[
+            "gate", "--baseline", base, "--current", cur.to_str().unwrap(),
+            "--max-ppl-delta", "1%", "--max-kl", "0.01",
+        ])
+    };
+    let (code, out, err) = gate(Path::new(base));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("All 9 points pass"), "{out}");
+
+    let mut r = csv::Reader::from_path(base).unwrap();
+    let header = r.headers().unwrap().clone();
+    let ppl = header.iter().position(|c| c == "ppl").unwrap();
+    let scheme = header.iter().position(|c| c == "scheme").unwrap();
+    let mut w = csv::Writer::from_path(d.join("worse.csv")).unwrap();
+    w.write_record(&header).unwrap();
+    for rec in r.records() {
+        let rec = rec.unwrap();
+        let mut v: Vec<String> = rec.iter().map(str::to_string).collect();
+        if v[scheme] == "int4" {
+            v[ppl] = (v[ppl].parse::<f64>().unwrap() * 1.05).to_string();
+        }
+        w.write_record(&v).unwrap();
+    }
+    w.flush().unwrap();
+    let (code, out, err) = gate(&d.join("worse.csv"));
+    assert_eq!(code, 3, "{out}{err}");
+    let fail_line = out.lines().find(|l| l.contains("FAIL")).unwrap();
+    assert!(fail_line.starts_with("| int4 |"), "{out}");
+    assert_eq!(out.matches("FAIL").count(), 1, "{out}");
+
+    std::fs::write(d.join("bad.csv"), "scheme,batch_size,seq_len,kl_mean\nint4,1,64,0.06\n").unwrap();
+    let (code, _, err) = gate(&d.join("bad.csv"));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("ppl") && err.contains("bad.csv"), "{err}");
+    std::fs::remove_dir_all(&d).ok();
+}

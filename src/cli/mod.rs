@@ -1,9 +1,10 @@
 //! Command-line interface (clap derive). Exit codes, stable: 0 success, 1 runtime failure,
-//! 2 usage error (bad flag value, unknown scheme, missing or unreadable model), 3 reserved for
-//! failed quality/performance gates.
+//! 2 usage error (bad flag value, unknown scheme, missing or unreadable model), 3 a regression
+//! found by `kvbench gate`.
 
 pub mod attn_bench;
 pub mod fetch;
+pub mod gate;
 pub mod plan;
 pub mod report;
 pub mod rouge;
@@ -40,6 +41,9 @@ pub enum Command {
     /// Score summaries against references with ROUGE-1/2/L/Lsum exactly as Google's
     /// rouge-score 0.1.2 (one text per line, pairs by line number).
     Rouge(rouge::RougeArgs),
+    /// CI regression gate: compare results with a baseline's per scheme/batch/seq; prints a
+    /// Markdown table; exit 3 on a regression, 2 on unusable input, 0 otherwise.
+    Gate(gate::GateArgs),
     /// Fetch the default model (SmolLM2-135M-Instruct Q4_1 GGUF) and print its path.
     Fetch(fetch::FetchArgs),
 }
@@ -48,16 +52,18 @@ pub enum Command {
 pub fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     let result = match cli.command {
-        Command::Sweep(a) => sweep::run(a, matches.subcommand_matches("sweep")),
-        Command::Report(a) => report::run(a),
-        Command::Rouge(a) => rouge::run(a),
-        Command::Fetch(a) => fetch::run(a),
-        Command::AttnBench(a) => attn_bench::run(a),
-        Command::Plan(a) => plan::run(a),
+        Command::Sweep(a) => done(sweep::run(a, matches.subcommand_matches("sweep"))),
+        Command::Report(a) => done(report::run(a)),
+        Command::Rouge(a) => done(rouge::run(a)),
+        Command::Gate(a) => gate::run(a),
+        Command::Fetch(a) => done(fetch::run(a)),
+        Command::AttnBench(a) => done(attn_bench::run(a)),
+        Command::Plan(a) => done(plan::run(a)),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             let usage = e.chain().any(|c| {

@@ -2,6 +2,7 @@
 //! Nothing here measures anything.
 
 pub mod chart;
+pub mod gate;
 pub mod meta;
 pub mod plots;
 pub mod summary;

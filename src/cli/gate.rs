@@ -1,0 +1,80 @@
+//! `kvbench gate`: a CI regression gate on perplexity, KL and TPOT against a baseline run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::report::gate::{self, Limits, Results};
+
+/// Arguments of `kvbench gate`.
+#[derive(Debug, clap::Args)]
+pub struct GateArgs {
+    /// Baseline results: a results.csv or a run folder.
+    #[arg(long)]
+    pub baseline: PathBuf,
+
+    /// Current results: a results.csv or a run folder.
+    #[arg(long)]
+    pub current: PathBuf,
+
+    /// Largest allowed perplexity increase per scheme against the baseline, % (e.g. `1%`).
+    #[arg(long, value_parser = parse_pct)]
+    pub max_ppl_delta: Option<f64>,
+
+    /// Largest allowed increase of mean KL divergence vs fp16 per scheme, nats (e.g. `0.01`).
+    #[arg(long)]
+    pub max_kl: Option<f64>,
+
+    /// Largest allowed TPOT increase per point, % (timings are noisy: use on a quiet machine).
+    #[arg(long, value_parser = parse_pct)]
+    pub max_tpot_regression: Option<f64>,
+}
+
+/// `"1%"`, `"1"` → 1.0 (percent).
+fn parse_pct(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("`{s}` is not a percentage like 1% or 0.5"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("`{s}` must be ≥ 0"))
+    }
+}
+
+/// Prints the Markdown table (also appended to `$GITHUB_STEP_SUMMARY` when set) and returns
+/// exit code 3 when a point regresses, 0 when all pass; unusable input is an error (exit 2).
+pub fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
+    let limits = Limits {
+        max_ppl_delta_pct: a.max_ppl_delta,
+        max_kl: a.max_kl,
+        max_tpot_regression_pct: a.max_tpot_regression,
+    };
+    if limits == Limits::default() {
+        return Err(crate::Error::InvalidArgument {
+            name: "kvbench gate".into(),
+            reason: "no limit given; pass --max-ppl-delta, --max-kl and/or --max-tpot-regression"
+                .into(),
+        }
+        .into());
+    }
+    let verdicts = gate::compare(
+        &Results::read(&a.baseline)?,
+        &Results::read(&a.current)?,
+        &limits,
+    )?;
+    let md = gate::markdown(&verdicts, &limits);
+    print!("{md}");
+    if let Some(p) = std::env::var_os("GITHUB_STEP_SUMMARY") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).create(true).open(p) {
+            let _ = writeln!(f, "## kvbench gate\n\n{md}");
+        }
+    }
+    Ok(if verdicts.iter().all(|v| v.passed()) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
+}

@@ -1,0 +1,319 @@
+//! `kvbench gate`: compare a run's results with a baseline's, point by point, against limits on
+//! perplexity change, KL-divergence increase and TPOT regression — a CI regression gate.
+//!
+//! Points match by (`scheme`, `batch_size`, `seq_len`). Results files are read by column name, so
+//! a baseline written by an older kvbench works as long as it has the columns a limit needs.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// The limits; `None` leaves a metric unchecked.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Limits {
+    /// Largest allowed perplexity increase against the baseline's same scheme, % (relative).
+    pub max_ppl_delta_pct: Option<f64>,
+    /// Largest allowed increase of mean KL(P_fp16 ‖ P_scheme) against the baseline's, nats.
+    pub max_kl: Option<f64>,
+    /// Largest allowed TPOT increase against the baseline's, % (relative).
+    pub max_tpot_regression_pct: Option<f64>,
+}
+
+/// One results file read by column name.
+#[derive(Debug, Clone)]
+pub struct Results {
+    /// Where it came from.
+    pub path: PathBuf,
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Results {
+    /// Reads `path`: a `results.csv`, or a run folder holding one. Errors:
+    /// [`Error::InvalidArgument`] naming the path when it cannot be read as CSV.
+    pub fn read(path: &Path) -> Result<Results> {
+        let file = if path.is_dir() {
+            path.join(super::CSV_FILE)
+        } else {
+            path.to_path_buf()
+        };
+        let bad = |reason: String| Error::InvalidArgument {
+            name: file.display().to_string(),
+            reason,
+        };
+        let mut r = csv::Reader::from_path(&file).map_err(|e| bad(e.to_string()))?;
+        let header: Vec<String> = r
+            .headers()
+            .map_err(|e| bad(e.to_string()))?
+            .iter()
+            .map(str::to_string)
+            .collect();
+        let rows = r
+            .records()
+            .map(|rec| {
+                rec.map(|x| x.iter().map(str::to_string).collect())
+                    .map_err(|e| bad(e.to_string()))
+            })
+            .collect::<Result<Vec<Vec<String>>>>()?;
+        Ok(Results {
+            path: file,
+            header,
+            rows,
+        })
+    }
+
+    fn col(&self, name: &str) -> Option<usize> {
+        self.header.iter().position(|h| h == name)
+    }
+
+    /// Fails with [`Error::InvalidArgument`] naming the file and the columns it lacks.
+    fn require(&self, cols: &[&str]) -> Result<()> {
+        let missing: Vec<&str> = cols.iter().copied().filter(|c| self.col(c).is_none()).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument {
+            name: self.path.display().to_string(),
+            reason: format!(
+                "has no column {} (needed by the limits given); is it a kvbench results.csv?",
+                missing.join(", ")
+            ),
+        })
+    }
+
+    /// `(scheme, batch, seq) → column → value`, first row per point.
+    fn points(&self) -> Vec<(Key, HashMap<&str, f64>)> {
+        let (s, b, l) = (
+            self.col("scheme").unwrap_or(0),
+            self.col("batch_size").unwrap_or(0),
+            self.col("seq_len").unwrap_or(0),
+        );
+        let mut out: Vec<(Key, HashMap<&str, f64>)> = Vec::new();
+        for row in &self.rows {
+            let key = (row[s].clone(), row[b].clone(), row[l].clone());
+            if out.iter().any(|(k, _)| *k == key) {
+                continue;
+            }
+            let values = ["ppl", "kl_mean", "tpot_ms_mean"]
+                .into_iter()
+                .filter_map(|c| {
+                    let v = row.get(self.col(c)?)?.parse::<f64>().ok()?;
+                    Some((c, v))
+                })
+                .collect();
+            out.push((key, values));
+        }
+        out
+    }
+}
+
+type Key = (String, String, String);
+
+/// One compared point.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// Scheme spec.
+    pub scheme: String,
+    /// Batch size.
+    pub batch: String,
+    /// Prompt length.
+    pub seq_len: String,
+    /// `(baseline, current)` perplexity.
+    pub ppl: (Option<f64>, Option<f64>),
+    /// `(baseline, current)` mean KL vs fp16, nats.
+    pub kl: (Option<f64>, Option<f64>),
+    /// `(baseline, current)` mean TPOT, ms.
+    pub tpot: (Option<f64>, Option<f64>),
+    /// Why this point fails; empty when it passes.
+    pub failures: Vec<String>,
+}
+
+impl Verdict {
+    /// Whether every checked limit holds.
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// Compares `current` with `baseline` under `limits`: one [`Verdict`] per baseline point (a
+/// baseline point missing from the current results fails). Errors: [`Error::InvalidArgument`]
+/// when a file lacks a column a limit needs, or when no point matches (naming both files' points).
+pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result<Vec<Verdict>> {
+    let mut cols = vec!["scheme", "batch_size", "seq_len"];
+    if limits.max_ppl_delta_pct.is_some() {
+        cols.push("ppl");
+    }
+    if limits.max_kl.is_some() {
+        cols.push("kl_mean");
+    }
+    if limits.max_tpot_regression_pct.is_some() {
+        cols.push("tpot_ms_mean");
+    }
+    baseline.require(&cols)?;
+    current.require(&cols)?;
+    let base = baseline.points();
+    let cur = current.points();
+    let name = |k: &Key| format!("{} b{} s{}", k.0, k.1, k.2);
+    if !base.iter().any(|(k, _)| cur.iter().any(|(c, _)| c == k)) {
+        let list = |p: &[(Key, HashMap<&str, f64>)]| {
+            p.iter().map(|(k, _)| name(k)).collect::<Vec<_>>().join(", ")
+        };
+        return Err(Error::InvalidArgument {
+            name: "--current".into(),
+            reason: format!(
+                "no point of {} matches one of {} (by scheme, batch_size, seq_len): baseline has [{}], current has [{}]",
+                current.path.display(),
+                baseline.path.display(),
+                list(&base),
+                list(&cur)
+            ),
+        });
+    }
+    let mut out = Vec::new();
+    for (key, b) in &base {
+        let c = cur.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+        let get = |m: Option<&HashMap<&str, f64>>, col: &str| m.and_then(|m| m.get(col).copied());
+        let mut v = Verdict {
+            scheme: key.0.clone(),
+            batch: key.1.clone(),
+            seq_len: key.2.clone(),
+            ppl: (b.get("ppl").copied(), get(c, "ppl")),
+            kl: (b.get("kl_mean").copied(), get(c, "kl_mean")),
+            tpot: (b.get("tpot_ms_mean").copied(), get(c, "tpot_ms_mean")),
+            failures: Vec::new(),
+        };
+        if c.is_none() {
+            v.failures.push("missing from the current results".into());
+            out.push(v);
+            continue;
+        }
+        let mut check = |label: &str, (b, c): (Option<f64>, Option<f64>), limit: Option<f64>, change: fn(f64, f64) -> f64, unit: &str| {
+            let Some(limit) = limit else { return };
+            match (b, c) {
+                (Some(b), Some(c)) => {
+                    let d = change(b, c);
+                    if !(d <= limit) {
+                        v.failures.push(format!("{label} {d:+.4}{unit} > {limit}{unit}"));
+                    }
+                }
+                (Some(_), None) => v.failures.push(format!("{label} not measured")),
+                (None, _) => {}
+            }
+        };
+        let rel = |b: f64, c: f64| 100.0 * (c / b - 1.0);
+        let abs = |b: f64, c: f64| c - b;
+        check("perplexity", v.ppl, limits.max_ppl_delta_pct, rel, "%");
+        check("KL", v.kl, limits.max_kl, abs, " nats");
+        check("TPOT", v.tpot, limits.max_tpot_regression_pct, rel, "%");
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// The verdicts as a Markdown table (fit for a CI step summary), with a one-line result.
+pub fn markdown(verdicts: &[Verdict], limits: &Limits) -> String {
+    let f = |x: Option<f64>, p: usize| x.map_or("-".to_string(), |v| format!("{v:.p$}"));
+    let pct = |(b, c): (Option<f64>, Option<f64>)| match (b, c) {
+        (Some(b), Some(c)) => format!("{:+.2}%", 100.0 * (c / b - 1.0)),
+        _ => "-".into(),
+    };
+    let mut s = String::from(
+        "| scheme | batch | seq | PPL base | PPL now | ΔPPL | KL base | KL now | TPOT base ms | TPOT now ms | ΔTPOT | result |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for v in verdicts {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            v.scheme,
+            v.batch,
+            v.seq_len,
+            f(v.ppl.0, 4),
+            f(v.ppl.1, 4),
+            pct(v.ppl),
+            f(v.kl.0, 5),
+            f(v.kl.1, 5),
+            f(v.tpot.0, 2),
+            f(v.tpot.1, 2),
+            pct(v.tpot),
+            if v.passed() {
+                "pass".to_string()
+            } else {
+                format!("**FAIL**: {}", v.failures.join("; "))
+            }
+        ));
+    }
+    let failed = verdicts.iter().filter(|v| !v.passed()).count();
+    let lim = |x: Option<f64>, u: &str| x.map_or("unchecked".into(), |v| format!("{v}{u}"));
+    s.push_str(&format!(
+        "\nLimits: perplexity +{}, KL +{}, TPOT +{}. {}\n",
+        lim(limits.max_ppl_delta_pct, "%"),
+        lim(limits.max_kl, " nats"),
+        lim(limits.max_tpot_regression_pct, "%"),
+        if failed == 0 {
+            format!("All {} points pass.", verdicts.len())
+        } else {
+            format!("{failed} of {} points regress.", verdicts.len())
+        }
+    ));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn results(name: &str, text: &str) -> Results {
+        let p = std::env::temp_dir().join(format!("kvbench-gate-{}-{name}.csv", std::process::id()));
+        std::fs::write(&p, text).unwrap();
+        let r = Results::read(&p).unwrap();
+        std::fs::remove_file(&p).ok();
+        r
+    }
+
+    const BASE: &str = "scheme,batch_size,seq_len,ppl,kl_mean,tpot_ms_mean\n\
+                        fp16,1,64,20.0,,10.0\n\
+                        int4,1,64,21.0,0.05,10.0\n";
+
+    /// Hand-made: int4's perplexity 21 → 21.42 is +2 % (limit 1 %); KL 0.05 → 0.055 is
+    /// +0.005 (limit 0.01) and passes; fp16 unchanged passes.
+    #[test]
+    fn a_regression_fails_and_equal_passes() {
+        let limits = Limits {
+            max_ppl_delta_pct: Some(1.0),
+            max_kl: Some(0.01),
+            max_tpot_regression_pct: None,
+        };
+        let base = results("base", BASE);
+        let same = compare(&base, &results("same", BASE), &limits).unwrap();
+        assert!(same.iter().all(Verdict::passed));
+        let worse = results(
+            "worse",
+            "scheme,batch_size,seq_len,ppl,kl_mean,tpot_ms_mean\n\
+             fp16,1,64,20.0,,30.0\n\
+             int4,1,64,21.42,0.055,10.0\n",
+        );
+        let v = compare(&base, &worse, &limits).unwrap();
+        assert!(v[0].passed(), "TPOT is unchecked");
+        assert!(!v[1].passed());
+        assert_eq!(v[1].failures.len(), 1, "{:?}", v[1].failures);
+        assert!(v[1].failures[0].starts_with("perplexity +2.0000%"), "{:?}", v[1].failures);
+        assert!(markdown(&v, &limits).contains("**FAIL**"));
+    }
+
+    /// A missing column and disjoint points are usage errors naming what is wrong.
+    #[test]
+    fn unusable_input_is_named() {
+        let limits = Limits {
+            max_ppl_delta_pct: Some(1.0),
+            ..Default::default()
+        };
+        let base = results("b2", BASE);
+        let no_ppl = results("noppl", "scheme,batch_size,seq_len\nfp16,1,64\n");
+        let e = compare(&base, &no_ppl, &limits).unwrap_err().to_string();
+        assert!(e.contains("ppl") && e.contains("noppl"), "{e}");
+        let other = results("other", "scheme,batch_size,seq_len,ppl\nfp16,4,512,20\n");
+        let e = compare(&base, &other, &limits).unwrap_err().to_string();
+        assert!(e.contains("fp16 b1 s64") && e.contains("fp16 b4 s512"), "{e}");
+    }
+}
