@@ -64,7 +64,21 @@ pub fn run(a: ReportArgs) -> anyhow::Result<()> {
     } else {
         format!("kvbench sweep — {}", caption.model)
     };
-    let path = summary::write_report(&out, &title, &about, &rows, &caption)?;
+    let multi = runs.len() > 1;
+    let passkey: Vec<_> = runs
+        .iter()
+        .flat_map(|r| {
+            r.passkey.iter().map(move |(n, p)| {
+                let name = if multi {
+                    format!("{} · {n}", r.dir.file_name().map_or("".into(), |f| f.to_string_lossy()))
+                } else {
+                    n.clone()
+                };
+                (name, p.clone())
+            })
+        })
+        .collect();
+    let path = summary::write_report(&out, &title, &about, &rows, &passkey, &caption)?;
     for r in &runs {
         if runs.len() > 1 {
             println!("{}", r.dir.display());

@@ -46,6 +46,18 @@ pub struct Suite {
     pub ppl_mode: Option<PplMode>,
     /// `--ppl-batch`.
     pub ppl_batch: Option<usize>,
+    /// `--rouge-samples`.
+    pub rouge_samples: Option<usize>,
+    /// `--rouge-doc-tokens`.
+    pub rouge_doc_tokens: Option<usize>,
+    /// `--rouge-max-new`.
+    pub rouge_max_new: Option<usize>,
+    /// `--passkey-lengths`.
+    pub passkey_lengths: Option<Vec<usize>>,
+    /// `--passkey-depths`.
+    pub passkey_depths: Option<Vec<f64>>,
+    /// `--passkey-trials`.
+    pub passkey_trials: Option<usize>,
     /// `--no-kl`.
     pub no_kl: Option<bool>,
     /// `--weights`.
@@ -97,6 +109,12 @@ impl Suite {
             ppl_score: Some(a.ppl_score),
             ppl_mode: Some(a.ppl_mode),
             ppl_batch: Some(a.ppl_batch),
+            rouge_samples: Some(a.rouge_samples),
+            rouge_doc_tokens: Some(a.rouge_doc_tokens),
+            rouge_max_new: Some(a.rouge_max_new),
+            passkey_lengths: Some(a.passkey_lengths.clone()),
+            passkey_depths: Some(a.passkey_depths.clone()),
+            passkey_trials: Some(a.passkey_trials),
             no_kl: Some(a.no_kl),
             weights: Some(a.weights),
             prefill_weights: Some(a.prefill_weights),
@@ -134,6 +152,12 @@ impl Suite {
             ppl_score => ppl_score,
             ppl_mode => ppl_mode,
             ppl_batch => ppl_batch,
+            rouge_samples => rouge_samples,
+            rouge_doc_tokens => rouge_doc_tokens,
+            rouge_max_new => rouge_max_new,
+            passkey_lengths => passkey_lengths,
+            passkey_depths => passkey_depths,
+            passkey_trials => passkey_trials,
             no_kl => no_kl,
             weights => weights,
             prefill_weights => prefill_weights,

@@ -8,8 +8,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::kv::{KvScheme, VALID_SCHEMES};
 use crate::measure::sweep::{
-    run_sweep, work_units, PhaseModels, PointOutcome, Progress, SweepSpec,
+    run_sweep, work_units, PhaseModels, PointOutcome, Progress, QualityTasks, SweepSpec,
 };
+use crate::quality::passkey::{self, PasskeySpec};
+use crate::quality::xsum::{self, RougeTask};
 use crate::model::{self, hub, ModelLocation, WeightDtype};
 use crate::quality::perplexity::{PplMode, PplProtocol, Scoring};
 use crate::quality::wikitext;
@@ -78,6 +80,32 @@ pub struct SweepArgs {
     /// doubles perplexity time for every other scheme.
     #[arg(long)]
     pub no_kl: bool,
+
+    /// XSum articles to summarize per scheme (greedy, the model's chat template) for ROUGE;
+    /// 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    pub rouge_samples: usize,
+
+    /// Article tokens kept in each summarization prompt.
+    #[arg(long, default_value_t = 768)]
+    pub rouge_doc_tokens: usize,
+
+    /// Most tokens generated per summary.
+    #[arg(long, default_value_t = 64)]
+    pub rouge_max_new: usize,
+
+    /// Passkey retrieval prompt lengths in tokens, comma-separated (e.g. 512,1024,2048); empty
+    /// skips it.
+    #[arg(long, value_delimiter = ',')]
+    pub passkey_lengths: Vec<usize>,
+
+    /// Depths of the pass key in the haystack, %.
+    #[arg(long, value_delimiter = ',', default_value = "0,25,50,75,100")]
+    pub passkey_depths: Vec<f64>,
+
+    /// Passkey trials (different keys) per length × depth.
+    #[arg(long, default_value_t = 1)]
+    pub passkey_trials: usize,
 
     /// Windows decoded together in decode mode.
     #[arg(long, default_value_t = 8)]
@@ -178,8 +206,19 @@ struct Meta<'a> {
     settings: Suite,
     sweep: &'a SweepSpec,
     perplexity: Option<PerplexityMeta<'a>>,
+    generation_tasks: GenerationMeta,
     report_context: &'a RowContext,
     csv_columns: &'a [&'a str],
+}
+
+/// The generation tasks' fixed prompts and settings.
+#[derive(serde::Serialize)]
+struct GenerationMeta {
+    weights: WeightDtype,
+    decoding: &'static str,
+    stop_tokens: Vec<u32>,
+    rouge: Option<serde_json::Value>,
+    passkey: Option<serde_json::Value>,
 }
 
 #[derive(serde::Serialize)]
@@ -317,10 +356,45 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         repeats: args.repeats,
         min_time_s: args.min_time,
         kl: !args.no_kl,
+        rouge_samples: args.rouge_samples,
+        passkey: (!args.passkey_lengths.is_empty()).then(|| PasskeySpec {
+            lengths: args.passkey_lengths.clone(),
+            depths: args.passkey_depths.clone(),
+            trials: args.passkey_trials,
+            seed: args.seed,
+        }),
     };
     spec.validate(cfg.max_ctx, tokens.len())?;
     for s in &spec.schemes {
         s.validate(cfg.head_dim)?;
+    }
+    let quality_tok = &loaded[&args.ppl_weights].tokenizer;
+    let tasks = QualityTasks {
+        tokenizer: quality_tok,
+        stop: quality_tok.stop_tokens(),
+        rouge: (args.rouge_samples > 0)
+            .then(|| {
+                RougeTask::new(
+                    quality_tok,
+                    args.rouge_samples,
+                    args.rouge_doc_tokens,
+                    args.rouge_max_new,
+                )
+            })
+            .transpose()?,
+        passkey: match &spec.passkey {
+            Some(p) => passkey::prompts(quality_tok, p)?,
+            None => Vec::new(),
+        },
+    };
+    if let Some(max) = tasks.passkey.iter().map(|p| p.tokens.len()).max() {
+        if max + 8 > cfg.max_ctx {
+            return Err(crate::Error::InvalidArgument {
+                name: "--passkey-lengths".into(),
+                reason: format!("{max} tokens exceed the model's context {}", cfg.max_ctx),
+            }
+            .into());
+        }
     }
 
     let label = model_label(&args.model, &location);
@@ -383,13 +457,40 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
             dataset_tokens: tokens.len(),
             reference: "llama.cpp llama-perplexity (non-overlapping windows, half scoring)",
         }),
+        generation_tasks: GenerationMeta {
+            weights: args.ppl_weights,
+            decoding: "greedy, batch 1, K/V in the scheme under test",
+            stop_tokens: tasks.stop.clone(),
+            rouge: tasks.rouge.as_ref().map(|r| {
+                serde_json::json!({
+                    "dataset": "XSum test (datasets/xsum/xsum_test_100.jsonl), first N pairs",
+                    "samples": r.prompts.len(),
+                    "prompt": xsum::PROMPT,
+                    "chat_template": quality_tok.chat_template.is_some(),
+                    "document_tokens": args.rouge_doc_tokens,
+                    "max_new_tokens": r.max_new,
+                    "scorer": "rouge-score 0.1.2 semantics, use_stemmer=True",
+                })
+            }),
+            passkey: spec.passkey.as_ref().map(|p| {
+                serde_json::json!({
+                    "spec": p,
+                    "prefix": passkey::PREFIX,
+                    "filler": passkey::FILLER,
+                    "needle": passkey::NEEDLE,
+                    "question": passkey::QUESTION,
+                    "max_new_tokens": 8,
+                    "correct": "first integer of the continuation equals the key",
+                })
+            }),
+        },
         report_context: &row_ctx,
         csv_columns: CSV_COLUMNS,
     };
     let meta_path = folder.dir.join(crate::report::META_FILE);
     meta::write_json(&meta_path, &meta)?;
 
-    let bar = progress_bar(work_units(&spec, args.ppl_windows));
+    let bar = progress_bar(work_units(&spec, args.ppl_windows, tasks.units()));
     let mut sink = RunSink::create(&folder.dir, row_ctx.clone(), done.clone())?
         .on_row(print_row(bar.clone()));
     let result = run_sweep(
@@ -397,6 +498,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         &tokens,
         timing.tokenizer.bos,
         &spec,
+        Some(&tasks),
         &done,
         &mut sink,
         &BarProgress(bar.clone()),
@@ -418,6 +520,7 @@ fn finish(dir: &std::path::Path, title: &str) -> anyhow::Result<()> {
         &format!("{title} — {}", run.caption().model),
         &about,
         &run.rows,
+        &run.passkey,
         &run.caption(),
     )?;
     print!("{}", table::render(&run.rows));
@@ -504,6 +607,8 @@ fn run_synthetic(
         repeats: 1,
         min_time_s: 0.0,
         kl: false,
+        rouge_samples: 0,
+        passkey: None,
     };
     spec.validate(usize::MAX, usize::MAX)?;
     let folder = RunFolder::open(
@@ -537,7 +642,7 @@ fn run_synthetic(
         "csv_columns": CSV_COLUMNS,
     });
     meta::write_json(&folder.dir.join(crate::report::META_FILE), &meta_value)?;
-    let bar = progress_bar(work_units(&spec, 0));
+    let bar = progress_bar(work_units(&spec, 0, 0));
     let mut sink =
         RunSink::create(&folder.dir, row_ctx, done.clone())?.on_row(print_row(bar.clone()));
     let result = crate::measure::synthetic::run_synthetic(

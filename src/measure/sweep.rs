@@ -27,7 +27,11 @@ use super::stats::summarize;
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvScheme};
 use crate::model::{argmax_rows, Model};
+use crate::model::tokenizer::TextTokenizer;
+use crate::quality::generate::greedy;
+use crate::quality::passkey::{first_integer, PasskeyPrompt, PasskeyResult, PasskeySpec, PasskeyTrial};
 use crate::quality::perplexity::{perplexity_vs, PplProtocol, PplResult};
+use crate::quality::xsum::{RougeResult, RougeTask};
 
 /// What to sweep.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -53,6 +57,31 @@ pub struct SweepSpec {
     /// Compare every scheme's next-token distributions with the fp16 cache's in lockstep
     /// (KL divergence, top-1 agreement); doubles perplexity time for non-baseline schemes.
     pub kl: bool,
+    /// XSum articles summarized per scheme for ROUGE (0: none).
+    pub rouge_samples: usize,
+    /// Passkey retrieval lengths, depths and trials; `None` skips it.
+    pub passkey: Option<PasskeySpec>,
+}
+
+/// The generation tasks of a sweep, tokenized once: XSum prompts and passkey prompts, with the
+/// tokenizer that turns generated ids back into text.
+#[derive(Debug, Clone)]
+pub struct QualityTasks<'a> {
+    /// Decodes generated ids.
+    pub tokenizer: &'a TextTokenizer,
+    /// Tokens that end a generated turn.
+    pub stop: Vec<u32>,
+    /// XSum summarization prompts, if ROUGE is measured.
+    pub rouge: Option<RougeTask>,
+    /// Passkey prompts (empty: not measured).
+    pub passkey: Vec<PasskeyPrompt>,
+}
+
+impl QualityTasks<'_> {
+    /// Units of progress per scheme: one per generated summary and per passkey prompt.
+    pub fn units(&self) -> usize {
+        self.rouge.as_ref().map_or(0, |r| r.prompts.len()) + self.passkey.len()
+    }
 }
 
 impl SweepSpec {
@@ -187,6 +216,10 @@ pub struct PointOutcome {
     pub ppl: Option<PplResult>,
     /// The fp16 baseline's perplexity, if measured.
     pub baseline_ppl: Option<f64>,
+    /// The scheme's ROUGE on XSum summaries, if measured.
+    pub rouge: Option<RougeResult>,
+    /// The scheme's passkey retrieval trials, if measured.
+    pub passkey: Option<PasskeyResult>,
 }
 
 /// The on-disk form of [`PointOutcome`].
@@ -202,6 +235,10 @@ struct RawPoint {
     ppl: Option<PplResult>,
     #[serde(default)]
     baseline_ppl: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rouge: Option<RougeResult>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    passkey: Option<PasskeyResult>,
 }
 
 impl From<PointOutcome> for RawPoint {
@@ -218,6 +255,8 @@ impl From<PointOutcome> for RawPoint {
             timing,
             ppl: o.ppl,
             baseline_ppl: o.baseline_ppl,
+            rouge: o.rouge,
+            passkey: o.passkey,
         }
     }
 }
@@ -237,6 +276,8 @@ impl TryFrom<RawPoint> for PointOutcome {
             timing,
             ppl: r.ppl,
             baseline_ppl: r.baseline_ppl,
+            rouge: r.rouge,
+            passkey: r.passkey,
         })
     }
 }
@@ -258,9 +299,11 @@ pub trait Progress {
 impl Progress for () {}
 
 /// Units of work a sweep reports to [`Progress`]: perplexity windows plus timing points.
-pub fn work_units(spec: &SweepSpec, ppl_windows: usize) -> u64 {
+/// Units of work a sweep reports to [`Progress`]: perplexity windows, generation-task prompts
+/// (`task_units` per scheme) and timing points.
+pub fn work_units(spec: &SweepSpec, ppl_windows: usize, task_units: usize) -> u64 {
     let points = spec.batch_sizes.len() * spec.seq_lens.len();
-    (spec.schemes.len() * (points + ppl_windows)) as u64
+    (spec.schemes.len() * (points + ppl_windows + task_units)) as u64
 }
 
 /// The model in the weight dtype each phase runs with. All three share one set of files and one
@@ -288,6 +331,7 @@ pub fn run_sweep(
     tokens: &[u32],
     bos: Option<u32>,
     spec: &SweepSpec,
+    tasks: Option<&QualityTasks<'_>>,
     done: &[PointOutcome],
     sink: &mut dyn PointSink,
     progress: &dyn Progress,
@@ -305,6 +349,10 @@ pub fn run_sweep(
         .iter()
         .find(|o| o.scheme.is_baseline())
         .and_then(|o| o.ppl.as_ref().map(|p| p.perplexity));
+    let mut baseline_rouge: Option<Vec<String>> = done
+        .iter()
+        .find(|o| o.scheme.is_baseline())
+        .and_then(|o| o.rouge.as_ref().map(|r| r.predictions.clone()));
     for &scheme in &spec.schemes {
         let todo: Vec<(usize, usize)> = spec
             .batch_sizes
@@ -318,13 +366,14 @@ pub fn run_sweep(
             if let Some(p) = &spec.ppl {
                 progress.advance(p.windows.unwrap_or(0) as u64);
             }
+            progress.advance(tasks.map_or(0, |t| t.units()) as u64);
             continue;
         }
-        let earlier = done
+        let earlier_ppl = done
             .iter()
             .find(|o| o.scheme == scheme)
             .and_then(|o| o.ppl.clone());
-        let ppl = match (&spec.ppl, earlier) {
+        let ppl = match (&spec.ppl, earlier_ppl) {
             (Some(proto), Some(r)) => {
                 progress.advance(proto.windows.unwrap_or(0) as u64);
                 Some(r)
@@ -348,6 +397,35 @@ pub fn run_sweep(
         if scheme.is_baseline() {
             baseline_ppl = ppl.as_ref().map(|r| r.perplexity).or(baseline_ppl);
         }
+        let earlier = done.iter().find(|o| o.scheme == scheme);
+        let (mut rouge, mut passkey) = (None, None);
+        if let Some(t) = tasks {
+            let earlier_rouge = earlier.and_then(|o| o.rouge.clone());
+            rouge = match (&t.rouge, earlier_rouge) {
+                (Some(task), Some(r)) => {
+                    progress.advance(task.prompts.len() as u64);
+                    Some(r)
+                }
+                (Some(task), None) => {
+                    let base = baseline_rouge.as_deref().filter(|_| !scheme.is_baseline());
+                    Some(summarize_xsum(models.quality, scheme, task, t, base, progress)?)
+                }
+                (None, _) => None,
+            };
+            if scheme.is_baseline() {
+                baseline_rouge = rouge.as_ref().map(|r| r.predictions.clone());
+            }
+            passkey = match earlier.and_then(|o| o.passkey.clone()) {
+                Some(p) => {
+                    progress.advance(t.passkey.len() as u64);
+                    Some(p)
+                }
+                None if !t.passkey.is_empty() => {
+                    Some(passkey_trials(models.quality, scheme, t, progress)?)
+                }
+                None => None,
+            };
+        }
         for (batch, seq_len) in todo {
             progress.start(&format!("{scheme}: batch {batch} × {seq_len} tokens"));
             let prompts = prompts(tokens, batch, seq_len, spec.seed);
@@ -359,6 +437,8 @@ pub fn run_sweep(
                 timing,
                 ppl: ppl.clone(),
                 baseline_ppl,
+                rouge: rouge.clone(),
+                passkey: passkey.clone(),
             })?;
             progress.advance(1);
         }
@@ -494,4 +574,48 @@ fn run_once(
         itl_ms,
         generated,
     })
+}
+
+/// Greedy summaries of the XSum prompts with K/V in `scheme`, scored with ROUGE (stemmed) and,
+/// given the fp16 cache's summaries, against those.
+fn summarize_xsum(
+    model: &Model,
+    scheme: KvScheme,
+    task: &RougeTask,
+    t: &QualityTasks<'_>,
+    baseline: Option<&[String]>,
+    progress: &dyn Progress,
+) -> Result<RougeResult> {
+    progress.start(&format!("{scheme}: XSum summaries"));
+    let mut predictions = Vec::with_capacity(task.prompts.len());
+    for prompt in &task.prompts {
+        let ids = greedy(model, scheme, prompt, task.max_new, &t.stop)?;
+        predictions.push(t.tokenizer.decode(&ids)?.trim().to_string());
+        progress.advance(1);
+    }
+    Ok(RougeResult::score(task, predictions, baseline))
+}
+
+/// Passkey trials with K/V in `scheme`: up to 8 greedy tokens after each prompt.
+fn passkey_trials(
+    model: &Model,
+    scheme: KvScheme,
+    t: &QualityTasks<'_>,
+    progress: &dyn Progress,
+) -> Result<PasskeyResult> {
+    progress.start(&format!("{scheme}: passkey retrieval"));
+    let mut trials = Vec::with_capacity(t.passkey.len());
+    for p in &t.passkey {
+        let ids = greedy(model, scheme, &p.tokens, 8, &t.stop)?;
+        let answer = t.tokenizer.decode(&ids)?;
+        trials.push(PasskeyTrial {
+            length: p.length,
+            depth_pct: p.depth_pct,
+            key: p.key,
+            correct: first_integer(&answer) == Some(p.key as u64),
+            answer,
+        });
+        progress.advance(1);
+    }
+    Ok(PasskeyResult { trials })
 }

@@ -147,6 +147,8 @@ pub fn run_synthetic(
                     timing,
                     ppl: None,
                     baseline_ppl: None,
+                    rouge: None,
+                    passkey: None,
                 })?;
                 progress.advance(1);
             }
@@ -217,6 +219,8 @@ mod tests {
             repeats: 1,
             min_time_s: 0.0,
             kl: false,
+            rouge_samples: 0,
+            passkey: None,
         };
         // fp16 at 5002 tokens × 2 sequences: 2·2·2·2·128·5002 ≈ 10.2 MB > the 4 MB limit.
         let limit = 4_000_000;

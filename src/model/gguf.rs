@@ -232,7 +232,13 @@ impl GgufFile {
             .get("tokenizer.ggml.add_bos_token")
             .and_then(|v| v.to_bool().ok())
             .unwrap_or(false);
-        TextTokenizer::from_gguf_vocab(&tokens, &merges, &types, &pre, bos, eos, add_bos)
+        let mut t =
+            TextTokenizer::from_gguf_vocab(&tokens, &merges, &types, &pre, bos, eos, add_bos)?;
+        t.chat_template = self
+            .meta_str("tokenizer.chat_template")
+            .ok()
+            .map(str::to_string);
+        Ok(t)
     }
 }
 

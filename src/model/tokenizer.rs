@@ -36,6 +36,9 @@ pub struct TextTokenizer {
     pub add_bos: bool,
     /// Where the tokenizer came from (`gguf:<pre>` or the tokenizer.json path), for `meta.json`.
     pub description: String,
+    /// The model's chat template (Jinja, as in GGUF `tokenizer.chat_template` or
+    /// `tokenizer_config.json`), if it has one.
+    pub chat_template: Option<String>,
 }
 
 impl TextTokenizer {
@@ -125,6 +128,7 @@ impl TextTokenizer {
             eos,
             add_bos,
             description: format!("gguf byte-level BPE, pre-tokenizer `{pre}`"),
+            chat_template: None,
         })
     }
 
@@ -145,6 +149,12 @@ impl TextTokenizer {
             eos: None,
             add_bos: bos.is_some(),
             description: path.display().to_string(),
+            chat_template: path
+                .parent()
+                .map(|d| d.join("tokenizer_config.json"))
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|v| v["chat_template"].as_str().map(str::to_string)),
         })
     }
 
@@ -157,6 +167,45 @@ impl TextTokenizer {
             .map_err(|e| Error::Tokenizer(e.to_string()))?
             .get_ids()
             .to_vec())
+    }
+
+    /// The prompt for one user turn: the chat template rendered (minijinja, as mistral.rs and
+    /// llama.cpp's Jinja mode do) with `messages = [{role: "user", content: user}]` and
+    /// `add_generation_prompt = true`; without a template, `user` itself. Errors:
+    /// [`Error::Tokenizer`] when the template does not render, with minijinja's message.
+    pub fn chat_prompt(&self, user: &str) -> Result<String> {
+        let Some(template) = &self.chat_template else {
+            return Ok(user.to_string());
+        };
+        let mut env = minijinja::Environment::new();
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        let tok = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i)).unwrap_or_default();
+        env.render_str(
+            template,
+            minijinja::context! {
+                messages => vec![minijinja::context! { role => "user", content => user }],
+                add_generation_prompt => true,
+                bos_token => tok(self.bos),
+                eos_token => tok(self.eos),
+            },
+        )
+        .map_err(|e| Error::Tokenizer(format!("chat template: {e}")))
+    }
+
+    /// Ids that end a generated turn: EOS and the end-of-turn tokens of common chat formats
+    /// (`<|im_end|>`, `<|eot_id|>`, `<|end|>`, `</s>`, `<|endoftext|>`) that are in the vocabulary.
+    pub fn stop_tokens(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.eos.into_iter().collect();
+        for t in ["<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<|endoftext|>"] {
+            if let Some(id) = self.inner.token_to_id(t) {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+        ids
     }
 
     /// Text of `ids` (special tokens kept).

@@ -221,6 +221,131 @@ impl LineChart {
     }
 }
 
+/// A grid of heat-map panels, one per series (e.g. passkey accuracy per scheme: rows are
+/// lengths, columns depths), values 0–100 coloured from red (0) to green (100) and printed in
+/// each cell.
+#[derive(Debug, Clone)]
+pub struct HeatMap {
+    /// Title.
+    pub title: String,
+    /// Caption under the title (model, machine, settings).
+    pub caption: String,
+    /// Row axis label with unit (drawn on each panel's left).
+    pub row_label: String,
+    /// Column axis label with unit (drawn under each panel).
+    pub col_label: String,
+    /// Row names, top to bottom.
+    pub rows: Vec<String>,
+    /// Column names, left to right.
+    pub cols: Vec<String>,
+    /// One panel per entry: name and `values[row][col]` (`None`: not measured).
+    pub panels: Vec<(String, Vec<Vec<Option<f64>>>)>,
+}
+
+impl HeatMap {
+    /// Writes `<stem>.png` and `<stem>.svg` into `dir`. Errors: [`Error::Io`] naming the file.
+    pub fn render(&self, dir: &Path, stem: &str) -> Result<()> {
+        register_font();
+        let per_row = self.panels.len().clamp(1, 3);
+        let panel_rows = self.panels.len().div_ceil(per_row).max(1);
+        let size = (1000, 90 + 300 * panel_rows as u32);
+        let png = dir.join(format!("{stem}.png"));
+        let svg = dir.join(format!("{stem}.svg"));
+        let draw_err = |p: &Path, e: String| Error::io(p, std::io::Error::other(e));
+        {
+            let root = BitMapBackend::new(&png, size).into_drawing_area();
+            self.draw(&root, per_row, panel_rows).map_err(|e| draw_err(&png, e))?;
+            root.present().map_err(|e| draw_err(&png, e.to_string()))?;
+        }
+        {
+            let root = SVGBackend::new(&svg, size).into_drawing_area();
+            self.draw(&root, per_row, panel_rows).map_err(|e| draw_err(&svg, e))?;
+            root.present().map_err(|e| draw_err(&svg, e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+        per_row: usize,
+        panel_rows: usize,
+    ) -> std::result::Result<(), String> {
+        let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+        root.fill(&WHITE).map_err(e)?;
+        let (top, body) = root.split_vertically(80);
+        top.draw(&Text::new(self.title.as_str(), (20, 10), (FAMILY, 24).into_font()))
+            .map_err(e)?;
+        top.draw(&Text::new(
+            self.caption.as_str(),
+            (20, 44),
+            (FAMILY, 14).into_font().color(&RGBColor(90, 90, 90)),
+        ))
+        .map_err(e)?;
+        let areas = body.split_evenly((panel_rows, per_row));
+        let (nr, nc) = (self.rows.len().max(1) as i32, self.cols.len().max(1) as i32);
+        for ((name, values), area) in self.panels.iter().zip(areas) {
+            let (w, h) = area.dim_in_pixel();
+            let (left, top_px, bottom) = (70i32, 28i32, 44i32);
+            let cw = (w as i32 - left - 12) / nc;
+            let ch = (h as i32 - top_px - bottom) / nr;
+            area.draw(&Text::new(name.as_str(), (left, 6), (FAMILY, 16).into_font()))
+                .map_err(e)?;
+            for (r, row) in values.iter().enumerate() {
+                for (c, v) in row.iter().enumerate() {
+                    let (x0, y0) = (left + c as i32 * cw, top_px + r as i32 * ch);
+                    let fill = match v {
+                        Some(v) => {
+                            let t = (v / 100.0).clamp(0.0, 1.0);
+                            RGBColor(
+                                (215.0 * (1.0 - t) + 40.0 * t) as u8,
+                                (48.0 * (1.0 - t) + 160.0 * t) as u8,
+                                (39.0 * (1.0 - t) + 70.0 * t) as u8,
+                            )
+                        }
+                        None => RGBColor(220, 220, 220),
+                    };
+                    area.draw(&Rectangle::new(
+                        [(x0, y0), (x0 + cw - 2, y0 + ch - 2)],
+                        fill.filled(),
+                    ))
+                    .map_err(e)?;
+                    let text = v.map_or("-".to_string(), |v| format!("{v:.0}%"));
+                    area.draw(&Text::new(
+                        text,
+                        (x0 + cw / 2 - 14, y0 + ch / 2 - 8),
+                        (FAMILY, 15).into_font().color(&WHITE),
+                    ))
+                    .map_err(e)?;
+                }
+            }
+            for (r, label) in self.rows.iter().enumerate() {
+                area.draw(&Text::new(
+                    label.as_str(),
+                    (8, top_px + r as i32 * ch + ch / 2 - 8),
+                    (FAMILY, 13).into_font(),
+                ))
+                .map_err(e)?;
+            }
+            for (c, label) in self.cols.iter().enumerate() {
+                area.draw(&Text::new(
+                    label.as_str(),
+                    (left + c as i32 * cw + cw / 2 - 12, top_px + nr * ch + 4),
+                    (FAMILY, 13).into_font(),
+                ))
+                .map_err(e)?;
+            }
+            area.draw(&Text::new(
+                format!("{} (rows) × {} (columns)", self.row_label, self.col_label),
+                (left, top_px + nr * ch + 22),
+                (FAMILY, 12).into_font().color(&RGBColor(90, 90, 90)),
+            ))
+            .map_err(e)?;
+        }
+        Ok(())
+    }
+}
+
 /// Tick labels: `4k`, `128k`, `1.5M` for large values (k = 1024, as token counts), plain
 /// numbers otherwise.
 fn compact(v: f64) -> String {

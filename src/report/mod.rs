@@ -120,6 +120,23 @@ pub struct ResultRow {
     pub top1_agree_pct: Option<f64>,
     /// Mean |Δp| of the fp16 cache's top token.
     pub mean_abs_dp_top: Option<f64>,
+    /// XSum articles summarized (greedy, chat template) for the ROUGE columns.
+    pub rouge_samples: Option<usize>,
+    /// Mean ROUGE-1 F1 against the XSum references (rouge-score, Porter stemmer).
+    pub rouge1_f1: Option<f64>,
+    /// Mean ROUGE-2 F1.
+    pub rouge2_f1: Option<f64>,
+    /// Mean ROUGE-L F1.
+    pub rouge_l_f1: Option<f64>,
+    /// Mean ROUGE-Lsum F1.
+    pub rouge_lsum_f1: Option<f64>,
+    /// Mean ROUGE-L F1 of each summary against the fp16 cache's summary of the same article
+    /// (1 = identical summaries): agreement with the baseline.
+    pub rouge_l_vs_fp16: Option<f64>,
+    /// Passkey trials (lengths × depths × trials).
+    pub passkey_trials: Option<usize>,
+    /// Passkey trials answered correctly, %.
+    pub passkey_accuracy_pct: Option<f64>,
     /// `chunked` or `decode`.
     pub ppl_mode: Option<String>,
     /// Windows in the perplexity run.
@@ -181,6 +198,14 @@ pub const CSV_COLUMNS: &[&str] = &[
     "kl_q4",
     "top1_agree_pct",
     "mean_abs_dp_top",
+    "rouge_samples",
+    "rouge1_f1",
+    "rouge2_f1",
+    "rouge_l_f1",
+    "rouge_lsum_f1",
+    "rouge_l_vs_fp16",
+    "passkey_trials",
+    "passkey_accuracy_pct",
     "ppl_mode",
     "ppl_windows",
     "ppl_ctx",
@@ -214,6 +239,7 @@ impl ResultRow {
         let ttft = t.and_then(|t| summarize(&t.ttft_ms));
         let tpot = t.and_then(|t| summarize(&t.tpot_ms()));
         let itl = t.and_then(|t| summarize(&t.itl_all_ms()));
+        let rouge_f1 = o.rouge.as_ref().map(|r| r.mean_f1());
         let agreement = o.ppl.as_ref().and_then(|p| p.agreement.as_ref());
         let fp16_bytes = |tokens: usize| {
             (KvScheme::FP16.bytes_per_token(&ctx.geometry) * tokens * o.batch) as f64
@@ -275,6 +301,14 @@ impl ResultRow {
             kl_q4: agreement.map(|a| a.kl_by_quarter[3]),
             top1_agree_pct: agreement.map(|a| a.top1_agree_pct),
             mean_abs_dp_top: agreement.map(|a| a.mean_abs_dp_top),
+            rouge_samples: o.rouge.as_ref().map(|r| r.scores.len()),
+            rouge1_f1: rouge_f1.map(|m| m[0]),
+            rouge2_f1: rouge_f1.map(|m| m[1]),
+            rouge_l_f1: rouge_f1.map(|m| m[2]),
+            rouge_lsum_f1: rouge_f1.map(|m| m[3]),
+            rouge_l_vs_fp16: o.rouge.as_ref().and_then(|r| r.rouge_l_vs_fp16),
+            passkey_trials: o.passkey.as_ref().map(|p| p.trials.len()),
+            passkey_accuracy_pct: o.passkey.as_ref().map(|p| p.accuracy_pct()),
             ppl_mode: o.ppl.as_ref().map(|p| p.mode.to_string()),
             ppl_windows: o.ppl.as_ref().map(|p| p.windows),
             ppl_ctx: o.ppl.as_ref().and(ctx.ppl_ctx),

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::chart::{LineChart, Series, Style};
+use super::chart::{HeatMap, LineChart, Series, Style};
 use super::ResultRow;
 use crate::error::Result;
 
@@ -15,6 +15,9 @@ pub const CHARTS: [&str; 4] = [
     "kv_memory_vs_tokens",
     "quality_vs_kv_bytes",
 ];
+
+/// Stem of the passkey heat-map.
+pub const PASSKEY_CHART: &str = "passkey_heatmap";
 
 /// Where a set of rows came from, for chart captions: model, machine and settings.
 #[derive(Debug, Clone, Default)]
@@ -28,7 +31,7 @@ pub struct Caption {
 }
 
 impl Caption {
-    fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         [&self.model, &self.machine, &self.settings]
             .iter()
             .filter(|s| !s.is_empty())
@@ -186,6 +189,51 @@ pub fn pareto_frontier(mut pts: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
         }
     }
     out
+}
+
+/// The passkey heat-map: one panel per scheme with passkey trials (rows: prompt lengths,
+/// columns: depths, cells: accuracy %), from the run's raw outcomes; `None` without trials.
+pub fn passkey_heatmap(
+    outcomes: &[(String, crate::quality::passkey::PasskeyResult)],
+    caption: &Caption,
+) -> Option<HeatMap> {
+    let cells: Vec<(String, Vec<(usize, f64, f64)>)> = outcomes
+        .iter()
+        .map(|(n, p)| (n.clone(), p.cells()))
+        .filter(|(_, c)| !c.is_empty())
+        .collect();
+    if cells.is_empty() {
+        return None;
+    }
+    let mut lengths: Vec<usize> = cells.iter().flat_map(|(_, c)| c.iter().map(|x| x.0)).collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    let mut depths: Vec<f64> = cells.iter().flat_map(|(_, c)| c.iter().map(|x| x.1)).collect();
+    depths.sort_by(f64::total_cmp);
+    depths.dedup();
+    Some(HeatMap {
+        title: "Passkey retrieval accuracy by prompt length and depth".into(),
+        caption: caption.line(),
+        row_label: "prompt length (tokens)".into(),
+        col_label: "pass key depth (%)".into(),
+        rows: lengths.iter().map(|l| l.to_string()).collect(),
+        cols: depths.iter().map(|d| format!("{d}%")).collect(),
+        panels: cells
+            .into_iter()
+            .map(|(name, c)| {
+                let grid = lengths
+                    .iter()
+                    .map(|&l| {
+                        depths
+                            .iter()
+                            .map(|&d| c.iter().find(|x| x.0 == l && x.1 == d).map(|x| x.2))
+                            .collect()
+                    })
+                    .collect();
+                (name, grid)
+            })
+            .collect(),
+    })
 }
 
 /// Renders every chart into `dir` as PNG and SVG; returns the PNG paths.

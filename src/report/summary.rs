@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use super::plots::{self, Caption};
 use super::{read_raw, table, write_csv, ResultRow, RowContext};
 use crate::error::{Error, Result};
+use crate::quality::passkey::PasskeyResult;
 
 /// A run folder read back: its `meta.json` and its rows rebuilt from `raw.jsonl`.
 #[derive(Debug, Clone)]
@@ -17,6 +18,8 @@ pub struct Run {
     pub meta: serde_json::Value,
     /// One row per finished point, in the order they finished.
     pub rows: Vec<ResultRow>,
+    /// Passkey trials per scheme (first point of each scheme that has them).
+    pub passkey: Vec<(String, PasskeyResult)>,
 }
 
 impl Run {
@@ -42,14 +45,22 @@ impl Run {
                 ),
             },
         )?;
-        let rows = read_raw(&dir.join(super::RAW_FILE))?
-            .iter()
-            .map(|o| ResultRow::new(&ctx, o))
-            .collect();
+        let outcomes = read_raw(&dir.join(super::RAW_FILE))?;
+        let rows = outcomes.iter().map(|o| ResultRow::new(&ctx, o)).collect();
+        let mut passkey: Vec<(String, PasskeyResult)> = Vec::new();
+        for o in &outcomes {
+            let name = o.scheme.to_string();
+            if let Some(p) = &o.passkey {
+                if !passkey.iter().any(|(n, _)| *n == name) {
+                    passkey.push((name, p.clone()));
+                }
+            }
+        }
         Ok(Run {
             dir: dir.to_path_buf(),
             meta,
             rows,
+            passkey,
         })
     }
 
@@ -152,9 +163,21 @@ pub fn markdown(title: &str, about: &[String], rows: &[ResultRow], charts: &[Pat
 
 /// Writes `results.csv`, `summary.md` and `plots/` for `rows` into `dir`; returns the path of
 /// `summary.md`. Errors: [`Error::Io`] naming the file.
-pub fn write_report(dir: &Path, title: &str, about: &[String], rows: &[ResultRow], caption: &Caption) -> Result<PathBuf> {
+pub fn write_report(
+    dir: &Path,
+    title: &str,
+    about: &[String],
+    rows: &[ResultRow],
+    passkey: &[(String, PasskeyResult)],
+    caption: &Caption,
+) -> Result<PathBuf> {
     write_csv(&dir.join(super::CSV_FILE), rows)?;
-    let charts = plots::render_all(rows, caption, &dir.join(super::PLOTS_DIR))?;
+    let plots_dir = dir.join(super::PLOTS_DIR);
+    let mut charts = plots::render_all(rows, caption, &plots_dir)?;
+    if let Some(h) = plots::passkey_heatmap(passkey, caption) {
+        h.render(&plots_dir, plots::PASSKEY_CHART)?;
+        charts.push(plots_dir.join(format!("{}.png", plots::PASSKEY_CHART)));
+    }
     let path = dir.join(super::SUMMARY_FILE);
     std::fs::write(&path, markdown(title, about, rows, &charts)).map_err(|e| Error::io(&path, e))?;
     Ok(path)

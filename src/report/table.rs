@@ -27,7 +27,18 @@ const HEADER: [&str; 15] = [
 /// and prompt length; `-` where a value was not measured.
 pub fn cells(rows: &[ResultRow]) -> Vec<Vec<String>> {
     let f = |x: Option<f64>, p: usize| x.map_or("-".to_string(), |v| format!("{v:.p$}"));
-    let mut out: Vec<Vec<String>> = vec![HEADER.iter().map(|s| s.to_string()).collect()];
+    // Generation-task columns appear only when some row has them.
+    let rouge = rows.iter().any(|r| r.rouge_l_f1.is_some());
+    let passkey = rows.iter().any(|r| r.passkey_accuracy_pct.is_some());
+    let mut header: Vec<String> = HEADER[..HEADER.len() - 1].iter().map(|s| s.to_string()).collect();
+    if rouge {
+        header.extend(["ROUGE-L F1".to_string(), "RL vs fp16".to_string()]);
+    }
+    if passkey {
+        header.push("passkey %".into());
+    }
+    header.push(HEADER[HEADER.len() - 1].into());
+    let mut out: Vec<Vec<String>> = vec![header];
     let multi_run = rows.iter().any(|r| r.run_id != rows[0].run_id);
     for r in rows {
         let base = rows.iter().find(|b| {
@@ -61,8 +72,16 @@ pub fn cells(rows: &[ResultRow]) -> Vec<Vec<String>> {
             f(r.ppl, 4),
             r.ppl_delta_pct.map_or("-".into(), |x| format!("{x:+.2}")),
             r.kl_mean.map_or("-".into(), |x| format!("{x:.4}")),
-            truncate(&r.status, 40),
         ]);
+        let row = out.last_mut().expect("just pushed");
+        if rouge {
+            row.push(f(r.rouge_l_f1, 4));
+            row.push(f(r.rouge_l_vs_fp16, 3));
+        }
+        if passkey {
+            row.push(f(r.passkey_accuracy_pct, 0));
+        }
+        row.push(truncate(&r.status, 40));
     }
     out
 }
@@ -78,7 +97,8 @@ fn truncate(s: &str, n: usize) -> String {
 /// numbers right-aligned, a rule under the header.
 pub fn render(rows: &[ResultRow]) -> String {
     let cells = cells(rows);
-    let widths: Vec<usize> = (0..HEADER.len())
+    let ncol = cells[0].len();
+    let widths: Vec<usize> = (0..ncol)
         .map(|c| {
             cells
                 .iter()
@@ -95,7 +115,7 @@ pub fn render(rows: &[ResultRow]) -> String {
             .enumerate()
             .map(|(c, (s, &w))| {
                 let pad = " ".repeat(w - s.chars().count());
-                if c == 0 || c == HEADER.len() - 1 {
+                if c == 0 || c == ncol - 1 {
                     format!("{s}{pad}")
                 } else {
                     format!("{pad}{s}")
