@@ -44,9 +44,18 @@ fn passkey_needle_at_the_stated_depth() {
         assert_eq!(before, (p.depth_pct / 100.0 * n as f64).round() as usize);
         assert_eq!(p.needle_at, prefix + before * unit);
         let depth = (p.needle_at - prefix) as f64 / (n * unit) as f64;
-        assert!((depth - p.depth_pct / 100.0).abs() <= 1.0 / n as f64, "{depth} vs {}", p.depth_pct);
-        let text = tok.decode(&p.tokens[p.needle_at..p.needle_at + 12]).unwrap();
-        assert!(text.starts_with(&format!(" The pass key is {}", p.key)), "{text}");
+        assert!(
+            (depth - p.depth_pct / 100.0).abs() <= 1.0 / n as f64,
+            "{depth} vs {}",
+            p.depth_pct
+        );
+        let text = tok
+            .decode(&p.tokens[p.needle_at..p.needle_at + 12])
+            .unwrap();
+        assert!(
+            text.starts_with(&format!(" The pass key is {}", p.key)),
+            "{text}"
+        );
         assert!((10_000..100_000).contains(&p.key));
     }
     assert!(passkey::prompts(
@@ -79,6 +88,12 @@ fn retrieval_through_full_and_evicting_caches() {
         first_integer(&m.tokenizer.decode(&ids).unwrap())
     };
     assert_eq!(answer("fp16", &prompts[0]), Some(prompts[0].key as u64));
-    assert_ne!(answer("window:size=64,sinks=4", &prompts[0]), Some(prompts[0].key as u64));
-    assert_eq!(answer("window:size=64,sinks=4", &prompts[1]), Some(prompts[1].key as u64));
+    assert_ne!(
+        answer("window:size=64,sinks=4", &prompts[0]),
+        Some(prompts[0].key as u64)
+    );
+    assert_eq!(
+        answer("window:size=64,sinks=4", &prompts[1]),
+        Some(prompts[1].key as u64)
+    );
 }

@@ -59,7 +59,10 @@ fn suite_with_unknown_key_names_key_and_file() {
     std::fs::write(&f, "gen = 4\nseq-len = [64]\n").unwrap();
     let (code, _, err) = kvbench(&["sweep", "--suite", f.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("seq-len") && err.contains("typo.toml"), "{err}");
+    assert!(
+        err.contains("seq-len") && err.contains("typo.toml"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&d).ok();
 }
 
@@ -74,7 +77,13 @@ fn suite_resume_and_report() {
     std::fs::write(&suite, TINY).unwrap();
     let full = d.join("full");
     let (code, _, err) = kvbench(&[
-        "sweep", "--suite", suite.to_str().unwrap(), "--gen", "4", "--out", full.to_str().unwrap(),
+        "sweep",
+        "--suite",
+        suite.to_str().unwrap(),
+        "--gen",
+        "4",
+        "--out",
+        full.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{err}");
     let meta: serde_json::Value =
@@ -83,29 +92,44 @@ fn suite_resume_and_report() {
     assert_eq!(meta["settings"]["repeats"], 2, "the suite's value applies");
     let points = csv_points(&full);
     assert_eq!(points.len(), 4);
-    for f in ["raw.jsonl", "summary.md", "plots/tpot_vs_seq_len.png", "plots/kv_memory_vs_tokens.svg"] {
+    for f in [
+        "raw.jsonl",
+        "summary.md",
+        "plots/tpot_vs_seq_len.png",
+        "plots/kv_memory_vs_tokens.svg",
+    ] {
         assert!(full.join(f).metadata().unwrap().len() > 0, "{f}");
     }
     let raw = std::fs::read_to_string(full.join("raw.jsonl")).unwrap();
     let lines: Vec<&str> = raw.lines().collect();
     assert_eq!(lines.len(), 4);
     let first: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
-    assert_eq!(first["timing"]["ttft_ms"].as_array().unwrap().len(), 2, "2 repeats");
-    assert_eq!(first["timing"]["itl_ms"][0].as_array().unwrap().len(), 3, "gen 4 → 3 ITLs");
+    assert_eq!(
+        first["timing"]["ttft_ms"].as_array().unwrap().len(),
+        2,
+        "2 repeats"
+    );
+    assert_eq!(
+        first["timing"]["itl_ms"][0].as_array().unwrap().len(),
+        3,
+        "gen 4 → 3 ITLs"
+    );
 
     // An interrupted copy: two finished points (the first doctored, so a re-run would show) and
     // half of a third line.
     let cut = d.join("cut");
     std::fs::create_dir_all(&cut).unwrap();
     std::fs::copy(full.join("meta.json"), cut.join("meta.json")).unwrap();
-    let doctored = lines[0].replacen("\"ttft_ms\":[", "\"ttft_ms\":[12345.5,", 1).replacen(
-        "\"itl_ms\":[",
-        "\"itl_ms\":[[1.0,1.0,1.0],",
-        1,
-    );
+    let doctored = lines[0]
+        .replacen("\"ttft_ms\":[", "\"ttft_ms\":[12345.5,", 1)
+        .replacen("\"itl_ms\":[", "\"itl_ms\":[[1.0,1.0,1.0],", 1);
     std::fs::write(
         cut.join("raw.jsonl"),
-        format!("{doctored}\n{}\n{}", lines[1], &lines[2][..lines[2].len() / 2]),
+        format!(
+            "{doctored}\n{}\n{}",
+            lines[1],
+            &lines[2][..lines[2].len() / 2]
+        ),
     )
     .unwrap();
     let (code, _, err) = kvbench(&["sweep", "--resume", cut.to_str().unwrap(), "--gen", "5"]);
@@ -119,8 +143,17 @@ fn suite_resume_and_report() {
     want.sort();
     assert_eq!(got, want, "every point exactly once");
     let csv = std::fs::read_to_string(cut.join("results.csv")).unwrap();
-    assert!(csv.contains("12345.5"), "the finished point was kept, not re-run");
-    assert_eq!(std::fs::read_to_string(cut.join("raw.jsonl")).unwrap().lines().count(), 4);
+    assert!(
+        csv.contains("12345.5"),
+        "the finished point was kept, not re-run"
+    );
+    assert_eq!(
+        std::fs::read_to_string(cut.join("raw.jsonl"))
+            .unwrap()
+            .lines()
+            .count(),
+        4
+    );
 
     // Re-rendering from raw data reproduces the CSV the sweep wrote.
     let before = std::fs::read_to_string(full.join("results.csv")).unwrap();
@@ -128,13 +161,20 @@ fn suite_resume_and_report() {
     std::fs::remove_dir_all(full.join("plots")).unwrap();
     let (code, _, err) = kvbench(&["report", full.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(std::fs::read_to_string(full.join("results.csv")).unwrap(), before);
+    assert_eq!(
+        std::fs::read_to_string(full.join("results.csv")).unwrap(),
+        before
+    );
     assert!(full.join("plots/decode_tps_vs_batch.png").exists());
 
     // Side by side: one table per run, legends per run and scheme.
     let both = d.join("both");
     let (code, _, err) = kvbench(&[
-        "report", full.to_str().unwrap(), cut.to_str().unwrap(), "--out", both.to_str().unwrap(),
+        "report",
+        full.to_str().unwrap(),
+        cut.to_str().unwrap(),
+        "--out",
+        both.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(csv_points(&both).len(), 8);
@@ -148,12 +188,22 @@ fn suite_resume_and_report() {
 /// perplexity column is unusable (exit 2, the column named).
 #[test]
 fn gate_exit_codes() {
-    let base = concat!(env!("CARGO_MANIFEST_DIR"), "/suites/baselines/ci-smollm2-135m.csv");
+    let base = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/suites/baselines/ci-smollm2-135m.csv"
+    );
     let d = tmp("gate");
     let gate = |cur: &Path| {
         kvbench(&[
-            "gate", "--baseline", base, "--current", cur.to_str().unwrap(),
-            "--max-ppl-delta", "1%", "--max-kl", "0.01",
+            "gate",
+            "--baseline",
+            base,
+            "--current",
+            cur.to_str().unwrap(),
+            "--max-ppl-delta",
+            "1%",
+            "--max-kl",
+            "0.01",
         ])
     };
     let (code, out, err) = gate(Path::new(base));
@@ -181,7 +231,11 @@ fn gate_exit_codes() {
     assert!(fail_line.starts_with("| int4 |"), "{out}");
     assert_eq!(out.matches("FAIL").count(), 1, "{out}");
 
-    std::fs::write(d.join("bad.csv"), "scheme,batch_size,seq_len,kl_mean\nint4,1,64,0.06\n").unwrap();
+    std::fs::write(
+        d.join("bad.csv"),
+        "scheme,batch_size,seq_len,kl_mean\nint4,1,64,0.06\n",
+    )
+    .unwrap();
     let (code, _, err) = gate(&d.join("bad.csv"));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("ppl") && err.contains("bad.csv"), "{err}");

@@ -92,7 +92,11 @@ fn rouge_subcommand_matches_reference() {
             cmd.arg("--stemmer");
         }
         let out = cmd.output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let got: Vec<serde_json::Value> = String::from_utf8(out.stdout)
             .unwrap()
             .lines()

@@ -68,7 +68,11 @@ pub fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
     print!("{md}");
     if let Some(p) = std::env::var_os("GITHUB_STEP_SUMMARY") {
         use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).create(true).open(p) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(p)
+        {
             let _ = writeln!(f, "## kvbench gate\n\n{md}");
         }
     }

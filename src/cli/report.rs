@@ -70,7 +70,10 @@ pub fn run(a: ReportArgs) -> anyhow::Result<()> {
         .flat_map(|r| {
             r.passkey.iter().map(move |(n, p)| {
                 let name = if multi {
-                    format!("{} · {n}", r.dir.file_name().map_or("".into(), |f| f.to_string_lossy()))
+                    format!(
+                        "{} · {n}",
+                        r.dir.file_name().map_or("".into(), |f| f.to_string_lossy())
+                    )
                 } else {
                     n.clone()
                 };

@@ -118,7 +118,10 @@ pub fn run(a: RougeArgs) -> anyhow::Result<()> {
                 scores.len(),
                 if a.stemmer { "on" } else { "off" }
             );
-            println!("{:<10} {:>10} {:>10} {:>10}", "variant", "precision", "recall", "F1");
+            println!(
+                "{:<10} {:>10} {:>10} {:>10}",
+                "variant", "precision", "recall", "F1"
+            );
             for (k, (name, _)) in variants(&scores[0]).iter().enumerate() {
                 let mean = |f: fn(&Score) -> f64| {
                     scores.iter().map(|s| f(&variants(s)[k].1)).sum::<f64>() / n

@@ -205,10 +205,18 @@ mod tests {
     /// Schemes as a list or as one comma-separated string parse alike.
     #[test]
     fn dtypes_list_or_string() {
-        let a: Suite = toml::from_str("dtypes = [\"fp16\", \"int8-channel:group=32,residual=64\"]").unwrap();
-        let b: Suite = toml::from_str("dtypes = \"fp16,int8-channel:group=32,residual=64\"").unwrap();
+        let a: Suite =
+            toml::from_str("dtypes = [\"fp16\", \"int8-channel:group=32,residual=64\"]").unwrap();
+        let b: Suite =
+            toml::from_str("dtypes = \"fp16,int8-channel:group=32,residual=64\"").unwrap();
         let names = |s: &Suite| {
-            s.dtypes.as_ref().unwrap().0.iter().map(|k| k.to_string()).collect::<Vec<_>>()
+            s.dtypes
+                .as_ref()
+                .unwrap()
+                .0
+                .iter()
+                .map(|k| k.to_string())
+                .collect::<Vec<_>>()
         };
         assert_eq!(names(&a), names(&b));
         assert_eq!(names(&a).len(), 2);

@@ -8,13 +8,13 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::kv::{KvScheme, VALID_SCHEMES};
 use crate::measure::sweep::{
-    run_sweep, work_units, PhaseModels, PointOutcome, Progress, QualityTasks, SweepSpec,
+    run_sweep, work_units, PhaseModels, PointOutcome, Progress, QualityTasks, SweepSpec, SweepText,
 };
-use crate::quality::passkey::{self, PasskeySpec};
-use crate::quality::xsum::{self, RougeTask};
 use crate::model::{self, hub, ModelLocation, WeightDtype};
+use crate::quality::passkey::{self, PasskeySpec};
 use crate::quality::perplexity::{PplMode, PplProtocol, Scoring};
 use crate::quality::wikitext;
+use crate::quality::xsum::{self, RougeTask};
 use crate::report::meta::{self, Machine};
 use crate::report::{table, ResultRow, RowContext, RunSink, CSV_COLUMNS};
 
@@ -282,12 +282,13 @@ fn resolve_settings(
             }
         }
         let run = crate::report::summary::Run::read(&dir)?;
-        let settings: Suite = serde_json::from_value(run.meta["settings"].clone()).map_err(|e| {
-            crate::Error::InvalidArgument {
-                name: "--resume".into(),
-                reason: format!("{}/meta.json has no usable settings: {e}", dir.display()),
-            }
-        })?;
+        let settings: Suite =
+            serde_json::from_value(run.meta["settings"].clone()).map_err(|e| {
+                crate::Error::InvalidArgument {
+                    name: "--resume".into(),
+                    reason: format!("{}/meta.json has no usable settings: {e}", dir.display()),
+                }
+            })?;
         settings.apply(args, |id| id == "threads" && from_cli(id));
         args.out = Some(dir.clone());
         let done = crate::report::read_raw(&dir.join(crate::report::RAW_FILE))?;
@@ -491,14 +492,16 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     meta::write_json(&meta_path, &meta)?;
 
     let bar = progress_bar(work_units(&spec, args.ppl_windows, tasks.units()));
-    let mut sink = RunSink::create(&folder.dir, row_ctx.clone(), done.clone())?
-        .on_row(print_row(bar.clone()));
+    let mut sink =
+        RunSink::create(&folder.dir, row_ctx.clone(), done.clone())?.on_row(print_row(bar.clone()));
     let result = run_sweep(
         models,
-        &tokens,
-        timing.tokenizer.bos,
+        SweepText {
+            tokens: &tokens,
+            bos: timing.tokenizer.bos,
+            tasks: Some(&tasks),
+        },
         &spec,
-        Some(&tasks),
         &done,
         &mut sink,
         &BarProgress(bar.clone()),
@@ -535,7 +538,9 @@ fn finish(dir: &std::path::Path, title: &str) -> anyhow::Result<()> {
         dir.display(),
         crate::report::RAW_FILE,
         crate::report::CSV_FILE,
-        summary.file_name().map_or("".into(), |f| f.to_string_lossy()),
+        summary
+            .file_name()
+            .map_or("".into(), |f| f.to_string_lossy()),
         crate::report::PLOTS_DIR
     );
     Ok(())
@@ -562,7 +567,8 @@ fn print_row(printer: ProgressBar) -> impl FnMut(&ResultRow) + 'static {
             match r.tpot_ms_mean {
                 Some(tpot) => format!(
                     "TTFT {} TPOT {tpot:.2} ms, {:.1} tokens/s",
-                    r.ttft_ms_p50.map_or(String::new(), |t| format!("{t:.1} ms,")),
+                    r.ttft_ms_p50
+                        .map_or(String::new(), |t| format!("{t:.1} ms,")),
                     r.decode_tokens_per_s.unwrap_or(f64::NAN)
                 ),
                 None => r.status.clone(),

@@ -26,10 +26,12 @@ use super::memory;
 use super::stats::summarize;
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvScheme};
-use crate::model::{argmax_rows, Model};
 use crate::model::tokenizer::TextTokenizer;
+use crate::model::{argmax_rows, Model};
 use crate::quality::generate::greedy;
-use crate::quality::passkey::{first_integer, PasskeyPrompt, PasskeyResult, PasskeySpec, PasskeyTrial};
+use crate::quality::passkey::{
+    first_integer, PasskeyPrompt, PasskeyResult, PasskeySpec, PasskeyTrial,
+};
 use crate::quality::perplexity::{perplexity_vs, PplProtocol, PplResult};
 use crate::quality::xsum::{RougeResult, RougeTask};
 
@@ -61,6 +63,18 @@ pub struct SweepSpec {
     pub rouge_samples: usize,
     /// Passkey retrieval lengths, depths and trials; `None` skips it.
     pub passkey: Option<PasskeySpec>,
+}
+
+/// What a sweep reads: the token stream that supplies the perplexity text and the prompts, the
+/// BOS policy, and the generation tasks (if any).
+#[derive(Debug, Clone, Copy)]
+pub struct SweepText<'a> {
+    /// WikiText-2 test tokens.
+    pub tokens: &'a [u32],
+    /// BOS id when the model expects one.
+    pub bos: Option<u32>,
+    /// XSum and passkey prompts.
+    pub tasks: Option<&'a QualityTasks<'a>>,
 }
 
 /// The generation tasks of a sweep, tokenized once: XSum prompts and passkey prompts, with the
@@ -328,14 +342,13 @@ pub struct PhaseModels<'a> {
 /// failing timing point is recorded (`error: …`, `oom: …`) and the sweep goes on.
 pub fn run_sweep(
     models: PhaseModels<'_>,
-    tokens: &[u32],
-    bos: Option<u32>,
+    text: SweepText<'_>,
     spec: &SweepSpec,
-    tasks: Option<&QualityTasks<'_>>,
     done: &[PointOutcome],
     sink: &mut dyn PointSink,
     progress: &dyn Progress,
 ) -> Result<()> {
+    let SweepText { tokens, bos, tasks } = text;
     let cfg = &models.decode.config;
     spec.validate(cfg.max_ctx, tokens.len())?;
     for s in &spec.schemes {
@@ -408,7 +421,14 @@ pub fn run_sweep(
                 }
                 (Some(task), None) => {
                     let base = baseline_rouge.as_deref().filter(|_| !scheme.is_baseline());
-                    Some(summarize_xsum(models.quality, scheme, task, t, base, progress)?)
+                    Some(summarize_xsum(
+                        models.quality,
+                        scheme,
+                        task,
+                        t,
+                        base,
+                        progress,
+                    )?)
                 }
                 (None, _) => None,
             };

@@ -178,10 +178,19 @@ impl TextTokenizer {
             return Ok(user.to_string());
         };
         let mut env = minijinja::Environment::new();
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
-        let tok = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i)).unwrap_or_default();
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
+        let tok = |id: Option<u32>| {
+            id.and_then(|i| self.inner.id_to_token(i))
+                .unwrap_or_default()
+        };
         env.render_str(
             template,
             minijinja::context! {
@@ -198,7 +207,13 @@ impl TextTokenizer {
     /// (`<|im_end|>`, `<|eot_id|>`, `<|end|>`, `</s>`, `<|endoftext|>`) that are in the vocabulary.
     pub fn stop_tokens(&self) -> Vec<u32> {
         let mut ids: Vec<u32> = self.eos.into_iter().collect();
-        for t in ["<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<|endoftext|>"] {
+        for t in [
+            "<|im_end|>",
+            "<|eot_id|>",
+            "<|end|>",
+            "</s>",
+            "<|endoftext|>",
+        ] {
             if let Some(id) = self.inner.token_to_id(t) {
                 if !ids.contains(&id) {
                     ids.push(id);

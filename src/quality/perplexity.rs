@@ -26,7 +26,9 @@ use crate::kv::{KvCache, KvScheme};
 use crate::model::Model;
 
 /// Which targets of a window are scored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Scoring {
     /// The second half of each window (llama.cpp's `llama-perplexity`).
@@ -36,7 +38,9 @@ pub enum Scoring {
 }
 
 /// How windows go through the cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum PplMode {
     /// `decode` for eviction schemes, `chunked` otherwise.

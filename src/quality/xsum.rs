@@ -116,7 +116,10 @@ impl RougeResult {
         let n = self.scores.len().max(1) as f64;
         let mut m = [0.0; 4];
         for s in &self.scores {
-            for (k, v) in [s.rouge1, s.rouge2, s.rouge_l, s.rouge_lsum].iter().enumerate() {
+            for (k, v) in [s.rouge1, s.rouge2, s.rouge_l, s.rouge_lsum]
+                .iter()
+                .enumerate()
+            {
                 m[k] += v.fmeasure / n;
             }
         }

@@ -254,12 +254,14 @@ impl HeatMap {
         let draw_err = |p: &Path, e: String| Error::io(p, std::io::Error::other(e));
         {
             let root = BitMapBackend::new(&png, size).into_drawing_area();
-            self.draw(&root, per_row, panel_rows).map_err(|e| draw_err(&png, e))?;
+            self.draw(&root, per_row, panel_rows)
+                .map_err(|e| draw_err(&png, e))?;
             root.present().map_err(|e| draw_err(&png, e.to_string()))?;
         }
         {
             let root = SVGBackend::new(&svg, size).into_drawing_area();
-            self.draw(&root, per_row, panel_rows).map_err(|e| draw_err(&svg, e))?;
+            self.draw(&root, per_row, panel_rows)
+                .map_err(|e| draw_err(&svg, e))?;
             root.present().map_err(|e| draw_err(&svg, e.to_string()))?;
         }
         Ok(())
@@ -274,8 +276,12 @@ impl HeatMap {
         let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
         root.fill(&WHITE).map_err(e)?;
         let (top, body) = root.split_vertically(80);
-        top.draw(&Text::new(self.title.as_str(), (20, 10), (FAMILY, 24).into_font()))
-            .map_err(e)?;
+        top.draw(&Text::new(
+            self.title.as_str(),
+            (20, 10),
+            (FAMILY, 24).into_font(),
+        ))
+        .map_err(e)?;
         top.draw(&Text::new(
             self.caption.as_str(),
             (20, 44),
@@ -289,8 +295,12 @@ impl HeatMap {
             let (left, top_px, bottom) = (70i32, 28i32, 44i32);
             let cw = (w as i32 - left - 12) / nc;
             let ch = (h as i32 - top_px - bottom) / nr;
-            area.draw(&Text::new(name.as_str(), (left, 6), (FAMILY, 16).into_font()))
-                .map_err(e)?;
+            area.draw(&Text::new(
+                name.as_str(),
+                (left, 6),
+                (FAMILY, 16).into_font(),
+            ))
+            .map_err(e)?;
             for (r, row) in values.iter().enumerate() {
                 for (c, v) in row.iter().enumerate() {
                     let (x0, y0) = (left + c as i32 * cw, top_px + r as i32 * ch);

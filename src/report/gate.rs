@@ -69,7 +69,11 @@ impl Results {
 
     /// Fails with [`Error::InvalidArgument`] naming the file and the columns it lacks.
     fn require(&self, cols: &[&str]) -> Result<()> {
-        let missing: Vec<&str> = cols.iter().copied().filter(|c| self.col(c).is_none()).collect();
+        let missing: Vec<&str> = cols
+            .iter()
+            .copied()
+            .filter(|c| self.col(c).is_none())
+            .collect();
         if missing.is_empty() {
             return Ok(());
         }
@@ -157,7 +161,10 @@ pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result
     let name = |k: &Key| format!("{} b{} s{}", k.0, k.1, k.2);
     if !base.iter().any(|(k, _)| cur.iter().any(|(c, _)| c == k)) {
         let list = |p: &[(Key, HashMap<&str, f64>)]| {
-            p.iter().map(|(k, _)| name(k)).collect::<Vec<_>>().join(", ")
+            p.iter()
+                .map(|(k, _)| name(k))
+                .collect::<Vec<_>>()
+                .join(", ")
         };
         return Err(Error::InvalidArgument {
             name: "--current".into(),
@@ -188,13 +195,18 @@ pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result
             out.push(v);
             continue;
         }
-        let mut check = |label: &str, (b, c): (Option<f64>, Option<f64>), limit: Option<f64>, change: fn(f64, f64) -> f64, unit: &str| {
+        let mut check = |label: &str,
+                         (b, c): (Option<f64>, Option<f64>),
+                         limit: Option<f64>,
+                         change: fn(f64, f64) -> f64,
+                         unit: &str| {
             let Some(limit) = limit else { return };
             match (b, c) {
                 (Some(b), Some(c)) => {
                     let d = change(b, c);
-                    if !(d <= limit) {
-                        v.failures.push(format!("{label} {d:+.4}{unit} > {limit}{unit}"));
+                    if d.is_nan() || d > limit {
+                        v.failures
+                            .push(format!("{label} {d:+.4}{unit} > {limit}{unit}"));
                     }
                 }
                 (Some(_), None) => v.failures.push(format!("{label} not measured")),
@@ -264,7 +276,8 @@ mod tests {
     use super::*;
 
     fn results(name: &str, text: &str) -> Results {
-        let p = std::env::temp_dir().join(format!("kvbench-gate-{}-{name}.csv", std::process::id()));
+        let p =
+            std::env::temp_dir().join(format!("kvbench-gate-{}-{name}.csv", std::process::id()));
         std::fs::write(&p, text).unwrap();
         let r = Results::read(&p).unwrap();
         std::fs::remove_file(&p).ok();
@@ -297,7 +310,11 @@ mod tests {
         assert!(v[0].passed(), "TPOT is unchecked");
         assert!(!v[1].passed());
         assert_eq!(v[1].failures.len(), 1, "{:?}", v[1].failures);
-        assert!(v[1].failures[0].starts_with("perplexity +2.0000%"), "{:?}", v[1].failures);
+        assert!(
+            v[1].failures[0].starts_with("perplexity +2.0000%"),
+            "{:?}",
+            v[1].failures
+        );
         assert!(markdown(&v, &limits).contains("**FAIL**"));
     }
 
@@ -314,6 +331,9 @@ mod tests {
         assert!(e.contains("ppl") && e.contains("noppl"), "{e}");
         let other = results("other", "scheme,batch_size,seq_len,ppl\nfp16,4,512,20\n");
         let e = compare(&base, &other, &limits).unwrap_err().to_string();
-        assert!(e.contains("fp16 b1 s64") && e.contains("fp16 b4 s512"), "{e}");
+        assert!(
+            e.contains("fp16 b1 s64") && e.contains("fp16 b4 s512"),
+            "{e}"
+        );
     }
 }

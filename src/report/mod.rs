@@ -424,7 +424,8 @@ fn csv_io(e: csv::Error) -> std::io::Error {
 
 impl PointSink for RunSink {
     fn point(&mut self, outcome: &PointOutcome) -> Result<()> {
-        let mut line = serde_json::to_string(outcome).map_err(|e| Error::io(&self.raw_path, e.into()))?;
+        let mut line =
+            serde_json::to_string(outcome).map_err(|e| Error::io(&self.raw_path, e.into()))?;
         line.push('\n');
         self.raw
             .write_all(line.as_bytes())

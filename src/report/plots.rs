@@ -197,7 +197,8 @@ pub fn passkey_heatmap(
     outcomes: &[(String, crate::quality::passkey::PasskeyResult)],
     caption: &Caption,
 ) -> Option<HeatMap> {
-    let cells: Vec<(String, Vec<(usize, f64, f64)>)> = outcomes
+    type Cells = Vec<(usize, f64, f64)>;
+    let cells: Vec<(String, Cells)> = outcomes
         .iter()
         .map(|(n, p)| (n.clone(), p.cells()))
         .filter(|(_, c)| !c.is_empty())
@@ -205,10 +206,16 @@ pub fn passkey_heatmap(
     if cells.is_empty() {
         return None;
     }
-    let mut lengths: Vec<usize> = cells.iter().flat_map(|(_, c)| c.iter().map(|x| x.0)).collect();
+    let mut lengths: Vec<usize> = cells
+        .iter()
+        .flat_map(|(_, c)| c.iter().map(|x| x.0))
+        .collect();
     lengths.sort_unstable();
     lengths.dedup();
-    let mut depths: Vec<f64> = cells.iter().flat_map(|(_, c)| c.iter().map(|x| x.1)).collect();
+    let mut depths: Vec<f64> = cells
+        .iter()
+        .flat_map(|(_, c)| c.iter().map(|x| x.1))
+        .collect();
     depths.sort_by(f64::total_cmp);
     depths.dedup();
     Some(HeatMap {
@@ -262,7 +269,11 @@ mod tests {
 
     fn rows() -> Vec<ResultRow> {
         let mut rows = Vec::new();
-        for (scheme, bpt, dppl) in [("fp16", 46080.0, 0.0), ("int8-token", 23760.0, 0.06), ("int4", 14400.0, 6.5)] {
+        for (scheme, bpt, dppl) in [
+            ("fp16", 46080.0, 0.0),
+            ("int8-token", 23760.0, 0.06),
+            ("int4", 14400.0, 6.5),
+        ] {
             for batch in [1, 4] {
                 for seq in [128, 512] {
                     rows.push(ResultRow {
@@ -311,7 +322,9 @@ mod tests {
         assert_eq!(pngs.len(), 4);
         for stem in CHARTS {
             for ext in ["png", "svg"] {
-                let len = std::fs::metadata(dir.join(format!("{stem}.{ext}"))).unwrap().len();
+                let len = std::fs::metadata(dir.join(format!("{stem}.{ext}")))
+                    .unwrap()
+                    .len();
                 assert!(len > 2_000, "{stem}.{ext}: {len} bytes");
             }
         }

@@ -37,14 +37,15 @@ impl Run {
                 name: meta_path.display().to_string(),
                 reason: format!("not valid JSON: {e}"),
             })?;
-        let ctx: RowContext = serde_json::from_value(meta["report_context"].clone()).map_err(
-            |e| Error::InvalidArgument {
-                name: meta_path.display().to_string(),
-                reason: format!(
-                    "has no usable `report_context` ({e}); re-run the sweep with this kvbench"
-                ),
-            },
-        )?;
+        let ctx: RowContext =
+            serde_json::from_value(meta["report_context"].clone()).map_err(|e| {
+                Error::InvalidArgument {
+                    name: meta_path.display().to_string(),
+                    reason: format!(
+                        "has no usable `report_context` ({e}); re-run the sweep with this kvbench"
+                    ),
+                }
+            })?;
         let outcomes = read_raw(&dir.join(super::RAW_FILE))?;
         let rows = outcomes.iter().map(|o| ResultRow::new(&ctx, o)).collect();
         let mut passkey: Vec<(String, PasskeyResult)> = Vec::new();
@@ -119,7 +120,10 @@ pub fn warnings(rows: &[ResultRow]) -> Vec<String> {
             }
         }
     }
-    if rows.iter().any(|r| r.status == "ok" && r.repeats == Some(1)) {
+    if rows
+        .iter()
+        .any(|r| r.status == "ok" && r.repeats == Some(1))
+    {
         out.push(
             "one timed repeat per point: TPOT has no confidence interval; use --repeats 3 or \
              more for numbers you compare"
@@ -154,7 +158,9 @@ pub fn markdown(title: &str, about: &[String], rows: &[ResultRow], charts: &[Pat
     if !charts.is_empty() {
         md.push_str("\n## Charts\n\n");
         for c in charts {
-            let name = c.file_name().map_or(String::new(), |f| f.to_string_lossy().into_owned());
+            let name = c
+                .file_name()
+                .map_or(String::new(), |f| f.to_string_lossy().into_owned());
             md.push_str(&format!("![{name}](plots/{name})\n"));
         }
     }
@@ -179,7 +185,8 @@ pub fn write_report(
         charts.push(plots_dir.join(format!("{}.png", plots::PASSKEY_CHART)));
     }
     let path = dir.join(super::SUMMARY_FILE);
-    std::fs::write(&path, markdown(title, about, rows, &charts)).map_err(|e| Error::io(&path, e))?;
+    std::fs::write(&path, markdown(title, about, rows, &charts))
+        .map_err(|e| Error::io(&path, e))?;
     Ok(path)
 }
 

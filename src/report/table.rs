@@ -30,7 +30,10 @@ pub fn cells(rows: &[ResultRow]) -> Vec<Vec<String>> {
     // Generation-task columns appear only when some row has them.
     let rouge = rows.iter().any(|r| r.rouge_l_f1.is_some());
     let passkey = rows.iter().any(|r| r.passkey_accuracy_pct.is_some());
-    let mut header: Vec<String> = HEADER[..HEADER.len() - 1].iter().map(|s| s.to_string()).collect();
+    let mut header: Vec<String> = HEADER[..HEADER.len() - 1]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     if rouge {
         header.extend(["ROUGE-L F1".to_string(), "RL vs fp16".to_string()]);
     }
