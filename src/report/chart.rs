@@ -346,7 +346,7 @@ impl HeatMap {
                 .map_err(e)?;
             }
             area.draw(&Text::new(
-                format!("{} (rows) × {} (columns)", self.row_label, self.col_label),
+                format!("rows: {} · columns: {}", self.row_label, self.col_label),
                 (left, top_px + nr * ch + 22),
                 (FAMILY, 12).into_font().color(&RGBColor(90, 90, 90)),
             ))

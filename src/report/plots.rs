@@ -220,9 +220,12 @@ pub fn passkey_heatmap(
     depths.dedup();
     Some(HeatMap {
         title: "Passkey retrieval accuracy by prompt length and depth".into(),
-        caption: caption.line(),
-        row_label: "prompt length (tokens)".into(),
-        col_label: "pass key depth (%)".into(),
+        caption: format!(
+            "{} · {} · greedy, generation weights as perplexity's (f32 by default)",
+            caption.model, caption.machine
+        ),
+        row_label: "prompt tokens".into(),
+        col_label: "key depth".into(),
         rows: lengths.iter().map(|l| l.to_string()).collect(),
         cols: depths.iter().map(|d| format!("{d}%")).collect(),
         panels: cells
