@@ -2,19 +2,12 @@
 
 use std::process::Command;
 
-fn kvbench(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvbench"))
-        .args(args)
-        .output()
-        .expect("running kvbench");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    (out.status.code().unwrap_or(-1), stderr)
-}
+mod common;
+use common::kvbench;
 
 #[test]
 fn unknown_scheme_lists_valid_ones() {
-    let (code, err) = kvbench(&["sweep", "--dtypes", "fp16,int3"]);
+    let (code, _, err) = kvbench(&["sweep", "--dtypes", "fp16,int3"]);
     assert_eq!(code, 2, "{err}");
     assert!(
         err.contains("int3") && err.contains("int8-token") && err.contains("int4"),
@@ -24,7 +17,7 @@ fn unknown_scheme_lists_valid_ones() {
 
 #[test]
 fn missing_model_path_is_named() {
-    let (code, err) = kvbench(&["sweep", "--model", "/nonexistent/model.gguf"]);
+    let (code, _, err) = kvbench(&["sweep", "--model", "/nonexistent/model.gguf"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("/nonexistent/model.gguf"), "{err}");
 }
@@ -38,7 +31,7 @@ fn truncated_gguf_is_a_format_error() {
     for (name, len) in [("head.gguf", 1000usize), ("half.gguf", bytes.len() / 2)] {
         let p = dir.join(name);
         std::fs::write(&p, &bytes[..len]).unwrap();
-        let (code, err) = kvbench(&[
+        let (code, _, err) = kvbench(&[
             "sweep",
             "--model",
             p.to_str().unwrap(),
@@ -56,7 +49,7 @@ fn truncated_gguf_is_a_format_error() {
 
 #[test]
 fn ctx_beyond_the_model_is_refused() {
-    let (code, err) = kvbench(&["sweep", "--ctx", "16384", "--ppl-windows", "1"]);
+    let (code, _, err) = kvbench(&["sweep", "--ctx", "16384", "--ppl-windows", "1"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("16384") && err.contains("8192"), "{err}");
 }

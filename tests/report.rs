@@ -2,21 +2,9 @@
 //! perplexity, so each run takes seconds).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-fn kvbench(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvbench"))
-        .args(args)
-        .output()
-        .expect("running kvbench");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr,
-    )
-}
+mod common;
+use common::kvbench;
 
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("kvbench-{name}-{}", std::process::id()));

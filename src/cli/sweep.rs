@@ -566,9 +566,9 @@ fn print_row(printer: ProgressBar) -> impl FnMut(&ResultRow) + 'static {
             r.seq_len,
             match r.tpot_ms_mean {
                 Some(tpot) => format!(
-                    "TTFT {} TPOT {tpot:.2} ms, {:.1} tokens/s",
+                    "{}TPOT {tpot:.2} ms, {:.1} tokens/s",
                     r.ttft_ms_p50
-                        .map_or(String::new(), |t| format!("{t:.1} ms,")),
+                        .map_or(String::new(), |t| format!("TTFT {t:.1} ms, ")),
                     r.decode_tokens_per_s.unwrap_or(f64::NAN)
                 ),
                 None => r.status.clone(),
@@ -602,20 +602,13 @@ fn run_synthetic(
         Some(m) => crate::plan::parse_bytes(m)?,
         None => crate::measure::memory::available_bytes().unwrap_or(u64::MAX),
     };
-    let spec = SweepSpec {
-        schemes: baseline_first(args.schemes.0.clone()),
-        batch_sizes: args.batch_sizes.clone(),
-        seq_lens: args.seq_lens.clone(),
-        gen: args.gen,
-        ppl: None,
-        seed: args.seed,
-        warmup: 0,
-        repeats: 1,
-        min_time_s: 0.0,
-        kl: false,
-        rouge_samples: 0,
-        passkey: None,
-    };
+    let spec = SweepSpec::timing_only(
+        baseline_first(args.schemes.0.clone()),
+        args.batch_sizes.clone(),
+        args.seq_lens.clone(),
+        args.gen,
+        args.seed,
+    );
     spec.validate(usize::MAX, usize::MAX)?;
     let folder = RunFolder::open(
         &started_at,

@@ -9,7 +9,6 @@
 //! into chunks whose partial softmax results are merged exactly (log-sum-exp), as in
 //! flash-decoding (Dao et al. 2023, "Flash-Decoding for long-context inference").
 
-
 use super::stream::Stream;
 
 /// Query positions handled by one task (bounds its score buffer at `group × QUERY_BLOCK × keys`).

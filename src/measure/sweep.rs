@@ -99,6 +99,31 @@ impl QualityTasks<'_> {
 }
 
 impl SweepSpec {
+    /// A timing-only spec (no perplexity, no generation tasks, one repeat, no warm-up), as
+    /// attention-only synthetic sweeps use.
+    pub fn timing_only(
+        schemes: Vec<KvScheme>,
+        batch_sizes: Vec<usize>,
+        seq_lens: Vec<usize>,
+        gen: usize,
+        seed: u64,
+    ) -> Self {
+        SweepSpec {
+            schemes,
+            batch_sizes,
+            seq_lens,
+            gen,
+            ppl: None,
+            seed,
+            warmup: 0,
+            repeats: 1,
+            min_time_s: 0.0,
+            kl: false,
+            rouge_samples: 0,
+            passkey: None,
+        }
+    }
+
     /// Checks the spec against a model before any work. Errors: [`Error::InvalidArgument`]
     /// naming the offending flag.
     pub fn validate(&self, model_ctx: usize, n_tokens: usize) -> Result<()> {

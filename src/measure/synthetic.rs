@@ -204,24 +204,17 @@ mod tests {
             q_heads: 4,
             head_dim: 64,
         };
-        let spec = SweepSpec {
-            schemes: vec![
+        let spec = SweepSpec::timing_only(
+            vec![
                 "fp16".parse().unwrap(),
                 "int8-channel".parse().unwrap(),
                 "h2o:budget=64,recent=8@q4_0".parse().unwrap(),
             ],
-            batch_sizes: vec![2],
-            seq_lens: vec![300, 5000, 200],
-            gen: 3,
-            ppl: None,
-            seed: 1,
-            warmup: 0,
-            repeats: 1,
-            min_time_s: 0.0,
-            kl: false,
-            rouge_samples: 0,
-            passkey: None,
-        };
+            vec![2],
+            vec![300, 5000, 200],
+            3,
+            1,
+        );
         // fp16 at 5002 tokens × 2 sequences: 2·2·2·2·128·5002 ≈ 10.2 MB > the 4 MB limit.
         let limit = 4_000_000;
         let mut sink = Collect(Vec::new());

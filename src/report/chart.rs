@@ -75,21 +75,7 @@ impl LineChart {
     /// Writes `<stem>.png` and `<stem>.svg` into `dir`. Errors: [`Error::Io`] when drawing or
     /// writing fails, naming the file.
     pub fn render(&self, dir: &Path, stem: &str) -> Result<()> {
-        register_font();
-        let png = dir.join(format!("{stem}.png"));
-        let svg = dir.join(format!("{stem}.svg"));
-        let draw_err = |p: &Path, e: String| Error::io(p, std::io::Error::other(e));
-        {
-            let root = BitMapBackend::new(&png, (1000, 640)).into_drawing_area();
-            self.draw(&root).map_err(|e| draw_err(&png, e))?;
-            root.present().map_err(|e| draw_err(&png, e.to_string()))?;
-        }
-        {
-            let root = SVGBackend::new(&svg, (1000, 640)).into_drawing_area();
-            self.draw(&root).map_err(|e| draw_err(&svg, e))?;
-            root.present().map_err(|e| draw_err(&svg, e.to_string()))?;
-        }
-        Ok(())
+        render_files(self, (1000, 640), dir, stem)
     }
 
     fn draw<DB: DrawingBackend>(
@@ -245,34 +231,21 @@ pub struct HeatMap {
 impl HeatMap {
     /// Writes `<stem>.png` and `<stem>.svg` into `dir`. Errors: [`Error::Io`] naming the file.
     pub fn render(&self, dir: &Path, stem: &str) -> Result<()> {
-        register_font();
+        let (_, panel_rows) = self.layout();
+        render_files(self, (1000, 90 + 300 * panel_rows as u32), dir, stem)
+    }
+
+    /// Panels per row and rows of panels (at most 3 per row).
+    fn layout(&self) -> (usize, usize) {
         let per_row = self.panels.len().clamp(1, 3);
-        let panel_rows = self.panels.len().div_ceil(per_row).max(1);
-        let size = (1000, 90 + 300 * panel_rows as u32);
-        let png = dir.join(format!("{stem}.png"));
-        let svg = dir.join(format!("{stem}.svg"));
-        let draw_err = |p: &Path, e: String| Error::io(p, std::io::Error::other(e));
-        {
-            let root = BitMapBackend::new(&png, size).into_drawing_area();
-            self.draw(&root, per_row, panel_rows)
-                .map_err(|e| draw_err(&png, e))?;
-            root.present().map_err(|e| draw_err(&png, e.to_string()))?;
-        }
-        {
-            let root = SVGBackend::new(&svg, size).into_drawing_area();
-            self.draw(&root, per_row, panel_rows)
-                .map_err(|e| draw_err(&svg, e))?;
-            root.present().map_err(|e| draw_err(&svg, e.to_string()))?;
-        }
-        Ok(())
+        (per_row, self.panels.len().div_ceil(per_row).max(1))
     }
 
     fn draw<DB: DrawingBackend>(
         &self,
         root: &DrawingArea<DB, Shift>,
-        per_row: usize,
-        panel_rows: usize,
     ) -> std::result::Result<(), String> {
+        let (per_row, panel_rows) = self.layout();
         let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
         root.fill(&WHITE).map_err(e)?;
         let (top, body) = root.split_vertically(80);
@@ -354,6 +327,52 @@ impl HeatMap {
         }
         Ok(())
     }
+}
+
+/// A chart that can draw itself on any plotters backend.
+trait Draw {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), String>;
+}
+
+impl Draw for LineChart {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), String> {
+        LineChart::draw(self, root)
+    }
+}
+
+impl Draw for HeatMap {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), String> {
+        HeatMap::draw(self, root)
+    }
+}
+
+/// Writes `<stem>.png` and `<stem>.svg` of `size` pixels into `dir`. Errors: [`Error::Io`]
+/// naming the file when drawing or writing fails.
+fn render_files(chart: &impl Draw, size: (u32, u32), dir: &Path, stem: &str) -> Result<()> {
+    register_font();
+    let png = dir.join(format!("{stem}.png"));
+    let svg = dir.join(format!("{stem}.svg"));
+    let draw_err = |p: &Path, e: String| Error::io(p, std::io::Error::other(e));
+    {
+        let root = BitMapBackend::new(&png, size).into_drawing_area();
+        chart.draw(&root).map_err(|e| draw_err(&png, e))?;
+        root.present().map_err(|e| draw_err(&png, e.to_string()))?;
+    }
+    {
+        let root = SVGBackend::new(&svg, size).into_drawing_area();
+        chart.draw(&root).map_err(|e| draw_err(&svg, e))?;
+        root.present().map_err(|e| draw_err(&svg, e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// Tick labels: `4k`, `128k`, `1.5M` for large values (k = 1024, as token counts), plain

@@ -7,6 +7,22 @@ use std::sync::OnceLock;
 use candle_core::Tensor;
 use kvbench::model::{self, LoadedModel, WeightDtype};
 
+/// Runs the kvbench binary with `args`: (exit code, stdout, stderr). Fails the test on a panic
+/// message, since bad input must get an error, never a panic.
+pub fn kvbench(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args(args)
+        .output()
+        .expect("running kvbench");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+    )
+}
+
 /// SmolLM2-135M-Instruct with f32 weights (fetched with `kvbench::model::fetch` if missing).
 pub fn smollm_f32() -> &'static LoadedModel {
     static M: OnceLock<LoadedModel> = OnceLock::new();
