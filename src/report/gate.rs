@@ -256,9 +256,9 @@ pub fn markdown(verdicts: &[Verdict], limits: &Limits) -> String {
         ));
     }
     let failed = verdicts.iter().filter(|v| !v.passed()).count();
-    let lim = |x: Option<f64>, u: &str| x.map_or("unchecked".into(), |v| format!("{v}{u}"));
+    let lim = |x: Option<f64>, u: &str| x.map_or("unchecked".into(), |v| format!("+{v}{u}"));
     s.push_str(&format!(
-        "\nLimits: perplexity +{}, KL +{}, TPOT +{}. {}\n",
+        "\nLimits: perplexity {}, KL {}, TPOT {}. {}\n",
         lim(limits.max_ppl_delta_pct, "%"),
         lim(limits.max_kl, " nats"),
         lim(limits.max_tpot_regression_pct, "%"),

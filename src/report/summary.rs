@@ -207,7 +207,7 @@ pub fn about(run: &Run) -> Vec<String> {
     ];
     if let Some(p) = m.get("perplexity").filter(|p| !p.is_null()) {
         lines.push(format!(
-            "perplexity: {}, {} windows × {} tokens, {} scoring, weights {}",
+            "perplexity: {}, windows: {} × {} tokens, {} scoring, weights {}",
             p["dataset"].as_str().unwrap_or("?"),
             p["protocol"]["windows"],
             p["protocol"]["ctx"],
