@@ -4,9 +4,6 @@
 //! per-channel keys: blocks of `group` tokens quantized per channel, plus a full-precision (f16)
 //! residual of the newest tokens.
 
-use half::f16;
-use half::slice::HalfFloatSliceExt;
-
 use super::format::{f16_round_down, f16_round_up, F16Row, RowCodec};
 
 /// The stored rows of one (sequence, kv head, K or V).
@@ -337,6 +334,57 @@ impl ChannelStream {
     }
 }
 
+/// The f32 scales (and, for 4-bit, minimums) of the block last decoded.
+#[derive(Debug, Default)]
+struct BlockParams {
+    block: Option<usize>,
+    scale: Vec<f32>,
+    min: Vec<f32>,
+}
+
+impl ChannelStream {
+    /// Dequantizes the row in `slot`, reusing `params` when the slot's block is the one decoded
+    /// last (rows are read in order, so each block's parameters are decoded once).
+    #[inline]
+    fn decode_with(&self, slot: usize, out: &mut [f32], params: &mut BlockParams) {
+        let (d, g) = (self.d, self.group);
+        let quantized = self.n_blocks * g;
+        if slot >= quantized {
+            let r = slot - quantized;
+            return F16Row.decode(&self.resid[r * 2 * d..(r + 1) * 2 * d], out);
+        }
+        let b = slot / g;
+        let block = &self.blocks[b * self.block_bytes()..][..self.block_bytes()];
+        let (raw, codes) = block.split_at(self.params_bytes());
+        if params.block != Some(b) {
+            params.scale.resize(d, 0.0);
+            F16Row.decode(&raw[..2 * d], &mut params.scale);
+            if self.bits == 4 {
+                params.min.resize(d, 0.0);
+                F16Row.decode(&raw[2 * d..4 * d], &mut params.min);
+            }
+            params.block = Some(b);
+        }
+        let crb = self.code_row_bytes();
+        let row = &codes[(slot % g) * crb..][..crb];
+        if self.bits == 8 {
+            for ((o, &c), &s) in out.iter_mut().zip(row).zip(&params.scale) {
+                *o = (c as i8) as f32 * s;
+            }
+        } else {
+            for (c2, (o, (m, s))) in out
+                .chunks_exact_mut(2)
+                .zip(params.min.chunks_exact(2).zip(params.scale.chunks_exact(2)))
+                .enumerate()
+            {
+                let byte = row[c2];
+                o[0] = m[0] + (byte & 0x0f) as f32 * s[0];
+                o[1] = m[1] + (byte >> 4) as f32 * s[1];
+            }
+        }
+    }
+}
+
 impl Stream for ChannelStream {
     fn push(&mut self, rows: &[f32]) -> usize {
         let start = self.resid.len();
@@ -355,37 +403,22 @@ impl Stream for ChannelStream {
     }
 
     fn decode(&self, slot: usize, out: &mut [f32]) {
-        let (d, g) = (self.d, self.group);
-        let quantized = self.n_blocks * g;
-        if slot >= quantized {
-            let r = slot - quantized;
-            return F16Row.decode(&self.resid[r * 2 * d..(r + 1) * 2 * d], out);
-        }
-        let block = &self.blocks[(slot / g) * self.block_bytes()..][..self.block_bytes()];
-        let (params, codes) = block.split_at(self.params_bytes());
-        let crb = self.code_row_bytes();
-        let row = &codes[(slot % g) * crb..][..crb];
-        let mut scale = vec![0f32; d];
-        match bytemuck::try_cast_slice::<u8, f16>(&params[..2 * d]) {
-            Ok(h) => h.convert_to_f32_slice(&mut scale),
-            Err(_) => F16Row.decode(&params[..2 * d], &mut scale),
-        }
-        if self.bits == 8 {
-            for c in 0..d {
-                out[c] = (row[c] as i8) as f32 * scale[c];
-            }
-        } else {
-            let mut min = vec![0f32; d];
-            F16Row.decode(&params[2 * d..4 * d], &mut min);
-            for c in 0..d {
-                let q = if c % 2 == 0 {
-                    row[c / 2] & 0x0f
-                } else {
-                    row[c / 2] >> 4
-                };
-                out[c] = min[c] + q as f32 * scale[c];
-            }
-        }
+        self.decode_with(slot, out, &mut BlockParams::default());
+    }
+
+    // A block's per-channel scales (and minimums) are decoded once per block, not per row.
+    fn dot_rows(&self, t0: usize, t1: usize, qs: &[f32], out: &mut [f32]) {
+        let mut params = BlockParams::default();
+        dot_rows_with(t0, t1, qs, out, self.d, |t, r| {
+            self.decode_with(t, r, &mut params)
+        });
+    }
+
+    fn axpy_rows(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
+        let mut params = BlockParams::default();
+        axpy_rows_with(t0, t1, w, acc, self.d, |t, r| {
+            self.decode_with(t, r, &mut params)
+        });
     }
 
     fn len(&self) -> usize {
