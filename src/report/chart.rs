@@ -83,20 +83,7 @@ impl LineChart {
         root: &DrawingArea<DB, Shift>,
     ) -> std::result::Result<(), String> {
         let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
-        root.fill(&WHITE).map_err(e)?;
-        let (top, body) = root.split_vertically(70);
-        top.draw(&Text::new(
-            self.title.as_str(),
-            (20, 10),
-            (FAMILY, 24).into_font(),
-        ))
-        .map_err(e)?;
-        top.draw(&Text::new(
-            self.caption.as_str(),
-            (20, 42),
-            (FAMILY, 14).into_font().color(&RGBColor(90, 90, 90)),
-        ))
-        .map_err(e)?;
+        let body = header(root, &self.title, &self.caption, 70)?;
         // A log axis is drawn as log₂(x) on a linear axis, so ticks land on powers of two
         // (4k, 8k, …, 128k for context lengths) and are labelled with the original values.
         let log_x = self.log_x;
@@ -247,20 +234,7 @@ impl HeatMap {
     ) -> std::result::Result<(), String> {
         let (per_row, panel_rows) = self.layout();
         let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
-        root.fill(&WHITE).map_err(e)?;
-        let (top, body) = root.split_vertically(80);
-        top.draw(&Text::new(
-            self.title.as_str(),
-            (20, 10),
-            (FAMILY, 24).into_font(),
-        ))
-        .map_err(e)?;
-        top.draw(&Text::new(
-            self.caption.as_str(),
-            (20, 44),
-            (FAMILY, 14).into_font().color(&RGBColor(90, 90, 90)),
-        ))
-        .map_err(e)?;
+        let body = header(root, &self.title, &self.caption, 80)?;
         let areas = body.split_evenly((panel_rows, per_row));
         let (nr, nc) = (self.rows.len().max(1) as i32, self.cols.len().max(1) as i32);
         for ((name, values), area) in self.panels.iter().zip(areas) {
@@ -327,6 +301,28 @@ impl HeatMap {
         }
         Ok(())
     }
+}
+
+/// Clears `root`, draws the title and the caption in its top `height` pixels, and returns the
+/// area below them.
+fn header<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    caption: &str,
+    height: u32,
+) -> std::result::Result<DrawingArea<DB, Shift>, String> {
+    let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+    root.fill(&WHITE).map_err(e)?;
+    let (top, body) = root.split_vertically(height);
+    top.draw(&Text::new(title, (20, 10), (FAMILY, 24).into_font()))
+        .map_err(e)?;
+    top.draw(&Text::new(
+        caption,
+        (20, 43),
+        (FAMILY, 14).into_font().color(&RGBColor(90, 90, 90)),
+    ))
+    .map_err(e)?;
+    Ok(body)
 }
 
 /// A chart that can draw itself on any plotters backend.
