@@ -77,7 +77,9 @@ impl LineChart {
     pub fn render(&self, dir: &Path, stem: &str) -> Result<()> {
         render_files(self, (1000, 640), dir, stem)
     }
+}
 
+impl Draw for LineChart {
     fn draw<DB: DrawingBackend>(
         &self,
         root: &DrawingArea<DB, Shift>,
@@ -227,7 +229,9 @@ impl HeatMap {
         let per_row = self.panels.len().clamp(1, 3);
         (per_row, self.panels.len().div_ceil(per_row).max(1))
     }
+}
 
+impl Draw for HeatMap {
     fn draw<DB: DrawingBackend>(
         &self,
         root: &DrawingArea<DB, Shift>,
@@ -331,24 +335,6 @@ trait Draw {
         &self,
         root: &DrawingArea<DB, Shift>,
     ) -> std::result::Result<(), String>;
-}
-
-impl Draw for LineChart {
-    fn draw<DB: DrawingBackend>(
-        &self,
-        root: &DrawingArea<DB, Shift>,
-    ) -> std::result::Result<(), String> {
-        LineChart::draw(self, root)
-    }
-}
-
-impl Draw for HeatMap {
-    fn draw<DB: DrawingBackend>(
-        &self,
-        root: &DrawingArea<DB, Shift>,
-    ) -> std::result::Result<(), String> {
-        HeatMap::draw(self, root)
-    }
 }
 
 /// Writes `<stem>.png` and `<stem>.svg` of `size` pixels into `dir`. Errors: [`Error::Io`]
