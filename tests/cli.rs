@@ -70,3 +70,50 @@ fn uncached_repo_offline_names_repo_and_local_path() {
         "{err}"
     );
 }
+
+#[test]
+fn attn_bench_prints_floors_per_context_and_percent_of_peak() {
+    let (code, out, err) = kvbench(&[
+        "attn-bench",
+        "--dtypes",
+        "fp16,int8",
+        "--seq-len",
+        "64,128",
+        "--steps",
+        "2",
+        "--peak-bandwidth",
+        "10",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for s in [
+        "MiB/step",
+        "GFLOP/step",
+        "GB/s",
+        "% of peak",
+        "peak bandwidth 10 GB/s",
+        "context 64 tokens",
+        "context 128 tokens",
+    ] {
+        assert!(out.contains(s), "missing `{s}` in\n{out}");
+    }
+    // SmolLM2-135M (30 layers, 3 kv heads, 9 q heads, head_dim 64), context 64, 2 steps: the
+    // median step attends over 64 + 1 warm-up + 1 = 66 tokens. fp16 bytes moved: 23,040 B per
+    // token × 66 + f32 queries and outputs 2 × 69,120 + new row 23,040 = 1,681,920 B = 1.60 MiB.
+    let fp16 = out
+        .lines()
+        .find(|l| l.starts_with("fp16 "))
+        .unwrap_or_else(|| panic!("no fp16 row in\n{out}"));
+    let cols: Vec<&str> = fp16.split_whitespace().collect();
+    assert_eq!(cols.len(), 9, "{fp16}");
+    assert_eq!(cols[2], "1.60", "MiB/step in {fp16}");
+}
+
+#[test]
+fn attn_bench_peak_bandwidth_must_be_positive() {
+    for bad in ["0", "-5", "fast"] {
+        let arg = format!("--peak-bandwidth={bad}");
+        let (code, _, err) = kvbench(&["attn-bench", &arg]);
+        assert_eq!(code, 2, "{bad}: {err}");
+        assert!(err.contains(bad) && err.contains("GB/s"), "{err}");
+    }
+}

@@ -1,9 +1,11 @@
 //! `kvbench attn-bench`: time the decode step's cache work (append + attention over every
-//! layer) per scheme at a given context length, on synthetic K/V with the model's geometry.
+//! layer) per scheme at one or more context lengths, on synthetic K/V with the model's geometry,
+//! with the step's floors (bytes moved, FLOPs; see [`crate::measure::floors`]) and the bandwidth
+//! achieved against them.
 
 use crate::kv::KvCache;
 use crate::measure::stats::summarize;
-use crate::measure::synthetic;
+use crate::measure::{floors, synthetic};
 use crate::model::{gguf::GgufFile, hub, ModelLocation};
 
 /// Arguments of `kvbench attn-bench`.
@@ -16,9 +18,9 @@ pub struct AttnBenchArgs {
     #[arg(long = "dtypes", visible_alias = "schemes", default_value = "fp16,int8,int4,q8_0,q4_0,fp8",
           value_parser = super::sweep::parse_schemes)]
     pub schemes: super::sweep::SchemeList,
-    /// Context length the cache is filled to before timing.
-    #[arg(long, default_value_t = 8192)]
-    pub seq_len: usize,
+    /// Context lengths the cache is filled to before timing, comma-separated (one table each).
+    #[arg(long = "seq-len", value_delimiter = ',', default_value = "8192")]
+    pub seq_lens: Vec<usize>,
     /// Sequences.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
@@ -28,6 +30,19 @@ pub struct AttnBenchArgs {
     /// Seed of the synthetic K/V.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Peak memory bandwidth of the machine in GB/s (10^9 bytes/s), e.g. 4800 for an H200's
+    /// HBM3e; adds a `% of peak` column for the achieved bandwidth.
+    #[arg(long, value_parser = parse_gbps)]
+    pub peak_bandwidth: Option<f64>,
+}
+
+/// `"4800"` → 4800.0 (GB/s); refuses anything but a finite number > 0.
+fn parse_gbps(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(_) => Err(format!("`{s}` must be a bandwidth in GB/s > 0, e.g. 4800")),
+        Err(_) => Err(format!("`{s}` is not a number of GB/s, e.g. 4800 or 51.2")),
+    }
 }
 
 /// Runs the benchmark and prints a table.
@@ -39,34 +54,71 @@ pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
         }
     };
     let g = cfg.cache_geometry();
+    for &seq_len in &a.seq_lens {
+        table(&a, &g, seq_len)?;
+    }
+    Ok(())
+}
+
+/// Times every scheme at one context length and prints its table block. Bytes moved and FLOPs
+/// are the floors of the median timed step (the cache holds `seq_len` + 1 warm-up token + the
+/// steps before it); GB/s = those bytes / the p50 step time.
+fn table(a: &AttnBenchArgs, g: &crate::kv::CacheGeometry, seq_len: usize) -> anyhow::Result<()> {
     println!(
-        "decode-step cache work (append + attention, {} layers), batch {}, context {} tokens, {} threads, model geometry {} ({} kv heads × {} head_dim)",
-        g.layers, a.batch, a.seq_len, rayon::current_num_threads(), a.model, g.kv_heads, g.head_dim
+        "decode-step cache work (append + attention, {} layers), batch {}, context {} tokens, {} threads, model geometry {} ({} kv heads × {} head_dim){}",
+        g.layers,
+        a.batch,
+        seq_len,
+        rayon::current_num_threads(),
+        a.model,
+        g.kv_heads,
+        g.head_dim,
+        a.peak_bandwidth
+            .map_or(String::new(), |p| format!(", peak bandwidth {p} GB/s"))
+    );
+    print!(
+        "{:<28} {:>12} {:>10} {:>10} {:>10} {:>10} {:>9} {:>10}",
+        "scheme", "KV MiB", "MiB/step", "GFLOP/step", "p50 ms", "p95 ms", "vs fp16", "GB/s"
     );
     println!(
-        "{:<28} {:>12} {:>10} {:>10} {:>9} {:>10}",
-        "scheme", "KV MiB", "p50 ms", "p95 ms", "vs fp16", "GB/s read"
+        "{}",
+        if a.peak_bandwidth.is_some() {
+            format!(" {:>9}", "% of peak")
+        } else {
+            String::new()
+        }
     );
     let mut fp16_ms = None;
     for scheme in &a.schemes.0 {
         scheme.validate(g.head_dim)?;
-        let mut cache = KvCache::new(*scheme, g, a.batch)?;
-        synthetic::fill(&mut cache, &g, a.seq_len, a.seed);
-        synthetic::time_decode_steps(&mut cache, &g, 1, a.seed);
-        let ms = synthetic::time_decode_steps(&mut cache, &g, a.steps, a.seed + 1);
+        let mut cache = KvCache::new(*scheme, *g, a.batch)?;
+        synthetic::fill(&mut cache, g, seq_len, a.seed);
+        synthetic::time_decode_steps(&mut cache, g, 1, a.seed);
+        let ms = synthetic::time_decode_steps(&mut cache, g, a.steps, a.seed + 1);
         let s = summarize(&ms).expect("steps ≥ 1");
-        let bytes = cache.kv_bytes() as f64;
+        // The median timed step brings the cache to `seen` tokens, then attends over what is
+        // held after its append (eviction runs after attention).
+        let seen = seq_len + 1 + a.steps.div_ceil(2);
+        let floor = floors::decode_step(scheme, g, a.batch, scheme.held_tokens(seen - 1) + 1);
+        let gbps = floor.bytes() as f64 / (s.p50 * 1e-3) / 1e9;
         if scheme.is_baseline() {
             fp16_ms = Some(s.p50);
         }
-        println!(
-            "{:<28} {:>12.2} {:>10.3} {:>10.3} {:>9} {:>10.2}",
+        print!(
+            "{:<28} {:>12.2} {:>10.2} {:>10.3} {:>10.3} {:>10.3} {:>9} {:>10.2}",
             scheme.to_string(),
-            bytes / (1u64 << 20) as f64,
+            cache.kv_bytes() as f64 / (1u64 << 20) as f64,
+            floor.bytes() as f64 / (1u64 << 20) as f64,
+            floor.flops as f64 / 1e9,
             s.p50,
             s.p95,
             fp16_ms.map_or("-".into(), |f| format!("{:.2}×", s.p50 / f)),
-            bytes / (s.p50 * 1e-3) / 1e9
+            gbps
+        );
+        println!(
+            "{}",
+            a.peak_bandwidth
+                .map_or(String::new(), |p| format!(" {:>9.1}", 100.0 * gbps / p))
         );
     }
     Ok(())

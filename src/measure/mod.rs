@@ -1,5 +1,7 @@
-//! Measurement: memory probes, latency summaries and the sweep runner.
+//! Measurement: memory probes, latency summaries, the sweep runner and the roofline floors of a
+//! decode step.
 
+pub mod floors;
 pub mod memory;
 pub mod stats;
 pub mod sweep;
