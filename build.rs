@@ -1,5 +1,9 @@
-//! Records the git revision the binary was built from, for `meta.json`.
+//! Records the git revision the binary was built from, for `meta.json`; with the `cuda`
+//! feature, compiles every `kernels/*.cu` to PTX with nvcc (embedded by `src/kv/cuda.rs`).
 fn main() {
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        compile_kernels();
+    }
     let rev = std::process::Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output()
@@ -22,4 +26,71 @@ fn main() {
     println!("cargo:rustc-env=KVBENCH_GIT_REV={rev}");
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/refs/heads");
+}
+
+/// nvcc: `$NVCC`, else `$CUDA_ROOT/bin/nvcc` (or CUDA_PATH/CUDA_HOME), else `nvcc` on PATH.
+fn nvcc() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("NVCC") {
+        return p.into();
+    }
+    for var in ["CUDA_ROOT", "CUDA_PATH", "CUDA_HOME"] {
+        if let Some(root) = std::env::var_os(var) {
+            let p = std::path::Path::new(&root).join("bin").join("nvcc");
+            if p.exists() {
+                return p;
+            }
+        }
+    }
+    "nvcc".into()
+}
+
+/// Compiles `kernels/*.cu` to `$OUT_DIR/<name>.ptx` for `sm_$CUDA_COMPUTE_CAP` (default 90,
+/// Hopper). `--fmad=false` keeps multiply and add separately rounded, as in the CPU encoders the
+/// kernels must match bit for bit.
+fn compile_kernels() {
+    for var in [
+        "NVCC",
+        "CUDA_ROOT",
+        "CUDA_PATH",
+        "CUDA_HOME",
+        "CUDA_COMPUTE_CAP",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    println!("cargo:rerun-if-changed=kernels");
+    let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
+    let cap = cap.trim().trim_start_matches("sm_").to_string();
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let nvcc = nvcc();
+    let mut sources: Vec<_> = std::fs::read_dir("kernels")
+        .expect("kernels/ exists in the source tree")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    sources.sort();
+    for src in sources {
+        println!("cargo:rerun-if-changed={}", src.display());
+        let ptx = out.join(src.with_extension("ptx").file_name().expect("file name"));
+        let status = std::process::Command::new(&nvcc)
+            .args([
+                "--ptx",
+                &format!("-arch=sm_{cap}"),
+                "-std=c++17",
+                "-O3",
+                "--fmad=false",
+            ])
+            .args(["-lineinfo", "-o"])
+            .arg(&ptx)
+            .arg(&src)
+            .status()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run nvcc ({}): {e}. Install a CUDA toolkit or run \
+                     `source scripts/cuda-toolchain.sh` (CUDA 13.0 from PyPI), or build without \
+                     --features cuda",
+                    nvcc.display()
+                )
+            });
+        assert!(status.success(), "nvcc failed on {}", src.display());
+    }
 }

@@ -8,6 +8,8 @@
 //! rows, eviction bookkeeping) and equals [`KvScheme::bytes_for`].
 
 pub mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod format;
 pub mod simd;
 pub mod spec;
@@ -22,6 +24,150 @@ pub use spec::{
     KvScheme, Quant, VALID_SCHEMES,
 };
 use stream::{hadamard, ChannelStream, RowStream, Stream};
+
+/// What a decoder layer's attention needs from a KV cache, whatever device holds it: the CPU
+/// [`KvCache`] or, with the `cuda` feature, `cuda::CudaKvCache`. Tensors live on the cache's
+/// device.
+pub trait AttentionCache {
+    /// Tokens sequence `b` has written (its next position).
+    fn seen(&self, b: usize) -> usize;
+    /// Stores `n_new` tokens of keys and values for every sequence of `layer`: `k`, `v`
+    /// `[batch, kv_heads, n_new, head_dim]` f32 (RoPE applied to `k`). Errors: a tensor on
+    /// another device or of another shape ([`Error::InvalidArgument`]), a device error.
+    fn append_tensors(
+        &mut self,
+        layer: usize,
+        k: &candle_core::Tensor,
+        v: &candle_core::Tensor,
+    ) -> Result<()>;
+    /// Causal attention of queries `q` (`[batch, q_heads, n_q, head_dim]` f32, RoPE applied)
+    /// over everything `layer` holds (call after [`append_tensors`](Self::append_tensors)),
+    /// then the scheme's eviction. Returns `[batch, q_heads, n_q, head_dim]` f32. Errors as
+    /// `append_tensors`.
+    fn attend_tensor(
+        &mut self,
+        layer: usize,
+        q: &candle_core::Tensor,
+    ) -> Result<candle_core::Tensor>;
+}
+
+impl AttentionCache for KvCache {
+    fn seen(&self, b: usize) -> usize {
+        KvCache::seen(self, b)
+    }
+
+    fn append_tensors(
+        &mut self,
+        layer: usize,
+        k: &candle_core::Tensor,
+        v: &candle_core::Tensor,
+    ) -> Result<()> {
+        let n = k.dim(2)?;
+        let kf = k.flatten_all()?.to_vec1::<f32>()?;
+        let vf = v.flatten_all()?.to_vec1::<f32>()?;
+        self.append(layer, &kf, &vf, n);
+        Ok(())
+    }
+
+    fn attend_tensor(
+        &mut self,
+        layer: usize,
+        q: &candle_core::Tensor,
+    ) -> Result<candle_core::Tensor> {
+        let (b, h, n, d) = q.dims4()?;
+        let qf = q.flatten_all()?.to_vec1::<f32>()?;
+        let out = self.attend(layer, &qf, n);
+        Ok(candle_core::Tensor::from_vec(
+            out,
+            (b, h, n, d),
+            &candle_core::Device::Cpu,
+        )?)
+    }
+}
+
+/// A KV cache on the CPU or, with the `cuda` feature, on a GPU: what a sweep point creates for
+/// its `--device`.
+#[derive(Debug)]
+pub enum AnyCache {
+    /// [`KvCache`] in host memory.
+    Cpu(KvCache),
+    /// `cuda::CudaKvCache` in device memory.
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::CudaKvCache),
+}
+
+impl AnyCache {
+    /// An empty cache for `batch` sequences on `device`, sized for `capacity` tokens per
+    /// sequence (the CPU cache grows on demand and ignores it). Errors: as [`KvCache::new`];
+    /// on CUDA also a scheme without CUDA kernels and allocation failures (out of memory).
+    pub fn new(
+        scheme: KvScheme,
+        geom: CacheGeometry,
+        batch: usize,
+        capacity: usize,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        match device {
+            #[cfg(feature = "cuda")]
+            candle_core::Device::Cuda(_) => Ok(Self::Cuda(cuda::CudaKvCache::new(
+                scheme, geom, batch, capacity, device,
+            )?)),
+            candle_core::Device::Cpu => {
+                let _ = capacity;
+                Ok(Self::Cpu(KvCache::new(scheme, geom, batch)?))
+            }
+            other => Err(Error::InvalidArgument {
+                name: "--device".into(),
+                reason: format!("no KV cache for {other:?} in this build"),
+            }),
+        }
+    }
+
+    /// The attention interface of whichever cache this is.
+    pub fn as_attention(&mut self) -> &mut dyn AttentionCache {
+        match self {
+            Self::Cpu(c) => c,
+            #[cfg(feature = "cuda")]
+            Self::Cuda(c) => c,
+        }
+    }
+
+    /// Tokens sequence `b` has written.
+    pub fn seen(&self, b: usize) -> usize {
+        match self {
+            Self::Cpu(c) => c.seen(b),
+            #[cfg(feature = "cuda")]
+            Self::Cuda(c) => c.seen(b),
+        }
+    }
+
+    /// Bytes of K/V held (see [`KvCache::kv_bytes`]).
+    pub fn kv_bytes(&self) -> usize {
+        match self {
+            Self::Cpu(c) => c.kv_bytes(),
+            #[cfg(feature = "cuda")]
+            Self::Cuda(c) => c.kv_bytes(),
+        }
+    }
+
+    /// Bytes allocated (capacity; on CUDA device memory).
+    pub fn reserved_bytes(&self) -> usize {
+        match self {
+            Self::Cpu(c) => c.reserved_bytes(),
+            #[cfg(feature = "cuda")]
+            Self::Cuda(c) => c.reserved_bytes(),
+        }
+    }
+
+    /// Values saturated by fixed fp8 scales (0 on CUDA, whose fp8 scales are per token).
+    pub fn saturated(&self) -> u64 {
+        match self {
+            Self::Cpu(c) => c.saturated(),
+            #[cfg(feature = "cuda")]
+            Self::Cuda(_) => 0,
+        }
+    }
+}
 
 /// The cache-relevant shape of a decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

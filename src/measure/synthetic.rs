@@ -6,9 +6,9 @@
 //! §3.1) report in real models: a few outlier channels with large magnitude and a fixed offset;
 //! values are plain Gaussian-like noise.
 
-use std::time::Instant;
+use candle_core::{Device, Tensor};
 
-use crate::kv::{CacheGeometry, KvCache};
+use crate::kv::{AttentionCache, CacheGeometry, KvCache};
 
 /// Deterministic noise in [−1, 1) (xorshift64*); synthetic data needs no RNG crate.
 pub struct Noise(u64);
@@ -56,23 +56,46 @@ pub fn kv_rows(
 /// Appends `len` synthetic tokens per sequence to every layer in chunks of up to 512, running
 /// attention for each chunk so eviction schemes evict as they would during prefill.
 pub fn fill(cache: &mut KvCache, g: &CacheGeometry, len: usize, seed: u64) {
-    let batch = cache.batch();
+    let (batch, evicts) = (cache.batch(), cache.scheme().evicts());
+    fill_on(cache, g, batch, evicts, len, seed, &Device::Cpu)
+        .expect("CPU tensors of the cache's own shapes");
+}
+
+/// [`fill`] for a cache on any device, through [`AttentionCache`] (tensors on `device`).
+/// `evicts`: run attention after each chunk (eviction schemes), as [`fill`].
+/// Errors: tensor or device errors (CUDA out of memory included).
+pub fn fill_on(
+    cache: &mut dyn AttentionCache,
+    g: &CacheGeometry,
+    batch: usize,
+    evicts: bool,
+    len: usize,
+    seed: u64,
+    device: &Device,
+) -> crate::Result<()> {
     let mut noise = Noise::new(seed);
     let mut done = 0;
     while done < len {
         let n = (len - done).min(512);
         let (k, v) = kv_rows(g, batch, n, &mut noise);
+        let shape = (batch, g.kv_heads, n, g.head_dim);
+        let (k, v) = (
+            Tensor::from_vec(k, shape, device)?,
+            Tensor::from_vec(v, shape, device)?,
+        );
         let q: Vec<f32> = (0..batch * g.q_heads * n * g.head_dim)
             .map(|_| noise.gauss())
             .collect();
+        let q = Tensor::from_vec(q, (batch, g.q_heads, n, g.head_dim), device)?;
         for l in 0..g.layers {
-            cache.append(l, &k, &v, n);
-            if cache.scheme().evicts() {
-                cache.attend(l, &q, n);
+            cache.append_tensors(l, &k, &v)?;
+            if evicts {
+                cache.attend_tensor(l, &q)?;
             }
         }
         done += n;
     }
+    Ok(())
 }
 
 /// Times `steps` decode steps of cache work (every layer: append one token, attend one query
@@ -84,19 +107,43 @@ pub fn time_decode_steps(
     seed: u64,
 ) -> Vec<f64> {
     let batch = cache.batch();
+    time_decode_steps_on(cache, g, batch, steps, seed, &Device::Cpu)
+        .expect("CPU tensors of the cache's own shapes")
+}
+
+/// [`time_decode_steps`] for a cache on any device: each step's time in ms, from CUDA events
+/// on a GPU (see [`super::device::time_ms`]); the step's inputs are made before the clock
+/// starts. Errors: tensor or device errors.
+pub fn time_decode_steps_on(
+    cache: &mut dyn AttentionCache,
+    g: &CacheGeometry,
+    batch: usize,
+    steps: usize,
+    seed: u64,
+    device: &Device,
+) -> crate::Result<Vec<f64>> {
     let mut noise = Noise::new(seed ^ 0xDEC0DE);
     (0..steps)
         .map(|_| {
             let (k, v) = kv_rows(g, batch, 1, &mut noise);
+            let shape = (batch, g.kv_heads, 1, g.head_dim);
+            let (k, v) = (
+                Tensor::from_vec(k, shape, device)?,
+                Tensor::from_vec(v, shape, device)?,
+            );
             let q: Vec<f32> = (0..batch * g.q_heads * g.head_dim)
                 .map(|_| noise.gauss())
                 .collect();
-            let t = Instant::now();
-            for l in 0..g.layers {
-                cache.append(l, &k, &v, 1);
-                std::hint::black_box(cache.attend(l, &q, 1));
-            }
-            t.elapsed().as_secs_f64() * 1e3
+            let q = Tensor::from_vec(q, (batch, g.q_heads, 1, g.head_dim), device)?;
+            super::device::synchronize(device)?;
+            let ((), ms) = super::device::time_ms(device, || {
+                for l in 0..g.layers {
+                    cache.append_tensors(l, &k, &v)?;
+                    std::hint::black_box(cache.attend_tensor(l, &q)?);
+                }
+                Ok(())
+            })?;
+            Ok(ms)
         })
         .collect()
 }

@@ -1,0 +1,64 @@
+//! Timing and memory on whatever device a measurement runs: wall clock on the CPU, CUDA events
+//! and the driver's free-memory counter on a GPU (feature `cuda`).
+
+use candle_core::Device;
+
+use crate::error::Result;
+
+/// Runs `f` and returns its result and duration in ms. On the CPU: wall clock around `f`. On
+/// CUDA: events recorded on the device's stream before and after `f`, the host synchronized on
+/// the end event, `cuEventElapsedTime` (0.5 µs resolution) — device time of the work `f`
+/// queued, without the launch latency of the host call that follows it. Errors: from `f` or the
+/// CUDA driver.
+pub fn time_ms<R>(device: &Device, f: impl FnOnce() -> Result<R>) -> Result<(R, f64)> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
+        let stream = dev.cuda_stream();
+        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let start = stream
+            .record_event(flags)
+            .map_err(|e| cuda_err("event", e))?;
+        let r = f()?;
+        let end = stream
+            .record_event(flags)
+            .map_err(|e| cuda_err("event", e))?;
+        end.synchronize().map_err(|e| cuda_err("event", e))?;
+        let ms = start.elapsed_ms(&end).map_err(|e| cuda_err("event", e))?;
+        return Ok((r, ms as f64));
+    }
+    let _ = device;
+    let t = std::time::Instant::now();
+    let r = f()?;
+    Ok((r, t.elapsed().as_secs_f64() * 1e3))
+}
+
+/// Device memory in use now, in bytes: on CUDA `total − free` from `cuMemGetInfo` (every
+/// process on the GPU counts, the CUDA context's own ~500 MiB included); `None` on the CPU
+/// (see [`super::memory`] for RSS). Sampled around sweep points for the VRAM high-water mark.
+/// Errors: CUDA driver errors.
+pub fn device_mem_used(device: &Device) -> Result<Option<u64>> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        let (free, total) = dev
+            .cuda_stream()
+            .context()
+            .mem_get_info()
+            .map_err(|e| cuda_err("mem_get_info", e))?;
+        return Ok(Some((total - free) as u64));
+    }
+    let _ = device;
+    Ok(None)
+}
+
+/// Waits until every queued kernel on `device` has finished (no-op on the CPU).
+/// Errors: CUDA driver errors (a kernel fault surfaces here).
+pub fn synchronize(device: &Device) -> Result<()> {
+    Ok(device.synchronize()?)
+}
+
+/// A CUDA driver error as this crate's error, naming the operation.
+#[cfg(feature = "cuda")]
+pub(crate) fn cuda_err(what: &str, e: impl std::fmt::Display) -> crate::error::Error {
+    crate::error::Error::Candle(candle_core::Error::Msg(format!("CUDA {what}: {e}")))
+}
