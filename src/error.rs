@@ -38,6 +38,11 @@ pub enum Error {
     #[error("non-finite result: {0}")]
     NonFinite(String),
 
+    /// A compute device could not be opened (no such GPU, no driver). Carries the device as
+    /// `--device` names it (`cuda:0`) and the cause.
+    #[error("cannot open device `{device}`: {reason}")]
+    Device { device: String, reason: String },
+
     /// Tokenizer construction or encoding failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

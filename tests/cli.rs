@@ -117,3 +117,37 @@ fn attn_bench_peak_bandwidth_must_be_positive() {
         assert!(err.contains(bad) && err.contains("GB/s"), "{err}");
     }
 }
+
+/// `--device` rejects what it cannot parse, listing the accepted forms.
+#[test]
+fn unknown_device_lists_accepted_forms() {
+    for bad in ["gpu", "cuda:x"] {
+        let (code, _, err) = kvbench(&["sweep", "--device", bad]);
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains(bad) && err.contains("cpu") && err.contains("cuda:N"),
+            "{err}"
+        );
+    }
+}
+
+/// A CUDA device on a build without CUDA fails at once (before any model is fetched) and says
+/// how to rebuild.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_device_without_cuda_build_says_how_to_rebuild() {
+    for args in [
+        &["sweep", "--device", "cuda:0"][..],
+        &["sweep", "--device", "cuda", "--synthetic"][..],
+    ] {
+        let (code, out, err) = kvbench(args);
+        assert_eq!(code, 2, "{err}");
+        assert!(out.is_empty(), "{out}");
+        assert!(
+            err.contains("--device")
+                && err.contains("cuda:0")
+                && err.contains("cargo build --release --features cuda"),
+            "{err}"
+        );
+    }
+}

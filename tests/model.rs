@@ -138,3 +138,128 @@ fn quantized_caches_cost_perplexity_in_order() {
     assert!(int8.abs() < 0.005, "int8 Δ {int8}");
     assert!((0.01..0.15).contains(&int4), "int4 Δ {int4}");
 }
+
+/// ggml's storage of `elems` weights in `dtype`, bytes, from the GGUF spec's block layouts
+/// (ggml-common.h): e.g. Q4_1 stores 32 weights in 20 bytes (f16 scale, f16 min, 16 bytes of
+/// nibbles), Q8_0 in 34 (f16 scale, 32 int8).
+fn ggml_bytes(dtype: candle_core::quantized::GgmlDType, elems: usize) -> usize {
+    use candle_core::quantized::GgmlDType as G;
+    let (block, bytes) = match dtype {
+        G::F32 => (1, 4),
+        G::F16 | G::BF16 => (1, 2),
+        G::Q4_0 => (32, 18),
+        G::Q4_1 => (32, 20),
+        G::Q5_0 => (32, 22),
+        G::Q5_1 => (32, 24),
+        G::Q8_0 => (32, 34),
+        G::Q2K => (256, 84),
+        G::Q3K => (256, 110),
+        G::Q4K => (256, 144),
+        G::Q5K => (256, 176),
+        G::Q6K => (256, 210),
+        other => panic!("no block size for {other:?} in this test"),
+    };
+    assert_eq!(elems % block, 0, "{dtype:?}: {elems} weights");
+    elems / block * bytes
+}
+
+/// `weight_bytes` against the GGUF header read independently: every tensor's size from its
+/// dtype's block layout (checked against the file's own length), then what the loader keeps of
+/// it — quantized tensors as stored with `native` weights, dequantized ones at 4 bytes per
+/// weight, and the embedding table once more as f32 for the lookup (the tied output head keeps
+/// the stored copy).
+#[test]
+fn weight_bytes_match_the_gguf_header() {
+    use candle_core::quantized::GgmlDType;
+    use kvbench::model::{self, WeightDtype};
+    let path = model::fetch::ensure_default_model().unwrap();
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    let infos = &content.tensor_infos;
+    // The sizes account for the whole file: the last tensor ends at its end (up to the
+    // 32-byte alignment GGUF pads to).
+    let end = infos
+        .values()
+        .map(|t| t.offset as usize + ggml_bytes(t.ggml_dtype, t.shape.elem_count()))
+        .max()
+        .unwrap();
+    let file_len = std::fs::metadata(&path).unwrap().len() as usize;
+    let data_len = file_len - content.tensor_data_offset as usize;
+    assert!(
+        end <= data_len && data_len - end < 32,
+        "{end} vs {data_len}"
+    );
+
+    let dense = |t: GgmlDType| matches!(t, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
+    let embed = &infos["token_embd.weight"];
+    let embed_f32 = embed.shape.elem_count() * 4;
+    let tied = !infos.contains_key("output.weight");
+    let native: usize = infos
+        .values()
+        .map(|t| {
+            let n = t.shape.elem_count();
+            if dense(t.ggml_dtype) {
+                n * 4
+            } else {
+                ggml_bytes(t.ggml_dtype, n)
+            }
+        })
+        .sum::<usize>()
+        // token_embd counted above as the tied head's weights (or as the embedding when untied)
+        + if tied { embed_f32 } else { embed_f32 - ggml_bytes(embed.ggml_dtype, embed.shape.elem_count()) };
+    let f32_all: usize = infos
+        .values()
+        .map(|t| t.shape.elem_count() * 4)
+        .sum::<usize>()
+        + if tied { embed_f32 } else { 0 };
+
+    let m = model::load(path.to_str().unwrap(), WeightDtype::Native).unwrap();
+    assert_eq!(m.model.weight_bytes(), native, "native");
+    assert_eq!(common::smollm_f32().model.weight_bytes(), f32_all, "f32");
+    // SmolLM2-135M: 134.5 M parameters, about 540 MB in f32 (plus the 113 MB tied head).
+    assert!((500_000_000..700_000_000).contains(&f32_all), "{f32_all}");
+}
+
+/// On a GPU (cuda build), the decoder gives the CPU's logits (uncached reference attention,
+/// f32 weights) and holds the same weight bytes in every weight dtype.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_decoder_matches_cpu() {
+    use candle_core::Device;
+    use kvbench::model::{self, DeviceSpec, WeightDtype};
+    let dev = DeviceSpec::Cuda(0)
+        .open()
+        .expect("this test needs a CUDA GPU");
+    let path = model::fetch::ensure_default_model().unwrap();
+    let path = path.to_str().unwrap();
+    let cpu = common::smollm_f32();
+    let tokens = &cpu.tokenizer.encode(wikitext2_test_text()).unwrap()[..48];
+    let gpu = model::load_on(path, WeightDtype::F32, &dev).unwrap();
+    assert!(gpu.model.device().is_cuda());
+    let a = cpu.model.forward(tokens, 1, None).unwrap();
+    let b = gpu
+        .model
+        .forward(tokens, 1, None)
+        .unwrap()
+        .to_device(&Device::Cpu)
+        .unwrap();
+    let diff = common::max_abs_diff(&a, &b);
+    assert!(diff < 1e-2, "max |Δlogit| CPU vs CUDA = {diff}");
+    assert_eq!(gpu.model.weight_bytes(), cpu.model.weight_bytes());
+    for dtype in [WeightDtype::Q8_0, WeightDtype::Native] {
+        let g = model::load_on(path, dtype, &dev).unwrap();
+        let c = model::load(path, dtype).unwrap();
+        assert_eq!(g.model.weight_bytes(), c.model.weight_bytes(), "{dtype}");
+        let logits = g.model.forward(tokens, 1, None).unwrap();
+        let max = logits
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(max.is_finite(), "{dtype}: logits {max}");
+    }
+}

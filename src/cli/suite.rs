@@ -9,7 +9,7 @@ use clap::parser::ValueSource;
 
 use super::sweep::{SchemeList, SweepArgs};
 use crate::error::{Error, Result};
-use crate::model::WeightDtype;
+use crate::model::{DeviceSpec, WeightDtype};
 use crate::quality::perplexity::{PplMode, Scoring};
 
 /// Every setting a suite may hold; each one is the `kvbench sweep` flag of the same name.
@@ -71,6 +71,8 @@ pub struct Suite {
     /// `--threads`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
+    /// `--device`: `cpu`, `cuda`, `cuda:N`.
+    pub device: Option<DeviceSpec>,
     /// `--synthetic`.
     pub synthetic: Option<bool>,
     /// `--memory-limit`.
@@ -121,6 +123,7 @@ impl Suite {
             ppl_weights: Some(a.ppl_weights),
             seed: Some(a.seed),
             threads: a.threads,
+            device: Some(a.device),
             synthetic: Some(a.synthetic),
             memory_limit: a.memory_limit.clone(),
         }
@@ -163,6 +166,7 @@ impl Suite {
             prefill_weights => prefill_weights,
             ppl_weights => ppl_weights,
             seed => seed,
+            device => device,
             synthetic => synthetic,
         );
         if self.threads.is_some() && !from_cli("threads") {

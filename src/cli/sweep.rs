@@ -10,7 +10,7 @@ use crate::kv::{KvScheme, VALID_SCHEMES};
 use crate::measure::sweep::{
     run_sweep, work_units, PhaseModels, PointOutcome, Progress, QualityTasks, SweepSpec, SweepText,
 };
-use crate::model::{self, hub, ModelLocation, WeightDtype};
+use crate::model::{self, hub, DeviceSpec, ModelLocation, WeightDtype};
 use crate::quality::passkey::{self, PasskeySpec};
 use crate::quality::perplexity::{PplMode, PplProtocol, Scoring};
 use crate::quality::wikitext;
@@ -144,6 +144,11 @@ pub struct SweepArgs {
     /// Worker threads (default: all logical CPUs).
     #[arg(long)]
     pub threads: Option<usize>,
+
+    /// Device the model runs on: cpu, or cuda / cuda:N (the N-th NVIDIA GPU; needs a build with
+    /// `--features cuda`).
+    #[arg(long, default_value = "cpu", value_name = "cpu|cuda:N")]
+    pub device: DeviceSpec,
 
     /// Attention-only sweep at the model's real shapes with synthetic K/V: no weights needed,
     /// so any geometry (e.g. --model llama-3-8b) can be timed on a CPU; no perplexity.
@@ -312,6 +317,9 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
             .build_global()
             .ok();
     }
+    // Before anything slow (fetching, loading): a device this build cannot open fails here.
+    let device = args.device.open()?;
+    kv_caches_on(&args.device)?;
     if args.synthetic {
         return run_synthetic(args, done, earlier_meta);
     }
@@ -321,8 +329,14 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     let mut loaded: HashMap<WeightDtype, model::LoadedModel> = HashMap::new();
     for dtype in [args.weights, args.prefill_weights, args.ppl_weights] {
         if let std::collections::hash_map::Entry::Vacant(e) = loaded.entry(dtype) {
-            let m = model::load_location(&args.model, &location, dtype)
-                .with_context(|| format!("loading model `{}` with {dtype} weights", args.model))?;
+            let m = model::load_location_on(&args.model, &location, dtype, &device).with_context(
+                || {
+                    format!(
+                        "loading model `{}` with {dtype} weights on {}",
+                        args.model, args.device
+                    )
+                },
+            )?;
             e.insert(m);
         }
     }
@@ -512,6 +526,33 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     meta::write_json(&meta_path, &meta)?;
     result?;
     finish(&folder.dir, "kvbench sweep")
+}
+
+/// ── Where the sweep's KV caches come from, per device. ──────────────────────────────────────
+///
+/// The caches themselves are created by `KvCache::new` in `crate::measure::sweep::run_once`
+/// (timing points), `crate::quality::perplexity` and `crate::quality::generate`; all are the CPU
+/// [`KvCache`](crate::kv::KvCache), whose `attend_tensor` returns CPU tensors, so a model on
+/// another device cannot use them. Until a device cache can be created there (e.g.
+/// `kvbench::kv::cuda::CudaKvCache` behind `#[cfg(feature = "cuda")]`, handed to the model as
+/// `&mut dyn AttentionCache`), a sweep on a non-CPU device stops here, before any work.
+///
+/// Errors: [`crate::Error::InvalidArgument`] (`--device`) for any device but the CPU.
+fn kv_caches_on(device: &DeviceSpec) -> Result<(), crate::Error> {
+    match device {
+        DeviceSpec::Cpu => Ok(()),
+        // SWITCH ON DEVICE HERE once CUDA caches exist: accept `DeviceSpec::Cuda(_)` in the cuda
+        // build and create `CudaKvCache`s where the sweep creates `KvCache`s (see above).
+        DeviceSpec::Cuda(_) => Err(crate::Error::InvalidArgument {
+            name: "--device".into(),
+            reason: format!(
+                "`{device}`: the decoder can run on the GPU, but this sweep creates CPU KV caches \
+                 only; KV caches on CUDA need the cuda build's kvbench::kv::cuda::CudaKvCache, \
+                 which the sweep does not create yet (see kv_caches_on in src/cli/sweep.rs); use \
+                 --device cpu"
+            ),
+        }),
+    }
 }
 
 /// Renders the finished run folder (the same code as `kvbench report`) and prints its table.

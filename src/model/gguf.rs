@@ -130,7 +130,8 @@ impl GgufFile {
         self.content.tensor_infos.contains_key(name)
     }
 
-    /// Reads one tensor. Errors: [`Error::ModelFormat`] when it is missing or the file ends early.
+    /// Reads one tensor into CPU memory. Errors: [`Error::ModelFormat`] when it is missing or the
+    /// file ends early.
     pub fn tensor(&mut self, name: &str) -> Result<QTensor> {
         if !self.has_tensor(name) {
             return Err(self.bad(format!("tensor `{name}` is missing")));
@@ -242,50 +243,55 @@ impl GgufFile {
     }
 }
 
-/// Loads model and tokenizer from a GGUF file, linear layers in `dtype`.
-pub fn load(path: &Path, dtype: WeightDtype) -> Result<(Model, TextTokenizer, ModelSource)> {
+/// Loads model and tokenizer from a GGUF file, linear layers in `dtype`, every weight on
+/// `device`. Tensors are read (and de- or requantized) on the CPU, then copied to `device`.
+pub fn load(
+    path: &Path,
+    dtype: WeightDtype,
+    device: &Device,
+) -> Result<(Model, TextTokenizer, ModelSource)> {
     let mut f = GgufFile::open(path)?;
     let cfg = f.config()?;
     let tokenizer = f.tokenizer()?;
-    let dev = Device::Cpu;
+    let dev = device;
     let embed_q = f.tensor("token_embd.weight")?;
-    let embed = embed_q.dequantize(&dev)?;
+    let embed = embed_q.dequantize(dev)?;
     let mut blocks = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
         let lin = |f: &mut GgufFile, name: &str| -> Result<Linear> {
             let w = f.tensor(&format!("blk.{i}.{name}.weight"))?;
             let bias_name = format!("blk.{i}.{name}.bias");
             let b = if f.has_tensor(&bias_name) {
-                Some(f.tensor(&bias_name)?.dequantize(&dev)?)
+                Some(f.tensor(&bias_name)?.dequantize(dev)?)
             } else {
                 None
             };
-            Linear::new(w, b, dtype)
+            Linear::new(w, b, dtype, dev)
         };
         blocks.push(Block {
             attn_norm: f
                 .tensor(&format!("blk.{i}.attn_norm.weight"))?
-                .dequantize(&dev)?,
+                .dequantize(dev)?,
             q: lin(&mut f, "attn_q")?,
             k: lin(&mut f, "attn_k")?,
             v: lin(&mut f, "attn_v")?,
             o: lin(&mut f, "attn_output")?,
             ffn_norm: f
                 .tensor(&format!("blk.{i}.ffn_norm.weight"))?
-                .dequantize(&dev)?,
+                .dequantize(dev)?,
             gate: lin(&mut f, "ffn_gate")?,
             up: lin(&mut f, "ffn_up")?,
             down: lin(&mut f, "ffn_down")?,
         });
     }
-    let norm = f.tensor("output_norm.weight")?.dequantize(&dev)?;
+    let norm = f.tensor("output_norm.weight")?.dequantize(dev)?;
     // Tied embeddings (SmolLM2, Qwen2-0.5B): no output.weight, the head reuses token_embd.
     let head = if f.has_tensor("output.weight") {
         f.tensor("output.weight")?
     } else {
         embed_q
     };
-    let lm_head = Linear::new(head, None, dtype)?;
+    let lm_head = Linear::new(head, None, dtype, dev)?;
     let model = Model::new(cfg, dtype, embed, blocks, norm, lm_head)?;
     let source = ModelSource {
         spec: path.display().to_string(),

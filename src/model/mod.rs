@@ -1,11 +1,14 @@
 //! A Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM) built from candle ops, whose
-//! attention reads and writes a [`KvCache`] passed in from outside, and the loaders that build it
-//! from a GGUF file, a safetensors folder or a Hugging Face repo.
+//! attention reads and writes a KV cache passed in from outside (any [`AttentionCache`]: the CPU
+//! [`KvCache`](crate::kv::KvCache) or a device-side one), and the loaders that build it from a
+//! GGUF file, a safetensors folder or a Hugging Face repo, on any candle [`Device`] (see
+//! [`DeviceSpec`]).
 //!
 //! Architecture as in Touvron et al. 2023 (Llama 2, §2.2): pre-norm RMSNorm, rotary position
 //! embeddings (RoFormer, Su et al. 2021), grouped-query attention (Ainslie et al. 2023), SwiGLU MLP.
 //! Qwen2 adds biases to the q/k/v projections.
 
+pub mod device;
 pub mod fetch;
 pub mod geometry;
 pub mod gguf;
@@ -20,7 +23,8 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor, D};
 
 use crate::error::{Error, Result};
-use crate::kv::{CacheGeometry, KvCache};
+use crate::kv::{AttentionCache, CacheGeometry};
+pub use device::DeviceSpec;
 pub use tokenizer::TextTokenizer;
 
 /// How rotary embeddings pair up the elements of a head.
@@ -137,35 +141,59 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// Builds the layer from a stored tensor `[out, in]`, converting it to `dtype`.
-    pub fn new(w: QTensor, b: Option<Tensor>, dtype: WeightDtype) -> Result<Self> {
-        let dev = Device::Cpu;
+    /// Builds the layer on `device` from a stored tensor `[out, in]` (on any device, normally
+    /// the CPU, as read from the file), converting it to `dtype`; `b` must already be on
+    /// `device`. Dequantizing and requantizing run on the CPU, so the weights are the same on
+    /// every device; quantized blocks are then copied to `device` as they are (candle's CUDA
+    /// QMatMul runs Q4_0/Q4_1/Q5_x/Q8_0 and the k-quants).
+    pub fn new(w: QTensor, b: Option<Tensor>, dtype: WeightDtype, device: &Device) -> Result<Self> {
         let w = match (dtype, w.dtype()) {
             (WeightDtype::F32, _) | (_, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) => {
-                QMatMul::Tensor(w.dequantize(&dev)?)
+                QMatMul::Tensor(w.dequantize(device)?)
             }
             (WeightDtype::Q8_0, GgmlDType::Q8_0) | (WeightDtype::Native, _) => {
-                QMatMul::QTensor(std::sync::Arc::new(w))
+                QMatMul::QTensor(std::sync::Arc::new(qtensor_to_device(w, device)?))
             }
             (WeightDtype::Q8_0, _) => {
-                let t = w.dequantize(&dev)?;
-                QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize(&t, GgmlDType::Q8_0)?))
+                let t = w.dequantize(&Device::Cpu)?;
+                QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize_onto(
+                    &t,
+                    GgmlDType::Q8_0,
+                    device,
+                )?))
             }
         };
         Ok(Self { w, b })
     }
 
-    /// Builds the layer from a dense `[out, in]` tensor (safetensors), converting to `dtype`
-    /// (`Native` keeps f32: candle's CPU backend has no fast bf16/f16 matmul).
-    pub fn from_dense(w: Tensor, b: Option<Tensor>, dtype: WeightDtype) -> Result<Self> {
+    /// Builds the layer on `device` from a dense `[out, in]` tensor (safetensors), converting
+    /// to `dtype` (`Native` keeps f32: candle's CPU backend has no fast bf16/f16 matmul); `b`
+    /// must already be on `device`. Q8_0 is quantized on the CPU, then copied.
+    pub fn from_dense(
+        w: Tensor,
+        b: Option<Tensor>,
+        dtype: WeightDtype,
+        device: &Device,
+    ) -> Result<Self> {
         let w = w.to_dtype(DType::F32)?;
         let w = match dtype {
-            WeightDtype::F32 | WeightDtype::Native => QMatMul::Tensor(w),
-            WeightDtype::Q8_0 => {
-                QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0)?))
-            }
+            WeightDtype::F32 | WeightDtype::Native => QMatMul::Tensor(w.to_device(device)?),
+            WeightDtype::Q8_0 => QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize_onto(
+                &w.to_device(&Device::Cpu)?,
+                GgmlDType::Q8_0,
+                device,
+            )?)),
         };
         Ok(Self { w, b })
+    }
+
+    /// Bytes of this layer's weight and bias as stored (see [`Model::weight_bytes`]).
+    fn weight_bytes(&self, seen: &mut Vec<candle_core::TensorId>) -> usize {
+        let w = match &self.w {
+            QMatMul::QTensor(q) => q.storage_size_in_bytes(),
+            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => tensor_bytes(t, seen),
+        };
+        w + self.b.as_ref().map_or(0, |b| tensor_bytes(b, seen))
     }
 
     /// `x: [..., in]` f32 → `[..., out]` f32.
@@ -176,6 +204,25 @@ impl Linear {
             None => y,
         })
     }
+}
+
+/// `q` with its blocks on `device` (a no-op on the CPU).
+fn qtensor_to_device(q: QTensor, device: &Device) -> Result<QTensor> {
+    if q.device().same_device(device) {
+        return Ok(q);
+    }
+    let storage = candle_core::quantized::QStorage::from_data(q.data()?, device, q.dtype())?;
+    Ok(QTensor::new(storage, q.shape().clone())?)
+}
+
+/// Bytes of a dense tensor's elements (`elem_count × dtype size`), 0 when a tensor with the same
+/// id (a clone sharing its storage, e.g. tied embeddings) was counted already.
+fn tensor_bytes(t: &Tensor, seen: &mut Vec<candle_core::TensorId>) -> usize {
+    if seen.contains(&t.id()) {
+        return 0;
+    }
+    seen.push(t.id());
+    t.elem_count() * t.dtype().size_in_bytes()
 }
 
 /// One decoder block's weights.
@@ -212,6 +259,8 @@ pub struct Model {
     pub config: ModelConfig,
     /// Dtype of the linear layers.
     pub weight_dtype: WeightDtype,
+    /// Where every weight lives and the forward pass runs.
+    device: Device,
     embed: Tensor,
     blocks: Vec<Block>,
     norm: Tensor,
@@ -221,7 +270,8 @@ pub struct Model {
 }
 
 impl Model {
-    /// Assembles a model from loaded weights. `embed`: `[vocab, hidden]` f32.
+    /// Assembles a model from loaded weights. `embed`: `[vocab, hidden]` f32. The model runs on
+    /// `embed`'s device; every other weight must be on it too.
     pub fn new(
         config: ModelConfig,
         weight_dtype: WeightDtype,
@@ -230,10 +280,13 @@ impl Model {
         norm: Tensor,
         lm_head: Linear,
     ) -> Result<Self> {
+        let device = embed.device().clone();
         let (cos, sin) = rope_tables(&config)?;
+        let (cos, sin) = (cos.to_device(&device)?, sin.to_device(&device)?);
         Ok(Self {
             config,
             weight_dtype,
+            device,
             embed,
             blocks,
             norm,
@@ -243,19 +296,45 @@ impl Model {
         })
     }
 
+    /// The device the weights live on and the forward pass runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Bytes the weights occupy as stored, all layers together: quantized linear layers at
+    /// their block storage size (e.g. Q8_0: 34 bytes per 32 weights), dense tensors (the f32
+    /// embedding table, norms, f32 linear layers, biases) at element count × dtype size; a
+    /// tensor shared by two layers (tied embeddings from safetensors) counts once. Excludes the
+    /// RoPE tables, any padding a device allocator adds, and the repacked copies candle's CPU
+    /// kernels may build lazily for their SIMD paths.
+    pub fn weight_bytes(&self) -> usize {
+        let mut seen = Vec::new();
+        let mut n = tensor_bytes(&self.embed, &mut seen) + tensor_bytes(&self.norm, &mut seen);
+        for b in &self.blocks {
+            n += tensor_bytes(&b.attn_norm, &mut seen) + tensor_bytes(&b.ffn_norm, &mut seen);
+            for l in [&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down] {
+                n += l.weight_bytes(&mut seen);
+            }
+        }
+        n + self.lm_head.weight_bytes(&mut seen)
+    }
+
     /// Runs `tokens` (`[batch, n]`, row-major, `n` new tokens per sequence) through the decoder,
     /// appending their K/V to `cache` and attending over everything cached. Returns the final
-    /// hidden states after the output norm, `[batch, n, hidden]` f32.
+    /// hidden states after the output norm, `[batch, n, hidden]` f32, on the model's device.
     ///
-    /// With `cache = None` attention is computed by plain candle ops over the f32 K/V of this call
-    /// only (no cache): the reference path the cached one is tested against.
+    /// `cache` is any [`AttentionCache`] whose tensors live on the model's device (the CPU
+    /// [`KvCache`](crate::kv::KvCache) for a CPU model). With `cache = None` attention is
+    /// computed by plain candle ops over the f32 K/V of this call only (no cache): the reference
+    /// path the cached one is tested against.
     ///
-    /// Errors: [`Error::InvalidArgument`] when the position would pass the model's context length.
+    /// Errors: [`Error::InvalidArgument`] when the position would pass the model's context length
+    /// or the cache returns tensors on another device than the model's; the cache's own errors.
     pub fn forward_hidden(
         &self,
         tokens: &[u32],
         batch: usize,
-        mut cache: Option<&mut KvCache>,
+        mut cache: Option<&mut dyn AttentionCache>,
     ) -> Result<Tensor> {
         let c = &self.config;
         let n = tokens.len() / batch;
@@ -276,7 +355,7 @@ impl Model {
                 });
             }
         }
-        let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
+        let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
         let mut x = self
             .embed
             .index_select(&ids, 0)?
@@ -314,12 +393,20 @@ impl Model {
             let v = heads(blk.v.forward(&h)?, c.kv_heads)?;
             let attn = match cache.as_deref_mut() {
                 Some(cache) => {
-                    let kf = k.flatten_all()?.to_vec1::<f32>()?;
-                    let vf = v.flatten_all()?.to_vec1::<f32>()?;
-                    cache.append(layer, &kf, &vf, n);
-                    let qf = q.flatten_all()?.to_vec1::<f32>()?;
-                    let out = cache.attend(layer, &qf, n);
-                    Tensor::from_vec(out, (batch, c.q_heads, n, c.head_dim), &Device::Cpu)?
+                    cache.append_tensors(layer, &k, &v)?;
+                    let out = cache.attend_tensor(layer, &q)?;
+                    if !out.device().same_device(&self.device) {
+                        return Err(Error::InvalidArgument {
+                            name: "KV cache".into(),
+                            reason: format!(
+                                "it returned attention on {:?}, but the model runs on {:?}; \
+                                 use a cache on the model's device",
+                                out.device().location(),
+                                self.device.location()
+                            ),
+                        });
+                    }
+                    out
                 }
                 None => reference_attention(&q, &k, &v, c)?,
             };
@@ -345,7 +432,7 @@ impl Model {
         &self,
         tokens: &[u32],
         batch: usize,
-        cache: Option<&mut KvCache>,
+        cache: Option<&mut dyn AttentionCache>,
     ) -> Result<Tensor> {
         let h = self.forward_hidden(tokens, batch, cache)?;
         self.logits(&h)
@@ -357,7 +444,7 @@ impl Model {
         &self,
         tokens: &[u32],
         batch: usize,
-        cache: &mut KvCache,
+        cache: &mut dyn AttentionCache,
     ) -> Result<Tensor> {
         let h = self.forward_hidden(tokens, batch, Some(cache))?;
         let n = h.dim(1)?;
@@ -380,12 +467,13 @@ fn reference_attention(q: &Tensor, k: &Tensor, v: &Tensor, c: &ModelConfig) -> R
     let mask: Vec<f32> = (0..n)
         .flat_map(|i| (0..n).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY }))
         .collect();
-    let mask = Tensor::from_vec(mask, (n, n), &Device::Cpu)?;
+    let mask = Tensor::from_vec(mask, (n, n), q.device())?;
     let p = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
     Ok(p.matmul(&v.contiguous()?)?)
 }
 
-/// cos/sin tables `[max_ctx, head_dim/2]` f32: θ_i = base^(−2i/d), angle = pos · θ_i.
+/// cos/sin tables `[max_ctx, head_dim/2]` f32 on the CPU: θ_i = base^(−2i/d), angle = pos · θ_i.
+/// Computed on the CPU for every device, so positions are encoded identically everywhere.
 fn rope_tables(c: &ModelConfig) -> Result<(Tensor, Tensor)> {
     let half = c.head_dim / 2;
     let inv: Vec<f32> = (0..half)
@@ -424,26 +512,44 @@ pub enum ModelLocation {
     },
 }
 
-/// Resolves `spec` (see [`hub::resolve`]) and loads it with linear layers in `dtype`.
+/// Resolves `spec` (see [`hub::resolve`]) and loads it on the CPU with linear layers in `dtype`
+/// ([`load_on`] with [`Device::Cpu`]).
 ///
 /// Errors: [`Error::ModelNotFound`] (missing path, uncached repo with the hub unreachable),
 /// [`Error::ModelFormat`] (truncated or malformed files), [`Error::Unsupported`] (architecture or
 /// tokenizer kvbench does not implement), [`Error::Fetch`] (default model download failed).
 pub fn load(spec: &str, dtype: WeightDtype) -> Result<LoadedModel> {
-    load_location(spec, &hub::resolve(spec)?, dtype)
+    load_on(spec, dtype, &Device::Cpu)
 }
 
-/// Loads an already resolved location (resolution is separate so the sweep can load the same
-/// files twice, in two weight dtypes, without resolving twice).
+/// Resolves `spec` and loads it with every weight on `device` (open one with
+/// [`DeviceSpec::open`]). Errors: [`load`]'s, and [`Error::Candle`] when the device runs out of
+/// memory or cannot run a weight format.
+pub fn load_on(spec: &str, dtype: WeightDtype, device: &Device) -> Result<LoadedModel> {
+    load_location_on(spec, &hub::resolve(spec)?, dtype, device)
+}
+
+/// Loads an already resolved location on the CPU (resolution is separate so the sweep can load
+/// the same files twice, in two weight dtypes, without resolving twice).
 pub fn load_location(spec: &str, loc: &ModelLocation, dtype: WeightDtype) -> Result<LoadedModel> {
+    load_location_on(spec, loc, dtype, &Device::Cpu)
+}
+
+/// [`load_location`] with every weight on `device`. Errors: [`load_on`]'s.
+pub fn load_location_on(
+    spec: &str,
+    loc: &ModelLocation,
+    dtype: WeightDtype,
+    device: &Device,
+) -> Result<LoadedModel> {
     let (model, tokenizer, mut source) = match loc {
-        ModelLocation::Gguf(path) => gguf::load(path, dtype)?,
+        ModelLocation::Gguf(path) => gguf::load(path, dtype, device)?,
         ModelLocation::Safetensors {
             config,
             tokenizer,
             weights,
             repo,
-        } => safetensors::load(config, tokenizer, weights, repo.clone(), dtype)?,
+        } => safetensors::load(config, tokenizer, weights, repo.clone(), dtype, device)?,
     };
     source.spec = spec.to_string();
     Ok(LoadedModel {

@@ -75,13 +75,15 @@ pub fn read_config(path: &Path) -> Result<(ModelConfig, bool)> {
     Ok((cfg, hf.tie_word_embeddings))
 }
 
-/// Loads the model from `config.json`, `tokenizer.json` and safetensors shards.
+/// Loads the model from `config.json`, `tokenizer.json` and safetensors shards, every weight on
+/// `device` (read and converted to f32 on the CPU, then copied).
 pub fn load(
     config: &Path,
     tokenizer: &Path,
     weights: &[PathBuf],
     repo: Option<String>,
     dtype: WeightDtype,
+    device: &Device,
 ) -> Result<(Model, TextTokenizer, ModelSource)> {
     let (cfg, tied) = read_config(config)?;
     let tokenizer = TextTokenizer::from_file(tokenizer)?;
@@ -91,7 +93,8 @@ pub fn load(
         reason: format!("safetensors: {}", crate::error::first_line(&e)),
     })?;
     let dev = Device::Cpu;
-    let get = |name: &str| -> Result<Tensor> {
+    // Dense f32 on the CPU (`Linear::from_dense` quantizes from there and copies to `device`).
+    let get_cpu = |name: &str| -> Result<Tensor> {
         st.load(name, &dev)
             .and_then(|t| t.to_dtype(DType::F32))
             .map_err(|e| Error::ModelFormat {
@@ -99,11 +102,13 @@ pub fn load(
                 reason: format!("tensor `{name}`: {}", crate::error::first_line(&e)),
             })
     };
+    // On `device` (a no-op for the CPU).
+    let get = |name: &str| -> Result<Tensor> { Ok(get_cpu(name)?.to_device(device)?) };
     let has = |name: &str| st.get(name).is_ok();
     let lin = |prefix: &str| -> Result<Linear> {
         let bias = format!("{prefix}.bias");
         let b = if has(&bias) { Some(get(&bias)?) } else { None };
-        Linear::from_dense(get(&format!("{prefix}.weight"))?, b, dtype)
+        Linear::from_dense(get_cpu(&format!("{prefix}.weight"))?, b, dtype, device)
     };
     let mut blocks = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
@@ -124,9 +129,9 @@ pub fn load(
     let head = if tied || !has("lm_head.weight") {
         embed.clone()
     } else {
-        get("lm_head.weight")?
+        get_cpu("lm_head.weight")?
     };
-    let lm_head = Linear::from_dense(head, None, dtype)?;
+    let lm_head = Linear::from_dense(head, None, dtype, device)?;
     let norm = get("model.norm.weight")?;
     let model = Model::new(cfg, dtype, embed, blocks, norm, lm_head)?;
     let source = ModelSource {

@@ -65,7 +65,8 @@ impl Run {
         })
     }
 
-    /// Chart caption from `meta.json`: model, CPU and threads, weights, tokens, repeats, seed.
+    /// Chart caption from `meta.json`: model, CPU and threads (and `--device` when not the
+    /// CPU), weights, tokens, repeats, seed.
     pub fn caption(&self) -> Caption {
         let m = &self.meta;
         let s = &m["settings"];
@@ -85,10 +86,15 @@ impl Run {
                 settings.push(format!("{label} {}", str_of(&s[key])));
             }
         }
+        // Runs before `--device` existed, and CPU runs, read as before; others name the device.
+        let device = match s["device"].as_str() {
+            Some(d) if d != "cpu" => format!(", model on {d}"),
+            _ => String::new(),
+        };
         Caption {
             model: str_of(&m["report_context"]["model"]),
             machine: format!(
-                "{}, {} threads",
+                "{}, {} threads{device}",
                 str_of(&m["machine"]["cpu"]),
                 str_of(&m["machine"]["threads"])
             ),
