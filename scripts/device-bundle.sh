@@ -22,9 +22,10 @@ strip -o .device/kvbench target/cuda/release/kvbench
 strip -o .device/cuda-tests "$tests"
 tar -C .device -cJf .device/a/bin.tar.xz kvbench cuda-tests
 rm .device/kvbench .device/cuda-tests
-# Model: first 40 MiB with the binaries, the rest in the second call.
-head -c $((40 << 20)) "$model" > .device/a/model.gguf.part1
-tail -c +$(((40 << 20) + 1)) "$model" > .device/b/model.gguf.part2
+# Model: the first 36 MiB with the binaries (~20 MiB compressed), the rest in the second call
+# (each call also carries the ~3 MiB working tree).
+head -c $((36 << 20)) "$model" > .device/a/model.gguf.part1
+tail -c +$(((36 << 20) + 1)) "$model" > .device/b/model.gguf.part2
 sha256sum "$model" | cut -d' ' -f1 > .device/a/model.sha256
 cp .device/a/model.sha256 .device/b/
 git rev-parse --short=12 HEAD > .device/a/revision

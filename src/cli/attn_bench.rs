@@ -3,9 +3,12 @@
 //! with the step's floors (bytes moved, FLOPs; see [`crate::measure::floors`]) and the bandwidth
 //! achieved against them.
 
-use crate::kv::KvCache;
+use candle_core::Device;
+
+use crate::kv::AnyCache;
 use crate::measure::stats::summarize;
-use crate::measure::{floors, synthetic};
+use crate::measure::{device, floors, synthetic};
+use crate::model::device::DeviceSpec;
 use crate::model::{gguf::GgufFile, hub, ModelLocation};
 
 /// Arguments of `kvbench attn-bench`.
@@ -30,6 +33,10 @@ pub struct AttnBenchArgs {
     /// Seed of the synthetic K/V.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Where the cache lives and attention runs: `cpu` or `cuda:N` (our kernels; needs a build
+    /// with `--features cuda`). On CUDA each step is timed with CUDA events.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceSpec,
     /// Peak memory bandwidth of the machine in GB/s (10^9 bytes/s), e.g. 4800 for an H200's
     /// HBM3e; adds a `% of peak` column for the achieved bandwidth.
     #[arg(long, value_parser = parse_gbps)]
@@ -54,8 +61,9 @@ pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
         }
     };
     let g = cfg.cache_geometry();
+    let dev = a.device.open()?;
     for &seq_len in &a.seq_lens {
-        table(&a, &g, seq_len)?;
+        table(&a, &g, seq_len, &dev)?;
     }
     Ok(())
 }
@@ -63,13 +71,20 @@ pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
 /// Times every scheme at one context length and prints its table block. Bytes moved and FLOPs
 /// are the floors of the median timed step (the cache holds `seq_len` + 1 warm-up token + the
 /// steps before it); GB/s = those bytes / the p50 step time.
-fn table(a: &AttnBenchArgs, g: &crate::kv::CacheGeometry, seq_len: usize) -> anyhow::Result<()> {
+/// A scheme whose cache cannot be built or run on the device (no CUDA kernel, out of memory)
+/// prints its error in its row and the table goes on.
+fn table(
+    a: &AttnBenchArgs,
+    g: &crate::kv::CacheGeometry,
+    seq_len: usize,
+    dev: &Device,
+) -> anyhow::Result<()> {
     println!(
-        "decode-step cache work (append + attention, {} layers), batch {}, context {} tokens, {} threads, model geometry {} ({} kv heads × {} head_dim){}",
+        "decode-step cache work (append + attention, {} layers), batch {}, context {} tokens, {}, model geometry {} ({} kv heads × {} head_dim){}",
         g.layers,
         a.batch,
         seq_len,
-        rayon::current_num_threads(),
+        device::describe(dev),
         a.model,
         g.kv_heads,
         g.head_dim,
@@ -91,11 +106,29 @@ fn table(a: &AttnBenchArgs, g: &crate::kv::CacheGeometry, seq_len: usize) -> any
     let mut fp16_ms = None;
     for scheme in &a.schemes.0 {
         scheme.validate(g.head_dim)?;
-        let mut cache = KvCache::new(*scheme, *g, a.batch)?;
-        synthetic::fill(&mut cache, g, seq_len, a.seed);
-        synthetic::time_decode_steps(&mut cache, g, 1, a.seed);
-        let ms = synthetic::time_decode_steps(&mut cache, g, a.steps, a.seed + 1);
-        let s = summarize(&ms).expect("steps ≥ 1");
+        let timed = (|| -> crate::Result<(AnyCache, Vec<f64>)> {
+            let cap = seq_len + a.steps + 2;
+            let mut cache = AnyCache::new(*scheme, *g, a.batch, cap, dev)?;
+            let c = cache.as_attention();
+            synthetic::fill_on(c, g, a.batch, scheme.evicts(), seq_len, a.seed, dev)?;
+            synthetic::time_decode_steps_on(c, g, a.batch, 1, a.seed, dev)?;
+            let ms = synthetic::time_decode_steps_on(c, g, a.batch, a.steps, a.seed + 1, dev)?;
+            Ok((cache, ms))
+        })();
+        let (cache, ms) = match timed {
+            Ok(t) => t,
+            Err(e) => {
+                println!(
+                    "{:<28} {}",
+                    scheme.to_string(),
+                    crate::error::first_line(&e)
+                );
+                continue;
+            }
+        };
+        let Some(s) = summarize(&ms) else {
+            anyhow::bail!("--steps must be at least 1");
+        };
         // The median timed step brings the cache to `seen` tokens, then attends over what is
         // held after its append (eviction runs after attention).
         let seen = seq_len + 1 + a.steps.div_ceil(2);

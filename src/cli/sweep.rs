@@ -318,8 +318,8 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
             .ok();
     }
     // Before anything slow (fetching, loading): a device this build cannot open fails here.
+    kv_caches_on(&args.device, args.synthetic)?;
     let device = args.device.open()?;
-    kv_caches_on(&args.device)?;
     if args.synthetic {
         return run_synthetic(args, done, earlier_meta);
     }
@@ -435,6 +435,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         ppl_weight_dtype: args.ppl_weights.to_string(),
         ppl_ctx: ppl.as_ref().map(|p| p.ctx),
         geometry: geom,
+        decode_weight_bytes: Some(loaded[&args.weights].model.weight_bytes()),
     };
     let mut meta = Meta {
         kvbench: meta::version(),
@@ -528,30 +529,30 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     finish(&folder.dir, "kvbench sweep")
 }
 
-/// ── Where the sweep's KV caches come from, per device. ──────────────────────────────────────
+/// Whether this build can hold the sweep's KV caches on `device`: every cache the sweep makes
+/// (timing points, perplexity, generation) is a [`crate::kv::AnyCache`] on the model's device,
+/// CUDA caches only in a build with the `cuda` feature; `--synthetic` sweeps are CPU-only
+/// (use `kvbench attn-bench --device cuda:N` for attention-only GPU timings).
 ///
-/// The caches themselves are created by `KvCache::new` in `crate::measure::sweep::run_once`
-/// (timing points), `crate::quality::perplexity` and `crate::quality::generate`; all are the CPU
-/// [`KvCache`](crate::kv::KvCache), whose `attend_tensor` returns CPU tensors, so a model on
-/// another device cannot use them. Until a device cache can be created there (e.g.
-/// `kvbench::kv::cuda::CudaKvCache` behind `#[cfg(feature = "cuda")]`, handed to the model as
-/// `&mut dyn AttentionCache`), a sweep on a non-CPU device stops here, before any work.
-///
-/// Errors: [`crate::Error::InvalidArgument`] (`--device`) for any device but the CPU.
-fn kv_caches_on(device: &DeviceSpec) -> Result<(), crate::Error> {
+/// Errors: [`crate::Error::InvalidArgument`] (`--device`) otherwise.
+fn kv_caches_on(device: &DeviceSpec, synthetic: bool) -> Result<(), crate::Error> {
     match device {
         DeviceSpec::Cpu => Ok(()),
-        // SWITCH ON DEVICE HERE once CUDA caches exist: accept `DeviceSpec::Cuda(_)` in the cuda
-        // build and create `CudaKvCache`s where the sweep creates `KvCache`s (see above).
-        DeviceSpec::Cuda(_) => Err(crate::Error::InvalidArgument {
+        DeviceSpec::Cuda(_) if !cfg!(feature = "cuda") => Err(crate::Error::InvalidArgument {
             name: "--device".into(),
             reason: format!(
-                "`{device}`: the decoder can run on the GPU, but this sweep creates CPU KV caches \
-                 only; KV caches on CUDA need the cuda build's kvbench::kv::cuda::CudaKvCache, \
-                 which the sweep does not create yet (see kv_caches_on in src/cli/sweep.rs); use \
-                 --device cpu"
+                "`{device}` needs a kvbench built with CUDA support; rebuild with \
+                 `cargo build --release --features cuda`, or pass --device cpu"
             ),
         }),
+        DeviceSpec::Cuda(_) if synthetic => Err(crate::Error::InvalidArgument {
+            name: "--device".into(),
+            reason: format!(
+                "`{device}` with --synthetic: the synthetic sweep runs on the CPU; for \
+                 attention-only timings on the GPU use `kvbench attn-bench --device {device}`"
+            ),
+        }),
+        DeviceSpec::Cuda(_) => Ok(()),
     }
 }
 
@@ -665,6 +666,7 @@ fn run_synthetic(
         ppl_weight_dtype: "none".into(),
         ppl_ctx: None,
         geometry: geom,
+        decode_weight_bytes: None,
     };
     let meta_value = serde_json::json!({
         "kvbench": meta::version(),

@@ -482,6 +482,23 @@ impl CudaKvCache {
         Ok(())
     }
 
+    /// Drops every cached token but keeps the allocations (as [`super::KvCache::clear`]).
+    /// Errors: CUDA errors.
+    pub fn clear(&mut self) -> Result<()> {
+        for l in &mut self.layers {
+            self.stream
+                .memset_zeros(&mut l.lens)
+                .map_err(|e| cuda_err("memset", e))?;
+        }
+        self.stream
+            .memset_zeros(&mut self.seen_dev)
+            .map_err(|e| cuda_err("memset", e))?;
+        self.seen.iter_mut().for_each(|s| *s = 0);
+        self.held.iter_mut().for_each(|s| *s = 0);
+        self.pending = 0;
+        Ok(())
+    }
+
     /// Fills attention outputs with NaN before the kernels run, so a test can prove every
     /// element was written.
     pub fn poison_outputs(&mut self, on: bool) {

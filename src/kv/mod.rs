@@ -159,6 +159,16 @@ impl AnyCache {
         }
     }
 
+    /// Drops every cached token, keeping the allocations. Errors: CUDA errors.
+    pub fn clear(&mut self) -> Result<()> {
+        match self {
+            Self::Cpu(c) => c.clear(),
+            #[cfg(feature = "cuda")]
+            Self::Cuda(c) => c.clear()?,
+        }
+        Ok(())
+    }
+
     /// Values saturated by fixed fp8 scales (0 on CUDA, whose fp8 scales are per token).
     pub fn saturated(&self) -> u64 {
         match self {

@@ -51,6 +51,27 @@ pub fn device_mem_used(device: &Device) -> Result<Option<u64>> {
     Ok(None)
 }
 
+/// The device in words for table headers and `meta.json`: `"CPU, 2 threads"` or the GPU's
+/// name, memory and SM count, e.g. `"NVIDIA H200 (139.8 GiB, 132 SMs)"`.
+pub fn describe(device: &Device) -> String {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+        let ctx = dev.cuda_stream().context().clone();
+        let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        let mem = ctx.mem_get_info().map_or(0, |(_, total)| total);
+        let sms = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .unwrap_or(0);
+        return format!(
+            "{name} ({:.1} GiB, {sms} SMs)",
+            mem as f64 / (1u64 << 30) as f64
+        );
+    }
+    let _ = device;
+    format!("CPU, {} threads", rayon::current_num_threads())
+}
+
 /// Waits until every queued kernel on `device` has finished (no-op on the CPU).
 /// Errors: CUDA driver errors (a kernel fault surfaces here).
 pub fn synchronize(device: &Device) -> Result<()> {

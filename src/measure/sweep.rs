@@ -18,14 +18,12 @@
 //! while the timed total is under `min_time_s` (optimum-benchmark's `duration`), each with a
 //! fresh cache.
 
-use std::time::Instant;
-
 use rand::{Rng, SeedableRng};
 
 use super::memory;
 use super::stats::summarize;
 use crate::error::{Error, Result};
-use crate::kv::{KvCache, KvScheme};
+use crate::kv::{AnyCache, KvScheme};
 use crate::model::tokenizer::TextTokenizer;
 use crate::model::{argmax_rows, Model};
 use crate::quality::generate::greedy;
@@ -194,6 +192,11 @@ pub struct PointTiming {
     pub kv_reserved_bytes: usize,
     /// Peak RSS of the process during this point's timed repeats alone, bytes.
     pub peak_rss_bytes: Option<u64>,
+    /// GPU runs: device memory in use at its highest sample during the timed repeats, bytes
+    /// (`cuMemGetInfo` total − free after the prefill and after every decode step: weights,
+    /// KV cache, activations, the CUDA context and anything else on the GPU). None on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vram_peak_bytes: Option<u64>,
     /// Values saturated by fixed fp8 scales during the last repeat.
     pub saturated_values: u64,
     /// Greedy tokens of the first sequence of the last repeat (for agreement checks).
@@ -557,8 +560,12 @@ fn guarded_point(
         let mut measured = 0.0;
         // Repeats stop at `repeats`, or later once `min_time_s` is reached (capped at 100×).
         let cap = spec.repeats.max(1) * 100;
+        let mut vram_peak: Option<u64> = None;
         let mut last = loop {
             let run = run_once(models, scheme, batch, spec.gen, prompts)?;
+            if let Some(v) = run.vram_peak_bytes {
+                vram_peak = Some(vram_peak.map_or(v, |p| p.max(v)));
+            }
             measured += (run.ttft_ms + run.itl_ms.iter().sum::<f64>()) * 1e-3;
             ttft_ms.push(run.ttft_ms);
             itl_ms.push(run.itl_ms.clone());
@@ -574,6 +581,7 @@ fn guarded_point(
             kv_bytes: last.cache.kv_bytes(),
             kv_reserved_bytes: last.cache.reserved_bytes(),
             peak_rss_bytes: memory::peak_rss_bytes(),
+            vram_peak_bytes: vram_peak,
             saturated_values: last.cache.saturated(),
             generated: std::mem::take(&mut last.generated),
         })
@@ -582,16 +590,21 @@ fn guarded_point(
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// One timed request: the cache it filled, TTFT and each ITL (ms), the first sequence's tokens.
+/// One timed request: the cache it filled, TTFT and each ITL (ms), the first sequence's tokens,
+/// and the device memory high-water (GPU only).
 struct Run {
-    cache: KvCache,
+    cache: AnyCache,
     ttft_ms: f64,
     itl_ms: Vec<f64>,
     generated: Vec<u32>,
+    vram_peak_bytes: Option<u64>,
 }
 
-/// Prefill `prompts` (`[batch, seq_len]`) with `models.prefill` into a fresh cache, then decode
-/// `gen − 1` more tokens greedily with `models.decode`, timing each.
+/// Prefill `prompts` (`[batch, seq_len]`) with `models.prefill` into a fresh cache on the
+/// model's device, then decode `gen − 1` more tokens greedily with `models.decode`, timing each
+/// ([`super::device::time_ms`]: wall clock on the CPU, CUDA events on a GPU; each step ends
+/// with the argmax copied to the host, as a server's sampler needs it). On a GPU the device
+/// memory in use is sampled after the prefill and after every step (outside the timed spans).
 fn run_once(
     models: PhaseModels<'_>,
     scheme: KvScheme,
@@ -599,18 +612,36 @@ fn run_once(
     gen: usize,
     prompts: &[u32],
 ) -> Result<Run> {
-    let mut cache = KvCache::new(scheme, models.decode.config.cache_geometry(), batch)?;
-    let t0 = Instant::now();
-    let logits = models.prefill.forward_last(prompts, batch, &mut cache)?;
-    let mut next = argmax_rows(&logits)?;
-    let ttft_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let dev = models.decode.device();
+    let geom = models.decode.config.cache_geometry();
+    let capacity = prompts.len() / batch.max(1) + gen;
+    let mut cache = AnyCache::new(scheme, geom, batch, capacity, dev)?;
+    let mut vram = super::device::device_mem_used(dev)?;
+    let (mut next, ttft_ms) = super::device::time_ms(dev, || {
+        let logits = models
+            .prefill
+            .forward_last(prompts, batch, cache.as_attention())?;
+        argmax_rows(&logits)
+    })?;
+    let sample = |vram: &mut Option<u64>| -> Result<()> {
+        if let Some(now) = super::device::device_mem_used(dev)? {
+            *vram = Some(vram.map_or(now, |v| v.max(now)));
+        }
+        Ok(())
+    };
+    sample(&mut vram)?;
     let mut generated = vec![next[0]];
     let mut itl_ms = Vec::with_capacity(gen.saturating_sub(1));
     for _ in 1..gen {
-        let t = Instant::now();
-        let logits = models.decode.forward_last(&next, batch, &mut cache)?;
-        next = argmax_rows(&logits)?;
-        itl_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let (n, ms) = super::device::time_ms(dev, || {
+            let logits = models
+                .decode
+                .forward_last(&next, batch, cache.as_attention())?;
+            argmax_rows(&logits)
+        })?;
+        next = n;
+        itl_ms.push(ms);
+        sample(&mut vram)?;
         generated.push(next[0]);
     }
     Ok(Run {
@@ -618,6 +649,7 @@ fn run_once(
         ttft_ms,
         itl_ms,
         generated,
+        vram_peak_bytes: vram,
     })
 }
 

@@ -223,6 +223,7 @@ fn point(
         kv_bytes: cache.kv_bytes(),
         kv_reserved_bytes: cache.reserved_bytes(),
         peak_rss_bytes: super::memory::peak_rss_bytes(),
+        vram_peak_bytes: None,
         saturated_values: cache.saturated(),
         generated: Vec::new(),
     })

@@ -2,7 +2,7 @@
 //! summaries, passkey retrieval).
 
 use crate::error::Result;
-use crate::kv::{KvCache, KvScheme};
+use crate::kv::{AnyCache, KvScheme};
 use crate::model::{argmax_rows, Model};
 
 /// Greedy continuation of `prompt` (token ids, batch 1) with K/V stored in `scheme`: one
@@ -16,18 +16,20 @@ pub fn greedy(
     max_new: usize,
     stop: &[u32],
 ) -> Result<Vec<u32>> {
-    let mut cache = KvCache::new(scheme, model.config.cache_geometry(), 1)?;
+    let geom = model.config.cache_geometry();
+    let mut cache = AnyCache::new(scheme, geom, 1, prompt.len() + max_new, model.device())?;
+    let cache = cache.as_attention();
     let mut out = Vec::with_capacity(max_new);
     if max_new == 0 {
         return Ok(out);
     }
-    let mut next = argmax_rows(&model.forward_last(prompt, 1, &mut cache)?)?[0];
+    let mut next = argmax_rows(&model.forward_last(prompt, 1, cache)?)?[0];
     while !stop.contains(&next) {
         out.push(next);
         if out.len() == max_new {
             break;
         }
-        next = argmax_rows(&model.forward_last(&[next], 1, &mut cache)?)?[0];
+        next = argmax_rows(&model.forward_last(&[next], 1, cache)?)?[0];
     }
     Ok(out)
 }

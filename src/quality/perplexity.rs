@@ -22,7 +22,7 @@
 use candle_core::Tensor;
 
 use crate::error::{Error, Result};
-use crate::kv::{KvCache, KvScheme};
+use crate::kv::{AnyCache, KvScheme};
 use crate::model::Model;
 
 /// Which targets of a window are scored.
@@ -287,15 +287,18 @@ pub fn perplexity_vs(
         PplMode::Decode => {
             for group in windows.chunks(proto.batch) {
                 let b = group.len();
-                let mut cache = KvCache::new(scheme, geom, b)?;
-                let mut base_cache = baseline.map(|s| KvCache::new(s, geom, b)).transpose()?;
+                let dev = model.device();
+                let mut cache = AnyCache::new(scheme, geom, b, proto.ctx, dev)?;
+                let mut base_cache = baseline
+                    .map(|s| AnyCache::new(s, geom, b, proto.ctx, dev))
+                    .transpose()?;
                 let mut sums = vec![0f64; b];
                 let mut group_agree: Vec<Vec<(f64, bool, f64)>> = vec![Vec::new(); b];
                 for t in 0..proto.ctx - 1 {
                     let step: Vec<u32> = group.iter().map(|w| w[t]).collect();
-                    let hidden = model.forward_hidden(&step, b, Some(&mut cache))?;
+                    let hidden = model.forward_hidden(&step, b, Some(cache.as_attention()))?;
                     let base_hidden = match base_cache.as_mut() {
-                        Some(c) => Some(model.forward_hidden(&step, b, Some(c))?),
+                        Some(c) => Some(model.forward_hidden(&step, b, Some(c.as_attention()))?),
                         None => None,
                     };
                     if t >= first {
@@ -322,18 +325,21 @@ pub fn perplexity_vs(
             }
         }
         PplMode::Chunked | PplMode::Auto => {
-            let mut cache = KvCache::new(scheme, geom, 1)?;
-            let mut base_cache = baseline.map(|s| KvCache::new(s, geom, 1)).transpose()?;
+            let dev = model.device();
+            let mut cache = AnyCache::new(scheme, geom, 1, proto.ctx, dev)?;
+            let mut base_cache = baseline
+                .map(|s| AnyCache::new(s, geom, 1, proto.ctx, dev))
+                .transpose()?;
             for win in &windows {
-                cache.clear();
-                let hidden = model.forward_hidden(win, 1, Some(&mut cache))?;
+                cache.clear()?;
+                let hidden = model.forward_hidden(win, 1, Some(cache.as_attention()))?;
                 kv_bytes = cache.kv_bytes();
                 // Logits at positions first..ctx-1 predict tokens first+1..ctx.
                 let h = hidden.squeeze(0)?.narrow(0, first, proto.ctx - 1 - first)?;
                 let logits = model.logits(&h)?;
                 if let Some(c) = base_cache.as_mut() {
-                    c.clear();
-                    let bh = model.forward_hidden(win, 1, Some(c))?;
+                    c.clear()?;
+                    let bh = model.forward_hidden(win, 1, Some(c.as_attention()))?;
                     let bh = bh.squeeze(0)?.narrow(0, first, proto.ctx - 1 - first)?;
                     agree.extend(compare_logits(&model.logits(&bh)?, &logits)?);
                 }

@@ -96,6 +96,14 @@ pub struct ResultRow {
     pub kv_reserved_bytes: Option<usize>,
     /// Peak resident set size of the process during this point, bytes.
     pub peak_rss_bytes: Option<u64>,
+    /// GPU runs: device memory in use at its highest sample (after prefill and every decode
+    /// step; `cuMemGetInfo` total − free), bytes. Empty on the CPU.
+    pub vram_peak_bytes: Option<u64>,
+    /// Memory bandwidth a decode step achieves, GB/s: the bytes it must read at the end of the
+    /// point (decode weights once + the KV held, [`RowContext::decode_weight_bytes`] +
+    /// `kv_bytes`) over the median TPOT. The floor of a memory-bound step is these bytes over
+    /// the device's peak bandwidth (roofline; see `crate::measure::floors`).
+    pub decode_gb_s: Option<f64>,
     /// Values saturated by an fp8 scale fixed at the first write (0 for other formats).
     pub saturated_values: Option<u64>,
     /// Perplexity of the scheme on WikiText-2 (protocol in `meta.json`).
@@ -186,6 +194,8 @@ pub const CSV_COLUMNS: &[&str] = &[
     "kv_ratio_vs_fp16",
     "kv_reserved_bytes",
     "peak_rss_bytes",
+    "vram_peak_bytes",
+    "decode_gb_s",
     "saturated_values",
     "ppl",
     "ppl_delta_pct",
@@ -230,6 +240,10 @@ pub struct RowContext {
     pub ppl_ctx: Option<usize>,
     /// Geometry, for the fp16 ratio.
     pub geometry: CacheGeometry,
+    /// Bytes the decode model's weights occupy as stored (`Model::weight_bytes`), for the
+    /// achieved-bandwidth column; absent in runs made before it was recorded.
+    #[serde(default)]
+    pub decode_weight_bytes: Option<usize>,
 }
 
 impl ResultRow {
@@ -285,6 +299,13 @@ impl ResultRow {
             kv_ratio_vs_fp16: t.map(|t| t.kv_bytes as f64 / fp16_bytes(t.kv_tokens)),
             kv_reserved_bytes: t.map(|t| t.kv_reserved_bytes),
             peak_rss_bytes: t.and_then(|t| t.peak_rss_bytes),
+            vram_peak_bytes: t.and_then(|t| t.vram_peak_bytes),
+            decode_gb_s: t
+                .zip(tpot)
+                .zip(ctx.decode_weight_bytes)
+                .and_then(|((t, s), w)| {
+                    (s.p50 > 0.0).then(|| (w + t.kv_bytes) as f64 / (s.p50 * 1e-3) / 1e9)
+                }),
             saturated_values: t.map(|t| t.saturated_values),
             ppl: o.ppl.as_ref().map(|p| p.perplexity),
             ppl_delta_pct: o

@@ -30,10 +30,15 @@ pub fn cells(rows: &[ResultRow]) -> Vec<Vec<String>> {
     // Generation-task columns appear only when some row has them.
     let rouge = rows.iter().any(|r| r.rouge_l_f1.is_some());
     let passkey = rows.iter().any(|r| r.passkey_accuracy_pct.is_some());
+    // GPU runs: device memory high-water and achieved decode bandwidth.
+    let vram = rows.iter().any(|r| r.vram_peak_bytes.is_some());
     let mut header: Vec<String> = HEADER[..HEADER.len() - 1]
         .iter()
         .map(|s| s.to_string())
         .collect();
+    if vram {
+        header.extend(["VRAM MiB".to_string(), "GB/s".to_string()]);
+    }
     if rouge {
         header.extend(["ROUGE-L F1".to_string(), "RL vs fp16".to_string()]);
     }
@@ -77,6 +82,13 @@ pub fn cells(rows: &[ResultRow]) -> Vec<Vec<String>> {
             r.kl_mean.map_or("-".into(), |x| format!("{x:.4}")),
         ]);
         let row = out.last_mut().expect("just pushed");
+        if vram {
+            row.push(f(
+                r.vram_peak_bytes.map(|b| b as f64 / (1u64 << 20) as f64),
+                0,
+            ));
+            row.push(f(r.decode_gb_s, 0));
+        }
         if rouge {
             row.push(f(r.rouge_l_f1, 4));
             row.push(f(r.rouge_l_vs_fp16, 3));
