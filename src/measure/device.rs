@@ -51,6 +51,22 @@ pub fn device_mem_used(device: &Device) -> Result<Option<u64>> {
     Ok(None)
 }
 
+/// Device memory free now, in bytes (`cuMemGetInfo`); `None` on the CPU. Errors: CUDA driver
+/// errors.
+pub fn device_mem_free(device: &Device) -> Result<Option<u64>> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        let (free, _) = dev
+            .cuda_stream()
+            .context()
+            .mem_get_info()
+            .map_err(|e| cuda_err("mem_get_info", e))?;
+        return Ok(Some(free as u64));
+    }
+    let _ = device;
+    Ok(None)
+}
+
 /// The device in words for table headers and `meta.json`: `"CPU, 2 threads"` or the GPU's
 /// name, memory and SM count, e.g. `"NVIDIA H200 (139.8 GiB, 132 SMs)"`.
 pub fn describe(device: &Device) -> String {

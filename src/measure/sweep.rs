@@ -507,12 +507,17 @@ pub fn prompts(tokens: &[u32], batch: usize, seq_len: usize, seed: u64) -> Vec<u
         .collect()
 }
 
-/// Runs `f`, turning an error or a panic into an `error: …` status so a sweep goes on.
+/// Runs `f`, turning an error or a panic into a status so a sweep goes on: `oom: …` when the
+/// device ran out of memory (CUDA's `CUDA_ERROR_OUT_OF_MEMORY`, an allocation failure), else
+/// `error: …`.
 pub fn catch_point(
     f: impl FnOnce() -> Result<PointTiming>,
 ) -> std::result::Result<PointTiming, String> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) if is_out_of_memory(&e.to_string()) => {
+            Err(format!("oom: {}", crate::error::first_line(&e)))
+        }
         Ok(Err(e)) => Err(format!("error: {e}")),
         Err(p) => Err(format!(
             "error: panicked: {}",
@@ -522,6 +527,12 @@ pub fn catch_point(
                 .unwrap_or("unknown")
         )),
     }
+}
+
+/// Whether an error message is a device out-of-memory (CUDA driver/runtime or cuBLAS wording).
+fn is_out_of_memory(msg: &str) -> bool {
+    let m = msg.to_ascii_lowercase();
+    m.contains("out_of_memory") || m.contains("out of memory") || m.contains("alloc_failed")
 }
 
 /// A point that cannot take the process down: predicted memory beyond what is available is
@@ -540,7 +551,12 @@ fn guarded_point(
     // Prefill activations: logits-free hidden states, q/k/v, and attention scores per task.
     let act = (batch * seq_len * (4 * c.hidden + 3 * c.intermediate + c.vocab / seq_len.max(1)) * 4)
         as u64;
-    if let Some(avail) = memory::available_bytes() {
+    // On a GPU the point lives in device memory: compare with what the driver reports free.
+    let avail = match super::device::device_mem_free(models.decode.device()) {
+        Ok(Some(free)) => Some(free),
+        _ => memory::available_bytes(),
+    };
+    if let Some(avail) = avail {
         if kv + act > avail {
             return Err(format!(
                 "oom: needs ~{:.2} GiB (KV {:.2} GiB), {:.2} GiB available",
@@ -695,4 +711,27 @@ fn passkey_trials(
         progress.advance(1);
     }
     Ok(PasskeyResult { trials })
+}
+
+#[cfg(test)]
+mod oom_tests {
+    use super::*;
+
+    /// The messages cudarc gives for a failed device allocation become `oom`; other device
+    /// errors stay `error`. (The texts are cudarc's `DriverError` Debug form and cuBLAS's
+    /// status name.)
+    #[test]
+    fn device_out_of_memory_is_recorded_as_oom() {
+        let err = |m: &str| -> Result<PointTiming> {
+            Err(crate::Error::Candle(candle_core::Error::Msg(m.into())))
+        };
+        let oom = catch_point(|| err("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"));
+        assert!(oom.as_ref().unwrap_err().starts_with("oom: "), "{oom:?}");
+        let blas = catch_point(|| err("cublas error CUBLAS_STATUS_ALLOC_FAILED"));
+        assert!(blas.unwrap_err().starts_with("oom: "));
+        let other = catch_point(|| {
+            err("DriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"an illegal memory access\")")
+        });
+        assert!(other.unwrap_err().starts_with("error: "));
+    }
 }
