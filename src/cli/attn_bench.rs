@@ -9,12 +9,13 @@ use crate::kv::AnyCache;
 use crate::measure::stats::summarize;
 use crate::measure::{device, floors, synthetic};
 use crate::model::device::DeviceSpec;
-use crate::model::{gguf::GgufFile, hub, ModelLocation};
+use crate::model::hub;
 
 /// Arguments of `kvbench attn-bench`.
 #[derive(Debug, clap::Args)]
 pub struct AttnBenchArgs {
-    /// Model whose geometry to use (only its header/config is read).
+    /// Model whose geometry to use: only its header/config is read; an alias with shipped
+    /// geometry (llama-3-8b, mistral-7b, …, see `kvbench plan --help`) needs no download.
     #[arg(long, default_value = hub::DEFAULT_MODEL)]
     pub model: String,
     /// KV-cache schemes, comma-separated (see `kvbench sweep --help`).
@@ -54,13 +55,8 @@ fn parse_gbps(s: &str) -> Result<f64, String> {
 
 /// Runs the benchmark and prints a table.
 pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
-    let cfg = match hub::resolve(&a.model)? {
-        ModelLocation::Gguf(p) => GgufFile::open(&p)?.config()?,
-        ModelLocation::Safetensors { config, .. } => {
-            crate::model::safetensors::read_config(&config)?.0
-        }
-    };
-    let g = cfg.cache_geometry();
+    // Geometry only: aliases (llama-3-8b, …) need no download.
+    let g = crate::model::geometry::for_model_arg(&a.model)?.cache();
     let dev = a.device.open()?;
     for &seq_len in &a.seq_lens {
         table(&a, &g, seq_len, &dev)?;

@@ -631,14 +631,7 @@ fn run_synthetic(
     earlier_meta: Option<serde_json::Value>,
 ) -> anyhow::Result<()> {
     let started_at = meta::now_rfc3339();
-    let geometry_spec = if args.model == hub::DEFAULT_MODEL {
-        crate::model::fetch::ensure_default_model()?
-            .display()
-            .to_string()
-    } else {
-        args.model.clone()
-    };
-    let model = crate::model::geometry::geometry(&geometry_spec)?;
+    let model = crate::model::geometry::for_model_arg(&args.model)?;
     let geom = model.cache();
     let memory_limit = match &args.memory_limit {
         Some(m) => crate::plan::parse_bytes(m)?,

@@ -149,6 +149,17 @@ pub fn weight_bytes_per_param(dtype: &str) -> Result<f64> {
     })
 }
 
+/// [`geometry`] for a `--model` value as the CLI takes it: the default model's name resolves
+/// to its GGUF file (fetched if needed), anything else as [`geometry`]. Errors: as [`geometry`]
+/// and the default model's fetch.
+pub fn for_model_arg(model: &str) -> Result<ModelGeometry> {
+    if model == super::hub::DEFAULT_MODEL {
+        let path = super::fetch::ensure_default_model()?;
+        return geometry(&path.display().to_string());
+    }
+    geometry(model)
+}
+
 /// Geometry of `spec`: a known alias (see [`known_aliases`]), a `config.json` (or a folder with
 /// one), or a GGUF file (its header only; parameters counted from its tensor shapes).
 /// Errors: [`Error::ModelNotFound`] naming the input and the aliases.
