@@ -19,8 +19,10 @@
 //              resid [bh][R][d], R = residual + G, slot t at ring row t % R.
 // Compiled with --fmad=false so products and sums round exactly as the CPU encoders do.
 
+#ifndef KVBENCH_CUDA_EMU  // kernels/emu/cuda_emu.h provides these on the CPU
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#endif
 #include <stdint.h>
 
 #define F16 0
@@ -329,8 +331,9 @@ __device__ void attn_partial(const float *__restrict__ q, Stream K, Stream V,
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = bh / kv_heads, hk = bh % kv_heads;
     const int len = (int)lens[bh];
-    const int kq = chan_quantized(len, K.residual, K.group);
-    const int vq = chan_quantized(len, V.residual, V.group);
+    // Only CHAN8 has token groups (other formats pass group 0: no division by zero).
+    const int kq = K.fmt == CHAN8 ? chan_quantized(len, K.residual, K.group) : 0;
+    const int vq = V.fmt == CHAN8 ? chan_quantized(len, V.residual, V.group) : 0;
     __shared__ float qs[QT][D];
     __shared__ float sm[WARPS][QT], sl[WARPS][QT];
     __shared__ float sacc[WARPS][QT][D];
