@@ -135,7 +135,7 @@ __device__ __forceinline__ float load_elem(const Stream &s, int d, int bh, int s
 // lens[bh] .. lens[bh] + n_new. One block of 32 threads per (new row, bh); the row is staged in
 // shared memory and each format's groups are encoded by one thread each, sequentially, in the
 // CPU encoder's order (bit-exact codes).
-// CHAN8 streams do not come here: see kv_chan_append.
+// CHAN8 streams do not come here: see kv_chan_quantize and kv_chan_resid.
 extern "C" __global__ void kv_append(Stream s, const float *__restrict__ x, const uint32_t *lens,
                                      int n_new, int d) {
     const int i = blockIdx.x, bh = blockIdx.y, lane = threadIdx.x;
