@@ -111,7 +111,7 @@ impl TextTokenizer {
         };
         let mut inner = Tokenizer::new(bpe);
         if pre == "qwen2" {
-            inner.with_normalizer(Some(NFC));
+            inner.with_normalizer(Some(NFC)).map_err(tk)?;
         }
         inner.with_pre_tokenizer(Some(pre_tok));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
@@ -121,7 +121,7 @@ impl TextTokenizer {
             .filter(|(_, &t)| t == 3 || t == 4)
             .map(|(s, _)| AddedToken::from(s.clone(), true))
             .collect();
-        inner.add_special_tokens(&specials);
+        inner.add_special_tokens(specials).map_err(tk)?;
         Ok(Self {
             inner,
             bos,
