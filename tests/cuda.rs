@@ -12,9 +12,10 @@
 //! (scripts/device-check.sh sets it), which turns a missing GPU into a failure.
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use candle_core::{Device, Tensor};
 use kvbench::kv::cuda::CudaKvCache;
-use kvbench::kv::format::{F16Row, Fp8Row, Int4GroupRow, Int8TokenRow, Q4_0Row, Q8_0Row, RowCodec};
 use kvbench::kv::{CacheGeometry, KvCache, KvScheme, Quant};
 use kvbench::measure::device::{device_mem_used, time_ms};
 use rand::rngs::StdRng;
@@ -52,23 +53,6 @@ fn activations(rng: &mut StdRng, n: usize, d: usize) -> Vec<f32> {
 
 fn tensor(x: &[f32], shape: (usize, usize, usize, usize), dev: &Device) -> Tensor {
     Tensor::from_slice(x, shape, dev).unwrap()
-}
-
-fn codec_row(q: Quant, x: &[f32]) -> Vec<u8> {
-    fn enc(c: impl RowCodec, x: &[f32]) -> Vec<u8> {
-        let mut out = vec![0u8; c.row_bytes(x.len())];
-        c.encode(x, &mut out);
-        out
-    }
-    match q {
-        Quant::Fp16 => enc(F16Row, x),
-        Quant::Int8Token => enc(Int8TokenRow, x),
-        Quant::Int4 { group } => enc(Int4GroupRow { group }, x),
-        Quant::Q8_0 => enc(Q8_0Row, x),
-        Quant::Q4_0 => enc(Q4_0Row, x),
-        Quant::Fp8 { kind, .. } => enc(Fp8Row { kind, scale: None }, x),
-        other => panic!("no row codec for {other}"),
-    }
 }
 
 /// Quantize on write: for every per-token format, head_dim 64 and 128, appends of 17, 1, 1
@@ -122,7 +106,7 @@ fn append_writes_the_cpu_encoders_rows() {
                     assert_eq!(rows.len(), 59, "{name} d={d}: rows held");
                     assert_eq!(pos, (0..59).collect::<Vec<_>>());
                     for (t, row) in rows.iter().enumerate() {
-                        let want = codec_row(scheme.k, &sent[b * kvh + h][t]);
+                        let want = common::cpu_row_bytes(scheme.k, &sent[b * kvh + h][t]);
                         if *row != want {
                             mismatched += 1;
                             if mismatched == 1 {

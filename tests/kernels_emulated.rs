@@ -25,6 +25,8 @@
 //!
 //! `KVBENCH_EMU_SCHEMES="fp16 q4_0"` runs only the named schemes (when iterating on a kernel).
 
+mod common;
+
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -32,7 +34,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kvbench::kv::format::{F16Row, Fp8Row, Int4GroupRow, Int8TokenRow, Q4_0Row, Q8_0Row, RowCodec};
 use kvbench::kv::{Budget, CacheGeometry, Eviction, Fp8Kind, Fp8Scale, KvCache, KvScheme, Quant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -255,24 +256,6 @@ fn activations(rng: &mut StdRng, n: usize, d: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The CPU encoder's bytes for row `x` stored as `q`.
-fn codec_row(q: Quant, x: &[f32]) -> Vec<u8> {
-    fn enc(c: impl RowCodec, x: &[f32]) -> Vec<u8> {
-        let mut out = vec![0u8; c.row_bytes(x.len())];
-        c.encode(x, &mut out);
-        out
-    }
-    match q {
-        Quant::Fp16 => enc(F16Row, x),
-        Quant::Int8Token => enc(Int8TokenRow, x),
-        Quant::Int4 { group } => enc(Int4GroupRow { group }, x),
-        Quant::Q8_0 => enc(Q8_0Row, x),
-        Quant::Q4_0 => enc(Q4_0Row, x),
-        Quant::Fp8 { kind, .. } => enc(Fp8Row { kind, scale: None }, x),
-        other => panic!("no row codec for {other}"),
-    }
-}
-
 /// Runs `exe` on `args` with a time limit, its stderr going to `log`; the first lines of
 /// stderr on failure.
 fn run_harness(exe: &Path, args: &[&OsStr], log: &Path) -> Result<(), String> {
@@ -441,7 +424,7 @@ fn check(s: &Scenario) -> Result<f32, String> {
     let per_token = |q: Quant| !matches!(q, Quant::Channel { .. });
     let row_len = |q: Quant| {
         if per_token(q) {
-            codec_row(q, &vec![0.0; d]).len()
+            common::cpu_row_bytes(q, &vec![0.0; d]).len()
         } else {
             0
         }
@@ -477,7 +460,7 @@ fn check(s: &Scenario) -> Result<f32, String> {
                     }
                     let rows = r.bytes(held * bytes);
                     for (slot, (row, &p)) in rows.chunks_exact(bytes).zip(&pos).enumerate() {
-                        let expect = codec_row(q, &sent[p]);
+                        let expect = common::cpu_row_bytes(q, &sent[p]);
                         rows_checked += 1;
                         if row != expect.as_slice() {
                             problems.push(format!(

@@ -62,3 +62,26 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .to_scalar::<f32>()
         .unwrap()
 }
+
+/// The bytes the CPU row encoder of `q` (`kvbench::kv::format`) writes for row `x`: the reference
+/// the GPU and emulated kernels' stored rows are compared with.
+pub fn cpu_row_bytes(q: kvbench::kv::Quant, x: &[f32]) -> Vec<u8> {
+    use kvbench::kv::format::{
+        F16Row, Fp8Row, Int4GroupRow, Int8TokenRow, Q4_0Row, Q8_0Row, RowCodec,
+    };
+    use kvbench::kv::Quant;
+    fn enc(c: impl RowCodec, x: &[f32]) -> Vec<u8> {
+        let mut out = vec![0u8; c.row_bytes(x.len())];
+        c.encode(x, &mut out);
+        out
+    }
+    match q {
+        Quant::Fp16 => enc(F16Row, x),
+        Quant::Int8Token => enc(Int8TokenRow, x),
+        Quant::Int4 { group } => enc(Int4GroupRow { group }, x),
+        Quant::Q8_0 => enc(Q8_0Row, x),
+        Quant::Q4_0 => enc(Q4_0Row, x),
+        Quant::Fp8 { kind, .. } => enc(Fp8Row { kind, scale: None }, x),
+        other => panic!("no row codec for {other}"),
+    }
+}
