@@ -19,7 +19,7 @@ use kvbench::kv::cuda::CudaKvCache;
 use kvbench::kv::{CacheGeometry, KvCache, KvScheme, Quant};
 use kvbench::measure::device::{device_mem_used, time_ms};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 fn gpu() -> Option<Device> {
     match Device::new_cuda(0) {
@@ -33,22 +33,6 @@ fn gpu() -> Option<Device> {
             None
         }
     }
-}
-
-/// Activations as attention sees them: roughly normal, a few outlier channels 10× larger
-/// (the channel outliers of keys that KIVI §3 describes).
-fn activations(rng: &mut StdRng, n: usize, d: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            let (u1, u2): (f32, f32) = (rng.random_range(1e-6..1.0), rng.random());
-            let z = (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos();
-            if i % d % 17 == 3 {
-                10.0 * z
-            } else {
-                z
-            }
-        })
-        .collect()
 }
 
 fn tensor(x: &[f32], shape: (usize, usize, usize, usize), dev: &Device) -> Tensor {
@@ -85,9 +69,9 @@ fn append_writes_the_cpu_encoders_rows() {
             // All rows each (b, h) received, in order.
             let mut sent: Vec<Vec<Vec<f32>>> = vec![Vec::new(); batch * kvh];
             for n in [17, 1, 1, 40] {
-                let k = activations(&mut rng, batch * kvh * n * d, d);
-                let v = activations(&mut rng, batch * kvh * n * d, d);
-                let q = activations(&mut rng, batch * kvh * n * d, d);
+                let k = common::activations(&mut rng, batch * kvh * n * d, d);
+                let v = common::activations(&mut rng, batch * kvh * n * d, d);
+                let q = common::activations(&mut rng, batch * kvh * n * d, d);
                 for bh in 0..batch * kvh {
                     for t in 0..n {
                         sent[bh].push(k[(bh * n + t) * d..][..d].to_vec());
@@ -164,9 +148,9 @@ fn attention_and_eviction_match_the_cpu_cache() {
             let mut worst = 0f32;
             for n in std::iter::once(70).chain(std::iter::repeat_n(1, 30)) {
                 for layer in 0..geom.layers {
-                    let k = activations(&mut rng, batch * kvh * n * d, d);
-                    let v = activations(&mut rng, batch * kvh * n * d, d);
-                    let q = activations(&mut rng, batch * qh * n * d, d);
+                    let k = common::activations(&mut rng, batch * kvh * n * d, d);
+                    let v = common::activations(&mut rng, batch * kvh * n * d, d);
+                    let q = common::activations(&mut rng, batch * qh * n * d, d);
                     cpu.append(layer, &k, &v, n);
                     let want = cpu.attend(layer, &q, n);
                     let kv_shape = (batch, kvh, n, d);

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use kvbench::kv::{Budget, CacheGeometry, Eviction, Fp8Kind, Fp8Scale, KvCache, KvScheme, Quant};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use sha2::{Digest, Sha256};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -240,22 +240,6 @@ fn scenario_text(s: &Scenario, scheme: &KvScheme) -> String {
     )
 }
 
-/// Activations as attention sees them: roughly normal, a few outlier channels 10× larger
-/// (the channel outliers of keys that KIVI §3 describes).
-fn activations(rng: &mut StdRng, n: usize, d: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            let (u1, u2): (f32, f32) = (rng.random_range(1e-6..1.0), rng.random());
-            let z = (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos();
-            if i % d % 17 == 3 {
-                10.0 * z
-            } else {
-                z
-            }
-        })
-        .collect()
-}
-
 /// Runs `exe` on `args` with a time limit, its stderr going to `log`; the first lines of
 /// stderr on failure.
 fn run_harness(exe: &Path, args: &[&OsStr], log: &Path) -> Result<(), String> {
@@ -346,9 +330,9 @@ fn check(s: &Scenario) -> Result<f32, String> {
     let mut sent_v = sent_k.clone();
     for &n in &s.forwards {
         for layer in 0..g.layers {
-            let k = activations(&mut rng, batch * kvh * n * d, d);
-            let v = activations(&mut rng, batch * kvh * n * d, d);
-            let q = activations(&mut rng, batch * qh * n * d, d);
+            let k = common::activations(&mut rng, batch * kvh * n * d, d);
+            let v = common::activations(&mut rng, batch * kvh * n * d, d);
+            let q = common::activations(&mut rng, batch * qh * n * d, d);
             for bh in 0..batch * kvh {
                 for t in 0..n {
                     sent_k[layer][bh].push(k[(bh * n + t) * d..][..d].to_vec());

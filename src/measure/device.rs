@@ -33,11 +33,10 @@ pub fn time_ms<R>(device: &Device, f: impl FnOnce() -> Result<R>) -> Result<(R, 
     Ok((r, t.elapsed().as_secs_f64() * 1e3))
 }
 
-/// Device memory in use now, in bytes: on CUDA `total − free` from `cuMemGetInfo` (every
-/// process on the GPU counts, the CUDA context's own ~500 MiB included); `None` on the CPU
-/// (see [`super::memory`] for RSS). Sampled around sweep points for the VRAM high-water mark.
-/// Errors: CUDA driver errors.
-pub fn device_mem_used(device: &Device) -> Result<Option<u64>> {
+/// Device memory `(free, total)` now, in bytes, from `cuMemGetInfo` (every process on the GPU
+/// counts, the CUDA context's own ~500 MiB included); `None` on the CPU (see [`super::memory`]
+/// for RSS). Errors: CUDA driver errors.
+pub fn device_mem_info(device: &Device) -> Result<Option<(u64, u64)>> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(dev) = device {
         let (free, total) = dev
@@ -45,26 +44,22 @@ pub fn device_mem_used(device: &Device) -> Result<Option<u64>> {
             .context()
             .mem_get_info()
             .map_err(|e| cuda_err("mem_get_info", e))?;
-        return Ok(Some((total - free) as u64));
+        return Ok(Some((free as u64, total as u64)));
     }
     let _ = device;
     Ok(None)
 }
 
-/// Device memory free now, in bytes (`cuMemGetInfo`); `None` on the CPU. Errors: CUDA driver
+/// Device memory in use now, `total − free` bytes of [`device_mem_info`]: sampled around sweep
+/// points for the VRAM high-water mark. `None` on the CPU. Errors: CUDA driver errors.
+pub fn device_mem_used(device: &Device) -> Result<Option<u64>> {
+    Ok(device_mem_info(device)?.map(|(free, total)| total - free))
+}
+
+/// Device memory free now, bytes ([`device_mem_info`]); `None` on the CPU. Errors: CUDA driver
 /// errors.
 pub fn device_mem_free(device: &Device) -> Result<Option<u64>> {
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(dev) = device {
-        let (free, _) = dev
-            .cuda_stream()
-            .context()
-            .mem_get_info()
-            .map_err(|e| cuda_err("mem_get_info", e))?;
-        return Ok(Some(free as u64));
-    }
-    let _ = device;
-    Ok(None)
+    Ok(device_mem_info(device)?.map(|(free, _)| free))
 }
 
 /// The device in words for table headers and `meta.json`: `"CPU, 2 threads"` or the GPU's

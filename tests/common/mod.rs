@@ -85,3 +85,20 @@ pub fn cpu_row_bytes(q: kvbench::kv::Quant, x: &[f32]) -> Vec<u8> {
         other => panic!("no row codec for {other}"),
     }
 }
+
+/// Activations as attention sees them: roughly normal, a few outlier channels 10× larger
+/// (the channel outliers of keys that KIVI §3 describes).
+pub fn activations(rng: &mut rand::rngs::StdRng, n: usize, d: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            use rand::Rng;
+            let (u1, u2): (f32, f32) = (rng.random_range(1e-6..1.0), rng.random());
+            let z = (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos();
+            if i % d % 17 == 3 {
+                10.0 * z
+            } else {
+                z
+            }
+        })
+        .collect()
+}
