@@ -207,28 +207,18 @@ fn partial(
     let mut acc = vec![0f32; nq * d];
     if n > 0 {
         head.k.dot_rows(t0, t1, qs, &mut w);
+        super::simd::scale_in_place(&mut w, scale);
+        // Only the newest slots can be masked (a prefill block's later tokens).
         let first_masked = base + qi.iter().copied().min().unwrap_or(0) + 1;
-        for (t, sc) in (t0..t1).zip(w.chunks_exact_mut(nq)) {
-            for j in 0..nq {
-                sc[j] = if t >= first_masked && t > base + qi[j] {
-                    f32::NEG_INFINITY
-                } else {
-                    sc[j] * scale
-                };
-                max[j] = max[j].max(sc[j]);
+        for t in first_masked.max(t0)..t1 {
+            for (j, &i) in qi.iter().enumerate() {
+                if t > base + i {
+                    w[(t - t0) * nq + j] = f32::NEG_INFINITY;
+                }
             }
         }
-        for sc in w.chunks_exact_mut(nq) {
-            for j in 0..nq {
-                let e = if sc[j] == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    (sc[j] - max[j]).exp()
-                };
-                sc[j] = e;
-                sum[j] += e;
-            }
-        }
+        super::simd::max_per_query(&w, nq, &mut max);
+        super::simd::exp_sub_sum(&mut w, nq, &max, &mut sum);
         head.v.axpy_rows(t0, t1, &w, &mut acc);
     }
     Partial {

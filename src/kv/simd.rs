@@ -304,6 +304,180 @@ pub fn tile_axpy(w: &[f32], tile: &[f32], d: usize, acc: &mut [f32]) {
     }
 }
 
+/// `e^x` for f32, accurate to about 2 ulp where the result is a normal float; `x < −87.33`
+/// (including −∞: the causal mask) gives 0 and `x > 88` gives `e^88` (softmax only ever asks
+/// for `x ≤ 0`). Range reduction
+/// `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`, with `ln 2` split in two constants (Cody–Waite), and a
+/// degree-6 polynomial for `e^r` (the Cephes `expf` coefficients, Moshier 1992), scaled by `2^n`
+/// through the exponent bits. The scalar fallback is `f32::exp`.
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    unsafe {
+        use std::arch::x86_64::*;
+        let mut o = [0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), avx::exp8(_mm256_set1_ps(x)));
+        o[0]
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    )))]
+    x.exp()
+}
+
+/// Softmax pieces of one attention partial over `rows` slots × `nq` queries, slot-major
+/// (`w[t·nq + j]`): returns the per-query maximum of `w` (−∞ for a query whose every slot is
+/// −∞, i.e. masked). Eight lanes at a time: `8·nq` values are a whole number of slot rows, so
+/// lane `l` of vector `v` in every such chunk belongs to query `(8v + l) mod nq`.
+pub fn max_per_query(w: &[f32], nq: usize, max: &mut [f32]) {
+    assert!(max.len() == nq && w.len().is_multiple_of(nq));
+    max.iter_mut().for_each(|m| *m = f32::NEG_INFINITY);
+    let chunk = 8 * nq;
+    let body = w.len() - w.len() % chunk;
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    if nq <= 8 && body > 0 {
+        // SAFETY: features enabled at compile time; every load is inside `w[..body]`.
+        unsafe {
+            use std::arch::x86_64::*;
+            let mut acc = [_mm256_set1_ps(f32::NEG_INFINITY); 8];
+            let p = w.as_ptr();
+            let mut i = 0;
+            while i < body {
+                for (v, a) in acc.iter_mut().enumerate().take(nq) {
+                    *a = _mm256_max_ps(*a, _mm256_loadu_ps(p.add(i + 8 * v)));
+                }
+                i += chunk;
+            }
+            let mut lanes = [0f32; 64];
+            for (v, a) in acc.iter().enumerate().take(nq) {
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * v), *a);
+            }
+            for (k, &x) in lanes[..chunk].iter().enumerate() {
+                max[k % nq] = max[k % nq].max(x);
+            }
+        }
+        for (k, &x) in w[body..].iter().enumerate() {
+            max[k % nq] = max[k % nq].max(x);
+        }
+        return;
+    }
+    // Many queries (a prefill block): each slot row is `nq` values, vectorized along the row.
+    for row in w.chunks_exact(nq) {
+        for (m, &x) in max.iter_mut().zip(row) {
+            *m = m.max(x);
+        }
+    }
+}
+
+/// `w[t·nq + j] ← e^(w[t·nq + j] − max[j])` in place and `sum[j] += Σ_t` of the new values;
+/// a query whose max is −∞ (fully masked) gets zeros. Vectorized as [`max_per_query`].
+pub fn exp_sub_sum(w: &mut [f32], nq: usize, max: &[f32], sum: &mut [f32]) {
+    assert!(max.len() == nq && sum.len() == nq && w.len().is_multiple_of(nq));
+    // A fully masked query subtracts 0 from −∞ scores: e^−∞ = 0, never NaN.
+    let m: Vec<f32> = max
+        .iter()
+        .map(|&m| if m == f32::NEG_INFINITY { 0.0 } else { m })
+        .collect();
+    let chunk = 8 * nq;
+    let body = w.len() - w.len() % chunk;
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    if nq <= 8 && body > 0 {
+        // SAFETY: as in `max_per_query`.
+        unsafe {
+            use std::arch::x86_64::*;
+            let mut pattern = [0f32; 64];
+            for (k, x) in pattern[..chunk].iter_mut().enumerate() {
+                *x = m[k % nq];
+            }
+            let mut mv = [_mm256_setzero_ps(); 8];
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for v in 0..nq {
+                mv[v] = _mm256_loadu_ps(pattern.as_ptr().add(8 * v));
+            }
+            let p = w.as_mut_ptr();
+            let mut i = 0;
+            while i < body {
+                for v in 0..nq {
+                    let x = _mm256_sub_ps(_mm256_loadu_ps(p.add(i + 8 * v)), mv[v]);
+                    let e = avx::exp8(x);
+                    _mm256_storeu_ps(p.add(i + 8 * v), e);
+                    acc[v] = _mm256_add_ps(acc[v], e);
+                }
+                i += chunk;
+            }
+            let mut lanes = [0f32; 64];
+            for (v, a) in acc.iter().enumerate().take(nq) {
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * v), *a);
+            }
+            for (k, &x) in lanes[..chunk].iter().enumerate() {
+                sum[k % nq] += x;
+            }
+        }
+        for (k, x) in w[body..].iter_mut().enumerate() {
+            *x = exp_f32(*x - m[k % nq]);
+            sum[k % nq] += *x;
+        }
+        return;
+    }
+    // Many queries (a prefill block): vectorized along each slot row of `nq` values.
+    for row in w.chunks_exact_mut(nq) {
+        let body = nq - nq % 8;
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))]
+        // SAFETY: features enabled at compile time; loads and stores inside `row`, `m`, `sum`.
+        unsafe {
+            use std::arch::x86_64::*;
+            let mut j = 0;
+            while j < body {
+                let x = _mm256_sub_ps(
+                    _mm256_loadu_ps(row.as_ptr().add(j)),
+                    _mm256_loadu_ps(m.as_ptr().add(j)),
+                );
+                let e = avx::exp8(x);
+                _mm256_storeu_ps(row.as_mut_ptr().add(j), e);
+                let s = _mm256_add_ps(_mm256_loadu_ps(sum.as_ptr().add(j)), e);
+                _mm256_storeu_ps(sum.as_mut_ptr().add(j), s);
+                j += 8;
+            }
+        }
+        #[cfg(not(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        )))]
+        let body = 0;
+        for j in body..nq {
+            row[j] = exp_f32(row[j] - m[j]);
+            sum[j] += row[j];
+        }
+    }
+}
+
+/// `x ← a · x`.
+#[inline(always)]
+pub fn scale_in_place(x: &mut [f32], a: f32) {
+    for v in x.iter_mut() {
+        *v *= a;
+    }
+}
+
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
@@ -311,6 +485,37 @@ pub fn tile_axpy(w: &[f32], tile: &[f32], d: usize, acc: &mut [f32]) {
 ))]
 mod avx {
     use std::arch::x86_64::*;
+
+    /// Eight `e^x` at once; see [`super::exp_f32`] for the method and range.
+    #[inline(always)]
+    pub unsafe fn exp8(x: __m256) -> __m256 {
+        // Below −87.33 e^x is subnormal or 0: flush to 0 (this covers −∞, the causal mask).
+        let under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.336_55), _CMP_LT_OQ);
+        let x = _mm256_min_ps(x, _mm256_set1_ps(88.0));
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.336_55));
+        let n = _mm256_round_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        );
+        // r = x − n·ln2, ln2 = 0.693359375 − 2.12194440e−4 (Cephes' split).
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.166_666_65));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+        let r2 = _mm256_mul_ps(r, r);
+        let y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
+        // 2^n through the exponent bits: n ∈ [−126, 127] after the clamps above.
+        let pow = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+            23,
+        ));
+        let out = _mm256_mul_ps(y, pow);
+        _mm256_andnot_ps(under, out)
+    }
 
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
@@ -635,6 +840,88 @@ mod tests {
                             .map(|r| w[r * nq + j] * tile[r * d + c])
                             .sum::<f32>();
                     assert!((acc[j * d + c] - want).abs() < 1e-3);
+                }
+            }
+        }
+    }
+
+    /// The vectorized exp against f64's `exp` (an independent reference), relative error in
+    /// ulp-sized units, over the range softmax uses and beyond; −∞ and deep underflow give 0.
+    #[test]
+    fn exp_matches_f64_reference() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let want = (x as f64).exp();
+            let got = exp_f32(x) as f64;
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.001_37;
+        }
+        assert!(
+            worst < 3.0 * f32::EPSILON as f64,
+            "worst relative error {worst:e}"
+        );
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32(-100.0), 0.0);
+        assert_eq!(exp_f32(0.0), 1.0);
+    }
+
+    /// Max, exp and sums per query against plain loops over `t·nq + j`, for query counts on
+    /// both paths (≤ 8 interleaved lanes, > 8 along rows), row counts with and without a tail,
+    /// and fully masked queries (−∞ everywhere: zeros, sum 0, no NaN).
+    #[test]
+    fn softmax_pieces_match_plain_loops() {
+        for nq in [1usize, 2, 3, 5, 8, 9, 15, 16, 24] {
+            for rows in [1usize, 7, 8, 33] {
+                let mut w: Vec<f32> = (0..rows * nq)
+                    .map(|i| ((i as f32) * 0.7).sin() * 9.0)
+                    .collect();
+                // Query 1 (when present) masked on every row; query 0 masked on the last row.
+                for t in 0..rows {
+                    if nq > 1 {
+                        w[t * nq + 1] = f32::NEG_INFINITY;
+                    }
+                }
+                if rows > 1 {
+                    w[(rows - 1) * nq] = f32::NEG_INFINITY;
+                }
+                let mut want_max = vec![f32::NEG_INFINITY; nq];
+                for (k, &x) in w.iter().enumerate() {
+                    want_max[k % nq] = want_max[k % nq].max(x);
+                }
+                let mut max = vec![0f32; nq];
+                max_per_query(&w, nq, &mut max);
+                assert_eq!(max, want_max, "nq={nq} rows={rows}");
+                let mut want_w = w.clone();
+                let mut want_sum = vec![0f64; nq];
+                for (k, x) in want_w.iter_mut().enumerate() {
+                    let m = want_max[k % nq];
+                    let e = if *x == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        ((*x - m) as f64).exp()
+                    };
+                    *x = e as f32;
+                    want_sum[k % nq] += e;
+                }
+                let mut sum = vec![0f32; nq];
+                exp_sub_sum(&mut w, nq, &max, &mut sum);
+                for (k, (&a, &b)) in w.iter().zip(&want_w).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 4e-7 * b.max(1e-30),
+                        "nq={nq} rows={rows} k={k}"
+                    );
+                }
+                for j in 0..nq {
+                    assert!(
+                        (sum[j] as f64 - want_sum[j]).abs() <= 1e-5 * want_sum[j].max(1e-30),
+                        "nq={nq} rows={rows} j={j}: {} vs {}",
+                        sum[j],
+                        want_sum[j]
+                    );
+                }
+                if nq > 1 {
+                    assert_eq!(sum[1], 0.0);
                 }
             }
         }

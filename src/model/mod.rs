@@ -13,6 +13,7 @@ pub mod fetch;
 pub mod geometry;
 pub mod gguf;
 pub mod hub;
+pub mod qmatmul;
 pub mod safetensors;
 pub mod tokenizer;
 
@@ -138,6 +139,9 @@ impl FromStr for WeightDtype {
 pub struct Linear {
     w: QMatMul,
     b: Option<Tensor>,
+    /// The same weights for kvbench's own CPU kernel ([`qmatmul`]), when they are in a block
+    /// format it runs (Q8_0, Q4_0, Q4_1) and live on the CPU: every forward on the CPU uses it.
+    fast: Option<std::sync::Arc<qmatmul::QMatrix>>,
 }
 
 impl Linear {
@@ -163,7 +167,24 @@ impl Linear {
                 )?))
             }
         };
-        Ok(Self { w, b })
+        Self::with_kernel(w, b)
+    }
+
+    /// Adds kvbench's CPU kernel for block-quantized weights on the CPU (see [`Self::fast`]).
+    fn with_kernel(w: QMatMul, b: Option<Tensor>) -> Result<Self> {
+        let fast = match &w {
+            QMatMul::QTensor(q) if q.device().is_cpu() => {
+                match (qmatmul::BlockFormat::of(q.dtype()), q.shape().dims2()) {
+                    (Some(format), Ok((rows, cols))) => {
+                        qmatmul::QMatrix::new(format, rows, cols, q.data()?.into_owned())
+                            .map(std::sync::Arc::new)
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        Ok(Self { w, b, fast })
     }
 
     /// Builds the layer on `device` from a dense `[out, in]` tensor (safetensors), converting
@@ -184,7 +205,7 @@ impl Linear {
                 device,
             )?)),
         };
-        Ok(Self { w, b })
+        Self::with_kernel(w, b)
     }
 
     /// Bytes of this layer's weight and bias as stored (see [`Model::weight_bytes`]).
@@ -196,9 +217,26 @@ impl Linear {
         w + self.b.as_ref().map_or(0, |b| tensor_bytes(b, seen))
     }
 
-    /// `x: [..., in]` f32 → `[..., out]` f32.
+    /// `x: [..., in]` f32 → `[..., out]` f32. Block-quantized weights on the CPU run kvbench's
+    /// own kernel ([`qmatmul`]: each weight block read once for every row of `x`), everything
+    /// else candle's `QMatMul`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.w.forward(x)?;
+        let y = match &self.fast {
+            Some(q)
+                if x.device().is_cpu()
+                    && x.dtype() == DType::F32
+                    && x.dims().last() == Some(&q.cols()) =>
+            {
+                let mut dims = x.dims().to_vec();
+                let xs = x.flatten_all()?.to_vec1::<f32>()?;
+                let m = xs.len() / q.cols();
+                let mut out = vec![0f32; m * q.rows()];
+                q.matmul(&xs, &mut out);
+                *dims.last_mut().expect("at least one dim") = q.rows();
+                Tensor::from_vec(out, dims, x.device())?
+            }
+            _ => self.w.forward(x)?,
+        };
         Ok(match &self.b {
             Some(b) => y.broadcast_add(b)?,
             None => y,

@@ -1,0 +1,633 @@
+//! kvbench's own CPU matrix product for quantized linear layers during decode steps:
+//! `y = x Wᵀ` with `W: [out, in]` in a ggml block format (Q8_0, Q4_0, Q4_1; blocks of 32 along
+//! `in`) and `x: [m, in]` f32, `m` = the sequences of a batched decode step.
+//!
+//! Why our own: a decode step is bound by reading the weights once (143 MB of Q8_0 for
+//! SmolLM2-135M, about 11 ms at this machine's ~13 GB/s), so batched decode only raises
+//! throughput if each weight block is read once for all sequences and the arithmetic per
+//! sequence stays small. Here every block is loaded once and dotted with the `m` activation
+//! rows while it is in registers, and the file's own 4-bit formats run without being widened to
+//! Q8_0 first (Q4_1 is 20 bytes per 32 weights against Q8_0's 34).
+//!
+//! Method (as llama.cpp's CPU backend, `ggml_vec_dot_q4_1_q8_1` and `quantize_row_q8_1` in
+//! ggml-cpu/arch/x86/quants.c): each activation row is quantized per block of 32 to int8 with
+//! an absmax scale `dx = max|x|/127` (rounding to nearest, ties to even, as its AVX2 path) and
+//! the block sum `sx = dx · Σ codes`; a block's dot product is computed in integers with AVX2
+//! `maddubs`/`madd` (unsigned × signed bytes, pairs summed to i16, then to i32):
+//! - Q8_0 (`w = dw · q`, `q ∈ [−127, 127]`): `dw · dx · Σ q·c` (signs moved onto `c` so the
+//!   unsigned operand is `|q|`);
+//! - Q4_1 (`w = dw · q + mw`, `q ∈ [0, 15]`): `dw · dx · Σ q·c + mw · sx`;
+//! - Q4_0 (`w = dw · (q − 8)`): `dw · dx · Σ q·c − 8 · dw · sx`.
+//!
+//! Without AVX2 the same arithmetic runs in scalar integer code. Results differ from the f32
+//! product only by the activation rounding (at most `dx/2` per element).
+
+use half::f16;
+
+/// Elements per block.
+pub const BLOCK: usize = 32;
+
+/// A weight block format this module computes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockFormat {
+    /// ggml Q8_0: f16 `d`, 32 × i8. 34 bytes.
+    Q8_0,
+    /// ggml Q4_0: f16 `d`, 16 bytes of nibbles (element `j` low, `j + 16` high). 18 bytes.
+    Q4_0,
+    /// ggml Q4_1: f16 `d`, f16 `m`, 16 bytes of nibbles. 20 bytes.
+    Q4_1,
+}
+
+impl BlockFormat {
+    /// Bytes per block of 32 weights.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            BlockFormat::Q8_0 => 34,
+            BlockFormat::Q4_0 => 18,
+            BlockFormat::Q4_1 => 20,
+        }
+    }
+
+    /// The format of a candle/ggml dtype, when this module computes in it.
+    pub fn of(dtype: candle_core::quantized::GgmlDType) -> Option<Self> {
+        use candle_core::quantized::GgmlDType as G;
+        match dtype {
+            G::Q8_0 => Some(BlockFormat::Q8_0),
+            G::Q4_0 => Some(BlockFormat::Q4_0),
+            G::Q4_1 => Some(BlockFormat::Q4_1),
+            _ => None,
+        }
+    }
+}
+
+/// A quantized weight matrix `[rows = out, cols = in]` in ggml's row-major block layout (row
+/// `i` is `cols / 32` consecutive blocks), as stored in a GGUF file.
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    format: BlockFormat,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+}
+
+impl QMatrix {
+    /// Wraps ggml block bytes. Returns `None` when `cols` is not a multiple of 32 or `data` is
+    /// not `rows · cols/32` blocks (the caller then keeps candle's path).
+    pub fn new(format: BlockFormat, rows: usize, cols: usize, data: Vec<u8>) -> Option<Self> {
+        let ok = cols > 0
+            && cols.is_multiple_of(BLOCK)
+            && rows.checked_mul(cols / BLOCK * format.block_bytes()) == Some(data.len());
+        ok.then_some(Self {
+            format,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    /// Output features (rows of `W`).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features (columns of `W`).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes of the blocks.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The block format.
+    pub fn format(&self) -> BlockFormat {
+        self.format
+    }
+
+    /// `out[r·rows + i] = Σ_c x[r·cols + c] · W[i, c]` for `m = x.len() / cols` rows of `x`,
+    /// on candle's CPU thread pool (the one its own kernels and kvbench's attention use).
+    /// `out`: `[m, rows]`. Panics if the lengths disagree (a caller bug, not input).
+    pub fn matmul(&self, x: &[f32], out: &mut [f32]) {
+        let m = x.len() / self.cols;
+        assert!(x.len() == m * self.cols && out.len() == m * self.rows);
+        let act = Activations::quantize(x, self.cols);
+        // Work items: groups of weight rows; every item handles all activation rows.
+        let group = 16;
+        let items = self.rows.div_ceil(group);
+        let out_ptr = out.as_mut_ptr() as usize;
+        let work = |range: std::ops::Range<usize>| {
+            for item in range {
+                let i0 = item * group;
+                let i1 = (i0 + group).min(self.rows);
+                // SAFETY: each item writes only columns i0..i1 of every output row, and the
+                // items' column ranges are disjoint.
+                unsafe { self.rows_into(&act, i0, i1, out_ptr as *mut f32) };
+            }
+        };
+        // Small products (k/v projections of one sequence) are not worth a parallel join.
+        if self.rows * self.cols * m < 64 * 1024 {
+            work(0..items);
+        } else {
+            candle_core::utils::barrier_pool().execute_chunked(items, work);
+        }
+    }
+
+    /// Computes weight rows `i0..i1` for every activation row into `out` (`[m, rows]`).
+    ///
+    /// # Safety
+    /// `out` must point to `m · rows` f32 that no other thread writes in columns `i0..i1`.
+    unsafe fn rows_into(&self, act: &Activations, i0: usize, i1: usize, out: *mut f32) {
+        let nb = self.cols / BLOCK;
+        let bb = self.format.block_bytes();
+        let mut r0 = 0;
+        while r0 < act.m {
+            let mr = (act.m - r0).min(MAX_M);
+            let mut i = i0;
+            while i < i1 {
+                let w = &self.data[i * nb * bb..(i + 1) * nb * bb];
+                let mut sums = [0f32; MAX_M];
+                dot_rows(self.format, w, nb, act, r0, mr, &mut sums);
+                for (r, &s) in sums[..mr].iter().enumerate() {
+                    *out.add((r0 + r) * self.rows + i) = s;
+                }
+                i += 1;
+            }
+            r0 += mr;
+        }
+    }
+}
+
+/// Activation rows dotted with a weight block while it is in registers.
+const MAX_M: usize = 8;
+
+/// Activations quantized per block of 32: codes `[m, cols]` i8, scales and block sums
+/// `[m, cols/32]` f32.
+#[derive(Debug)]
+pub struct Activations {
+    m: usize,
+    nb: usize,
+    codes: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+}
+
+impl Activations {
+    /// Quantizes `x` (`[m, cols]`, `cols` a multiple of 32): per block `d = max|x|/127`,
+    /// `c = round(x/d)` (ties to even), `s = d · Σ c`.
+    pub fn quantize(x: &[f32], cols: usize) -> Self {
+        let m = x.len() / cols;
+        let nb = cols / BLOCK;
+        let mut codes = vec![0i8; m * cols];
+        let mut d = vec![0f32; m * nb];
+        let mut s = vec![0f32; m * nb];
+        for ((xb, cb), (db, sb)) in x
+            .chunks_exact(BLOCK)
+            .zip(codes.chunks_exact_mut(BLOCK))
+            .zip(d.iter_mut().zip(s.iter_mut()))
+        {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let scale = amax / 127.0;
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            let mut sum = 0i32;
+            for (c, &v) in cb.iter_mut().zip(xb) {
+                let q = (v * inv).round_ties_even() as i32;
+                *c = q as i8;
+                sum += q;
+            }
+            *db = scale;
+            *sb = scale * sum as f32;
+        }
+        Self { m, nb, codes, d, s }
+    }
+
+    fn block(&self, r: usize, b: usize) -> &[i8] {
+        &self.codes[(r * self.nb + b) * BLOCK..][..BLOCK]
+    }
+}
+
+#[inline(always)]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// `sums[r] = Σ_blocks` of weight row `w` (`nb` blocks) against activation rows `r0..r0+mr`.
+#[inline(always)]
+fn dot_rows(
+    format: BlockFormat,
+    w: &[u8],
+    nb: usize,
+    act: &Activations,
+    r0: usize,
+    mr: usize,
+    sums: &mut [f32; MAX_M],
+) {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    {
+        // SAFETY: features enabled at compile time; every block read is inside `w`/`act`.
+        unsafe { avx::dot_rows(format, w, nb, act, r0, mr, sums) };
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    )))]
+    scalar_dot_rows(format, w, nb, act, r0, mr, sums);
+}
+
+/// The same arithmetic in scalar integer code: the reference the SIMD kernel is tested
+/// against, and the path without AVX2.
+#[allow(dead_code)]
+fn scalar_dot_rows(
+    format: BlockFormat,
+    w: &[u8],
+    nb: usize,
+    act: &Activations,
+    r0: usize,
+    mr: usize,
+    sums: &mut [f32; MAX_M],
+) {
+    let bb = format.block_bytes();
+    for (r, sum) in sums.iter_mut().enumerate().take(mr) {
+        let mut acc = 0f32;
+        for b in 0..nb {
+            let blk = &w[b * bb..(b + 1) * bb];
+            let x = act.block(r0 + r, b);
+            let (dx, sx) = (act.d[(r0 + r) * act.nb + b], act.s[(r0 + r) * act.nb + b]);
+            let dw = f16_at(blk, 0);
+            match format {
+                BlockFormat::Q8_0 => {
+                    let dot: i32 = blk[2..]
+                        .iter()
+                        .zip(x)
+                        .map(|(&q, &c)| q as i8 as i32 * c as i32)
+                        .sum();
+                    acc += dw * dx * dot as f32;
+                }
+                BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
+                    let qs = &blk[bb - 16..];
+                    let dot: i32 = (0..16)
+                        .map(|j| {
+                            (qs[j] & 0x0f) as i32 * x[j] as i32
+                                + (qs[j] >> 4) as i32 * x[j + 16] as i32
+                        })
+                        .sum();
+                    let min = if format == BlockFormat::Q4_1 {
+                        f16_at(blk, 2)
+                    } else {
+                        -8.0 * dw
+                    };
+                    acc += dw * dx * dot as f32 + min * sx;
+                }
+            }
+        }
+        *sum = acc;
+    }
+}
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+mod avx {
+    use super::{Activations, BlockFormat, BLOCK, MAX_M};
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// Σ over 32 lanes of `u · s` (unsigned × signed bytes) as 8 f32 partial sums.
+    #[inline(always)]
+    unsafe fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256 {
+        let p = _mm256_maddubs_epi16(u, s);
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+    }
+
+    /// Unpacks 16 bytes of nibbles to 32 bytes: low nibbles first (elements 0..16), then high.
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        let b = _mm_loadu_si128(p as *const __m128i);
+        let m = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(b, m);
+        let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+        _mm256_set_m128i(hi, lo)
+    }
+
+    #[inline(always)]
+    pub unsafe fn dot_rows(
+        format: BlockFormat,
+        w: &[u8],
+        nb: usize,
+        act: &Activations,
+        r0: usize,
+        mr: usize,
+        sums: &mut [f32; MAX_M],
+    ) {
+        match (format, mr) {
+            (BlockFormat::Q8_0, 1) => q8::<1>(w, nb, act, r0, sums),
+            (BlockFormat::Q8_0, 2) => q8::<2>(w, nb, act, r0, sums),
+            (BlockFormat::Q8_0, 3) => q8::<3>(w, nb, act, r0, sums),
+            (BlockFormat::Q8_0, 4) => q8::<4>(w, nb, act, r0, sums),
+            (BlockFormat::Q8_0, 5) => q8::<5>(w, nb, act, r0, sums),
+            (BlockFormat::Q8_0, 6) => q8::<6>(w, nb, act, r0, sums),
+            (BlockFormat::Q8_0, 7) => q8::<7>(w, nb, act, r0, sums),
+            (BlockFormat::Q8_0, _) => q8::<8>(w, nb, act, r0, sums),
+            (f, 1) => q4::<1>(f, w, nb, act, r0, sums),
+            (f, 2) => q4::<2>(f, w, nb, act, r0, sums),
+            (f, 3) => q4::<3>(f, w, nb, act, r0, sums),
+            (f, 4) => q4::<4>(f, w, nb, act, r0, sums),
+            (f, 5) => q4::<5>(f, w, nb, act, r0, sums),
+            (f, 6) => q4::<6>(f, w, nb, act, r0, sums),
+            (f, 7) => q4::<7>(f, w, nb, act, r0, sums),
+            (f, _) => q4::<8>(f, w, nb, act, r0, sums),
+        }
+    }
+
+    /// f16 at `p` (little-endian) to f32 (F16C).
+    #[inline(always)]
+    unsafe fn f16_ptr(p: *const u8) -> f32 {
+        half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32()
+    }
+
+    /// One Q8_0 block (`blk`: f16 d, 32 × i8) against `M` activation rows' block `b`, into
+    /// `acc[r]`.
+    #[inline(always)]
+    unsafe fn q8_block<const M: usize>(
+        blk: *const u8,
+        b: usize,
+        act: &Activations,
+        r0: usize,
+        acc: &mut [__m256; M],
+    ) {
+        let dw = _mm256_set1_ps(f16_ptr(blk));
+        let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+        let aq = _mm256_sign_epi8(q, q);
+        let (codes, d) = (act.codes.as_ptr(), act.d.as_ptr());
+        for (r, a) in acc.iter_mut().enumerate() {
+            let row = (r0 + r) * act.nb + b;
+            let c = _mm256_loadu_si256(codes.add(row * BLOCK) as *const __m256i);
+            let f = dot_u8_i8(aq, _mm256_sign_epi8(c, q));
+            let t = _mm256_mul_ps(f, _mm256_broadcast_ss(&*d.add(row)));
+            *a = _mm256_fmadd_ps(t, dw, *a);
+        }
+    }
+
+    /// One Q4_0/Q4_1 block against `M` activation rows' block `b`: nibbles are the unsigned
+    /// operand directly; the zero-point term (`mw · sx`, or `−8·dw · sx`) goes to `side[r]`.
+    #[inline(always)]
+    unsafe fn q4_block<const M: usize, const Q41: bool>(
+        blk: *const u8,
+        b: usize,
+        act: &Activations,
+        r0: usize,
+        acc: &mut [__m256; M],
+        side: &mut [f32; M],
+    ) {
+        let dws = f16_ptr(blk);
+        let (mw, qs) = if Q41 {
+            (f16_ptr(blk.add(2)), blk.add(4))
+        } else {
+            (-8.0 * dws, blk.add(2))
+        };
+        let dw = _mm256_set1_ps(dws);
+        let q = nibbles(qs);
+        let (codes, d, sx) = (act.codes.as_ptr(), act.d.as_ptr(), act.s.as_ptr());
+        for r in 0..M {
+            let row = (r0 + r) * act.nb + b;
+            let c = _mm256_loadu_si256(codes.add(row * BLOCK) as *const __m256i);
+            let f = dot_u8_i8(q, c);
+            let t = _mm256_mul_ps(f, _mm256_broadcast_ss(&*d.add(row)));
+            acc[r] = _mm256_fmadd_ps(t, dw, acc[r]);
+            side[r] = mw.mul_add(*sx.add(row), side[r]);
+        }
+    }
+
+    /// Q8_0 weights; blocks in pairs into two accumulator sets, so no row waits on a single
+    /// FMA chain and every accumulator stays in a register.
+    #[inline(always)]
+    unsafe fn q8<const M: usize>(
+        w: &[u8],
+        nb: usize,
+        act: &Activations,
+        r0: usize,
+        sums: &mut [f32; MAX_M],
+    ) {
+        let (mut a0, mut a1) = ([_mm256_setzero_ps(); M], [_mm256_setzero_ps(); M]);
+        let wp = w.as_ptr();
+        let mut b = 0;
+        while b + 2 <= nb {
+            q8_block::<M>(wp.add(b * 34), b, act, r0, &mut a0);
+            // Past 4 rows the rows already give independent chains, and two sets would spill.
+            let second = if M > 4 { &mut a0 } else { &mut a1 };
+            q8_block::<M>(wp.add((b + 1) * 34), b + 1, act, r0, second);
+            b += 2;
+        }
+        if b < nb {
+            q8_block::<M>(wp.add(b * 34), b, act, r0, &mut a0);
+        }
+        for r in 0..M {
+            sums[r] = hsum(_mm256_add_ps(a0[r], a1[r]));
+        }
+    }
+
+    /// Q4_0 / Q4_1 weights, blocks in pairs as [`q8`].
+    #[inline(always)]
+    unsafe fn q4<const M: usize>(
+        format: BlockFormat,
+        w: &[u8],
+        nb: usize,
+        act: &Activations,
+        r0: usize,
+        sums: &mut [f32; MAX_M],
+    ) {
+        if format == BlockFormat::Q4_1 {
+            q4_rows::<M, true>(w, nb, act, r0, sums)
+        } else {
+            q4_rows::<M, false>(w, nb, act, r0, sums)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn q4_rows<const M: usize, const Q41: bool>(
+        w: &[u8],
+        nb: usize,
+        act: &Activations,
+        r0: usize,
+        sums: &mut [f32; MAX_M],
+    ) {
+        let bb = if Q41 { 20 } else { 18 };
+        let (mut a0, mut a1) = ([_mm256_setzero_ps(); M], [_mm256_setzero_ps(); M]);
+        let mut side = [0f32; M];
+        let wp = w.as_ptr();
+        let mut b = 0;
+        while b + 2 <= nb {
+            q4_block::<M, Q41>(wp.add(b * bb), b, act, r0, &mut a0, &mut side);
+            let second = if M > 4 { &mut a0 } else { &mut a1 };
+            q4_block::<M, Q41>(wp.add((b + 1) * bb), b + 1, act, r0, second, &mut side);
+            b += 2;
+        }
+        if b < nb {
+            q4_block::<M, Q41>(wp.add(b * bb), b, act, r0, &mut a0, &mut side);
+        }
+        for r in 0..M {
+            sums[r] = hsum(_mm256_add_ps(a0[r], a1[r])) + side[r];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ggml blocks built by hand from integer codes, so the exact f32 product is known.
+    fn matrix(format: BlockFormat, rows: usize, cols: usize, seed: u32) -> (QMatrix, Vec<f32>) {
+        let nb = cols / BLOCK;
+        let bb = format.block_bytes();
+        let mut data = vec![0u8; rows * nb * bb];
+        let mut dense = vec![0f32; rows * cols];
+        let mut h = seed;
+        let mut next = || {
+            h = h.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            h >> 8
+        };
+        for i in 0..rows {
+            for b in 0..nb {
+                let blk = &mut data[(i * nb + b) * bb..][..bb];
+                let d = f16::from_f32(0.001 + (next() % 1000) as f32 * 1e-5);
+                blk[..2].copy_from_slice(&d.to_le_bytes());
+                let m = f16::from_f32((next() % 200) as f32 * 1e-4 - 0.01);
+                for j in 0..BLOCK {
+                    let col = b * BLOCK + j;
+                    let v = match format {
+                        BlockFormat::Q8_0 => {
+                            let q = (next() % 255) as i32 - 127;
+                            blk[2 + j] = q as i8 as u8;
+                            d.to_f32() * q as f32
+                        }
+                        BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
+                            let q = (next() % 16) as u8;
+                            let byte = &mut blk[bb - 16 + j % 16];
+                            *byte |= if j < 16 { q } else { q << 4 };
+                            if format == BlockFormat::Q4_1 {
+                                d.to_f32() * q as f32 + m.to_f32()
+                            } else {
+                                d.to_f32() * (q as f32 - 8.0)
+                            }
+                        }
+                    };
+                    dense[i * cols + col] = v;
+                }
+                if format == BlockFormat::Q4_1 {
+                    blk[2..4].copy_from_slice(&m.to_le_bytes());
+                }
+            }
+        }
+        (QMatrix::new(format, rows, cols, data).unwrap(), dense)
+    }
+
+    /// Against the exact f32 product of the dequantized weights (an independent computation
+    /// in f64): the only error allowed is the activation rounding, at most `dx/2` per element,
+    /// so `|err| ≤ Σ_c |W[i,c]| · dx_block(c) / 2` (plus f32 accumulation slack).
+    #[test]
+    fn matches_dense_product_within_activation_rounding() {
+        for format in [BlockFormat::Q8_0, BlockFormat::Q4_0, BlockFormat::Q4_1] {
+            for (rows, cols, m) in [
+                (5usize, 64usize, 1usize),
+                (37, 96, 3),
+                (16, 32, 8),
+                (9, 160, 11),
+            ] {
+                let (q, dense) = matrix(format, rows, cols, rows as u32 * 7 + m as u32);
+                let x: Vec<f32> = (0..m * cols)
+                    .map(|i| ((i as f32) * 0.37).sin() * (1.0 + (i % 7) as f32))
+                    .collect();
+                let mut out = vec![0f32; m * rows];
+                q.matmul(&x, &mut out);
+                for r in 0..m {
+                    for i in 0..rows {
+                        let xr = &x[r * cols..(r + 1) * cols];
+                        let wi = &dense[i * cols..(i + 1) * cols];
+                        let exact: f64 =
+                            xr.iter().zip(wi).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let bound: f64 = xr
+                            .chunks(BLOCK)
+                            .zip(wi.chunks(BLOCK))
+                            .map(|(xb, wb)| {
+                                let dx = xb.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 127.0;
+                                wb.iter().map(|&w| w.abs() as f64).sum::<f64>() * dx / 2.0
+                            })
+                            .sum::<f64>()
+                            + 1e-4 * (1.0 + exact.abs());
+                        let got = out[r * rows + i] as f64;
+                        assert!(
+                            (got - exact).abs() <= bound,
+                            "{format:?} rows={rows} cols={cols} m={m} r={r} i={i}: {got} vs {exact} (bound {bound})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The SIMD kernel against the scalar integer reference, which performs the same integer
+    /// arithmetic: equal up to f32 summation order.
+    #[test]
+    fn simd_equals_scalar_reference() {
+        for format in [BlockFormat::Q8_0, BlockFormat::Q4_0, BlockFormat::Q4_1] {
+            let (q, _) = matrix(format, 3, 256, 11);
+            for m in 1..=8 {
+                let x: Vec<f32> = (0..m * 256)
+                    .map(|i| ((i as f32) * 0.113).cos() * 3.0)
+                    .collect();
+                let act = Activations::quantize(&x, 256);
+                let nb = 256 / BLOCK;
+                let bb = format.block_bytes();
+                for i in 0..3 {
+                    let w = &q.data[i * nb * bb..(i + 1) * nb * bb];
+                    let (mut a, mut b) = ([0f32; MAX_M], [0f32; MAX_M]);
+                    dot_rows(format, w, nb, &act, 0, m, &mut a);
+                    scalar_dot_rows(format, w, nb, &act, 0, m, &mut b);
+                    for r in 0..m {
+                        assert!(
+                            (a[r] - b[r]).abs() <= 1e-5 * (1.0 + b[r].abs()),
+                            "{format:?} m={m}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Activation quantization by hand: block max 127 → d = 1 exactly, so codes are x rounded
+    /// to nearest with ties to even (1.5 → 2, 2.5 → 2, −63.5 → −64), block sum s = d · Σ codes.
+    #[test]
+    fn activation_quantization_by_hand() {
+        let mut x = [0f32; 32];
+        x[0] = 127.0;
+        x[1] = -63.5;
+        x[2] = 1.5;
+        x[3] = 2.5;
+        x[4] = 0.49;
+        let a = Activations::quantize(&x, 32);
+        assert_eq!(a.d[0], 1.0);
+        assert_eq!(&a.codes[..5], &[127, -64, 2, 2, 0]);
+        assert_eq!(a.s[0], (127 - 64 + 2 + 2) as f32);
+    }
+
+    #[test]
+    fn refuses_bad_shapes() {
+        assert!(QMatrix::new(BlockFormat::Q8_0, 2, 33, vec![0; 68]).is_none());
+        assert!(QMatrix::new(BlockFormat::Q8_0, 2, 32, vec![0; 67]).is_none());
+        assert!(QMatrix::new(BlockFormat::Q4_1, 2, 64, vec![0; 80]).is_some());
+    }
+}
