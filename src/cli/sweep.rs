@@ -133,8 +133,9 @@ pub struct SweepArgs {
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
 
-    /// Timed repeats per point, each with a fresh cache (TTFT and TPOT samples).
-    #[arg(long, default_value_t = 1)]
+    /// Timed repeats per point, each with a fresh cache (TTFT and TPOT samples); the schemes'
+    /// repeats at one point run interleaved, in a seeded random order per round.
+    #[arg(long, default_value_t = 3)]
     pub repeats: usize,
 
     /// Keep repeating each point until its timed total reaches this many seconds.

@@ -14,9 +14,15 @@
 //! - decode tokens/s: `batch × steps` / Σ decode-step time over all repeats (memory-bound);
 //!   prefill tokens/s: `batch × seq_len` / mean TTFT (compute-bound). Reported separately.
 //!
-//! Each point runs `warmup` untimed repeats (short: 4 tokens) and then `repeats` timed ones, more
-//! while the timed total is under `min_time_s` (optimum-benchmark's `duration`), each with a
-//! fresh cache.
+//! Stages, in order: quality once per scheme (perplexity, KL, ROUGE, passkey; fp16 first), then
+//! timing point by point. At each (batch, prompt length) every scheme still to run is timed
+//! together, interleaved: `warmup` untimed repeats each (short: 4 tokens), then rounds in which
+//! every scheme runs one timed repeat, in a seeded random order per round (Google Benchmark's
+//! `--benchmark_enable_random_interleaving`), until each has `repeats` (more while its timed
+//! total is under `min_time_s`, optimum-benchmark's `duration`), each with a fresh cache. A
+//! drifting machine then spreads over every scheme instead of posing as one scheme's effect;
+//! each repeat's place in the point's run order is recorded, and so is what other processes
+//! did meanwhile ([`super::contention`]).
 
 use rand::{Rng, SeedableRng};
 
@@ -201,6 +207,14 @@ pub struct PointTiming {
     pub saturated_values: u64,
     /// Greedy tokens of the first sequence of the last repeat (for agreement checks).
     pub generated: Vec<u32>,
+    /// For each timed repeat, its position in the point's run order (all schemes timed at
+    /// this batch × prompt length, interleaved; 0-based). Empty in runs made before
+    /// interleaving.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub run_order: Vec<usize>,
+    /// Other processes' CPU use during this scheme's timed repeats (Linux only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contention: Option<super::contention::Contention>,
 }
 
 impl PointTiming {
@@ -394,20 +408,22 @@ pub fn run_sweep(
         .iter()
         .find(|o| o.scheme.is_baseline())
         .and_then(|o| o.rouge.as_ref().map(|r| r.predictions.clone()));
-    for &scheme in &spec.schemes {
-        let todo: Vec<(usize, usize)> = spec
-            .batch_sizes
+    // Stage 1: quality, once per scheme that still has timing points to run.
+    let todo_at = |scheme: KvScheme| -> usize {
+        spec.batch_sizes
             .iter()
             .flat_map(|&b| spec.seq_lens.iter().map(move |&l| (b, l)))
             .filter(|&(b, l)| !is_done(scheme, b, l))
-            .collect();
-        let skipped = spec.batch_sizes.len() * spec.seq_lens.len() - todo.len();
-        progress.advance(skipped as u64);
-        if todo.is_empty() {
+            .count()
+    };
+    let mut quality: Vec<SchemeQuality> = Vec::with_capacity(spec.schemes.len());
+    for &scheme in &spec.schemes {
+        if todo_at(scheme) == 0 {
             if let Some(p) = &spec.ppl {
                 progress.advance(p.windows.unwrap_or(0) as u64);
             }
             progress.advance(tasks.map_or(0, |t| t.units()) as u64);
+            quality.push(SchemeQuality::default());
             continue;
         }
         let earlier_ppl = done
@@ -474,24 +490,57 @@ pub fn run_sweep(
                 None => None,
             };
         }
-        for (batch, seq_len) in todo {
-            progress.start(&format!("{scheme}: batch {batch} × {seq_len} tokens"));
+        quality.push(SchemeQuality {
+            ppl,
+            rouge,
+            passkey,
+        });
+    }
+    // Stage 2: timing, point by point, the schemes' repeats interleaved.
+    for &batch in &spec.batch_sizes {
+        for &seq_len in &spec.seq_lens {
+            let todo: Vec<usize> = (0..spec.schemes.len())
+                .filter(|&i| !is_done(spec.schemes[i], batch, seq_len))
+                .collect();
+            progress.advance((spec.schemes.len() - todo.len()) as u64);
+            if todo.is_empty() {
+                continue;
+            }
+            progress.start(&format!(
+                "batch {batch} × {seq_len} tokens: {} scheme{} interleaved",
+                todo.len(),
+                if todo.len() == 1 { "" } else { "s" }
+            ));
             let prompts = prompts(tokens, batch, seq_len, spec.seed);
-            let timing = guarded_point(models, scheme, batch, seq_len, spec, &prompts);
-            sink.point(&PointOutcome {
-                scheme,
-                batch,
-                seq_len,
-                timing,
-                ppl: ppl.clone(),
-                baseline_ppl,
-                rouge: rouge.clone(),
-                passkey: passkey.clone(),
-            })?;
-            progress.advance(1);
+            let schemes: Vec<KvScheme> = todo.iter().map(|&i| spec.schemes[i]).collect();
+            let order_seed = spec.seed ^ ((batch as u64) << 32 | seq_len as u64);
+            let timings =
+                interleaved_point(models, &schemes, batch, seq_len, spec, &prompts, order_seed);
+            for (&i, timing) in todo.iter().zip(timings) {
+                let q = &quality[i];
+                sink.point(&PointOutcome {
+                    scheme: spec.schemes[i],
+                    batch,
+                    seq_len,
+                    timing,
+                    ppl: q.ppl.clone(),
+                    baseline_ppl,
+                    rouge: q.rouge.clone(),
+                    passkey: q.passkey.clone(),
+                })?;
+                progress.advance(1);
+            }
         }
     }
     Ok(())
+}
+
+/// A scheme's quality results, measured once and attached to each of its timing points.
+#[derive(Debug, Default)]
+struct SchemeQuality {
+    ppl: Option<PplResult>,
+    rouge: Option<RougeResult>,
+    passkey: Option<PasskeyResult>,
 }
 
 /// `batch` prompts of `seq_len` real tokens, each from a seeded random offset in `tokens`,
@@ -510,9 +559,7 @@ pub fn prompts(tokens: &[u32], batch: usize, seq_len: usize, seed: u64) -> Vec<u
 /// Runs `f`, turning an error or a panic into a status so a sweep goes on: `oom: …` when the
 /// device ran out of memory (CUDA's `CUDA_ERROR_OUT_OF_MEMORY`, an allocation failure), else
 /// `error: …`.
-pub fn catch_point(
-    f: impl FnOnce() -> Result<PointTiming>,
-) -> std::result::Result<PointTiming, String> {
+pub fn catch_point<T>(f: impl FnOnce() -> Result<T>) -> std::result::Result<T, String> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(t)) => Ok(t),
         Ok(Err(e)) if is_out_of_memory(&e.to_string()) => {
@@ -535,16 +582,15 @@ fn is_out_of_memory(msg: &str) -> bool {
     m.contains("out_of_memory") || m.contains("out of memory") || m.contains("alloc_failed")
 }
 
-/// A point that cannot take the process down: predicted memory beyond what is available is
-/// recorded as `oom` without running, and an error or panic inside is recorded as `error`.
-fn guarded_point(
+/// Predicted memory of a point beyond what is available, as an `oom` status (the point is
+/// then not run, so a too-large point cannot take the process down).
+fn memory_check(
     models: PhaseModels<'_>,
     scheme: KvScheme,
     batch: usize,
     seq_len: usize,
     spec: &SweepSpec,
-    prompts: &[u32],
-) -> std::result::Result<PointTiming, String> {
+) -> std::result::Result<(), String> {
     let c = &models.decode.config;
     let g = c.cache_geometry();
     let kv = (scheme.bytes_per_token(&g) * batch * (seq_len + spec.gen)) as u64;
@@ -556,52 +602,127 @@ fn guarded_point(
         Ok(Some(free)) => Some(free),
         _ => memory::available_bytes(),
     };
-    if let Some(avail) = avail {
-        if kv + act > avail {
-            return Err(format!(
-                "oom: needs ~{:.2} GiB (KV {:.2} GiB), {:.2} GiB available",
-                (kv + act) as f64 / GIB,
-                kv as f64 / GIB,
-                avail as f64 / GIB
-            ));
+    match avail {
+        Some(avail) if kv + act > avail => Err(format!(
+            "oom: needs ~{:.2} GiB (KV {:.2} GiB), {:.2} GiB available",
+            (kv + act) as f64 / GIB,
+            kv as f64 / GIB,
+            avail as f64 / GIB
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// One scheme's samples while its point is being timed.
+#[derive(Default)]
+struct Samples {
+    ttft_ms: Vec<f64>,
+    itl_ms: Vec<Vec<f64>>,
+    run_order: Vec<usize>,
+    contention: Vec<super::contention::Contention>,
+    measured_s: f64,
+    peak_rss: Option<u64>,
+    vram_peak: Option<u64>,
+    last: Option<PointTiming>,
+}
+
+/// Times `schemes` at one (batch, prompt length), interleaved: warm-up repeats of each, then
+/// rounds in which every scheme not yet finished runs one timed repeat, in a random order per
+/// round drawn from `order_seed`. A scheme stops at `repeats` timed repeats once its timed
+/// total reaches `min_time_s` (at most 100 × `repeats`). Returns each scheme's timing, or why
+/// it failed (`oom: …` predicted or raised, `error: …`; one scheme's failure does not stop the
+/// others).
+pub fn interleaved_point(
+    models: PhaseModels<'_>,
+    schemes: &[KvScheme],
+    batch: usize,
+    seq_len: usize,
+    spec: &SweepSpec,
+    prompts: &[u32],
+    order_seed: u64,
+) -> Vec<std::result::Result<PointTiming, String>> {
+    use rand::seq::SliceRandom;
+    let mut state: Vec<std::result::Result<Samples, String>> = schemes
+        .iter()
+        .map(|&s| memory_check(models, s, batch, seq_len, spec).map(|()| Samples::default()))
+        .collect();
+    for _ in 0..spec.warmup {
+        for (i, &scheme) in schemes.iter().enumerate() {
+            if state[i].is_ok() {
+                if let Err(e) = catch_point(|| {
+                    run_once(models, scheme, batch, spec.gen.min(4), prompts).map(|_| ())
+                }) {
+                    state[i] = Err(e);
+                }
+            }
         }
     }
-    catch_point(|| {
-        for _ in 0..spec.warmup {
-            run_once(models, scheme, batch, spec.gen.min(4), prompts)?;
+    let cap = spec.repeats.max(1) * 100;
+    let finished = |s: &Samples| {
+        let n = s.ttft_ms.len();
+        (n >= spec.repeats.max(1) && s.measured_s >= spec.min_time_s) || n >= cap
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(order_seed);
+    let mut slot = 0;
+    loop {
+        let mut round: Vec<usize> = (0..schemes.len())
+            .filter(|&i| matches!(&state[i], Ok(s) if !finished(s)))
+            .collect();
+        if round.is_empty() {
+            break;
         }
-        memory::reset_peak_rss();
-        let mut ttft_ms = Vec::new();
-        let mut itl_ms = Vec::new();
-        let mut measured = 0.0;
-        // Repeats stop at `repeats`, or later once `min_time_s` is reached (capped at 100×).
-        let cap = spec.repeats.max(1) * 100;
-        let mut vram_peak: Option<u64> = None;
-        let mut last = loop {
-            let run = run_once(models, scheme, batch, spec.gen, prompts)?;
-            if let Some(v) = run.vram_peak_bytes {
-                vram_peak = Some(vram_peak.map_or(v, |p| p.max(v)));
+        round.shuffle(&mut rng);
+        for i in round {
+            let scheme = schemes[i];
+            memory::reset_peak_rss();
+            let before = super::contention::CpuSample::now();
+            let run = catch_point(|| {
+                let run = run_once(models, scheme, batch, spec.gen, prompts)?;
+                Ok(run.into_timing())
+            });
+            let after = super::contention::CpuSample::now();
+            let Ok(s) = state[i].as_mut() else {
+                continue;
+            };
+            match run {
+                Ok(t) => {
+                    if let Some(c) = before
+                        .zip(after)
+                        .and_then(|(a, b)| super::contention::Contention::between(&a, &b))
+                    {
+                        s.contention.push(c);
+                    }
+                    s.measured_s += (t.ttft_ms.iter().sum::<f64>()
+                        + t.itl_ms.iter().flatten().sum::<f64>())
+                        * 1e-3;
+                    s.ttft_ms.extend(&t.ttft_ms);
+                    s.itl_ms.extend(t.itl_ms.iter().cloned());
+                    s.run_order.push(slot);
+                    s.peak_rss = s.peak_rss.max(memory::peak_rss_bytes());
+                    s.vram_peak = s.vram_peak.max(t.vram_peak_bytes);
+                    s.last = Some(t);
+                }
+                Err(e) => state[i] = Err(e),
             }
-            measured += (run.ttft_ms + run.itl_ms.iter().sum::<f64>()) * 1e-3;
-            ttft_ms.push(run.ttft_ms);
-            itl_ms.push(run.itl_ms.clone());
-            let n = ttft_ms.len();
-            if (n >= spec.repeats.max(1) && measured >= spec.min_time_s) || n >= cap {
-                break run;
-            }
-        };
-        Ok(PointTiming {
-            ttft_ms,
-            itl_ms,
-            kv_tokens: last.cache.seen(0),
-            kv_bytes: last.cache.kv_bytes(),
-            kv_reserved_bytes: last.cache.reserved_bytes(),
-            peak_rss_bytes: memory::peak_rss_bytes(),
-            vram_peak_bytes: vram_peak,
-            saturated_values: last.cache.saturated(),
-            generated: std::mem::take(&mut last.generated),
+            slot += 1;
+        }
+    }
+    state
+        .into_iter()
+        .map(|st| {
+            let s = st?;
+            let mut t = s
+                .last
+                .ok_or_else(|| "error: no timed repeat ran".to_string())?;
+            t.ttft_ms = s.ttft_ms;
+            t.itl_ms = s.itl_ms;
+            t.run_order = s.run_order;
+            t.peak_rss_bytes = s.peak_rss;
+            t.vram_peak_bytes = s.vram_peak;
+            t.contention = super::contention::Contention::combine(&s.contention);
+            Ok(t)
         })
-    })
+        .collect()
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -614,6 +735,25 @@ struct Run {
     itl_ms: Vec<f64>,
     generated: Vec<u32>,
     vram_peak_bytes: Option<u64>,
+}
+
+impl Run {
+    /// This one run as a point's timing (one repeat; the caller joins repeats).
+    fn into_timing(self) -> PointTiming {
+        PointTiming {
+            ttft_ms: vec![self.ttft_ms],
+            itl_ms: vec![self.itl_ms],
+            kv_tokens: self.cache.seen(0),
+            kv_bytes: self.cache.kv_bytes(),
+            kv_reserved_bytes: self.cache.reserved_bytes(),
+            peak_rss_bytes: None,
+            vram_peak_bytes: self.vram_peak_bytes,
+            saturated_values: self.cache.saturated(),
+            generated: self.generated,
+            run_order: Vec::new(),
+            contention: None,
+        }
+    }
 }
 
 /// Prefill `prompts` (`[batch, seq_len]`) with `models.prefill` into a fresh cache on the

@@ -215,7 +215,9 @@ fn point(
     let mut cache = KvCache::new(scheme, *geom, batch)?;
     super::memory::reset_peak_rss();
     fill(&mut cache, geom, seq_len, seed);
+    let before = super::contention::CpuSample::now();
     let steps = time_decode_steps(&mut cache, geom, gen - 1, seed);
+    let after = super::contention::CpuSample::now();
     Ok(super::sweep::PointTiming {
         ttft_ms: Vec::new(),
         itl_ms: vec![steps],
@@ -226,6 +228,10 @@ fn point(
         vram_peak_bytes: None,
         saturated_values: cache.saturated(),
         generated: Vec::new(),
+        run_order: Vec::new(),
+        contention: before
+            .zip(after)
+            .and_then(|(a, b)| super::contention::Contention::between(&a, &b)),
     })
 }
 

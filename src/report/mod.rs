@@ -106,6 +106,11 @@ pub struct ResultRow {
     pub decode_gb_s: Option<f64>,
     /// Values saturated by an fp8 scale fixed at the first write (0 for other formats).
     pub saturated_values: Option<u64>,
+    /// Cores other processes occupied on average during this point's timed repeats (Linux
+    /// `/proc`; see `crate::measure::contention`), cores.
+    pub other_cpu_cores: Option<f64>,
+    /// Whether `other_cpu_cores` exceeded 0.15: the timings are inflated by a shared machine.
+    pub contended: Option<bool>,
     /// Perplexity of the scheme on WikiText-2 (protocol in `meta.json`).
     pub ppl: Option<f64>,
     /// `100 × (ppl / ppl_fp16 − 1)`, % (empty when fp16 was not run first).
@@ -197,6 +202,8 @@ pub const CSV_COLUMNS: &[&str] = &[
     "vram_peak_bytes",
     "decode_gb_s",
     "saturated_values",
+    "other_cpu_cores",
+    "contended",
     "ppl",
     "ppl_delta_pct",
     "ppl_mean_nll",
@@ -307,6 +314,8 @@ impl ResultRow {
                     (s.p50 > 0.0).then(|| (w + t.kv_bytes) as f64 / (s.p50 * 1e-3) / 1e9)
                 }),
             saturated_values: t.map(|t| t.saturated_values),
+            other_cpu_cores: t.and_then(|t| t.contention).map(|c| c.other_cores),
+            contended: t.and_then(|t| t.contention).map(|c| c.contended()),
             ppl: o.ppl.as_ref().map(|p| p.perplexity),
             ppl_delta_pct: o
                 .ppl

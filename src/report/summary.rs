@@ -117,6 +117,13 @@ pub fn warnings(rows: &[ResultRow]) -> Vec<String> {
                  --repeats or --min-time"
             ));
         }
+        if let (Some(true), Some(c)) = (r.contended, r.other_cpu_cores) {
+            out.push(format!(
+                "{point}: other processes used {c:.2} cores while it was timed — every parallel \
+                 step waits for preempted workers, so its latencies describe the machine, not \
+                 the scheme; stop them and rerun (`--resume` keeps the rest), or use --threads 1"
+            ));
+        }
         if let (Some(ci), Some(m)) = (r.tpot_ms_ci95, r.tpot_ms_mean) {
             if ci > 0.05 * m {
                 out.push(format!(

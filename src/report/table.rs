@@ -96,7 +96,11 @@ pub fn cells(rows: &[ResultRow]) -> Vec<Vec<String>> {
         if passkey {
             row.push(f(r.passkey_accuracy_pct, 0));
         }
-        row.push(truncate(&r.status, 40));
+        row.push(if r.contended == Some(true) {
+            format!("{}, contended", truncate(&r.status, 28))
+        } else {
+            truncate(&r.status, 40)
+        });
     }
     out
 }

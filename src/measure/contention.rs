@@ -1,0 +1,161 @@
+//! Was the machine shared while a point was timed? Other processes' CPU time and the load
+//! average, read from Linux's `/proc` around each timed run.
+//!
+//! Why it matters here: candle's CPU thread pool meets at a barrier after every parallel step;
+//! when another busy process holds one of the cores, the step waits a scheduler slice for the
+//! preempted worker, so one busy neighbour on a 2-core machine made whole points 6× slower. A
+//! timing taken that way describes the machine, not the KV scheme, and is marked.
+//!
+//! Method: `/proc/stat`'s first line gives the CPU time every process spent (user, nice,
+//! system, irq, softirq, steal; in clock ticks), `/proc/self/stat` this process's own (utime,
+//! stime; same ticks); their difference over a span, divided by the span, is how many cores
+//! other processes (and a hypervisor's steal) occupied meanwhile — `other_cores`, in cores.
+//! `/proc/loadavg` gives the 1-minute load average at the end. Elsewhere than Linux nothing is
+//! sampled (`None`).
+
+use std::time::Instant;
+
+/// Average cores other processes occupied above which a point is marked contended. Idle
+/// machines show a few hundredths (kernel threads, the shell); one busy process shows ~1.
+pub const CONTENDED_CORES: f64 = 0.15;
+
+/// CPU-time counters at one instant.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuSample {
+    at: Instant,
+    /// Busy ticks of the whole machine (all CPUs, every process, steal included).
+    machine_busy: u64,
+    /// Ticks this process has used (all its threads).
+    own: u64,
+}
+
+/// Ticks per second of `/proc` counters (`USER_HZ`): 100 on every Linux ABI kvbench runs on.
+const TICKS_PER_S: f64 = 100.0;
+
+impl CpuSample {
+    /// Reads the counters now; `None` where `/proc` is unavailable (not Linux) or unreadable.
+    pub fn now() -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let own = std::fs::read_to_string("/proc/self/stat").ok()?;
+        Some(Self {
+            at: Instant::now(),
+            machine_busy: parse_machine_busy(&stat)?,
+            own: parse_own_ticks(&own)?,
+        })
+    }
+}
+
+/// What other processes did during a span.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Contention {
+    /// Average number of cores other processes (and hypervisor steal) occupied, cores.
+    pub other_cores: f64,
+    /// 1-minute load average at the end of the span (runnable + uninterruptible tasks).
+    pub load_1m: f64,
+    /// Seconds sampled.
+    pub span_s: f64,
+}
+
+impl Contention {
+    /// Other processes' share between two samples (`None` for an empty span). Tick counters
+    /// are coarse (10 ms), so spans under ~0.2 s are noisy; callers add spans up.
+    pub fn between(a: &CpuSample, b: &CpuSample) -> Option<Self> {
+        let span_s = b.at.duration_since(a.at).as_secs_f64();
+        if span_s <= 0.0 {
+            return None;
+        }
+        let machine = b.machine_busy.saturating_sub(a.machine_busy) as f64;
+        let own = b.own.saturating_sub(a.own) as f64;
+        Some(Self {
+            other_cores: ((machine - own).max(0.0) / TICKS_PER_S) / span_s,
+            load_1m: load_average().unwrap_or(0.0),
+            span_s,
+        })
+    }
+
+    /// Time-weighted combination of spans (e.g. the timed runs of one point).
+    pub fn combine(parts: &[Contention]) -> Option<Self> {
+        let span: f64 = parts.iter().map(|c| c.span_s).sum();
+        (span > 0.0).then(|| Self {
+            other_cores: parts.iter().map(|c| c.other_cores * c.span_s).sum::<f64>() / span,
+            load_1m: parts.iter().map(|c| c.load_1m).fold(0.0, f64::max),
+            span_s: span,
+        })
+    }
+
+    /// Whether other processes took enough CPU to distort the timings.
+    pub fn contended(&self) -> bool {
+        self.other_cores > CONTENDED_CORES
+    }
+}
+
+/// The 1-minute load average from `/proc/loadavg`.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Busy ticks from `/proc/stat`'s `cpu` line: user + nice + system + irq + softirq + steal
+/// (fields 1, 2, 3, 6, 7, 8; idle and iowait are not busy; guest time is already in user).
+fn parse_machine_busy(stat: &str) -> Option<u64> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let get = |i: usize| f.get(i).copied().unwrap_or(0);
+    Some(get(0) + get(1) + get(2) + get(5) + get(6) + get(7))
+}
+
+/// utime + stime (fields 14 and 15) from `/proc/<pid>/stat`; the command name (field 2) may
+/// hold spaces and parentheses, so fields are counted after its last `)`.
+fn parse_own_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After ")": field 3 is f[0], so field 14 is f[11] and 15 is f[12].
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `/proc/stat` line by hand: busy = 10 + 2 + 5 + 1 + 1 + 3 = 22 (idle 100 and iowait 7
+    /// excluded).
+    #[test]
+    fn machine_busy_by_hand() {
+        let stat = "cpu  10 2 5 100 7 1 1 3 0 0\ncpu0 5 1 2 50 3 0 1 2 0 0\n";
+        assert_eq!(parse_machine_busy(stat), Some(22));
+    }
+
+    /// `/proc/self/stat` with a command name holding a space and a parenthesis: utime 1234 and
+    /// stime 56 are fields 14 and 15.
+    #[test]
+    fn own_ticks_by_hand() {
+        let stat = "4242 (my (odd) cmd) R 1 4242 4242 0 -1 4194304 100 0 0 0 1234 56 0 0 20 0 3 0";
+        assert_eq!(parse_own_ticks(stat), Some(1290));
+    }
+
+    #[test]
+    fn combine_weights_by_time() {
+        let a = Contention {
+            other_cores: 1.0,
+            load_1m: 2.0,
+            span_s: 1.0,
+        };
+        let b = Contention {
+            other_cores: 0.0,
+            load_1m: 0.5,
+            span_s: 3.0,
+        };
+        let c = Contention::combine(&[a, b]).unwrap();
+        assert_eq!(c.other_cores, 0.25);
+        assert_eq!(c.span_s, 4.0);
+        assert!(!c.contended() || c.other_cores > CONTENDED_CORES);
+    }
+}
