@@ -89,6 +89,7 @@ fn llama_cpp_protocol() -> PplProtocol {
         windows: Some(4),
         scoring: Scoring::Half,
         bos: false,
+        exact_attention: true,
     }
 }
 

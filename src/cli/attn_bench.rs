@@ -7,7 +7,7 @@ use candle_core::Device;
 
 use crate::kv::AnyCache;
 use crate::measure::stats::summarize;
-use crate::measure::{device, floors, synthetic};
+use crate::measure::{bandwidth, device, floors, synthetic};
 use crate::model::device::DeviceSpec;
 use crate::model::hub;
 
@@ -38,28 +38,68 @@ pub struct AttnBenchArgs {
     /// with `--features cuda`). On CUDA each step is timed with CUDA events.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceSpec,
-    /// Peak memory bandwidth of the machine in GB/s (10^9 bytes/s), e.g. 4800 for an H200's
-    /// HBM3e; adds a `% of peak` column for the achieved bandwidth.
-    #[arg(long, value_parser = parse_gbps)]
-    pub peak_bandwidth: Option<f64>,
+    /// Peak memory bandwidth in GB/s (10^9 bytes/s), e.g. 4800 for an H200's HBM3e, or `auto`
+    /// to measure this machine's read bandwidth first (a STREAM-like read of 512 MiB on the
+    /// same threads; CPU only); adds a `% of peak` column for the achieved bandwidth.
+    #[arg(long, value_parser = parse_peak)]
+    pub peak_bandwidth: Option<Peak>,
 }
 
-/// `"4800"` → 4800.0 (GB/s); refuses anything but a finite number > 0.
-fn parse_gbps(s: &str) -> Result<f64, String> {
+/// What `--peak-bandwidth` names.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Peak {
+    /// Measure the CPU's read bandwidth in this run ([`bandwidth::measure_read`]).
+    Auto,
+    /// A given figure, GB/s.
+    GbS(f64),
+}
+
+/// `"4800"` → 4800 GB/s, `"auto"` → measure; refuses anything but a finite number > 0.
+fn parse_peak(s: &str) -> Result<Peak, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(Peak::Auto);
+    }
     match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        Ok(_) => Err(format!("`{s}` must be a bandwidth in GB/s > 0, e.g. 4800")),
-        Err(_) => Err(format!("`{s}` is not a number of GB/s, e.g. 4800 or 51.2")),
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(Peak::GbS(v)),
+        Ok(_) => Err(format!(
+            "`{s}` must be a bandwidth in GB/s > 0, e.g. 4800, or `auto`"
+        )),
+        Err(_) => Err(format!(
+            "`{s}` is not a number of GB/s (e.g. 4800 or 51.2) or `auto`"
+        )),
     }
 }
+
+/// Bytes the `auto` probe reads per pass: 16× a 32 MiB last-level cache.
+const PROBE_BYTES: usize = 512 << 20;
 
 /// Runs the benchmark and prints a table.
 pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
     // Geometry only: aliases (llama-3-8b, …) need no download.
     let g = crate::model::geometry::for_model_arg(&a.model)?.cache();
     let dev = a.device.open()?;
+    let peak = match a.peak_bandwidth {
+        None => None,
+        Some(Peak::GbS(p)) => Some(p),
+        Some(Peak::Auto) if dev.is_cpu() => {
+            let r = bandwidth::measure_read(PROBE_BYTES, 5)
+                .ok_or_else(|| anyhow::anyhow!("the bandwidth probe read nothing"))?;
+            println!(
+                "measured read bandwidth: {:.1} GB/s best, {:.1} GB/s median of 5 passes over {} MiB on {} threads (STREAM-like sum)",
+                r.best_gb_s,
+                r.median_gb_s,
+                r.bytes >> 20,
+                r.threads
+            );
+            Some(r.best_gb_s)
+        }
+        Some(Peak::Auto) => anyhow::bail!(
+            "--peak-bandwidth auto measures the CPU's memory; for {} give the device's peak in GB/s (e.g. 4800 for an H200)",
+            device::describe(&dev)
+        ),
+    };
     for &seq_len in &a.seq_lens {
-        table(&a, &g, seq_len, &dev)?;
+        table(&a, &g, seq_len, &dev, peak)?;
     }
     Ok(())
 }
@@ -74,6 +114,7 @@ fn table(
     g: &crate::kv::CacheGeometry,
     seq_len: usize,
     dev: &Device,
+    peak: Option<f64>,
 ) -> anyhow::Result<()> {
     println!(
         "decode-step cache work (append + attention, {} layers), batch {}, context {} tokens, {}, model geometry {} ({} kv heads × {} head_dim){}",
@@ -84,8 +125,7 @@ fn table(
         a.model,
         g.kv_heads,
         g.head_dim,
-        a.peak_bandwidth
-            .map_or(String::new(), |p| format!(", peak bandwidth {p} GB/s"))
+        peak.map_or(String::new(), |p| format!(", peak bandwidth {p:.1} GB/s"))
     );
     print!(
         "{:<28} {:>12} {:>10} {:>10} {:>10} {:>10} {:>9} {:>10}",
@@ -93,26 +133,56 @@ fn table(
     );
     println!(
         "{}",
-        if a.peak_bandwidth.is_some() {
+        if peak.is_some() {
             format!(" {:>9}", "% of peak")
         } else {
             String::new()
         }
     );
-    let mut fp16_ms = None;
+    // Every scheme's cache is built and filled first; then the timed steps run in rounds, one
+    // step of each scheme per round in a seeded random order, so machine drift spreads over
+    // all schemes instead of posing as a difference between them. Memory: all caches at once.
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    if a.steps == 0 {
+        anyhow::bail!("--steps must be at least 1");
+    }
+    let mut caches: Vec<std::result::Result<AnyCache, crate::Error>> = Vec::new();
     for scheme in &a.schemes.0 {
         scheme.validate(g.head_dim)?;
-        let timed = (|| -> crate::Result<(AnyCache, Vec<f64>)> {
+        caches.push((|| -> crate::Result<AnyCache> {
             let cap = seq_len + a.steps + 2;
             let mut cache = AnyCache::new(*scheme, *g, a.batch, cap, dev)?;
             let c = cache.as_attention();
             synthetic::fill_on(c, g, a.batch, scheme.evicts(), seq_len, a.seed, dev)?;
             synthetic::time_decode_steps_on(c, g, a.batch, 1, a.seed, dev)?;
-            let ms = synthetic::time_decode_steps_on(c, g, a.batch, a.steps, a.seed + 1, dev)?;
-            Ok((cache, ms))
-        })();
-        let (cache, ms) = match timed {
-            Ok(t) => t,
+            Ok(cache)
+        })());
+    }
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); caches.len()];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+    let before = crate::measure::contention::CpuSample::now();
+    for step in 0..a.steps {
+        let mut order: Vec<usize> = (0..caches.len()).filter(|&i| caches[i].is_ok()).collect();
+        order.shuffle(&mut rng);
+        for i in order {
+            let Ok(cache) = caches[i].as_mut() else {
+                continue;
+            };
+            let seed = a.seed + 1 + step as u64;
+            match synthetic::time_decode_steps_on(cache.as_attention(), g, a.batch, 1, seed, dev) {
+                Ok(ms) => times[i].extend(ms),
+                Err(e) => caches[i] = Err(e),
+            }
+        }
+    }
+    let contention = crate::measure::contention::CpuSample::now()
+        .zip(before)
+        .and_then(|(b, a)| crate::measure::contention::Contention::between(&a, &b));
+    let mut fp16_ms = None;
+    for ((scheme, cache), ms) in a.schemes.0.iter().zip(caches).zip(times) {
+        let cache = match cache {
+            Ok(c) => c,
             Err(e) => {
                 println!(
                     "{:<28} {}",
@@ -146,8 +216,14 @@ fn table(
         );
         println!(
             "{}",
-            a.peak_bandwidth
-                .map_or(String::new(), |p| format!(" {:>9.1}", 100.0 * gbps / p))
+            peak.map_or(String::new(), |p| format!(" {:>9.1}", 100.0 * gbps / p))
+        );
+    }
+    if let Some(c) = contention.filter(|c| c.contended()) {
+        println!(
+            "warning: other processes used {:.2} cores while this table was timed (load {:.1}); \
+             the step times describe a shared machine — stop them and rerun",
+            c.other_cores, c.load_1m
         );
     }
     Ok(())

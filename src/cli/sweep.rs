@@ -357,6 +357,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         windows: Some(args.ppl_windows),
         scoring: args.ppl_score,
         bos: timing.tokenizer.add_bos,
+        exact_attention: true,
     });
     if let Some(p) = &ppl {
         p.validate(cfg.max_ctx, tokens.len())?;

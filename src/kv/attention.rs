@@ -40,6 +40,9 @@ pub struct AttnShape {
     pub n_q: usize,
     /// Elements per head.
     pub head_dim: usize,
+    /// Score int8 and 4-bit keys in f32 after widening each row (the reference path) instead
+    /// of on their codes with int8-quantized queries ([`super::intdot`]).
+    pub exact: bool,
 }
 
 /// Partial attention of some queries over a slot range: per query the running max and sum of
@@ -131,7 +134,7 @@ pub fn attend(heads: &[HeadView<'_>], q: &[f32], s: AttnShape, want_scores: bool
             qs.extend_from_slice(&q[off + i0 * d..off + i1 * d]);
             qi.extend(i0..i1);
         }
-        partial(head, slots, n - s.n_q, &qs, &qi, d, want_scores)
+        partial(head, slots, n - s.n_q, &qs, &qi, d, want_scores, s.exact)
     };
     let partials: Vec<Partial> = if work >= PARALLEL_WORK {
         par_map(&tasks, run)
@@ -194,6 +197,7 @@ fn partial(
     qi: &[usize],
     d: usize,
     keep_weights: bool,
+    exact: bool,
 ) -> Partial {
     let nq = qi.len();
     let scale = 1.0 / (d as f32).sqrt();
@@ -206,7 +210,12 @@ fn partial(
     let mut sum = vec![0f32; nq];
     let mut acc = vec![0f32; nq * d];
     if n > 0 {
-        head.k.dot_rows(t0, t1, qs, &mut w);
+        if !exact && head.k.int_keys() && d.is_multiple_of(32) {
+            let q = super::intdot::QueryI8::quantize(qs, d);
+            head.k.dot_rows_int(t0, t1, qs, &q, &mut w);
+        } else {
+            head.k.dot_rows(t0, t1, qs, &mut w);
+        }
         super::simd::scale_in_place(&mut w, scale);
         // Only the newest slots can be masked (a prefill block's later tokens).
         let first_masked = base + qi.iter().copied().min().unwrap_or(0) + 1;
@@ -278,6 +287,7 @@ mod tests {
             group: 1,
             n_q,
             head_dim: 2,
+            exact: true,
         };
         attend(&[head], q, shape, true)
     }

@@ -35,6 +35,11 @@ pub trait RowCodec: Copy + Send + Sync + 'static {
     fn decode(&self, row: &[u8], out: &mut [f32]);
     /// Installs an external scale (only fp8 with per-head or per-tensor scales has one).
     fn set_scale(&mut self, _scale: f32) {}
+    /// The integer-dot form of this format when it is a key format attention can score on its
+    /// codes ([`super::intdot`]); `None` keeps the f32 path.
+    fn int_keys(&self) -> Option<super::intdot::IntKeys> {
+        None
+    }
 }
 
 /// IEEE binary16 storage: the FP16 baseline. 2 bytes per element, round-to-nearest-even.
@@ -64,6 +69,10 @@ impl RowCodec for F16Row {
 pub struct Int8TokenRow;
 
 impl RowCodec for Int8TokenRow {
+    fn int_keys(&self) -> Option<super::intdot::IntKeys> {
+        Some(super::intdot::IntKeys::Int8Token)
+    }
+
     fn row_bytes(&self, head_dim: usize) -> usize {
         head_dim + 2
     }
@@ -96,6 +105,10 @@ pub struct Int4GroupRow {
 }
 
 impl RowCodec for Int4GroupRow {
+    fn int_keys(&self) -> Option<super::intdot::IntKeys> {
+        (self.group == 32).then_some(super::intdot::IntKeys::Int4G32)
+    }
+
     fn row_bytes(&self, head_dim: usize) -> usize {
         head_dim / self.group * (4 + self.group / 2)
     }
@@ -207,6 +220,10 @@ impl RowCodec for Fp8Row {
 pub struct Q8_0Row;
 
 impl RowCodec for Q8_0Row {
+    fn int_keys(&self) -> Option<super::intdot::IntKeys> {
+        Some(super::intdot::IntKeys::Q8_0)
+    }
+
     fn row_bytes(&self, head_dim: usize) -> usize {
         head_dim / 32 * 34
     }
@@ -241,6 +258,10 @@ impl RowCodec for Q8_0Row {
 pub struct Q4_0Row;
 
 impl RowCodec for Q4_0Row {
+    fn int_keys(&self) -> Option<super::intdot::IntKeys> {
+        Some(super::intdot::IntKeys::Q4_0)
+    }
+
     fn row_bytes(&self, head_dim: usize) -> usize {
         head_dim / 32 * 18
     }

@@ -11,6 +11,7 @@ pub mod attention;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod format;
+pub mod intdot;
 pub mod simd;
 pub mod spec;
 pub mod stream;
@@ -121,6 +122,17 @@ impl AnyCache {
                 reason: format!("no KV cache for {other:?} in this build"),
             }),
         }
+    }
+
+    /// With `exact`, int8 and 4-bit keys are scored in f32 after widening each row (the
+    /// reference path, which quality measurements use) instead of on their codes
+    /// ([`KvCache::set_exact_attention`]). The CUDA kernels always compute in f32.
+    pub fn exact_attention(mut self, exact: bool) -> Self {
+        #[allow(irrefutable_let_patterns)] // refutable with the cuda feature
+        if let Self::Cpu(c) = &mut self {
+            c.set_exact_attention(exact);
+        }
+        self
     }
 
     /// The attention interface of whichever cache this is.
@@ -277,6 +289,7 @@ pub struct KvCache {
     geom: CacheGeometry,
     layers: Vec<Layer>,
     saturated: u64,
+    exact: bool,
 }
 
 impl KvCache {
@@ -310,6 +323,7 @@ impl KvCache {
             geom,
             layers,
             saturated: 0,
+            exact: false,
         })
     }
 
@@ -336,6 +350,13 @@ impl KvCache {
             }
         }
         Ok(first)
+    }
+
+    /// Scores int8 and 4-bit keys in f32 after widening each row (`true`: the reference path)
+    /// or on their codes with int8-quantized queries (`false`, the default: what a decode step
+    /// is timed with; see [`intdot`] for the method and its error bound).
+    pub fn set_exact_attention(&mut self, exact: bool) {
+        self.exact = exact;
     }
 
     /// The scheme this cache stores.
@@ -523,6 +544,7 @@ impl KvCache {
             group: g.q_heads / g.kv_heads,
             n_q,
             head_dim: d,
+            exact: self.exact,
         };
         let attention::Attention {
             mut out,

@@ -26,6 +26,23 @@ pub trait Stream: Send + Sync + std::fmt::Debug {
             self.decode(t, r)
         });
     }
+    /// Whether [`dot_rows_int`](Self::dot_rows_int) scores on the stored codes (int8 and
+    /// 4-bit key formats) rather than falling back to [`dot_rows`](Self::dot_rows).
+    fn int_keys(&self) -> bool {
+        false
+    }
+    /// [`dot_rows`](Self::dot_rows) on the stored codes with queries quantized to int8 (`q`,
+    /// the same queries as `qs`); formats without an integer path use `qs` and the f32 path.
+    fn dot_rows_int(
+        &self,
+        t0: usize,
+        t1: usize,
+        qs: &[f32],
+        _q: &super::intdot::QueryI8,
+        out: &mut [f32],
+    ) {
+        self.dot_rows(t0, t1, qs, out)
+    }
     /// Weighted sums of rows `t0..t1`: `acc_j += Σ_t w[(t − t0)·nq + j] · row_t`, `acc`:
     /// `[nq, head_dim]`; rows whose weights are all zero are not read.
     fn axpy_rows(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
@@ -179,6 +196,24 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
         dot_rows_with(t0, t1, qs, out, self.head_dim, |t, r| {
             codec.decode(&data[t * rb..(t + 1) * rb], r)
         });
+    }
+
+    fn int_keys(&self) -> bool {
+        self.codec.int_keys().is_some()
+    }
+
+    fn dot_rows_int(
+        &self,
+        t0: usize,
+        t1: usize,
+        qs: &[f32],
+        q: &super::intdot::QueryI8,
+        out: &mut [f32],
+    ) {
+        match self.codec.int_keys() {
+            Some(f) => super::intdot::scores(f, &self.data, self.rb, t0, t1, q, out),
+            None => self.dot_rows(t0, t1, qs, out),
+        }
     }
 
     fn axpy_rows(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {

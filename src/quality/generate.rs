@@ -17,7 +17,9 @@ pub fn greedy(
     stop: &[u32],
 ) -> Result<Vec<u32>> {
     let geom = model.config.cache_geometry();
-    let mut cache = AnyCache::new(scheme, geom, 1, prompt.len() + max_new, model.device())?;
+    // Quality: the exact attention path (see `crate::kv::intdot`).
+    let mut cache = AnyCache::new(scheme, geom, 1, prompt.len() + max_new, model.device())?
+        .exact_attention(true);
     let cache = cache.as_attention();
     let mut out = Vec::with_capacity(max_new);
     if max_new == 0 {

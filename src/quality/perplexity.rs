@@ -87,6 +87,10 @@ pub struct PplProtocol {
     pub scoring: Scoring,
     /// Whether each window's first token is replaced by BOS.
     pub bos: bool,
+    /// Score int8/4-bit keys in f32 (the reference path; `true` in every sweep) rather than on
+    /// their codes with int8 queries, the path decode steps are timed with
+    /// ([`crate::kv::intdot`]). `false` measures what the fast path costs in quality.
+    pub exact_attention: bool,
 }
 
 impl PplProtocol {
@@ -288,9 +292,13 @@ pub fn perplexity_vs(
             for group in windows.chunks(proto.batch) {
                 let b = group.len();
                 let dev = model.device();
-                let mut cache = AnyCache::new(scheme, geom, b, proto.ctx, dev)?;
+                let mut cache = AnyCache::new(scheme, geom, b, proto.ctx, dev)?
+                    .exact_attention(proto.exact_attention);
                 let mut base_cache = baseline
-                    .map(|s| AnyCache::new(s, geom, b, proto.ctx, dev))
+                    .map(|s| {
+                        AnyCache::new(s, geom, b, proto.ctx, dev)
+                            .map(|c| c.exact_attention(proto.exact_attention))
+                    })
                     .transpose()?;
                 let mut sums = vec![0f64; b];
                 let mut group_agree: Vec<Vec<(f64, bool, f64)>> = vec![Vec::new(); b];
@@ -326,9 +334,13 @@ pub fn perplexity_vs(
         }
         PplMode::Chunked | PplMode::Auto => {
             let dev = model.device();
-            let mut cache = AnyCache::new(scheme, geom, 1, proto.ctx, dev)?;
+            let mut cache = AnyCache::new(scheme, geom, 1, proto.ctx, dev)?
+                .exact_attention(proto.exact_attention);
             let mut base_cache = baseline
-                .map(|s| AnyCache::new(s, geom, 1, proto.ctx, dev))
+                .map(|s| {
+                    AnyCache::new(s, geom, 1, proto.ctx, dev)
+                        .map(|c| c.exact_attention(proto.exact_attention))
+                })
                 .transpose()?;
             for win in &windows {
                 cache.clear()?;

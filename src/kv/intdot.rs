@@ -1,0 +1,437 @@
+//! Attention scores computed on the stored codes: queries quantized to int8 once per call, then
+//! integer dot products against int8 and 4-bit keys (AVX2 `maddubs`/`madd`), so a key row is
+//! never widened to f32. The method of llama.cpp's CPU backend for quantized K (`vec_dot_type`
+//! Q8_0 for the query, `ggml_vec_dot_q4_0_q8_0` and friends in ggml-cpu/arch/x86/quants.c),
+//! here with one scale per query row.
+//!
+//! For a query `q` (`head_dim` f32) the codes are `c = round(q / sq)`, `sq = max|q| / 127`
+//! (ties to even); per 32-element block the code sum `Σc` is kept. Then, per key format
+//! (`k` codes, block scale `dk`, zero-point `mk`):
+//! - int8-token (`k = sk · code`, one scale per row): `score = sq · sk · Σ c·code`;
+//! - Q8_0 (`k = dk · code` per block of 32): `score = sq · Σ_b dk_b · Σ c·code`;
+//! - Q4_0 (`k = dk · (nib − 8)`): `score = sq · Σ_b dk_b · (Σ c·nib − 8 · Σc)`;
+//! - int4 (`k = dk · nib + mk`, groups of 32, pairs of elements per byte): `score =
+//!   sq · Σ_b (dk_b · Σ c·nib + mk_b · Σc)`, the query's codes reordered to the nibble order.
+//!
+//! The only error against the exact f32 path is the query's rounding, at most `sq/2` per
+//! element; [`super::KvCache::set_exact_attention`] keeps the f32 path where that matters.
+
+use half::f16;
+
+/// Elements per integer block.
+const B: usize = 32;
+
+/// Queries `[nq, d]` quantized to int8 with one scale per query.
+#[derive(Debug, Clone)]
+pub struct QueryI8 {
+    nq: usize,
+    d: usize,
+    /// `[nq, d]` codes in element order.
+    codes: Vec<i8>,
+    /// `[nq, d]` codes per block of 32 reordered to even elements then odd (the order of
+    /// [`super::format::Int4GroupRow`]'s low and high nibbles).
+    pairs: Vec<i8>,
+    /// `[nq]` scales `sq`.
+    scale: Vec<f32>,
+    /// `[nq, d/32]` code sums per block.
+    bsum: Vec<i32>,
+}
+
+impl QueryI8 {
+    /// Quantizes `qs` (`[nq, d]`, `d` a multiple of 32).
+    pub fn quantize(qs: &[f32], d: usize) -> Self {
+        let nq = qs.len() / d;
+        let nb = d / B;
+        let mut codes = vec![0i8; nq * d];
+        let mut pairs = vec![0i8; nq * d];
+        let mut scale = vec![0f32; nq];
+        let mut bsum = vec![0i32; nq * nb];
+        for j in 0..nq {
+            let q = &qs[j * d..(j + 1) * d];
+            let amax = q.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let s = amax / 127.0;
+            let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+            scale[j] = s;
+            for (i, &v) in q.iter().enumerate() {
+                let c = (v * inv).round_ties_even() as i8;
+                codes[j * d + i] = c;
+                bsum[j * nb + i / B] += c as i32;
+                let (blk, k) = (i / B, i % B);
+                let at = if k % 2 == 0 { k / 2 } else { B / 2 + k / 2 };
+                pairs[j * d + blk * B + at] = c;
+            }
+        }
+        Self {
+            nq,
+            d,
+            codes,
+            pairs,
+            scale,
+            bsum,
+        }
+    }
+}
+
+/// Key formats with an integer path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntKeys {
+    /// f16 scale then `d` i8 codes.
+    Int8Token,
+    /// ggml Q8_0 blocks: f16 d, 32 i8.
+    Q8_0,
+    /// ggml Q4_0 blocks: f16 d, 16 bytes (element j low nibble, j + 16 high nibble).
+    Q4_0,
+    /// int4 groups of 32: f16 d, f16 m, 16 bytes (element 2j low nibble, 2j + 1 high).
+    Int4G32,
+}
+
+/// `out[(t − t0)·nq + j] = q_j · key_t` for rows `t0..t1` of `data` (rows of `rb` bytes in
+/// format `f`), computed on the codes.
+pub fn scores(
+    f: IntKeys,
+    data: &[u8],
+    rb: usize,
+    t0: usize,
+    t1: usize,
+    q: &QueryI8,
+    out: &mut [f32],
+) {
+    let n = t1 - t0;
+    assert!(out.len() >= n * q.nq && data.len() >= t1 * rb && q.d.is_multiple_of(B));
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    {
+        // SAFETY: features enabled at compile time; every row read is inside `data` (asserted).
+        unsafe { avx::scores(f, data, rb, t0, t1, q, out) };
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    )))]
+    scalar_scores(f, data, rb, t0, t1, q, out);
+}
+
+#[inline(always)]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// The same integer arithmetic in scalar code: the path without AVX2 and the reference the
+/// SIMD kernel is tested against.
+pub fn scalar_scores(
+    f: IntKeys,
+    data: &[u8],
+    rb: usize,
+    t0: usize,
+    t1: usize,
+    q: &QueryI8,
+    out: &mut [f32],
+) {
+    let (d, nq, nb) = (q.d, q.nq, q.d / B);
+    for t in t0..t1 {
+        let row = &data[t * rb..(t + 1) * rb];
+        for j in 0..nq {
+            let c = &q.codes[j * d..(j + 1) * d];
+            let cp = &q.pairs[j * d..(j + 1) * d];
+            let mut acc = 0f32;
+            match f {
+                IntKeys::Int8Token => {
+                    let dot: i32 = row[2..2 + d]
+                        .iter()
+                        .zip(c)
+                        .map(|(&k, &c)| k as i8 as i32 * c as i32)
+                        .sum();
+                    acc = f16_at(row, 0) * dot as f32;
+                }
+                IntKeys::Q8_0 => {
+                    for b in 0..nb {
+                        let blk = &row[b * 34..(b + 1) * 34];
+                        let dot: i32 = (0..B)
+                            .map(|i| blk[2 + i] as i8 as i32 * c[b * B + i] as i32)
+                            .sum();
+                        acc += f16_at(blk, 0) * dot as f32;
+                    }
+                }
+                IntKeys::Q4_0 => {
+                    for b in 0..nb {
+                        let blk = &row[b * 18..(b + 1) * 18];
+                        let dot: i32 = (0..16)
+                            .map(|i| {
+                                (blk[2 + i] & 15) as i32 * c[b * B + i] as i32
+                                    + (blk[2 + i] >> 4) as i32 * c[b * B + 16 + i] as i32
+                            })
+                            .sum();
+                        acc += f16_at(blk, 0) * (dot - 8 * q.bsum[j * nb + b]) as f32;
+                    }
+                }
+                IntKeys::Int4G32 => {
+                    for b in 0..nb {
+                        let blk = &row[b * 20..(b + 1) * 20];
+                        let dot: i32 = (0..16)
+                            .map(|i| {
+                                (blk[4 + i] & 15) as i32 * cp[b * B + i] as i32
+                                    + (blk[4 + i] >> 4) as i32 * cp[b * B + 16 + i] as i32
+                            })
+                            .sum();
+                        acc += f16_at(blk, 0) * dot as f32
+                            + f16_at(blk, 2) * q.bsum[j * nb + b] as f32;
+                    }
+                }
+            }
+            out[(t - t0) * nq + j] = q.scale[j] * acc;
+        }
+    }
+}
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+mod avx {
+    use super::{IntKeys, QueryI8, B};
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn f16p(p: *const u8) -> f32 {
+        half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32()
+    }
+
+    /// 32 unsigned × signed byte products summed to 8 i32 lanes.
+    #[inline(always)]
+    unsafe fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+
+    /// 16 bytes of nibbles → 32 bytes: low nibbles, then high nibbles.
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        let b = _mm_loadu_si128(p as *const __m128i);
+        let m = _mm_set1_epi8(0x0f);
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m))
+    }
+
+    /// Lane r of the result = Σ lanes of `v[r]`, for eight vectors.
+    #[inline(always)]
+    unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
+        let a = _mm256_hadd_ps(v[0], v[1]);
+        let b = _mm256_hadd_ps(v[2], v[3]);
+        let c = _mm256_hadd_ps(v[4], v[5]);
+        let d = _mm256_hadd_ps(v[6], v[7]);
+        let ab = _mm256_hadd_ps(a, b); // lanes: r0 r1 r2 r3 (low half) | r0 r1 r2 r3 (high half)
+        let cd = _mm256_hadd_ps(c, d);
+        let lo = _mm256_permute2f128_ps(ab, cd, 0x20);
+        let hi = _mm256_permute2f128_ps(ab, cd, 0x31);
+        _mm256_add_ps(lo, hi)
+    }
+
+    /// One key row against one query: the f32 partial-sum vector (scaled by the key's block
+    /// scales, not yet by the query's) and the zero-point side term.
+    #[inline(always)]
+    unsafe fn row_query(f: IntKeys, row: *const u8, q: &QueryI8, j: usize) -> (__m256, f32) {
+        let (d, nb) = (q.d, q.d / B);
+        let c = q.codes.as_ptr().add(j * d);
+        match f {
+            IntKeys::Int8Token => {
+                let mut acc = _mm256_setzero_si256();
+                for b in 0..nb {
+                    let k = _mm256_loadu_si256(row.add(2 + b * B) as *const __m256i);
+                    let cv = _mm256_loadu_si256(c.add(b * B) as *const __m256i);
+                    acc = _mm256_add_epi32(
+                        acc,
+                        dot_u8_i8(_mm256_sign_epi8(k, k), _mm256_sign_epi8(cv, k)),
+                    );
+                }
+                (
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(f16p(row))),
+                    0.0,
+                )
+            }
+            IntKeys::Q8_0 => {
+                let mut acc = _mm256_setzero_ps();
+                for b in 0..nb {
+                    let blk = row.add(b * 34);
+                    let k = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                    let cv = _mm256_loadu_si256(c.add(b * B) as *const __m256i);
+                    let p = dot_u8_i8(_mm256_sign_epi8(k, k), _mm256_sign_epi8(cv, k));
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16p(blk)), acc);
+                }
+                (acc, 0.0)
+            }
+            IntKeys::Q4_0 => {
+                let mut acc = _mm256_setzero_ps();
+                let mut side = 0f32;
+                for b in 0..nb {
+                    let blk = row.add(b * 18);
+                    let dk = f16p(blk);
+                    let cv = _mm256_loadu_si256(c.add(b * B) as *const __m256i);
+                    let p = dot_u8_i8(nibbles(blk.add(2)), cv);
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dk), acc);
+                    side -= 8.0 * dk * *q.bsum.as_ptr().add(j * nb + b) as f32;
+                }
+                (acc, side)
+            }
+            IntKeys::Int4G32 => {
+                let cp = q.pairs.as_ptr().add(j * d);
+                let mut acc = _mm256_setzero_ps();
+                let mut side = 0f32;
+                for b in 0..nb {
+                    let blk = row.add(b * 20);
+                    let cv = _mm256_loadu_si256(cp.add(b * B) as *const __m256i);
+                    let p = dot_u8_i8(nibbles(blk.add(4)), cv);
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16p(blk)), acc);
+                    side += f16p(blk.add(2)) * *q.bsum.as_ptr().add(j * nb + b) as f32;
+                }
+                (acc, side)
+            }
+        }
+    }
+
+    pub unsafe fn scores(
+        f: IntKeys,
+        data: &[u8],
+        rb: usize,
+        t0: usize,
+        t1: usize,
+        q: &QueryI8,
+        out: &mut [f32],
+    ) {
+        let nq = q.nq;
+        let base = data.as_ptr();
+        let o = out.as_mut_ptr();
+        let mut t = t0;
+        // Eight rows per query at a time: one horizontal reduction for all eight.
+        while t + 8 <= t1 {
+            for j in 0..nq {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let mut side = [0f32; 8];
+                for r in 0..8 {
+                    let (a, s) = row_query(f, base.add((t + r) * rb), q, j);
+                    acc[r] = a;
+                    side[r] = s;
+                }
+                let sums = _mm256_add_ps(hsum8(&acc), _mm256_loadu_ps(side.as_ptr()));
+                let mut v = [0f32; 8];
+                _mm256_storeu_ps(
+                    v.as_mut_ptr(),
+                    _mm256_mul_ps(sums, _mm256_set1_ps(q.scale[j])),
+                );
+                for (r, &x) in v.iter().enumerate() {
+                    *o.add((t - t0 + r) * nq + j) = x;
+                }
+            }
+            t += 8;
+        }
+        while t < t1 {
+            for j in 0..nq {
+                let (a, s) = row_query(f, base.add(t * rb), q, j);
+                let mut v = [0f32; 8];
+                _mm256_storeu_ps(v.as_mut_ptr(), a);
+                *o.add((t - t0) * nq + j) = q.scale[j] * (v.iter().sum::<f32>() + s);
+            }
+            t += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::format::{Int4GroupRow, Int8TokenRow, Q4_0Row, Q8_0Row, RowCodec};
+
+    fn rows<C: RowCodec>(c: C, n: usize, d: usize) -> (Vec<u8>, Vec<f32>) {
+        let rb = c.row_bytes(d);
+        let mut data = vec![0u8; n * rb];
+        let mut dec = vec![0f32; n * d];
+        for t in 0..n {
+            let x: Vec<f32> = (0..d)
+                .map(|i| ((t * d + i) as f32 * 0.61).sin() * (1.0 + (i % 5) as f32) + 0.3)
+                .collect();
+            c.encode(&x, &mut data[t * rb..(t + 1) * rb]);
+            c.decode(&data[t * rb..(t + 1) * rb], &mut dec[t * d..(t + 1) * d]);
+        }
+        (data, dec)
+    }
+
+    /// Against f64 dot products of the decoded keys with the exact queries: the only error is
+    /// the query rounding, `|err| ≤ Σ_i |k_i| · sq/2` (plus f32 accumulation slack).
+    #[test]
+    fn integer_scores_match_decoded_keys_within_query_rounding() {
+        for d in [32usize, 64, 128] {
+            for nq in [1usize, 3, 5] {
+                let n = 19; // two groups of 8 and a tail
+                let qs: Vec<f32> = (0..nq * d).map(|i| (i as f32 * 0.23).cos() * 2.0).collect();
+                let q = QueryI8::quantize(&qs, d);
+                let cases: Vec<(IntKeys, Vec<u8>, Vec<f32>, usize)> = vec![
+                    {
+                        let (a, b) = rows(Int8TokenRow, n, d);
+                        (IntKeys::Int8Token, a, b, Int8TokenRow.row_bytes(d))
+                    },
+                    {
+                        let (a, b) = rows(Q8_0Row, n, d);
+                        (IntKeys::Q8_0, a, b, Q8_0Row.row_bytes(d))
+                    },
+                    {
+                        let (a, b) = rows(Q4_0Row, n, d);
+                        (IntKeys::Q4_0, a, b, Q4_0Row.row_bytes(d))
+                    },
+                    {
+                        let c = Int4GroupRow { group: 32 };
+                        let (a, b) = rows(c, n, d);
+                        (IntKeys::Int4G32, a, b, c.row_bytes(d))
+                    },
+                ];
+                for (f, data, dec, rb) in cases {
+                    let mut got = vec![0f32; n * nq];
+                    scores(f, &data, rb, 0, n, &q, &mut got);
+                    let mut reference = vec![0f32; n * nq];
+                    scalar_scores(f, &data, rb, 0, n, &q, &mut reference);
+                    for t in 0..n {
+                        for j in 0..nq {
+                            let k = &dec[t * d..(t + 1) * d];
+                            let qj = &qs[j * d..(j + 1) * d];
+                            let exact: f64 =
+                                k.iter().zip(qj).map(|(&a, &b)| a as f64 * b as f64).sum();
+                            let sq = qj.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 127.0;
+                            let bound = k.iter().map(|&a| a.abs() as f64).sum::<f64>() * sq / 2.0
+                                + 1e-4 * (1.0 + exact.abs());
+                            let g = got[t * nq + j] as f64;
+                            assert!(
+                                (g - exact).abs() <= bound,
+                                "{f:?} d={d} nq={nq} t={t} j={j}: {g} vs {exact}"
+                            );
+                            let r = reference[t * nq + j];
+                            assert!(
+                                (got[t * nq + j] - r).abs() <= 1e-4 * (1.0 + r.abs()),
+                                "{f:?} simd vs scalar"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Query quantization by hand: max 127 gives scale 1, codes are the values rounded with
+    /// ties to even, block sums add them, and the pair order puts even elements first.
+    #[test]
+    fn query_codes_by_hand() {
+        let mut q = vec![0f32; 32];
+        q[0] = 127.0;
+        q[1] = 2.5;
+        q[2] = -1.5;
+        q[3] = 0.4;
+        let z = QueryI8::quantize(&q, 32);
+        assert_eq!(z.scale[0], 1.0);
+        assert_eq!(&z.codes[..4], &[127, 2, -2, 0]);
+        assert_eq!(z.bsum[0], 127);
+        assert_eq!(z.pairs[0], 127); // element 0
+        assert_eq!(z.pairs[1], -2); // element 2
+        assert_eq!(z.pairs[16], 2); // element 1
+        assert_eq!(z.pairs[17], 0); // element 3
+    }
+}
