@@ -189,6 +189,7 @@ pub fn attend(heads: &[HeadView<'_>], q: &[f32], s: AttnShape, want_scores: bool
 /// positions: the call's `n_q` new tokens are the last `n_q` slots in order (eviction only runs
 /// after attention), and everything before them is older than every query, so slot `t` is
 /// visible to new token `i` iff `t ≤ base + i`, `base = slots − n_q`.
+#[allow(clippy::too_many_arguments)] // the task's coordinates; a struct would only rename them
 fn partial(
     head: &HeadView<'_>,
     slots: (usize, usize),

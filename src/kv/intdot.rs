@@ -33,8 +33,9 @@ pub struct QueryI8 {
     pairs: Vec<i8>,
     /// `[nq]` scales `sq`.
     scale: Vec<f32>,
-    /// `[nq, d/32]` code sums per block.
-    bsum: Vec<i32>,
+    /// `[nq, d/32]` code sums per block (small integers, exact in f32; kept as f32 so the
+    /// kernel adds them without an int→float conversion per block).
+    bsum: Vec<f32>,
 }
 
 impl QueryI8 {
@@ -45,7 +46,7 @@ impl QueryI8 {
         let mut codes = vec![0i8; nq * d];
         let mut pairs = vec![0i8; nq * d];
         let mut scale = vec![0f32; nq];
-        let mut bsum = vec![0i32; nq * nb];
+        let mut bsum = vec![0f32; nq * nb];
         for j in 0..nq {
             let q = &qs[j * d..(j + 1) * d];
             let amax = q.iter().fold(0f32, |a, v| a.max(v.abs()));
@@ -55,7 +56,7 @@ impl QueryI8 {
             for (i, &v) in q.iter().enumerate() {
                 let c = (v * inv).round_ties_even() as i8;
                 codes[j * d + i] = c;
-                bsum[j * nb + i / B] += c as i32;
+                bsum[j * nb + i / B] += c as f32;
                 let (blk, k) = (i / B, i % B);
                 let at = if k % 2 == 0 { k / 2 } else { B / 2 + k / 2 };
                 pairs[j * d + blk * B + at] = c;
@@ -165,7 +166,7 @@ pub fn scalar_scores(
                                     + (blk[2 + i] >> 4) as i32 * c[b * B + 16 + i] as i32
                             })
                             .sum();
-                        acc += f16_at(blk, 0) * (dot - 8 * q.bsum[j * nb + b]) as f32;
+                        acc += f16_at(blk, 0) * (dot as f32 - 8.0 * q.bsum[j * nb + b]);
                     }
                 }
                 IntKeys::Int4G32 => {
@@ -177,8 +178,7 @@ pub fn scalar_scores(
                                     + (blk[4 + i] >> 4) as i32 * cp[b * B + 16 + i] as i32
                             })
                             .sum();
-                        acc += f16_at(blk, 0) * dot as f32
-                            + f16_at(blk, 2) * q.bsum[j * nb + b] as f32;
+                        acc += f16_at(blk, 0) * dot as f32 + f16_at(blk, 2) * q.bsum[j * nb + b];
                     }
                 }
             }
@@ -271,7 +271,7 @@ mod avx {
                     let cv = _mm256_loadu_si256(c.add(b * B) as *const __m256i);
                     let p = dot_u8_i8(nibbles(blk.add(2)), cv);
                     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dk), acc);
-                    side -= 8.0 * dk * *q.bsum.as_ptr().add(j * nb + b) as f32;
+                    side -= 8.0 * dk * *q.bsum.as_ptr().add(j * nb + b);
                 }
                 (acc, side)
             }
@@ -284,7 +284,7 @@ mod avx {
                     let cv = _mm256_loadu_si256(cp.add(b * B) as *const __m256i);
                     let p = dot_u8_i8(nibbles(blk.add(4)), cv);
                     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16p(blk)), acc);
-                    side += f16p(blk.add(2)) * *q.bsum.as_ptr().add(j * nb + b) as f32;
+                    side += f16p(blk.add(2)) * *q.bsum.as_ptr().add(j * nb + b);
                 }
                 (acc, side)
             }
@@ -428,7 +428,7 @@ mod tests {
         let z = QueryI8::quantize(&q, 32);
         assert_eq!(z.scale[0], 1.0);
         assert_eq!(&z.codes[..4], &[127, 2, -2, 0]);
-        assert_eq!(z.bsum[0], 127);
+        assert_eq!(z.bsum[0], 127.0);
         assert_eq!(z.pairs[0], 127); // element 0
         assert_eq!(z.pairs[1], -2); // element 2
         assert_eq!(z.pairs[16], 2); // element 1

@@ -405,17 +405,17 @@ pub fn exp_sub_sum(w: &mut [f32], nq: usize, max: &[f32], sum: &mut [f32]) {
             }
             let mut mv = [_mm256_setzero_ps(); 8];
             let mut acc = [_mm256_setzero_ps(); 8];
-            for v in 0..nq {
-                mv[v] = _mm256_loadu_ps(pattern.as_ptr().add(8 * v));
+            for (v, x) in mv.iter_mut().enumerate().take(nq) {
+                *x = _mm256_loadu_ps(pattern.as_ptr().add(8 * v));
             }
             let p = w.as_mut_ptr();
             let mut i = 0;
             while i < body {
-                for v in 0..nq {
-                    let x = _mm256_sub_ps(_mm256_loadu_ps(p.add(i + 8 * v)), mv[v]);
+                for (v, (a, m)) in acc.iter_mut().zip(&mv).enumerate().take(nq) {
+                    let x = _mm256_sub_ps(_mm256_loadu_ps(p.add(i + 8 * v)), *m);
                     let e = avx::exp8(x);
                     _mm256_storeu_ps(p.add(i + 8 * v), e);
-                    acc[v] = _mm256_add_ps(acc[v], e);
+                    *a = _mm256_add_ps(*a, e);
                 }
                 i += chunk;
             }

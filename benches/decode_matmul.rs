@@ -1,0 +1,141 @@
+//! The decode step's linear layers at SmolLM2-135M's shapes: kvbench's own kernel
+//! (`model::qmatmul`) against candle's `QMatMul`, for Q8_0 and Q4_1 weights and 1, 4 and 8
+//! sequences, interleaved (each round times every variant once, in a rotating order) so a
+//! drifting machine affects all of them alike.
+//!
+//! `cargo bench --bench decode_matmul` prints, per variant, the median time of one decode
+//! step's worth of matmuls (30 layers × q, k, v, o, gate, up, down + the 49152-row head), the
+//! weight bytes read and the implied GB/s, and each kernel's speed-up over candle. Random
+//! weights: the timing does not depend on their values.
+
+use std::time::Instant;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+use kvbench::model::qmatmul::{BlockFormat, QMatrix};
+
+/// (out, in, count per step) of SmolLM2-135M's linear layers.
+const SHAPES: &[(usize, usize, usize)] = &[
+    (576, 576, 60),  // q, o
+    (192, 576, 60),  // k, v
+    (1536, 576, 60), // gate, up
+    (576, 1536, 30), // down
+    (49152, 576, 1), // tied output head
+];
+
+struct Layer {
+    candle: QMatMul,
+    ours: QMatrix,
+    count: usize,
+    cols: usize,
+    bytes: usize,
+}
+
+fn layers(dtype: GgmlDType) -> Vec<Layer> {
+    SHAPES
+        .iter()
+        .enumerate()
+        .map(|(i, &(rows, cols, count))| {
+            let w = Tensor::randn(0f32, 0.02, (rows, cols), &Device::Cpu)
+                .unwrap()
+                .affine(1.0, i as f64 * 1e-3)
+                .unwrap();
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let ours = QMatrix::new(
+                BlockFormat::of(dtype).unwrap(),
+                rows,
+                cols,
+                q.data().unwrap().into_owned(),
+            )
+            .unwrap();
+            let bytes = ours.bytes();
+            Layer {
+                candle: QMatMul::from_qtensor(q).unwrap(),
+                ours,
+                count,
+                cols,
+                bytes,
+            }
+        })
+        .collect()
+}
+
+/// One decode step's matmuls for `m` sequences, ms.
+fn step(layers: &[Layer], m: usize, ours: bool) -> f64 {
+    let t = Instant::now();
+    for l in layers {
+        let x: Vec<f32> = (0..m * l.cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        let xt = Tensor::from_vec(x.clone(), (m, l.cols), &Device::Cpu).unwrap();
+        for _ in 0..l.count {
+            if ours {
+                let mut out = vec![0f32; m * l.ours.rows()];
+                l.ours.matmul(&x, &mut out);
+                std::hint::black_box(&out);
+            } else {
+                std::hint::black_box(l.candle.forward(&xt).unwrap());
+            }
+        }
+    }
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn main() {
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(15);
+    let formats = [("q8_0", GgmlDType::Q8_0), ("q4_1", GgmlDType::Q4_1)];
+    let sets: Vec<(&str, Vec<Layer>)> = formats.iter().map(|&(n, d)| (n, layers(d))).collect();
+    let mut variants = Vec::new();
+    for (fi, (name, ls)) in sets.iter().enumerate() {
+        let bytes: usize = ls.iter().map(|l| l.bytes * l.count).sum();
+        for m in [1usize, 4, 8] {
+            for ours in [false, true] {
+                variants.push((fi, *name, m, ours, bytes, Vec::new()));
+            }
+        }
+    }
+    for v in variants.iter() {
+        step(&sets[v.0].1, v.2, v.3); // warm-up: pages, repacking, thread start
+    }
+    for r in 0..rounds {
+        let n = variants.len();
+        for k in 0..n {
+            let v = &mut variants[(k + r) % n];
+            let ms = step(&sets[v.0].1, v.2, v.3);
+            v.5.push(ms);
+        }
+    }
+    println!(
+        "decode-step matmuls at SmolLM2-135M shapes, {} threads, median of {rounds} interleaved rounds",
+        candle_core::utils::get_num_threads()
+    );
+    println!(
+        "{:<6} {:>3} {:<8} {:>9} {:>8} {:>9}",
+        "format", "m", "kernel", "ms/step", "GB/s", "vs candle"
+    );
+    let median = |xs: &mut Vec<f64>| {
+        xs.sort_by(f64::total_cmp);
+        xs[xs.len() / 2]
+    };
+    let mut last_candle = 0.0;
+    for (_, name, m, ours, bytes, times) in variants.iter_mut() {
+        let ms = median(times);
+        if !*ours {
+            last_candle = ms;
+        }
+        println!(
+            "{:<6} {:>3} {:<8} {:>9.2} {:>8.1} {:>9}",
+            name,
+            m,
+            if *ours { "kvbench" } else { "candle" },
+            ms,
+            *bytes as f64 / (ms * 1e-3) / 1e9,
+            if *ours {
+                format!("{:.2}×", last_candle / ms)
+            } else {
+                "-".into()
+            }
+        );
+    }
+}
