@@ -159,7 +159,7 @@ meta = {
     "started_at": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     "cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
     "model": e["MODEL"], "model_sha256": e["MODEL_SHA256"],
-    "kvbench": e["KVBENCH"], "kvbench_version": e["KVBENCH_VERSION"].split()[-1],
+    "kvbench": e["KVBENCH"], "kvbench_version": e["KVBENCH_VERSION"].removeprefix("kvbench "),
     "git_rev": e["GIT_REV"], "llamacpp_version": llama_cpp.__version__,
     "llamacpp_system_info": llama_cpp.llama_print_system_info().decode(),
     "settings": {k.lower(): e[k] for k in ("PASSES", "REPEATS", "GEN", "THREADS", "SEED", "BATCHES",

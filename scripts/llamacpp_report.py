@@ -27,6 +27,14 @@ COLUMNS = ["engine", "engine_version", "cache_type", "rotation", "batch", "depth
            "load1_after"]
 
 
+CT_ORDER = {"f16": 0, "q8_0": 1, "q4_0": 2}
+ROT_ORDER = {"none": 0, "off": 1, "hadamard": 2}
+
+
+def order(ct, rot):
+    return (CT_ORDER.get(ct, 9), ROT_ORDER.get(rot, 9))
+
+
 def die(msg):
     print(f"llamacpp_report: {msg}", file=sys.stderr)
     sys.exit(1)
@@ -90,8 +98,8 @@ def collect(run_dir, meta):
             rows.append(timing_row("kvbench", meta.get("kvbench_version", ""), ct[0], ct[1],
                                    p["batch"], p["seq_len"], gen, inv["pass"], p["timing"],
                                    inv.get("load_before"), inv.get("load_after")))
-    rows.sort(key=lambda r: (r["depth"], r["batch"], r["cache_type"], r["rotation"], r["engine"],
-                             r["pass"]))
+    rows.sort(key=lambda r: (r["depth"], r["batch"], *order(r["cache_type"], r["rotation"]),
+                             r["engine"], r["pass"]))
     return rows
 
 
@@ -118,7 +126,7 @@ def fmt(v, nd):
 
 def markdown(rows, meta):
     med = medians(rows)
-    keys = sorted({k[1:] for k in med}, key=lambda k: (k[3], k[2], k[0], k[1]))
+    keys = sorted({k[1:] for k in med}, key=lambda k: (k[3], k[2], *order(k[0], k[1])))
     loads = [r[f] for r in rows for f in ("load1_before", "load1_after") if r[f] != ""]
     agree = total = 0
     firsts = {}
@@ -181,7 +189,8 @@ def chart(rows, path):
     styles = {"kvbench": "-", "llama.cpp": "--"}
     markers = {"none": "o", "off": "s", "hadamard": "^"}
     for ax, depth in zip(axes[0], depths):
-        series = sorted({k[:3] for k in med if k[4] == depth})
+        series = sorted({k[:3] for k in med if k[4] == depth},
+                        key=lambda s: (s[0], *order(s[1], s[2])))
         batches = sorted({k[3] for k in med if k[4] == depth})
         if len(batches) > 1:
             for eng, ct, rot in series:
