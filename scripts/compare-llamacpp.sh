@@ -7,7 +7,7 @@
 #   1. Setup (once; reused while it imports): a venv at $LLAMACPP_VENV (default
 #      $KVBENCH_HOME/llamacpp-venv, i.e. ~/.local/share/kvbench/llamacpp-venv) with
 #      llama-cpp-python 0.3.36 built from source for this CPU (GGML_NATIVE; CMAKE_ARGS overrides),
-#      niced, plus numpy and matplotlib.
+#      niced, without its multimodal library (LLAVA_BUILD=OFF), plus numpy and matplotlib.
 #   2. The prompts: `cargo build --release --example dump_prompts` (examples/dump_prompts.rs)
 #      prints the token ids `kvbench sweep` times (WikiText-2 from seeded offsets, the model's own
 #      tokenizer), so llama.cpp decodes exactly the same tokens.
@@ -110,7 +110,7 @@ setup_venv() {
     echo "== setup: llama-cpp-python $LLAMACPP_VERSION from source into $VENV (~17 min on 2 cores)"
     [[ -x $PY ]] || python3 -m venv "$VENV" || die 1 "python3 -m venv $VENV failed (apt install python3-venv?)"
     local log="$VENV/install.log"
-    CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"} \
+    CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF"} \
     CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
         nice -n 15 "$VENV/bin/pip" install --no-cache-dir --no-binary llama-cpp-python \
         "llama-cpp-python==$LLAMACPP_VERSION" numpy matplotlib > "$log" 2>&1 ||
@@ -192,7 +192,7 @@ EOF
         "$PY" scripts/llamacpp_decode.py --model "$MODEL" --prompts "$OUT/prompts.json" \
             --points "$2" --cache-types "$4" --rotation "$3" --gen "$GEN" --threads "$THREADS" \
             --warmup 1 --repeats "$REPEATS" --pass "$1" --out "$OUT/llamacpp.jsonl" \
-            --log "$OUT/logs/llamacpp.log" ||
+            --log "$OUT/logs/llamacpp.log" --text datasets/wikitext-2-raw/wiki.test.raw ||
             die 1 "llama.cpp pass $1 ($3 rotation, $2) failed; see $OUT/logs/llamacpp.log"
     }
 

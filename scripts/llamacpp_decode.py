@@ -66,6 +66,8 @@ def parse_args(argv):
     p.add_argument("--pass", dest="pass_no", type=int, default=1, help="recorded as is")
     p.add_argument("--out", required=True, help="JSON Lines file to append to")
     p.add_argument("--log", help="file for llama.cpp's own log (default: discarded)")
+    p.add_argument("--text", help="the text the prompts were cut from (WikiText-2 wiki.test.raw): "
+                   "each prompt, detokenized by llama.cpp, must occur in it")
     a = p.parse_args(argv)
     if a.gen < 2:
         die(2, f"--gen {a.gen} leaves no decode step to time; use ≥ 2")
@@ -117,6 +119,17 @@ class Llama:
             die(1, f"llama.cpp could not load {path}")
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+
+    def detokenize(self, ids):
+        """The bytes llama.cpp's vocabulary gives `ids` (special tokens rendered)."""
+        buf = ctypes.create_string_buffer(256)
+        out = []
+        for t in ids:
+            n = self.L.llama_token_to_piece(self.vocab, t, buf, len(buf), 0, True)
+            if n < 0:
+                die(1, f"token {t} has no piece in llama.cpp's vocabulary (n_vocab {self.n_vocab})")
+            out.append(buf.raw[:n])
+        return b"".join(out)
 
 
 def rot_flags(lines):
@@ -249,6 +262,16 @@ def main(argv):
         die(1, f"{e}; run scripts/compare-llamacpp.sh, which installs llama-cpp-python")
     lm = Llama(L, args.model, args.log)
     system_info = L.llama_print_system_info().decode()
+    if args.text:
+        # Same prompts, checked independently of kvbench: llama.cpp's own vocabulary must turn
+        # every prompt row back into a verbatim span of the source text.
+        with open(args.text, "rb") as f:
+            text = f.read()
+        for batch, seq_len in args.points:
+            for s, row in enumerate(table[(batch, seq_len)]):
+                if len(row) != seq_len or lm.detokenize(row) not in text:
+                    die(1, f"prompt {s} of {batch}x{seq_len} is not a span of {args.text} in "
+                           "llama.cpp's vocabulary: the engines would not see the same text")
     with open(args.out, "a") as out:
         for cache_type in args.cache_types:
             for batch, seq_len in args.points:
