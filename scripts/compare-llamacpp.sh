@@ -34,7 +34,7 @@
 #   DEPTH=512         prompt tokens per sequence for the batch grid
 #   LONG_DEPTH=4096   prompt tokens for the batch-1 long-context point (empty: skip it)
 #   GEN=32            generated tokens per sequence (TPOT over the last GEN−1)
-#   THREADS=2         threads for both engines
+#   THREADS=$(nproc)  threads for both engines (kvbench's default: every logical CPU)
 #   SEED=0            prompt-offset seed (kvbench's --seed)
 #   CACHE_TYPES=f16,q8_0,q4_0   K/V cache types (llama.cpp names; f16 is kvbench's fp16)
 #   KVBENCH_ROT=0     1: also time kvbench's rotated q8_0+rot / q4_0+rot (pairs with llama.cpp's
@@ -62,7 +62,7 @@ BATCHES=${BATCHES:-1,4,8}
 DEPTH=${DEPTH:-512}
 LONG_DEPTH=${LONG_DEPTH-4096}
 GEN=${GEN:-32}
-THREADS=${THREADS:-2}
+THREADS=${THREADS:-$(nproc)}
 SEED=${SEED:-0}
 CACHE_TYPES=${CACHE_TYPES:-f16,q8_0,q4_0}
 KVBENCH_ROT=${KVBENCH_ROT:-0}

@@ -87,6 +87,38 @@ def parse_args(argv):
     return a
 
 
+CONTENDED_CORES = 0.15  # kvbench's threshold (src/measure/contention.rs)
+
+
+def cpu_sample():
+    """(monotonic s, machine busy ticks, this process's ticks) from /proc, or None.
+
+    The method of kvbench's src/measure/contention.rs: /proc/stat's cpu line, user + nice +
+    system + irq + softirq + steal; /proc/self/stat's utime + stime (all threads)."""
+    try:
+        with open("/proc/stat") as f:
+            cpu = next(l for l in f if l.startswith("cpu "))
+        with open("/proc/self/stat") as f:
+            own = f.read()
+    except (OSError, StopIteration):
+        return None
+    v = [int(x) for x in cpu.split()[1:]]
+    busy = sum(v[i] for i in (0, 1, 2, 5, 6, 7) if i < len(v))
+    rest = own[own.rfind(")") + 1:].split()
+    return time.monotonic(), busy, int(rest[11]) + int(rest[12])
+
+
+def other_cores(spans):
+    """Cores other processes occupied on average over [(sample, sample)] spans, or None."""
+    hz = os.sysconf("SC_CLK_TCK")
+    spans = [(a, b) for a, b in spans if a and b]
+    wall = sum(b[0] - a[0] for a, b in spans)
+    if wall <= 0:
+        return None
+    ticks = sum(max((b[1] - a[1]) - (b[2] - a[2]), 0) for a, b in spans)
+    return ticks / hz / wall
+
+
 def load_avg():
     try:
         with open("/proc/loadavg") as f:
@@ -219,12 +251,15 @@ def run_point(lm, args, cache_type, batch, seq_len, rows):
     for _ in range(args.warmup):
         one_run(min(4, gen))
     load_before = load_avg()
-    ttft_ms, itl_ms = [], []
+    ttft_ms, itl_ms, spans = [], [], []
     for _ in range(args.repeats):
+        a = cpu_sample()
         t, itl, generated = one_run(gen)
+        spans.append((a, cpu_sample()))
         ttft_ms.append(t)
         itl_ms.append(itl)
     load_after = load_avg()
+    oc = other_cores(spans)
     L.llama_batch_free(lb)
     L.llama_free(ctx)
     return {
@@ -237,6 +272,8 @@ def run_point(lm, args, cache_type, batch, seq_len, rows):
         "n_batch": cp.n_batch,
         "load_before": load_before,
         "load_after": load_after,
+        "other_cores": oc,
+        "contended": oc is not None and oc > CONTENDED_CORES,
     }
 
 
@@ -300,7 +337,9 @@ def main(argv):
                 tpot = sum(map(sum, r["itl_ms"])) / sum(map(len, r["itl_ms"]))
                 print(f"llama.cpp {cache_type:5} rot={r['rotation']:8} batch {batch} × {seq_len}: "
                       f"TTFT {sum(r['ttft_ms']) / len(r['ttft_ms']):.0f} ms, TPOT {tpot:.2f} ms, "
-                      f"{batch * 1000 / tpot:.1f} tok/s", flush=True)
+                      f"{batch * 1000 / tpot:.1f} tok/s"
+                      + (f", CONTENDED (other processes used {r['other_cores']:.2f} cores)"
+                         if r["contended"] else ""), flush=True)
     L.llama_model_free(lm.model)
 
 

@@ -24,9 +24,10 @@ import sys
 
 COLUMNS = ["engine", "engine_version", "cache_type", "rotation", "batch", "depth", "gen", "pass",
            "repeats", "decode_tok_s", "tpot_ms", "ttft_ms", "first_token", "load1_before",
-           "load1_after"]
+           "load1_after", "other_cores", "contended"]
 
 
+CONTENDED_CORES = 0.15  # kvbench's threshold (src/measure/contention.rs)
 CT_ORDER = {"f16": 0, "q8_0": 1, "q4_0": 2}
 ROT_ORDER = {"none": 0, "off": 1, "hadamard": 2}
 
@@ -48,7 +49,7 @@ def read_jsonl(path):
         die(f"{path}: {e}")
 
 
-def timing_row(engine, version, cache_type, rotation, batch, depth, gen, pass_no, t, lb, la):
+def timing_row(engine, version, cache_type, rotation, batch, depth, gen, pass_no, t, lb, la, oc):
     steps = sum(len(r) for r in t["itl_ms"])
     ms = sum(sum(r) for r in t["itl_ms"])
     return {
@@ -67,6 +68,8 @@ def timing_row(engine, version, cache_type, rotation, batch, depth, gen, pass_no
         "first_token": t["generated"][0] if t.get("generated") else "",
         "load1_before": lb[0] if lb else "",
         "load1_after": la[0] if la else "",
+        "other_cores": round(oc, 3) if oc is not None else "",
+        "contended": "" if oc is None else int(oc > CONTENDED_CORES),
     }
 
 
@@ -85,7 +88,7 @@ def collect(run_dir, meta):
     for p in read_jsonl(os.path.join(run_dir, "llamacpp.jsonl")):
         rows.append(timing_row("llama.cpp", p["engine_version"], p["cache_type"], p["rotation"],
                                p["batch"], p["seq_len"], p["gen"], p["pass"], p,
-                               p.get("load_before"), p.get("load_after")))
+                               p.get("load_before"), p.get("load_after"), p.get("other_cores")))
     for inv in read_jsonl(os.path.join(run_dir, "kvbench-runs.jsonl")):
         for p in read_jsonl(os.path.join(inv["dir"], "raw.jsonl")):
             ct = kvbench_scheme(p["scheme"])
@@ -97,7 +100,8 @@ def collect(run_dir, meta):
             gen = len(p["timing"]["itl_ms"][0]) + 1 if p["timing"]["itl_ms"] else ""
             rows.append(timing_row("kvbench", meta.get("kvbench_version", ""), ct[0], ct[1],
                                    p["batch"], p["seq_len"], gen, inv["pass"], p["timing"],
-                                   inv.get("load_before"), inv.get("load_after")))
+                                   inv.get("load_before"), inv.get("load_after"),
+                                   (p["timing"].get("contention") or {}).get("other_cores")))
     rows.sort(key=lambda r: (r["depth"], r["batch"], *order(r["cache_type"], r["rotation"]),
                              r["engine"], r["pass"]))
     return rows
@@ -116,6 +120,7 @@ def medians(rows):
             vals = [r[f] for r in rs if r[f] != ""]
             m[f] = statistics.median(vals) if vals else None
         m["passes"] = len(rs)
+        m["contended"] = sum(1 for r in rs if r["contended"] == 1)
         out[k] = m
     return out
 
@@ -154,11 +159,15 @@ def markdown(rows, meta):
         "| kvbench TPOT ms | llama.cpp TPOT ms | kvbench TTFT ms | llama.cpp TTFT ms |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    n_contended = 0
     for ct, rot, b, d in keys:
         kv = med.get(("kvbench", ct, rot, b, d), {})
         ll = med.get(("llama.cpp", ct, rot, b, d), {})
         a, c = kv.get("decode_tok_s"), ll.get("decode_tok_s")
         ratio = f"{a / c:.2f}×" if a and c else "—"
+        if kv.get("contended") or ll.get("contended"):
+            ratio += " ⚠"
+            n_contended += 1
         lines.append(
             f"| {ct} | {rot} | {b} | {d} | {fmt(a, 1)} | {fmt(c, 1)} | {ratio} "
             f"| {fmt(kv.get('tpot_ms'), 2)} | {fmt(ll.get('tpot_ms'), 2)} "
@@ -171,6 +180,14 @@ def markdown(rows, meta):
         f"sequence 0 (f16 cache) agrees between the engines at {agree} of {total} points.",
         "",
     ]
+    if n_contended:
+        lines += [
+            f"⚠ {n_contended} row(s) had a contended pass: other processes used more than "
+            f"{CONTENDED_CORES} cores while it was timed (column `other_cores` in comparison.csv), "
+            "so those numbers describe the machine, not the engines. Stop the other work and "
+            "rerun before quoting them.",
+            "",
+        ]
     return "\n".join(lines)
 
 
