@@ -41,9 +41,8 @@ fn main() {
     let points: Vec<(usize, usize)> = args[2..]
         .iter()
         .map(|p| {
-            parse_point(p).unwrap_or_else(|| {
-                bad(format!("point `{p}` is not BATCHxSEQ_LEN with both ≥ 1"))
-            })
+            parse_point(p)
+                .unwrap_or_else(|| bad(format!("point `{p}` is not BATCHxSEQ_LEN with both ≥ 1")))
         })
         .collect();
     let loaded = model::load(&args[0], WeightDtype::Native).unwrap_or_else(|e| {
