@@ -23,12 +23,12 @@
 #
 # Usage (from anywhere; run on a quiet machine, nothing else busy):
 #   scripts/compare-llamacpp.sh                   # full comparison, defaults below
-#   PASSES=1 BATCHES=1,4 LONG_DEPTH= GEN=8 scripts/compare-llamacpp.sh   # smoke test, ~3 min
+#   PASSES=1 BATCHES=1,4 DEPTH=128 LONG_DEPTH= GEN=8 scripts/compare-llamacpp.sh   # smoke test
 #   SETUP_ONLY=1 scripts/compare-llamacpp.sh      # just build the venv
 #   REPORT_ONLY=1 OUT=reports/compare-llamacpp-X scripts/compare-llamacpp.sh   # re-render
 #
 # Options (environment variables)
-#   PASSES=2          interleaved passes (each engine runs every point once per pass)
+#   PASSES=3          interleaved passes (each engine runs every point once per pass)
 #   REPEATS=1         timed repeats per point and pass (both engines; 1 untimed warm-up first)
 #   BATCHES=1,4,8     batch sizes at DEPTH
 #   DEPTH=512         prompt tokens per sequence for the batch grid
@@ -46,17 +46,19 @@
 #   OUT=reports/compare-llamacpp-<date>   run folder
 #   LLAMACPP_VENV=    venv path (see Setup); CMAKE_ARGS= overrides the llama.cpp build flags
 #
-# How long (2-core AVX2 machine, SmolLM2-135M, defaults): setup ~17 min once (the C++ build);
-# then roughly 10–12 min per pass (kvbench ~7 min: its f32 prefill of batch 8 × 512 and 1 × 4096
-# tokens dominates; llama.cpp ~4 min over its five cache/rotation settings), i.e. ~25 min for
-# PASSES=2 REPEATS=1; each extra repeat adds ~60 % to a pass.
+# How long (2-core AVX2 machine, SmolLM2-135M, defaults; estimates from earlier single runs):
+#   setup ~15 min once (the C++ build; reused afterwards), prompts ~1 min (cargo builds the example);
+#   one pass ~12 min: kvbench ~7 min (its f32 prefill of batch 8 × 512 and 1 × 4096 tokens, run
+#   for the warm-up and each repeat, dominates), llama.cpp ~5 min over its five cache/rotation
+#   settings; so ~35–40 min for PASSES=3 REPEATS=1. Each extra repeat adds ~40 % to a pass (it
+#   re-runs the prefill). Smoke test (PASSES=1 BATCHES=1,4 DEPTH=128 LONG_DEPTH= GEN=8): ~3 min.
 #
 # Exit codes: 0 ok, 1 a step failed (its log is named), 2 bad settings.
 
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PASSES=${PASSES:-2}
+PASSES=${PASSES:-3}
 REPEATS=${REPEATS:-1}
 BATCHES=${BATCHES:-1,4,8}
 DEPTH=${DEPTH:-512}
