@@ -17,7 +17,8 @@
 #      default Hadamard rotation of quantized caches, then llama.cpp with LLAMA_ATTN_ROT_DISABLE=1
 #      (quantized caches only). Engines alternate A B A B, so machine drift hits both.
 #   4. scripts/llamacpp_report.py writes, in $OUT: comparison.csv (engine, cache type, rotation,
-#      batch, depth, pass, decode tokens/s, TPOT ms, TTFT ms, 1-minute load average before/after),
+#      batch, depth, pass, decode tokens/s, TPOT ms, TTFT ms, 1-minute load average before/after,
+#      other processes' cores while timed and a contended flag, as kvbench's sweep measures them),
 #      comparison.md (a README-ready table with date, CPU and model sha256) and comparison.png.
 #      Raw data stay next to them: llamacpp.jsonl, kvbench/*/ (kvbench's run folders), logs/.
 #
@@ -46,7 +47,8 @@
 #   OUT=reports/compare-llamacpp-<date>   run folder
 #   LLAMACPP_VENV=    venv path (see Setup); CMAKE_ARGS= overrides the llama.cpp build flags
 #
-# How long (2-core AVX2 machine, SmolLM2-135M, defaults; estimates from earlier single runs):
+# How long (2-core AVX2 machine, SmolLM2-135M, defaults; estimated from the README's single-point
+# timings, not yet measured as a whole — the script was written on a busy machine):
 #   setup ~15 min once (the C++ build; reused afterwards), prompts ~1 min (cargo builds the example);
 #   one pass ~12 min: kvbench ~7 min (its f32 prefill of batch 8 × 512 and 1 × 4096 tokens, run
 #   for the warm-up and each repeat, dominates), llama.cpp ~5 min over its five cache/rotation
