@@ -111,7 +111,7 @@ setup_venv() {
         return
     fi
     mkdir -p "$(dirname "$VENV")"
-    echo "== setup: llama-cpp-python $LLAMACPP_VERSION from source into $VENV (~17 min on 2 cores)"
+    echo "== setup: what is missing of llama-cpp-python $LLAMACPP_VERSION (from source, ~15 min on 2 quiet cores), numpy, matplotlib into $VENV"
     [[ -x $PY ]] || python3 -m venv "$VENV" || die 1 "python3 -m venv $VENV failed (apt install python3-venv?)"
     local log="$VENV/install.log"
     CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF"} \
