@@ -122,7 +122,8 @@ impl Suite {
             prefill_weights: Some(a.prefill_weights),
             ppl_weights: Some(a.ppl_weights),
             seed: Some(a.seed),
-            threads: a.threads,
+            // The effective count (all logical CPUs by default), so --resume can check it.
+            threads: Some(a.threads.unwrap_or_else(super::checks::logical_cpus)),
             device: Some(a.device),
             synthetic: Some(a.synthetic),
             memory_limit: a.memory_limit.clone(),

@@ -155,8 +155,23 @@ impl SweepSpec {
                 format!("{} leaves no decode step to time; use ≥ 2", self.gen),
             );
         }
+        for &b in &self.batch_sizes {
+            for &l in &self.seq_lens {
+                let tokens = l.checked_add(self.gen).and_then(|t| t.checked_mul(b));
+                if tokens.is_none_or(|t| t > MAX_POINT_TOKENS) {
+                    return bad(
+                        "--batch-sizes",
+                        format!(
+                            "batch {b} × ({l} + {}) tokens is beyond any machine's memory \
+                             (at most {MAX_POINT_TOKENS} tokens per point)",
+                            self.gen
+                        ),
+                    );
+                }
+            }
+        }
         for &l in &self.seq_lens {
-            if l + self.gen > model_ctx {
+            if l.saturating_add(self.gen) > model_ctx {
                 return bad(
                     "--seq-lens",
                     format!(
@@ -175,6 +190,10 @@ impl SweepSpec {
         Ok(())
     }
 }
+
+/// Most tokens one point may hold (`batch × (seq_len + gen)`, 2^40): a bound that keeps every
+/// size computed from the flags far from overflow; what fits is decided per point by memory.
+pub const MAX_POINT_TOKENS: usize = 1 << 40;
 
 /// Raw samples and memory of one sweep point. Summaries are computed from these when a report
 /// is rendered, so `raw.jsonl` holds everything needed to re-render.
@@ -476,8 +495,14 @@ pub fn run_sweep(
         }
         for (batch, seq_len) in todo {
             progress.start(&format!("{scheme}: batch {batch} × {seq_len} tokens"));
-            let prompts = prompts(tokens, batch, seq_len, spec.seed);
-            let timing = guarded_point(models, scheme, batch, seq_len, spec, &prompts);
+            // The memory check comes before the prompts are built: they alone can be too big.
+            let timing = match predicted_oom(models, scheme, batch, seq_len, spec) {
+                Some(oom) => Err(oom),
+                None => {
+                    let prompts = prompts(tokens, batch, seq_len, spec.seed);
+                    guarded_point(models, scheme, batch, spec, &prompts)
+                }
+            };
             sink.point(&PointOutcome {
                 scheme,
                 batch,
@@ -535,37 +560,47 @@ fn is_out_of_memory(msg: &str) -> bool {
     m.contains("out_of_memory") || m.contains("out of memory") || m.contains("alloc_failed")
 }
 
-/// A point that cannot take the process down: predicted memory beyond what is available is
-/// recorded as `oom` without running, and an error or panic inside is recorded as `error`.
-fn guarded_point(
+/// The `oom: …` status of a point whose predicted memory (KV cache, prefill activations and the
+/// prompt tokens, in f64 so no product overflows) exceeds what is available, else `None`.
+fn predicted_oom(
     models: PhaseModels<'_>,
     scheme: KvScheme,
     batch: usize,
     seq_len: usize,
     spec: &SweepSpec,
-    prompts: &[u32],
-) -> std::result::Result<PointTiming, String> {
+) -> Option<String> {
     let c = &models.decode.config;
     let g = c.cache_geometry();
-    let kv = (scheme.bytes_per_token(&g) * batch * (seq_len + spec.gen)) as u64;
-    // Prefill activations: logits-free hidden states, q/k/v, and attention scores per task.
-    let act = (batch * seq_len * (4 * c.hidden + 3 * c.intermediate + c.vocab / seq_len.max(1)) * 4)
-        as u64;
+    let (b, l) = (batch as f64, seq_len as f64);
+    let kv = scheme.bytes_per_token(&g) as f64 * b * (l + spec.gen as f64);
+    // Prefill activations: logits-free hidden states, q/k/v, and attention scores per task;
+    // plus the prompt tokens themselves (u32).
+    let act = b * l * (4.0 * c.hidden as f64 + 3.0 * c.intermediate as f64 + 1.0) * 4.0
+        + b * c.vocab as f64 * 4.0;
     // On a GPU the point lives in device memory: compare with what the driver reports free.
     let avail = match super::device::device_mem_free(models.decode.device()) {
         Ok(Some(free)) => Some(free),
         _ => memory::available_bytes(),
-    };
-    if let Some(avail) = avail {
-        if kv + act > avail {
-            return Err(format!(
-                "oom: needs ~{:.2} GiB (KV {:.2} GiB), {:.2} GiB available",
-                (kv + act) as f64 / GIB,
-                kv as f64 / GIB,
-                avail as f64 / GIB
-            ));
-        }
-    }
+    }? as f64;
+    (kv + act > avail).then(|| {
+        format!(
+            "oom: needs ~{:.2} GiB (KV {:.2} GiB), {:.2} GiB available",
+            (kv + act) / GIB,
+            kv / GIB,
+            avail / GIB
+        )
+    })
+}
+
+/// A point that cannot take the process down: an error or panic inside is recorded as `error`
+/// (the caller has checked its predicted memory with [`predicted_oom`]).
+fn guarded_point(
+    models: PhaseModels<'_>,
+    scheme: KvScheme,
+    batch: usize,
+    spec: &SweepSpec,
+    prompts: &[u32],
+) -> std::result::Result<PointTiming, String> {
     catch_point(|| {
         for _ in 0..spec.warmup {
             run_once(models, scheme, batch, spec.gen.min(4), prompts)?;
