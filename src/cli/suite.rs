@@ -88,7 +88,12 @@ impl Suite {
             name: "--suite".into(),
             reason: format!("cannot read {}: {e}", path.display()),
         })?;
-        toml::from_str(&text).map_err(|e| Error::InvalidArgument {
+        Self::parse(&text, path)
+    }
+
+    /// Parses a suite's text (`path` names it in errors). Errors: as [`Suite::read`].
+    pub fn parse(text: &str, path: &Path) -> Result<Suite> {
+        toml::from_str(text).map_err(|e| Error::InvalidArgument {
             name: format!("--suite {}", path.display()),
             reason: format!("{}: {}", path.display(), e.to_string().trim_end()),
         })

@@ -38,11 +38,21 @@ impl Results {
         } else {
             path.to_path_buf()
         };
+        let f = std::fs::File::open(&file).map_err(|e| Error::InvalidArgument {
+            name: file.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Self::from_reader(&file, f)
+    }
+
+    /// Reads results CSV text from `reader` (`file` names it in errors). Errors: as
+    /// [`Results::read`].
+    pub fn from_reader(file: &Path, reader: impl std::io::Read) -> Result<Results> {
         let bad = |reason: String| Error::InvalidArgument {
             name: file.display().to_string(),
             reason,
         };
-        let mut r = csv::Reader::from_path(&file).map_err(|e| bad(e.to_string()))?;
+        let mut r = csv::Reader::from_reader(reader);
         let header: Vec<String> = r
             .headers()
             .map_err(|e| bad(e.to_string()))?
@@ -57,7 +67,7 @@ impl Results {
             })
             .collect::<Result<Vec<Vec<String>>>>()?;
         Ok(Results {
-            path: file,
+            path: file.to_path_buf(),
             header,
             rows,
         })
