@@ -16,6 +16,7 @@ mod gguf;
 
 use std::io::Cursor;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use rand::rngs::StdRng;
@@ -115,6 +116,9 @@ fn fuzz(name: &str, seeds: &[Vec<u8>], count: u64, seed: u64, parse: impl Fn(&[u
     (count, crashes)
 }
 
+/// How far GGUF mutants got: opened (header read), config and geometry accepted, tokenizer built.
+static GGUF_STAGES: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+
 /// The GGUF reader end to end on bytes in memory: header scan and candle's reader, hyper-
 /// parameters and geometry against the tensors, tokenizer, and (for small files) every tensor.
 fn read_gguf(bytes: &[u8]) {
@@ -122,9 +126,13 @@ fn read_gguf(bytes: &[u8]) {
     let Ok(mut f) = kvbench::model::gguf::GgufFile::from_reader(path, Cursor::new(bytes)) else {
         return;
     };
+    GGUF_STAGES[0].fetch_add(1, Ordering::Relaxed);
     let _ = f.parameter_count();
     let Ok(cfg) = f.config() else { return };
-    let _ = f.tokenizer();
+    GGUF_STAGES[1].fetch_add(1, Ordering::Relaxed);
+    if f.tokenizer().is_ok() {
+        GGUF_STAGES[2].fetch_add(1, Ordering::Relaxed);
+    }
     if bytes.len() < 1 << 20 {
         for name in ["token_embd.weight", "blk.0.attn_q.weight", "output_norm.weight"] {
             let _ = f.tensor(name);
@@ -293,9 +301,14 @@ fn gguf_reader_one_million_executions() {
         .unwrap_or(14);
     let t = Instant::now();
     let (execs, crashes) = fuzz("gguf", &gguf_seeds(), n, seed, read_gguf);
+    let stage = |i: usize| GGUF_STAGES[i].load(Ordering::Relaxed);
     println!(
-        "GGUF reader fuzz: {execs} executions, {crashes} crashes, {:.1} s (seed {seed})",
-        t.elapsed().as_secs_f64()
+        "GGUF reader fuzz: {execs} executions, {crashes} crashes, {:.1} s (seed {seed}); \
+         header read {}, config + geometry accepted {}, tokenizer built {}",
+        t.elapsed().as_secs_f64(),
+        stage(0),
+        stage(1),
+        stage(2)
     );
     assert_eq!(crashes, 0);
 }

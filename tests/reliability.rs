@@ -374,13 +374,29 @@ fn report_comparison_into_one_of_its_runs_is_refused() {
 fn duplicate_points_are_measured_once() {
     let dir = tmp("dups");
     let out = dir.join("run");
-    let (code, _, err) = synthetic(
-        &out,
-        &["--batch-sizes", "1,1", "--seq-lens", "16,16", "--dtypes", "fp16,fp16"],
-    );
+    let (code, _, err) = kvbench(&[
+        "sweep",
+        "--synthetic",
+        "--dtypes",
+        "fp16,int8,fp16",
+        "--batch-sizes",
+        "1,1",
+        "--seq-lens",
+        "16,16",
+        "--gen",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("note: --batch-sizes lists 1"), "{err}");
-    assert_eq!(csv_rows(&out).len(), 1);
+    assert!(err.contains("note: --dtypes lists fp16"), "{err}");
+    let rows = csv_rows(&out);
+    let points: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| (r[4].as_str(), r[5].as_str(), r[6].as_str()))
+        .collect();
+    assert_eq!(points, [("fp16", "1", "16"), ("int8-token", "1", "16")]);
     std::fs::remove_dir_all(&dir).ok();
 }
 
