@@ -108,7 +108,10 @@ fn fuzz(name: &str, seeds: &[Vec<u8>], count: u64, seed: u64, parse: impl Fn(&[u
             if crashes <= 5 {
                 let file = std::env::temp_dir().join(format!("kvbench-fuzz-{name}-{i}.bin"));
                 std::fs::write(&file, &input).ok();
-                eprintln!("{name}: execution {i} panicked: {msg} (input saved to {})", file.display());
+                eprintln!(
+                    "{name}: execution {i} panicked: {msg} (input saved to {})",
+                    file.display()
+                );
             }
         }
     }
@@ -134,7 +137,11 @@ fn read_gguf(bytes: &[u8]) {
         GGUF_STAGES[2].fetch_add(1, Ordering::Relaxed);
     }
     if bytes.len() < 1 << 20 {
-        for name in ["token_embd.weight", "blk.0.attn_q.weight", "output_norm.weight"] {
+        for name in [
+            "token_embd.weight",
+            "blk.0.attn_q.weight",
+            "output_norm.weight",
+        ] {
             let _ = f.tensor(name);
         }
     }
@@ -205,7 +212,8 @@ fn safetensors_seed() -> Vec<u8> {
     ] {
         m.insert(format!("{p}.{n}.weight"), t(&s));
     }
-    let file = std::env::temp_dir().join(format!("kvbench-fuzz-{}.safetensors", std::process::id()));
+    let file =
+        std::env::temp_dir().join(format!("kvbench-fuzz-{}.safetensors", std::process::id()));
     candle_core::safetensors::save(&m, &file).unwrap();
     let bytes = std::fs::read(&file).unwrap();
     std::fs::remove_file(&file).ok();
@@ -274,12 +282,17 @@ fn fuzz_seeds_are_valid_files() {
 #[test]
 fn fuzzed_model_suite_and_gate_files_never_crash() {
     let g = fuzz("gguf", &gguf_seeds(), 3000, 1, read_gguf);
-    let s = fuzz("safetensors", &[safetensors_seed()], 3000, 2, read_safetensors);
+    let s = fuzz(
+        "safetensors",
+        &[safetensors_seed()],
+        3000,
+        2,
+        read_safetensors,
+    );
     let t = fuzz("suite", &suite_seeds(), 3000, 3, read_suite);
     let base_bytes = gate_seeds().remove(0);
-    let base =
-        kvbench::report::gate::Results::from_reader(Path::new("base.csv"), &base_bytes[..])
-            .unwrap();
+    let base = kvbench::report::gate::Results::from_reader(Path::new("base.csv"), &base_bytes[..])
+        .unwrap();
     let c = fuzz("gate", &gate_seeds(), 3000, 4, |b| read_gate(b, &base));
     for (name, (n, crashes)) in [("gguf", g), ("safetensors", s), ("suite", t), ("gate", c)] {
         assert_eq!(crashes, 0, "{name}: {crashes} of {n} executions panicked");

@@ -82,7 +82,11 @@ fn gguf_geometry_disagreeing_with_its_weights_is_refused() {
     for (key, v, want) in [
         ("llama.attention.key_length", Value::U32(20), "[576, 576]"),
         ("llama.attention.key_length", Value::U32(63), "odd"),
-        ("llama.attention.head_count", Value::U32(18), "blk.0.attn_k.weight"),
+        (
+            "llama.attention.head_count",
+            Value::U32(18),
+            "blk.0.attn_k.weight",
+        ),
         ("llama.block_count", Value::U32(2), "blk.2."),
     ] {
         let mut g = base.clone();
@@ -99,10 +103,12 @@ fn gguf_duplicated_key_is_refused() {
     let mut g = default_gguf();
     // The same key again, later in the file: candle's reader keeps the later value (2 layers
     // instead of 30).
-    g.metadata
-        .push(("llama.block_count".into(), Value::U32(2)));
+    g.metadata.push(("llama.block_count".into(), Value::U32(2)));
     let e = load_error(&g, &dir, "dup.gguf");
-    assert!(e.contains("llama.block_count") && e.contains("twice"), "{e}");
+    assert!(
+        e.contains("llama.block_count") && e.contains("twice"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -117,7 +123,11 @@ fn gguf_nan_eps_or_zero_rope_base_is_refused() {
             "epsilon NaN",
         ),
         ("llama.rope.freq_base", Value::F32(0.0), "RoPE base"),
-        ("llama.rope.freq_base", Value::F32(f32::INFINITY), "RoPE base"),
+        (
+            "llama.rope.freq_base",
+            Value::F32(f32::INFINITY),
+            "RoPE base",
+        ),
     ] {
         let mut g = base.clone();
         g.set(key, v.clone());
@@ -134,7 +144,10 @@ fn gguf_nan_norm_weights_are_refused() {
     let at = g.tensor_start("blk.3.ffn_norm.weight");
     g.data[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
     let e = load_error(&g, &dir, "nannorm.gguf");
-    assert!(e.contains("blk.3.ffn_norm.weight") && e.contains("NaN"), "{e}");
+    assert!(
+        e.contains("blk.3.ffn_norm.weight") && e.contains("NaN"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -148,7 +161,10 @@ fn gguf_version_1_is_named_without_raw_bytes() {
     std::fs::write(&p, &bytes).unwrap();
     let (code, _, err) = kvbench(&["sweep", "--model", p.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("GGUF version 1") && err.contains("llama.cpp"), "{err}");
+    assert!(
+        err.contains("GGUF version 1") && err.contains("llama.cpp"),
+        "{err}"
+    );
     assert!(err.lines().count() <= 2 && err.is_ascii(), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -157,7 +173,11 @@ fn gguf_version_1_is_named_without_raw_bytes() {
 fn gguf_tensor_dims_whose_byte_size_overflows_are_refused() {
     let dir = tmp("dims");
     let base = default_gguf();
-    for ne in [vec![576, u64::MAX / 2], vec![1 << 40, 1 << 40], vec![0, 49152]] {
+    for ne in [
+        vec![576, u64::MAX / 2],
+        vec![1 << 40, 1 << 40],
+        vec![0, 49152],
+    ] {
         let mut g = base.clone();
         g.tensors
             .iter_mut()
@@ -275,7 +295,13 @@ fn resume_with_other_threads_is_refused_and_threads_are_recorded() {
     assert_eq!(meta["machine"]["threads"], 1);
     let cpus = std::thread::available_parallelism().unwrap().get();
     let other = (if cpus > 1 { 2 } else { 3 }).to_string();
-    let (code, _, err) = kvbench(&["sweep", "--resume", out.to_str().unwrap(), "--threads", &other]);
+    let (code, _, err) = kvbench(&[
+        "sweep",
+        "--resume",
+        out.to_str().unwrap(),
+        "--threads",
+        &other,
+    ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--threads 1"), "{err}");
     let (code, _, err) = kvbench(&["sweep", "--resume", out.to_str().unwrap()]);
@@ -314,7 +340,10 @@ fn resume_with_a_changed_model_file_is_refused() {
     let (code, _, err) = kvbench(&a.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(code, 0, "{err}");
     // Another model file at the same path: bytes appended after the data section.
-    let mut f = std::fs::OpenOptions::new().append(true).open(&model).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&model)
+        .unwrap();
     std::io::Write::write_all(&mut f, &[0u8; 64]).unwrap();
     drop(f);
     let before = std::fs::read_to_string(out.join("meta.json")).unwrap();
@@ -366,7 +395,10 @@ fn report_comparison_into_one_of_its_runs_is_refused() {
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--out"), "{err}");
-    assert_eq!(std::fs::read_to_string(a.join("results.csv")).unwrap(), before);
+    assert_eq!(
+        std::fs::read_to_string(a.join("results.csv")).unwrap(),
+        before
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -406,7 +438,10 @@ fn sweep_without_a_terminal_prints_progress_lines() {
     let dir = tmp("progress");
     let (code, _, err) = synthetic(&dir.join("run"), &["--seq-lens", "16,32"]);
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("progress: 0/2 units") && err.contains("progress: 1/2 units"), "{err}");
+    assert!(
+        err.contains("progress: 0/2 units") && err.contains("progress: 1/2 units"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -432,8 +467,16 @@ fn gate_infinite_or_negative_perplexity_is_refused() {
     ] {
         let b = dir.join("b.csv");
         let c = dir.join("c.csv");
-        std::fs::write(&b, format!("scheme,batch_size,seq_len,ppl\nfp16,1,64,{base}\n")).unwrap();
-        std::fs::write(&c, format!("scheme,batch_size,seq_len,ppl\nfp16,1,64,{cur}\n")).unwrap();
+        std::fs::write(
+            &b,
+            format!("scheme,batch_size,seq_len,ppl\nfp16,1,64,{base}\n"),
+        )
+        .unwrap();
+        std::fs::write(
+            &c,
+            format!("scheme,batch_size,seq_len,ppl\nfp16,1,64,{cur}\n"),
+        )
+        .unwrap();
         let (code, _, err) = kvbench(&[
             "gate",
             "--baseline",
@@ -511,14 +554,20 @@ fn attn_bench_huge_zero_batch_or_zero_steps_is_a_usage_error() {
 fn threads_far_past_the_cpus_are_refused() {
     let (code, _, err) = kvbench(&["sweep", "--threads", "100000"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("100000") && err.contains("logical CPUs"), "{err}");
+    assert!(
+        err.contains("100000") && err.contains("logical CPUs"),
+        "{err}"
+    );
 }
 
 #[test]
 fn memory_limit_without_synthetic_is_refused() {
     let (code, _, err) = kvbench(&["sweep", "--memory-limit", "nonsense"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--memory-limit") && err.contains("--synthetic"), "{err}");
+    assert!(
+        err.contains("--memory-limit") && err.contains("--synthetic"),
+        "{err}"
+    );
     let dir = tmp("memlim");
     let (code, _, err) = synthetic(&dir.join("run"), &["--memory-limit", "nonsense"]);
     assert_eq!(code, 2, "{err}");
@@ -530,7 +579,10 @@ fn memory_limit_without_synthetic_is_refused() {
 fn absurd_warmup_is_refused_with_an_estimate() {
     let (code, _, err) = kvbench(&["sweep", "--warmup", "4294967296"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--warmup") && err.contains("forward passes"), "{err}");
+    assert!(
+        err.contains("--warmup") && err.contains("forward passes"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -629,7 +681,10 @@ fn unreadable_model_folder_is_not_called_missing() {
     std::fs::write(dir.join("tokenizer.json"), "{}").unwrap();
     let (code, _, err) = kvbench(&["sweep", "--model", dir.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("cannot read") && !err.contains("is missing"), "{err}");
+    assert!(
+        err.contains("cannot read") && !err.contains("is missing"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

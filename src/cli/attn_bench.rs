@@ -78,10 +78,16 @@ fn check_sizes(
         reason,
     };
     if a.steps == 0 {
-        return Err(bad("--steps", "0 timed steps measure nothing; give 1 or more".into()));
+        return Err(bad(
+            "--steps",
+            "0 timed steps measure nothing; give 1 or more".into(),
+        ));
     }
     if a.batch == 0 {
-        return Err(bad("--batch", "0 sequences measure nothing; give 1 or more".into()));
+        return Err(bad(
+            "--batch",
+            "0 sequences measure nothing; give 1 or more".into(),
+        ));
     }
     if a.seq_lens.is_empty() {
         return Err(bad("--seq-len", "give one or more context lengths".into()));

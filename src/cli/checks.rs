@@ -48,7 +48,12 @@ pub fn check_threads(threads: Option<usize>) -> Result<(), Error> {
 
 /// `--warmup` and `--repeats` within [`MAX_WARMUP`] and [`MAX_REPEATS`]; the message estimates
 /// the forward passes asked for (`points × repeats × tokens`).
-pub fn check_repeats(warmup: usize, repeats: usize, points: usize, gen: usize) -> Result<(), Error> {
+pub fn check_repeats(
+    warmup: usize,
+    repeats: usize,
+    points: usize,
+    gen: usize,
+) -> Result<(), Error> {
     if warmup > MAX_WARMUP {
         return Err(invalid(
             "--warmup",
@@ -184,7 +189,11 @@ pub struct ResumeIdentity {
 /// Compares `now` with what the folder's `meta.json` recorded. A value meta.json lacks (a run
 /// folder from an older kvbench) is not checked. Errors: [`Error::InvalidArgument`] (`--resume`)
 /// naming the value that differs, both values, and what to do.
-pub fn check_resume(dir: &Path, meta: &serde_json::Value, now: &ResumeIdentity) -> Result<(), Error> {
+pub fn check_resume(
+    dir: &Path,
+    meta: &serde_json::Value,
+    now: &ResumeIdentity,
+) -> Result<(), Error> {
     let bad = |reason: String| {
         invalid(
             "--resume",
@@ -197,7 +206,13 @@ pub fn check_resume(dir: &Path, meta: &serde_json::Value, now: &ResumeIdentity) 
     };
     if let Some(before) = meta["model"]["sha256"].as_array() {
         let before: Vec<&str> = before.iter().filter_map(|v| v.as_str()).collect();
-        if before != now.model_sha256.iter().map(String::as_str).collect::<Vec<_>>() {
+        if before
+            != now
+                .model_sha256
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+        {
             return Err(bad(format!(
                 "the model file changed: sha256 {} then, {} now",
                 before.join(","),
@@ -267,10 +282,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("aa") && e.contains("bb"), "{e}");
-        let threads = ResumeIdentity {
-            threads: 1,
-            ..same
-        };
+        let threads = ResumeIdentity { threads: 1, ..same };
         let e = check_resume(Path::new("r"), &meta, &threads)
             .unwrap_err()
             .to_string();

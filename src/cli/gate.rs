@@ -34,7 +34,9 @@ pub struct GateArgs {
 fn parse_nats(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        Ok(_) => Err(format!("`{s}` must be a finite number of nats ≥ 0, e.g. 0.01")),
+        Ok(_) => Err(format!(
+            "`{s}` must be a finite number of nats ≥ 0, e.g. 0.01"
+        )),
         Err(_) => Err(format!("`{s}` is not a number of nats like 0.01")),
     }
 }

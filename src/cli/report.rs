@@ -117,12 +117,11 @@ fn check_inputs(a: &ReportArgs, runs: &[Run]) -> Result<(), crate::Error> {
         }
     }
     if let (Some(out), true) = (&a.out, runs.len() > 1) {
-        let same = |p: &std::path::Path| {
-            match (std::fs::canonicalize(p), std::fs::canonicalize(out)) {
+        let same =
+            |p: &std::path::Path| match (std::fs::canonicalize(p), std::fs::canonicalize(out)) {
                 (Ok(x), Ok(y)) => x == y,
                 _ => p == out,
-            }
-        };
+            };
         if let Some(r) = runs.iter().find(|r| same(&r.dir)) {
             return Err(crate::Error::InvalidArgument {
                 name: "--out".into(),

@@ -886,7 +886,10 @@ impl BarProgress {
         let elapsed = self.0.elapsed();
         let left = if pos > 0 && len > pos {
             let s = elapsed.as_secs_f64() / pos as f64 * (len - pos) as f64;
-            format!(", about {} left", humantime::format_duration(std::time::Duration::from_secs(s as u64)))
+            format!(
+                ", about {} left",
+                humantime::format_duration(std::time::Duration::from_secs(s as u64))
+            )
         } else {
             String::new()
         };

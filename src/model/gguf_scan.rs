@@ -65,21 +65,21 @@ pub struct ScannedHeader {
 /// (ggml-common.h's block layouts), or `None` for any other id.
 pub fn ggml_block(type_id: u32) -> Option<(u64, u64)> {
     Some(match type_id {
-        0 => (1, 4),       // F32
-        1 => (1, 2),       // F16
-        2 => (32, 18),     // Q4_0: f16 scale + 16 bytes of nibbles
-        3 => (32, 20),     // Q4_1: f16 scale, f16 min + 16 bytes
-        6 => (32, 22),     // Q5_0
-        7 => (32, 24),     // Q5_1
-        8 => (32, 34),     // Q8_0: f16 scale + 32 int8
-        9 => (32, 36),     // Q8_1: f16 scale, f16 sum + 32 int8
-        10 => (256, 84),   // Q2_K
-        11 => (256, 110),  // Q3_K
-        12 => (256, 144),  // Q4_K
-        13 => (256, 176),  // Q5_K
-        14 => (256, 210),  // Q6_K
-        15 => (256, 292),  // Q8_K: f32 scale + 256 int8 + 16 i16 sums
-        30 => (1, 2),      // BF16
+        0 => (1, 4),      // F32
+        1 => (1, 2),      // F16
+        2 => (32, 18),    // Q4_0: f16 scale + 16 bytes of nibbles
+        3 => (32, 20),    // Q4_1: f16 scale, f16 min + 16 bytes
+        6 => (32, 22),    // Q5_0
+        7 => (32, 24),    // Q5_1
+        8 => (32, 34),    // Q8_0: f16 scale + 32 int8
+        9 => (32, 36),    // Q8_1: f16 scale, f16 sum + 32 int8
+        10 => (256, 84),  // Q2_K
+        11 => (256, 110), // Q3_K
+        12 => (256, 144), // Q4_K
+        13 => (256, 176), // Q5_K
+        14 => (256, 210), // Q6_K
+        15 => (256, 292), // Q8_K: f32 scale + 256 int8 + 16 i16 sums
+        30 => (1, 2),     // BF16
         _ => return None,
     })
 }
@@ -176,7 +176,9 @@ impl<R: Read> Cursor<'_, R> {
             7 => {
                 let [b] = self.bytes::<1>(key)?;
                 if b > 1 {
-                    return Err(format!("metadata `{key}`: boolean byte {b} is neither 0 nor 1"));
+                    return Err(format!(
+                        "metadata `{key}`: boolean byte {b} is neither 0 nor 1"
+                    ));
                 }
             }
             8 => {
@@ -231,9 +233,9 @@ pub fn scan<R: Read + Seek>(r: &mut R) -> Result<ScannedHeader, String> {
     r.seek(SeekFrom::Start(0))
         .map_err(|e| format!("cannot seek: {e}"))?;
     let mut c = Cursor { r, pos: 0, len };
-    let magic = c.bytes::<4>("the magic number").map_err(|_| {
-        format!("not a GGUF file: {len} bytes, too short for a GGUF header")
-    })?;
+    let magic = c
+        .bytes::<4>("the magic number")
+        .map_err(|_| format!("not a GGUF file: {len} bytes, too short for a GGUF header"))?;
     if &magic != b"GGUF" {
         return Err(format!(
             "not a GGUF file: it starts with bytes {:02x} {:02x} {:02x} {:02x}, not `GGUF`",
@@ -244,10 +246,12 @@ pub fn scan<R: Read + Seek>(r: &mut R) -> Result<ScannedHeader, String> {
     match version {
         2 | 3 => {}
         1 => {
-            return Err("GGUF version 1 (written by llama.cpp before August 2023) is not \
+            return Err(
+                "GGUF version 1 (written by llama.cpp before August 2023) is not \
                  supported; convert the model again with a current llama.cpp \
                  (convert_hf_to_gguf.py) to get version 3"
-                .into())
+                    .into(),
+            )
         }
         v => {
             return Err(format!(
@@ -324,8 +328,10 @@ pub fn scan<R: Read + Seek>(r: &mut R) -> Result<ScannedHeader, String> {
             .iter()
             .try_fold(1u64, |a, &d| a.checked_mul(d).filter(|_| d > 0))
             .filter(|&e| e <= i64::MAX as u64)
-            .ok_or_else(|| format!("tensor `{name}` has dimensions {dims:?}: empty, or too many elements"))?;
-        if dims[0] % block != 0 {
+            .ok_or_else(|| {
+                format!("tensor `{name}` has dimensions {dims:?}: empty, or too many elements")
+            })?;
+        if !dims[0].is_multiple_of(block) {
             return Err(format!(
                 "tensor `{name}`: its rows of {} elements are not whole blocks of {block}",
                 dims[0]
@@ -334,7 +340,7 @@ pub fn scan<R: Read + Seek>(r: &mut R) -> Result<ScannedHeader, String> {
         let bytes = (elems / block)
             .checked_mul(block_bytes)
             .ok_or_else(|| format!("tensor `{name}` has dimensions {dims:?}: too large"))?;
-        if offset % alignment != 0 {
+        if !offset.is_multiple_of(alignment) {
             return Err(format!(
                 "tensor `{name}`: offset {offset} is not a multiple of the alignment {alignment}"
             ));
@@ -353,7 +359,10 @@ pub fn scan<R: Read + Seek>(r: &mut R) -> Result<ScannedHeader, String> {
         .ok_or("the header is too long")?;
     let data_len = len.saturating_sub(data_offset);
     for t in &tensors {
-        if t.offset.checked_add(t.bytes).is_none_or(|end| end > data_len) {
+        if t.offset
+            .checked_add(t.bytes)
+            .is_none_or(|end| end > data_len)
+        {
             return Err(format!(
                 "tensor `{}` ({} bytes at offset {}) lies past the end of the file ({} data \
                  bytes); is the file truncated?",

@@ -254,7 +254,12 @@ fn fetch_watched(
         ),
     };
     let (tx, rx) = std::sync::mpsc::channel();
-    let (api, repo_id, name, w) = (api.clone(), repo_id.to_string(), f.to_string(), watch.clone());
+    let (api, repo_id, name, w) = (
+        api.clone(),
+        repo_id.to_string(),
+        f.to_string(),
+        watch.clone(),
+    );
     std::thread::spawn(move || {
         let _ = tx.send(
             api.model(repo_id)

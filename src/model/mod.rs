@@ -468,7 +468,9 @@ fn rope_tables(c: &ModelConfig) -> Result<(Tensor, Tensor)> {
     let half = c.head_dim / 2;
     // Two f32 tables of max_ctx × half (max_ctx ≤ shapes::MAX_CONTEXT): refuse a size the
     // machine cannot hold instead of letting the allocation abort.
-    let bytes = (c.max_ctx as u64).saturating_mul(half as u64).saturating_mul(8);
+    let bytes = (c.max_ctx as u64)
+        .saturating_mul(half as u64)
+        .saturating_mul(8);
     if let Some(avail) = crate::measure::memory::available_bytes() {
         if bytes > avail / 2 {
             return Err(Error::InvalidArgument {

@@ -122,7 +122,7 @@ pub fn check_config(cfg: &ModelConfig, path: &Path) -> Result<()> {
             ),
         ));
     }
-    if c.head_dim % 2 != 0 {
+    if !c.head_dim.is_multiple_of(2) {
         return Err(bad(
             path,
             format!(

@@ -253,7 +253,16 @@ fn lcs_positions_blocked(a: &[String], b: &[String], block: usize) -> Vec<usize>
     let (a, b) = (ia, ib);
     let mut positions = Vec::new();
     let base = vec![0u32; b.len() + 1];
-    lcs_walk(&a, &b, 0, a.len(), b.len(), &base, block.max(1), &mut positions);
+    lcs_walk(
+        &a,
+        &b,
+        0,
+        a.len(),
+        b.len(),
+        &base,
+        block.max(1),
+        &mut positions,
+    );
     positions
 }
 

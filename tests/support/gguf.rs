@@ -204,21 +204,42 @@ pub fn tiny_model(vocab_from: &Gguf) -> Gguf {
     let vocab = tokens.len() as u64;
     let (hidden, heads, kv, hd, inter, layers) = (8u64, 2u64, 1u64, 4u64, 16u64, 2u64);
     let mut metadata = vec![
-        ("general.architecture".to_string(), Value::String("llama".into())),
+        (
+            "general.architecture".to_string(),
+            Value::String("llama".into()),
+        ),
         ("general.alignment".to_string(), Value::U32(32)),
         ("llama.block_count".to_string(), Value::U32(layers as u32)),
         ("llama.context_length".to_string(), Value::U32(64)),
-        ("llama.embedding_length".to_string(), Value::U32(hidden as u32)),
-        ("llama.feed_forward_length".to_string(), Value::U32(inter as u32)),
-        ("llama.attention.head_count".to_string(), Value::U32(heads as u32)),
-        ("llama.attention.head_count_kv".to_string(), Value::U32(kv as u32)),
+        (
+            "llama.embedding_length".to_string(),
+            Value::U32(hidden as u32),
+        ),
+        (
+            "llama.feed_forward_length".to_string(),
+            Value::U32(inter as u32),
+        ),
+        (
+            "llama.attention.head_count".to_string(),
+            Value::U32(heads as u32),
+        ),
+        (
+            "llama.attention.head_count_kv".to_string(),
+            Value::U32(kv as u32),
+        ),
         ("llama.rope.freq_base".to_string(), Value::F32(10000.0)),
         (
             "llama.attention.layer_norm_rms_epsilon".to_string(),
             Value::F32(1e-5),
         ),
-        ("tokenizer.ggml.model".to_string(), Value::String("gpt2".into())),
-        ("tokenizer.ggml.pre".to_string(), Value::String("default".into())),
+        (
+            "tokenizer.ggml.model".to_string(),
+            Value::String("gpt2".into()),
+        ),
+        (
+            "tokenizer.ggml.pre".to_string(),
+            Value::String("default".into()),
+        ),
         (
             "tokenizer.ggml.tokens".to_string(),
             Value::Array(tokens.into_iter().map(Value::String).collect()),
