@@ -97,19 +97,28 @@ fn check_sizes(
         _ => crate::measure::memory::available_bytes(),
     };
     for &seq_len in &a.seq_lens {
-        let tokens = (seq_len as f64 + a.steps as f64 + 2.0) * a.batch as f64;
+        let per_seq = seq_len as f64 + a.steps as f64 + 2.0;
+        let tokens = per_seq * a.batch as f64;
         for scheme in &a.schemes.0 {
-            let need = scheme.bytes_per_token(g) as f64 * tokens;
-            if tokens > crate::measure::sweep::MAX_POINT_TOKENS as f64
-                || avail.is_some_and(|m| need > m as f64)
-            {
+            // One sequence's bytes with eviction applied (exact, no overflow below 2^40 tokens),
+            // times the batch in f64.
+            let need = if tokens > crate::measure::sweep::MAX_POINT_TOKENS as f64 {
+                f64::INFINITY
+            } else {
+                scheme.bytes_for(g, 1, per_seq as usize) as f64 * a.batch as f64
+            };
+            if avail.map_or(need.is_infinite(), |m| need > m as f64) {
                 return Err(bad(
                     "--batch",
                     format!(
-                        "{scheme} at batch {} × context {seq_len} needs {:.2} GiB of KV cache, \
-                         {} available; lower --batch or --seq-len",
+                        "{scheme} at batch {} × context {seq_len} needs {} of KV cache, {} \
+                         available; lower --batch or --seq-len",
                         a.batch,
-                        need / (1u64 << 30) as f64,
+                        if need.is_finite() {
+                            format!("{:.2} GiB", need / (1u64 << 30) as f64)
+                        } else {
+                            "more than 2^40 tokens".into()
+                        },
                         avail.map_or("unknown".into(), |m| format!(
                             "{:.2} GiB",
                             m as f64 / (1u64 << 30) as f64

@@ -50,7 +50,8 @@ impl<R: Read + Seek> GgufFile<R> {
             path: path.to_path_buf(),
             reason,
         };
-        super::gguf_scan::scan(&mut reader).map_err(&bad)?;
+        super::gguf_scan::scan(&mut reader)
+            .map_err(|e| bad(format!("not a readable GGUF file: {e}")))?;
         reader
             .seek(std::io::SeekFrom::Start(0))
             .map_err(|e| Error::io(path, e))?;

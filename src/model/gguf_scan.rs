@@ -143,7 +143,8 @@ impl<R: Read> Cursor<'_, R> {
         let n = self.u64(what)?;
         if n > max || n > self.left() {
             return Err(format!(
-                "{what} claims {n} bytes (at byte {}; {} left in the file, at most {max} allowed)",
+                "{what} claims {n} bytes (at byte {}; {} left in the file, at most {max} \
+                 allowed); is the file truncated?",
                 self.pos,
                 self.left()
             ));
@@ -265,13 +266,13 @@ pub fn scan<R: Read + Seek>(r: &mut R) -> Result<ScannedHeader, String> {
     let fits = |n: u64, each: u64, left: u64| n.checked_mul(each).is_some_and(|b| b <= left);
     if !fits(n_kv, 14, c.left()) {
         return Err(format!(
-            "the header claims {n_kv} metadata entries, more than the {} bytes after it can hold",
+            "the header claims {n_kv} metadata entries, more than the {} bytes after it can hold; is the file truncated?",
             c.left()
         ));
     }
     if !fits(n_tensors, 33, c.left()) {
         return Err(format!(
-            "the header claims {n_tensors} tensors, more than the {} bytes after it can hold",
+            "the header claims {n_tensors} tensors, more than the {} bytes after it can hold; is the file truncated?",
             c.left()
         ));
     }
