@@ -51,12 +51,12 @@ pub enum Error {
     #[error("{}", first_line(.0))]
     Candle(#[from] candle_core::Error),
 
-    /// File-system error, with the path involved.
-    #[error("{path}: {source}")]
+    /// File-system error, with the path involved. (The I/O error is part of the message, not
+    /// a separate `source`, so `{:#}` chains print it once.)
+    #[error("{path}: {cause}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -78,7 +78,7 @@ impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            cause: source,
         }
     }
 }

@@ -135,6 +135,7 @@ pub fn max_context(
 /// Parses `80GiB`, `80G`, `64GB`, `512MiB`, `1e9` into bytes (binary units for `G`/`GiB`/`M`/
 /// `MiB`/`K`/`KiB`, decimal for `GB`/`MB`/`KB`). Errors: [`Error::InvalidArgument`].
 pub fn parse_bytes(s: &str) -> Result<u64> {
+    const MAX_BYTES: u64 = 1 << 60;
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -151,7 +152,18 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
         _ => f64::NAN,
     };
     match num.trim().parse::<f64>() {
-        Ok(n) if mult.is_finite() && n > 0.0 => Ok((n * mult) as u64),
+        // Above 1 EiB (2^60 bytes) a size is a typo, not a machine: refuse it rather than
+        // clamp it silently to u64::MAX.
+        Ok(n) if mult.is_finite() && n > 0.0 && n * mult > MAX_BYTES as f64 => {
+            Err(Error::InvalidArgument {
+                name: "size".into(),
+                reason: format!(
+                    "`{s}` is {:.3e} bytes, more than 1 EiB; give a size like 80GiB",
+                    n * mult
+                ),
+            })
+        }
+        Ok(n) if mult.is_finite() && n > 0.0 && n * mult >= 1.0 => Ok((n * mult) as u64),
         _ => Err(Error::InvalidArgument {
             name: "size".into(),
             reason: format!("`{s}` is not a size like 80GiB, 64GB or 512MiB"),

@@ -115,3 +115,48 @@ fn rouge_subcommand_matches_reference() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Regression: `kvbench rouge` on one 20,000-word line pair needed the full LCS table for
+/// ROUGE-Lsum, 20,001² × 8 bytes = 3.2 GB (30k words took ~7 GB). It now finishes under a 2 GB
+/// address-space limit (`ulimit -v`), which the quadratic table alone would exceed, and scores
+/// identical texts 1.
+#[cfg(target_os = "linux")]
+#[test]
+fn rouge_on_a_20k_word_line_pair_fits_in_linear_memory() {
+    let dir = std::env::temp_dir().join(format!("kvbench-rouge-long-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran"];
+    let text = |k: usize| -> String {
+        (0..20_000)
+            .map(|i| words[(i * k + i / 7) % words.len()])
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let (t, p) = (dir.join("t.txt"), dir.join("p.txt"));
+    std::fs::write(&t, text(3) + "\n" + &text(3) + "\n").unwrap();
+    std::fs::write(&p, text(5) + "\n" + &text(3) + "\n").unwrap();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -v 2000000 && exec {} rouge --format jsonl --predictions {} --references {}",
+            env!("CARGO_BIN_EXE_kvbench"),
+            p.display(),
+            t.display()
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    let f = rows[0]["rougeLsum_fmeasure"].as_f64().unwrap();
+    assert!(f > 0.0 && f < 1.0, "{f}");
+    for k in ["rougeL_fmeasure", "rougeLsum_fmeasure"] {
+        assert_eq!(rows[1][k].as_f64(), Some(1.0), "{k}: {}", rows[1]);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

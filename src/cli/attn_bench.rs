@@ -78,6 +78,7 @@ pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
     // Geometry only: aliases (llama-3-8b, …) need no download.
     let g = crate::model::geometry::for_model_arg(&a.model)?.cache();
     let dev = a.device.open()?;
+    check_sizes(&a, &g, &dev)?;
     let peak = match a.peak_bandwidth {
         None => None,
         Some(Peak::GbS(p)) => Some(p),
@@ -100,6 +101,72 @@ pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
     };
     for &seq_len in &a.seq_lens {
         table(&a, &g, seq_len, &dev, peak)?;
+    }
+    Ok(())
+}
+
+/// Refuses, before any cache is allocated: `--steps 0`, `--batch 0`, and a batch × context whose
+/// predicted KV bytes (f64, so no product overflows) exceed the memory available on the device.
+/// Errors: [`crate::Error::InvalidArgument`] naming the flag and the sizes.
+fn check_sizes(
+    a: &AttnBenchArgs,
+    g: &crate::kv::CacheGeometry,
+    dev: &Device,
+) -> Result<(), crate::Error> {
+    let bad = |name: &str, reason: String| crate::Error::InvalidArgument {
+        name: name.into(),
+        reason,
+    };
+    if a.steps == 0 {
+        return Err(bad(
+            "--steps",
+            "0 timed steps measure nothing; give 1 or more".into(),
+        ));
+    }
+    if a.batch == 0 {
+        return Err(bad(
+            "--batch",
+            "0 sequences measure nothing; give 1 or more".into(),
+        ));
+    }
+    if a.seq_lens.is_empty() {
+        return Err(bad("--seq-len", "give one or more context lengths".into()));
+    }
+    let avail = match device::device_mem_free(dev) {
+        Ok(Some(free)) => Some(free),
+        _ => crate::measure::memory::available_bytes(),
+    };
+    for &seq_len in &a.seq_lens {
+        let per_seq = seq_len as f64 + a.steps as f64 + 2.0;
+        let tokens = per_seq * a.batch as f64;
+        for scheme in &a.schemes.0 {
+            // One sequence's bytes with eviction applied (exact, no overflow below 2^40 tokens),
+            // times the batch in f64.
+            let need = if tokens > crate::measure::sweep::MAX_POINT_TOKENS as f64 {
+                f64::INFINITY
+            } else {
+                scheme.bytes_for(g, 1, per_seq as usize) as f64 * a.batch as f64
+            };
+            if avail.map_or(need.is_infinite(), |m| need > m as f64) {
+                return Err(bad(
+                    "--batch",
+                    format!(
+                        "{scheme} at batch {} × context {seq_len} needs {} of KV cache, {} \
+                         available; lower --batch or --seq-len",
+                        a.batch,
+                        if need.is_finite() {
+                            format!("{:.2} GiB", need / (1u64 << 30) as f64)
+                        } else {
+                            "more than 2^40 tokens".into()
+                        },
+                        avail.map_or("unknown".into(), |m| format!(
+                            "{:.2} GiB",
+                            m as f64 / (1u64 << 30) as f64
+                        ))
+                    ),
+                ));
+            }
+        }
     }
     Ok(())
 }

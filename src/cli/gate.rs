@@ -21,12 +21,24 @@ pub struct GateArgs {
     pub max_ppl_delta: Option<f64>,
 
     /// Largest allowed increase of mean KL divergence vs fp16 per scheme, nats (e.g. `0.01`).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_nats)]
     pub max_kl: Option<f64>,
 
     /// Largest allowed TPOT increase per point, % (timings are noisy: use on a quiet machine).
     #[arg(long, value_parser = parse_pct)]
     pub max_tpot_regression: Option<f64>,
+}
+
+/// `"0.01"` → 0.01 (nats); refuses NaN, infinities and negative numbers, which would pass or
+/// fail every point.
+fn parse_nats(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(_) => Err(format!(
+            "`{s}` must be a finite number of nats ≥ 0, e.g. 0.01"
+        )),
+        Err(_) => Err(format!("`{s}` is not a number of nats like 0.01")),
+    }
 }
 
 /// `"1%"`, `"1"` → 1.0 (percent).
@@ -39,7 +51,7 @@ fn parse_pct(s: &str) -> Result<f64, String> {
     if v.is_finite() && v >= 0.0 {
         Ok(v)
     } else {
-        Err(format!("`{s}` must be ≥ 0"))
+        Err(format!("`{s}` must be a finite percentage ≥ 0"))
     }
 }
 

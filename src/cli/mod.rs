@@ -3,6 +3,7 @@
 //! found by `kvbench gate`.
 
 pub mod attn_bench;
+pub mod checks;
 pub mod fetch;
 pub mod gate;
 pub mod plan;

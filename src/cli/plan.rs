@@ -57,6 +57,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         None => std::fs::metadata(&a.model).map(|m| m.len()).unwrap_or(0),
     };
     let reserve = parse_fraction(&a.reserve)?;
+    if a.concurrency == Some(0) {
+        anyhow::bail!(crate::Error::InvalidArgument {
+            name: "--concurrency".into(),
+            reason: "0 sequences need no memory; give 1 or more".into()
+        });
+    }
     if a.block_size == 0 {
         anyhow::bail!(crate::Error::InvalidArgument {
             name: "--block-size".into(),

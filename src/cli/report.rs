@@ -27,6 +27,7 @@ pub fn run(a: ReportArgs) -> anyhow::Result<()> {
         .iter()
         .map(|d| Run::read(d))
         .collect::<Result<Vec<_>, _>>()?;
+    check_inputs(&a, &runs)?;
     let out = match (&a.out, runs.as_slice()) {
         (Some(o), _) => o.clone(),
         (None, [one]) => one.dir.clone(),
@@ -92,5 +93,45 @@ pub fn run(a: ReportArgs) -> anyhow::Result<()> {
         eprintln!("warning: {w}");
     }
     println!("wrote {} (results.csv, plots/)", path.display());
+    Ok(())
+}
+
+/// Refuses what would lose results: a run folder with no points in `raw.jsonl` (missing or
+/// empty: re-rendering would overwrite `results.csv` with a header only), and, when several
+/// folders are compared, an `--out` that is one of them (the comparison would overwrite that
+/// run's files). Errors: [`crate::Error::InvalidArgument`] naming the folder.
+fn check_inputs(a: &ReportArgs, runs: &[Run]) -> Result<(), crate::Error> {
+    for r in runs {
+        if r.rows.is_empty() {
+            let raw = r.dir.join(crate::report::RAW_FILE);
+            return Err(crate::Error::InvalidArgument {
+                name: r.dir.display().to_string(),
+                reason: format!(
+                    "{} is {}: no finished point to report (its results.csv is left as it is); \
+                     finish the run with `kvbench sweep --resume {}`",
+                    raw.display(),
+                    if raw.exists() { "empty" } else { "missing" },
+                    r.dir.display()
+                ),
+            });
+        }
+    }
+    if let (Some(out), true) = (&a.out, runs.len() > 1) {
+        let same =
+            |p: &std::path::Path| match (std::fs::canonicalize(p), std::fs::canonicalize(out)) {
+                (Ok(x), Ok(y)) => x == y,
+                _ => p == out,
+            };
+        if let Some(r) = runs.iter().find(|r| same(&r.dir)) {
+            return Err(crate::Error::InvalidArgument {
+                name: "--out".into(),
+                reason: format!(
+                    "{} is one of the runs being compared; writing the comparison there would \
+                     overwrite its results. Pass another --out (default: reports/compare-<time>)",
+                    r.dir.display()
+                ),
+            });
+        }
+    }
     Ok(())
 }

@@ -88,7 +88,12 @@ impl Suite {
             name: "--suite".into(),
             reason: format!("cannot read {}: {e}", path.display()),
         })?;
-        toml::from_str(&text).map_err(|e| Error::InvalidArgument {
+        Self::parse(&text, path)
+    }
+
+    /// Parses a suite's text (`path` names it in errors). Errors: as [`Suite::read`].
+    pub fn parse(text: &str, path: &Path) -> Result<Suite> {
+        toml::from_str(text).map_err(|e| Error::InvalidArgument {
             name: format!("--suite {}", path.display()),
             reason: format!("{}: {}", path.display(), e.to_string().trim_end()),
         })
@@ -122,7 +127,8 @@ impl Suite {
             prefill_weights: Some(a.prefill_weights),
             ppl_weights: Some(a.ppl_weights),
             seed: Some(a.seed),
-            threads: a.threads,
+            // The effective count (all logical CPUs by default), so --resume can check it.
+            threads: Some(a.threads.unwrap_or_else(super::checks::logical_cpus)),
             device: Some(a.device),
             synthetic: Some(a.synthetic),
             memory_limit: a.memory_limit.clone(),

@@ -18,6 +18,7 @@ use crate::quality::xsum::{self, RougeTask};
 use crate::report::meta::{self, Machine};
 use crate::report::{table, ResultRow, RowContext, RunSink, CSV_COLUMNS};
 
+use super::checks;
 use super::suite::{self, Suite};
 
 /// Arguments of `kvbench sweep`.
@@ -161,9 +162,15 @@ pub struct SweepArgs {
     #[arg(long)]
     pub memory_limit: Option<String>,
 
-    /// Run folder (default: reports/<run-id>).
+    /// Run folder (default: reports/<run-id>). A folder that already holds files is refused
+    /// unless --resume continues it or --force moves it aside.
     #[arg(long)]
     pub out: Option<PathBuf>,
+
+    /// With --out: move an existing, non-empty run folder aside to `<out>.old-<time>` and start
+    /// a new run there.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// A parsed `--dtypes` list. In a suite: a list of spec strings or one comma-separated string.
@@ -310,6 +317,12 @@ fn resolve_settings(
 /// `summary.md` and `plots/` are written and the table printed.
 pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Result<()> {
     let (done, earlier_meta) = resolve_settings(&mut args, matches)?;
+    check_args(&mut args)?;
+    if earlier_meta.is_none() {
+        if let Some(out) = &args.out {
+            checks::prepare_out(out, args.force)?;
+        }
+    }
     if let Some(n) = args.threads {
         // candle's CPU kernels size their pools from RAYON_NUM_THREADS; set it before any use.
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
@@ -326,6 +339,17 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     }
     let started_at = meta::now_rfc3339();
     let location = hub::resolve(&args.model)?;
+    let model_files = match &location {
+        ModelLocation::Gguf(p) => vec![p.clone()],
+        ModelLocation::Safetensors { weights, .. } => weights.clone(),
+    };
+    let sha256 = model_files
+        .iter()
+        .map(|f| model::fetch::sha256_file(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let (Some(m), Some(dir)) = (&earlier_meta, &args.resume) {
+        checks::check_resume(dir, m, &resume_identity(sha256.clone()))?;
+    }
     // One load per distinct weight dtype; phases that share a dtype share the model.
     let mut loaded: HashMap<WeightDtype, model::LoadedModel> = HashMap::new();
     for dtype in [args.weights, args.prefill_weights, args.ppl_weights] {
@@ -349,6 +373,14 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     };
     let cfg = timing.model.config.clone();
     let tokens = timing.tokenizer.encode(wikitext::wikitext2_test_text())?;
+    let available_windows = tokens.len() / args.ctx.max(1);
+    if args.ppl_windows > available_windows && available_windows > 0 {
+        eprintln!(
+            "note: --ppl-windows {}: the text holds {available_windows} windows of {} tokens; \
+             perplexity uses those {available_windows}",
+            args.ppl_windows, args.ctx
+        );
+    }
 
     let ppl = (args.ppl_windows > 0).then_some(PplProtocol {
         mode: args.ppl_mode,
@@ -422,12 +454,6 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         earlier_meta.as_ref(),
     )?;
 
-    let sha256 = timing
-        .source
-        .files
-        .iter()
-        .map(|f| model::fetch::sha256_file(f))
-        .collect::<Result<Vec<_>, _>>()?;
     let geom = cfg.cache_geometry();
     let row_ctx = RowContext {
         run_id: folder.run_id.clone(),
@@ -521,14 +547,74 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         &spec,
         &done,
         &mut sink,
-        &BarProgress(bar.clone()),
+        &BarProgress::new(bar.clone()),
     );
     bar.finish_and_clear();
     meta.finished_at = Some(meta::now_rfc3339());
-    meta.status = if result.is_ok() { "finished" } else { "failed" };
+    let all_failed = !sink.rows.is_empty() && sink.rows.iter().all(|r| r.status != "ok");
+    meta.status = if result.is_ok() && !all_failed {
+        "finished"
+    } else {
+        "failed"
+    };
     meta::write_json(&meta_path, &meta)?;
     result?;
-    finish(&folder.dir, "kvbench sweep")
+    finish(&folder.dir, "kvbench sweep")?;
+    every_point_failed(&sink.rows)
+}
+
+/// A sweep in which no point succeeded is a failure (exit 1), whatever was written.
+fn every_point_failed(rows: &[ResultRow]) -> anyhow::Result<()> {
+    match rows.iter().find(|r| r.status != "ok") {
+        Some(first) if rows.iter().all(|r| r.status != "ok") => anyhow::bail!(
+            "every point of the sweep failed ({} of {}); the first: {} batch {} seq {}: {}",
+            rows.len(),
+            rows.len(),
+            first.scheme,
+            first.batch_size,
+            first.seq_len,
+            first.status
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// What a resumed run must share with the folder's first run (see [`checks::check_resume`]).
+fn resume_identity(model_sha256: Vec<String>) -> checks::ResumeIdentity {
+    let machine = Machine::probe();
+    checks::ResumeIdentity {
+        model_sha256,
+        threads: machine.threads,
+        cpu: machine.cpu,
+    }
+}
+
+/// Checks and normalizes the flags before anything slow: `--threads` bounded, `--memory-limit`
+/// only with `--synthetic`, repeated list entries merged with a note, warm-up and repeat counts
+/// bounded. Errors: [`crate::Error::InvalidArgument`] naming the flag.
+fn check_args(args: &mut SweepArgs) -> anyhow::Result<()> {
+    checks::check_threads(args.threads)?;
+    if args.memory_limit.is_some() && !args.synthetic {
+        return Err(crate::Error::InvalidArgument {
+            name: "--memory-limit".into(),
+            reason: "applies to --synthetic sweeps only (a model sweep records a point that \
+                     does not fit in the memory available as `oom`); drop it or add --synthetic"
+                .into(),
+        }
+        .into());
+    }
+    if let Some(m) = &args.memory_limit {
+        crate::plan::parse_bytes(m).map_err(|_| crate::Error::InvalidArgument {
+            name: "--memory-limit".into(),
+            reason: format!("`{m}` is not a size like 16GiB or 512MiB"),
+        })?;
+    }
+    checks::dedup_with_note("--batch-sizes", &mut args.batch_sizes);
+    checks::dedup_with_note("--seq-lens", &mut args.seq_lens);
+    checks::dedup_with_note("--dtypes", &mut args.schemes.0);
+    let points = args.schemes.0.len() * args.batch_sizes.len() * args.seq_lens.len();
+    checks::check_repeats(args.warmup, args.repeats, points, args.gen)?;
+    Ok(())
 }
 
 /// Whether this build can hold the sweep's KV caches on `device`: every cache the sweep makes
@@ -635,6 +721,9 @@ fn run_synthetic(
     let started_at = meta::now_rfc3339();
     let model = crate::model::geometry::for_model_arg(&args.model)?;
     let geom = model.cache();
+    if let (Some(m), Some(dir)) = (&earlier_meta, &args.resume) {
+        checks::check_resume(dir, m, &resume_identity(Vec::new()))?;
+    }
     let memory_limit = match &args.memory_limit {
         Some(m) => crate::plan::parse_bytes(m)?,
         None => crate::measure::memory::available_bytes().unwrap_or(u64::MAX),
@@ -688,11 +777,12 @@ fn run_synthetic(
         memory_limit,
         &done,
         &mut sink,
-        &BarProgress(bar.clone()),
+        &BarProgress::new(bar.clone()),
     );
     bar.finish_and_clear();
     result?;
     finish(&folder.dir, "kvbench sweep --synthetic")?;
+    every_point_failed(&sink.rows)?;
     println!(
         "model geometry {} ({} layers × {} kv heads × {}), synthetic K/V, TPOT = append + attention only, memory limit {:.2} GiB, {} threads",
         model.name, geom.layers, geom.kv_heads, geom.head_dim,
@@ -754,7 +844,9 @@ fn run_folder(
     let dir = out
         .clone()
         .unwrap_or_else(|| PathBuf::from("reports").join(&run_id));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // `--out` was checked at start; this catches a default folder taken meanwhile.
+    checks::prepare_out(&dir, false)?;
+    checks::create_out(&dir)?;
     Ok((run_id, dir))
 }
 
@@ -781,13 +873,60 @@ fn model_label(spec: &str, loc: &ModelLocation) -> String {
     }
 }
 
-struct BarProgress(ProgressBar);
+/// The progress bar on a terminal; without one (CI logs, `nohup`, a pipe) plain lines on
+/// stderr: one when a unit of work starts, and at most every [`PLAIN_PROGRESS_EVERY`] while it
+/// runs, with the units done and an estimate of the time left.
+struct BarProgress(ProgressBar, std::sync::Mutex<Option<std::time::Instant>>);
+
+impl BarProgress {
+    fn new(bar: ProgressBar) -> Self {
+        BarProgress(bar, std::sync::Mutex::new(None))
+    }
+
+    fn plain_line(&self, what: &str) {
+        let (pos, len) = (self.0.position(), self.0.length().unwrap_or(0));
+        let elapsed = self.0.elapsed();
+        let left = if pos > 0 && len > pos {
+            let s = elapsed.as_secs_f64() / pos as f64 * (len - pos) as f64;
+            format!(
+                ", about {} left",
+                humantime::format_duration(std::time::Duration::from_secs(s as u64))
+            )
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "progress: {pos}/{len} units, {} elapsed{left}{}{what}",
+            humantime::format_duration(std::time::Duration::from_secs(elapsed.as_secs())),
+            if what.is_empty() { "" } else { ": " }
+        );
+        if let Ok(mut last) = self.1.lock() {
+            *last = Some(std::time::Instant::now());
+        }
+    }
+}
+
+/// How often a long unit of work prints a plain progress line when there is no terminal.
+const PLAIN_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Progress for BarProgress {
     fn start(&self, what: &str) {
         self.0.set_message(what.to_string());
+        if self.0.is_hidden() {
+            self.plain_line(what);
+        }
     }
     fn advance(&self, n: u64) {
         self.0.inc(n);
+        if self.0.is_hidden() {
+            let due = self
+                .1
+                .lock()
+                .map(|l| l.is_none_or(|t| t.elapsed() >= PLAIN_PROGRESS_EVERY))
+                .unwrap_or(false);
+            if due {
+                self.plain_line(&self.0.message());
+            }
+        }
     }
 }

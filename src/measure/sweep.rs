@@ -161,8 +161,23 @@ impl SweepSpec {
                 format!("{} leaves no decode step to time; use ≥ 2", self.gen),
             );
         }
+        for &b in &self.batch_sizes {
+            for &l in &self.seq_lens {
+                let tokens = l.checked_add(self.gen).and_then(|t| t.checked_mul(b));
+                if tokens.is_none_or(|t| t > MAX_POINT_TOKENS) {
+                    return bad(
+                        "--batch-sizes",
+                        format!(
+                            "batch {b} × ({l} + {}) tokens is beyond any machine's memory \
+                             (at most {MAX_POINT_TOKENS} tokens per point)",
+                            self.gen
+                        ),
+                    );
+                }
+            }
+        }
         for &l in &self.seq_lens {
-            if l + self.gen > model_ctx {
+            if l.saturating_add(self.gen) > model_ctx {
                 return bad(
                     "--seq-lens",
                     format!(
@@ -181,6 +196,10 @@ impl SweepSpec {
         Ok(())
     }
 }
+
+/// Most tokens one point may hold (`batch × (seq_len + gen)`, 2^40): a bound that keeps every
+/// size computed from the flags far from overflow; what fits is decided per point by memory.
+pub const MAX_POINT_TOKENS: usize = 1 << 40;
 
 /// Raw samples and memory of one sweep point. Summaries are computed from these when a report
 /// is rendered, so `raw.jsonl` holds everything needed to re-render.
@@ -511,8 +530,16 @@ pub fn run_sweep(
                 todo.len(),
                 if todo.len() == 1 { "" } else { "s" }
             ));
-            let prompts = prompts(tokens, batch, seq_len, spec.seed);
             let schemes: Vec<KvScheme> = todo.iter().map(|&i| spec.schemes[i]).collect();
+            // The memory check comes before the prompts are built: they alone can be too big.
+            let all_oom = schemes
+                .iter()
+                .all(|&s| predicted_oom(models, s, batch, seq_len, spec).is_some());
+            let prompts = if all_oom {
+                Vec::new()
+            } else {
+                prompts(tokens, batch, seq_len, spec.seed)
+            };
             let order_seed = spec.seed ^ ((batch as u64) << 32 | seq_len as u64);
             let timings =
                 interleaved_point(models, &schemes, batch, seq_len, spec, &prompts, order_seed);
@@ -582,35 +609,36 @@ fn is_out_of_memory(msg: &str) -> bool {
     m.contains("out_of_memory") || m.contains("out of memory") || m.contains("alloc_failed")
 }
 
-/// Predicted memory of a point beyond what is available, as an `oom` status (the point is
-/// then not run, so a too-large point cannot take the process down).
-fn memory_check(
+/// The `oom: …` status of a point whose predicted memory (KV cache, prefill activations and the
+/// prompt tokens, in f64 so no product overflows) exceeds what is available, else `None`.
+fn predicted_oom(
     models: PhaseModels<'_>,
     scheme: KvScheme,
     batch: usize,
     seq_len: usize,
     spec: &SweepSpec,
-) -> std::result::Result<(), String> {
+) -> Option<String> {
     let c = &models.decode.config;
     let g = c.cache_geometry();
-    let kv = (scheme.bytes_per_token(&g) * batch * (seq_len + spec.gen)) as u64;
-    // Prefill activations: logits-free hidden states, q/k/v, and attention scores per task.
-    let act = (batch * seq_len * (4 * c.hidden + 3 * c.intermediate + c.vocab / seq_len.max(1)) * 4)
-        as u64;
+    let (b, l) = (batch as f64, seq_len as f64);
+    let kv = scheme.bytes_per_token(&g) as f64 * b * (l + spec.gen as f64);
+    // Prefill activations: logits-free hidden states, q/k/v, and attention scores per task;
+    // plus the prompt tokens themselves (u32).
+    let act = b * l * (4.0 * c.hidden as f64 + 3.0 * c.intermediate as f64 + 1.0) * 4.0
+        + b * c.vocab as f64 * 4.0;
     // On a GPU the point lives in device memory: compare with what the driver reports free.
     let avail = match super::device::device_mem_free(models.decode.device()) {
         Ok(Some(free)) => Some(free),
         _ => memory::available_bytes(),
-    };
-    match avail {
-        Some(avail) if kv + act > avail => Err(format!(
+    }? as f64;
+    (kv + act > avail).then(|| {
+        format!(
             "oom: needs ~{:.2} GiB (KV {:.2} GiB), {:.2} GiB available",
-            (kv + act) as f64 / GIB,
-            kv as f64 / GIB,
-            avail as f64 / GIB
-        )),
-        _ => Ok(()),
-    }
+            (kv + act) / GIB,
+            kv / GIB,
+            avail / GIB
+        )
+    })
 }
 
 /// One scheme's samples while its point is being timed.
@@ -644,7 +672,10 @@ pub fn interleaved_point(
     use rand::seq::SliceRandom;
     let mut state: Vec<std::result::Result<Samples, String>> = schemes
         .iter()
-        .map(|&s| memory_check(models, s, batch, seq_len, spec).map(|()| Samples::default()))
+        .map(|&s| match predicted_oom(models, s, batch, seq_len, spec) {
+            Some(oom) => Err(oom),
+            None => Ok(Samples::default()),
+        })
         .collect();
     for _ in 0..spec.warmup {
         for (i, &scheme) in schemes.iter().enumerate() {

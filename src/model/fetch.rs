@@ -40,11 +40,45 @@ pub fn ensure_default_model() -> Result<PathBuf> {
     if target.is_file() {
         return Ok(target);
     }
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    std::fs::create_dir_all(&dir).map_err(|e| home_error(&dir, e))?;
     let tmp = dir.join(format!(".fetch-{}", std::process::id()));
     let result = fetch_into(&tmp, &target);
     let _ = std::fs::remove_dir_all(&tmp);
     result.map(|()| target)
+}
+
+/// A data folder that cannot be made: named with where it came from (`KVBENCH_HOME` or the
+/// platform's data folder) as a usage error.
+fn home_error(dir: &Path, e: std::io::Error) -> Error {
+    let from = if std::env::var_os("KVBENCH_HOME").is_some_and(|p| !p.is_empty()) {
+        "KVBENCH_HOME"
+    } else {
+        "the data folder"
+    };
+    Error::InvalidArgument {
+        name: from.into(),
+        reason: format!(
+            "cannot create {} ({e}); set KVBENCH_HOME to a writable folder",
+            dir.display()
+        ),
+    }
+}
+
+/// Checks the default model file against [`SHA256`]. A damaged copy (a cut download, a disk
+/// error) is moved aside to `<file>.damaged` so the next [`ensure_default_model`] fetches it
+/// again. Errors: [`Error::Fetch`] naming both hashes and where the copy went.
+pub fn verify_default_model(path: &Path) -> Result<()> {
+    let got = sha256_file(path)?;
+    if got == SHA256 {
+        return Ok(());
+    }
+    let aside = path.with_extension("gguf.damaged");
+    std::fs::rename(path, &aside).map_err(|e| Error::io(path, e))?;
+    Err(Error::Fetch(format!(
+        "the cached {} is damaged (sha256 {got}, expected {SHA256}); moved it to {}",
+        path.display(),
+        aside.display()
+    )))
 }
 
 fn fetch_into(tmp: &Path, target: &Path) -> Result<()> {

@@ -3,7 +3,7 @@
 //! (`{arch}.block_count`, `tokenizer.ggml.tokens`, ...).
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read, Seek};
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::{Content, Value};
@@ -17,28 +17,49 @@ use crate::error::{Error, Result};
 /// Architectures whose GGUF tensors kvbench maps onto its decoder.
 const SUPPORTED_ARCHS: &[&str] = &["llama", "mistral", "qwen2"];
 
-/// Opened GGUF file: metadata plus a reader for tensor data.
-pub struct GgufFile {
+/// Opened GGUF file: metadata plus a reader for tensor data (a buffered file, or any
+/// `Read + Seek`, e.g. bytes in memory).
+pub struct GgufFile<R = BufReader<File>> {
     path: std::path::PathBuf,
     content: Content,
-    reader: BufReader<File>,
+    reader: R,
 }
 
 impl GgufFile {
     /// Opens and parses the header. Errors: [`Error::ModelNotFound`] when the file is missing,
-    /// [`Error::ModelFormat`] when it is not a readable GGUF.
+    /// [`Error::Io`] when it cannot be read (permissions), [`Error::ModelFormat`] when it is not
+    /// a readable GGUF.
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).map_err(|e| Error::ModelNotFound {
-            model: path.display().to_string(),
-            reason: format!("{e}; pass an existing .gguf file or a folder with config.json"),
+        let file = File::open(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::ModelNotFound {
+                model: path.display().to_string(),
+                reason: format!("{e}; pass an existing .gguf file or a folder with config.json"),
+            },
+            _ => Error::io(path, e),
         })?;
-        let mut reader = BufReader::new(file);
-        let content = Content::read(&mut reader).map_err(|e| Error::ModelFormat {
+        Self::from_reader(path, BufReader::new(file))
+    }
+}
+
+impl<R: Read + Seek> GgufFile<R> {
+    /// Parses the header from `reader` (`path` names it in errors): first a bounds-checked scan
+    /// ([`super::gguf_scan::scan`]: sizes checked against the file's length, duplicate keys and
+    /// version 1 refused), then candle's reader. Errors: [`Error::ModelFormat`].
+    pub fn from_reader(path: &Path, mut reader: R) -> Result<Self> {
+        let bad = |reason: String| Error::ModelFormat {
             path: path.to_path_buf(),
-            reason: format!(
+            reason,
+        };
+        super::gguf_scan::scan(&mut reader)
+            .map_err(|e| bad(format!("not a readable GGUF file: {e}")))?;
+        reader
+            .seek(std::io::SeekFrom::Start(0))
+            .map_err(|e| Error::io(path, e))?;
+        let content = Content::read(&mut reader).map_err(|e| {
+            bad(format!(
                 "not a readable GGUF file ({})",
                 crate::error::first_line(&e)
-            ),
+            ))
         })?;
         Ok(Self {
             path: path.to_path_buf(),
@@ -73,6 +94,10 @@ impl GgufFile {
                     "metadata `{key}`: {}",
                     crate::error::first_line(&e)
                 ))
+            })
+            .and_then(|x| match v.to_i32() {
+                Ok(i) if i < 0 => Err(self.bad(format!("metadata `{key}` is negative ({i})"))),
+                _ => Ok(x),
             })
     }
 
@@ -191,6 +216,19 @@ impl GgufFile {
             arch,
         };
         cfg.check(&self.path)?;
+        let shape = |name: &str| {
+            self.content
+                .tensor_infos
+                .get(name)
+                .map(|t| t.shape.dims().to_vec())
+        };
+        super::shapes::check_shapes(
+            &cfg,
+            super::shapes::Naming::Gguf,
+            shape,
+            self.content.tensor_infos.keys().map(String::as_str),
+            &self.path,
+        )?;
         Ok(cfg)
     }
 
@@ -285,6 +323,12 @@ pub fn load(
         });
     }
     let norm = f.tensor("output_norm.weight")?.dequantize(dev)?;
+    // NaN or infinite norm weights make every logit NaN: refuse them here.
+    super::shapes::check_finite(&norm, "output_norm.weight", path)?;
+    for (i, b) in blocks.iter().enumerate() {
+        super::shapes::check_finite(&b.attn_norm, &format!("blk.{i}.attn_norm.weight"), path)?;
+        super::shapes::check_finite(&b.ffn_norm, &format!("blk.{i}.ffn_norm.weight"), path)?;
+    }
     // Tied embeddings (SmolLM2, Qwen2-0.5B): no output.weight, the head reuses token_embd.
     let head = if f.has_tensor("output.weight") {
         f.tensor("output.weight")?

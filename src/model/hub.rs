@@ -65,6 +65,30 @@ pub fn resolve(spec: &str) -> Result<ModelLocation> {
 fn folder(dir: &Path, repo: Option<String>) -> Result<ModelLocation> {
     let (config, tokenizer) = (dir.join("config.json"), dir.join("tokenizer.json"));
     for f in [&config, &tokenizer] {
+        // A file that exists but cannot be read (permissions) is named as such, not as missing.
+        match std::fs::metadata(f) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::ModelNotFound {
+                    model: dir.display().to_string(),
+                    reason: format!(
+                        "cannot read {} ({e}); check the folder's permissions",
+                        f.display()
+                    ),
+                })
+            }
+            Ok(m) if m.is_file() => {
+                if let Err(e) = std::fs::File::open(f) {
+                    return Err(Error::ModelNotFound {
+                        model: dir.display().to_string(),
+                        reason: format!(
+                            "cannot read {} ({e}); check the file's permissions",
+                            f.display()
+                        ),
+                    });
+                }
+            }
+            _ => {}
+        }
         if !f.is_file() {
             return Err(Error::ModelNotFound {
                 model: dir.display().to_string(),
@@ -113,18 +137,25 @@ fn from_hub(spec: &str, repo_id: &str) -> Result<ModelLocation> {
     let token = std::env::var("HF_TOKEN").ok().or_else(|| cache.token());
     let api = ApiBuilder::from_env()
         .with_token(token)
-        .with_progress(true)
+        .with_progress(false)
         .build()
         .map_err(|e| not_found(format!("the hub client could not start ({e})")))?;
-    let api_repo = api.model(repo_id.to_string());
+    let stall = stall_timeout()?;
     let fetch = |f: &str| {
-        api_repo
-            .get(f)
-            .map_err(|e| not_found(format!("the hub is unreachable or refused `{f}` ({e})")))
+        fetch_watched(&api, repo_id, &cached, f, stall).map_err(|e| match e {
+            Fetched::Stalled => not_found(format!(
+                "the hub sent nothing for {} s while fetching `{f}` (set KVBENCH_HUB_TIMEOUT \
+                 to wait longer)",
+                stall.as_secs()
+            )),
+            Fetched::Failed(e) => {
+                not_found(format!("the hub is unreachable or refused `{f}` ({e})"))
+            }
+        })
     };
     let config = fetch("config.json")?;
     fetch("tokenizer.json")?;
-    match api_repo.get("model.safetensors.index.json") {
+    match fetch("model.safetensors.index.json") {
         Ok(index) => {
             let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
             let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
@@ -148,4 +179,107 @@ fn from_hub(spec: &str, repo_id: &str) -> Result<ModelLocation> {
     }
     let dir = config.parent().unwrap_or(Path::new("."));
     folder(dir, Some(repo_id.to_string()))
+}
+
+/// How long a hub request may go without receiving a byte before kvbench gives up:
+/// `KVBENCH_HUB_TIMEOUT` seconds, default 60. hf-hub's blocking client sets no read timeout, so
+/// a server that accepts the connection and never answers would otherwise hang kvbench forever.
+/// Errors: [`Error::InvalidArgument`] when the variable is not a whole number of seconds ≥ 1.
+pub fn stall_timeout() -> Result<std::time::Duration> {
+    match std::env::var("KVBENCH_HUB_TIMEOUT") {
+        Err(_) => Ok(std::time::Duration::from_secs(60)),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(s) if s >= 1 => Ok(std::time::Duration::from_secs(s)),
+            _ => Err(Error::InvalidArgument {
+                name: "KVBENCH_HUB_TIMEOUT".into(),
+                reason: format!("`{v}` is not a whole number of seconds ≥ 1"),
+            }),
+        },
+    }
+}
+
+/// Why a watched fetch failed.
+enum Fetched {
+    /// No byte arrived for the stall timeout.
+    Stalled,
+    /// hf-hub's error.
+    Failed(String),
+}
+
+/// Bytes received by a download, and when the last arrived (for the stall watchdog).
+#[derive(Clone)]
+struct Watch {
+    last: std::sync::Arc<std::sync::Mutex<std::time::Instant>>,
+    bar: indicatif::ProgressBar,
+}
+
+impl hf_hub::api::Progress for Watch {
+    fn init(&mut self, size: usize, filename: &str) {
+        self.bar.set_length(size as u64);
+        self.bar.set_message(filename.to_string());
+        if let Ok(mut t) = self.last.lock() {
+            *t = std::time::Instant::now();
+        }
+    }
+    fn update(&mut self, size: usize) {
+        self.bar.inc(size as u64);
+        if let Ok(mut t) = self.last.lock() {
+            *t = std::time::Instant::now();
+        }
+    }
+    fn finish(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+/// `repo`'s file `f` from the cache, else downloaded on a worker thread while this one watches:
+/// if no byte arrives for `stall` (the request is not answered, or the transfer stops), the
+/// fetch fails with [`Fetched::Stalled`] (the worker is left blocked on its socket; the process
+/// exits with the error soon after).
+fn fetch_watched(
+    api: &hf_hub::api::sync::Api,
+    repo_id: &str,
+    cached: &hf_hub::CacheRepo,
+    f: &str,
+    stall: std::time::Duration,
+) -> std::result::Result<std::path::PathBuf, Fetched> {
+    if let Some(p) = cached.get(f) {
+        return Ok(p);
+    }
+    let watch = Watch {
+        last: std::sync::Arc::new(std::sync::Mutex::new(std::time::Instant::now())),
+        bar: indicatif::ProgressBar::new(0).with_style(
+            indicatif::ProgressStyle::with_template("{msg} {bytes}/{total_bytes} {bar:30}")
+                .expect("static template"),
+        ),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (api, repo_id, name, w) = (
+        api.clone(),
+        repo_id.to_string(),
+        f.to_string(),
+        watch.clone(),
+    );
+    std::thread::spawn(move || {
+        let _ = tx.send(
+            api.model(repo_id)
+                .download_with_progress(&name, w)
+                .map_err(|e| e.to_string()),
+        );
+    });
+    loop {
+        match rx.recv_timeout(std::time::Duration::from_millis(200)) {
+            Ok(r) => return r.map_err(Fetched::Failed),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(Fetched::Failed("the download thread ended".into()))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let idle = watch.last.lock().map(|t| t.elapsed()).unwrap_or_default();
+                if idle >= stall {
+                    watch.bar.finish_and_clear();
+                    return Err(Fetched::Stalled);
+                }
+            }
+        }
+    }
 }

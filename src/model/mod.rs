@@ -12,9 +12,11 @@ pub mod device;
 pub mod fetch;
 pub mod geometry;
 pub mod gguf;
+pub mod gguf_scan;
 pub mod hub;
 pub mod qmatmul;
 pub mod safetensors;
+pub mod shapes;
 pub mod tokenizer;
 
 use std::path::PathBuf;
@@ -78,21 +80,9 @@ impl ModelConfig {
         }
     }
 
+    /// See [`shapes::check_config`].
     fn check(&self, path: &std::path::Path) -> Result<()> {
-        let bad = |reason: String| Error::ModelFormat {
-            path: path.to_path_buf(),
-            reason,
-        };
-        if self.layers == 0 || self.q_heads == 0 || self.kv_heads == 0 || self.head_dim == 0 {
-            return Err(bad(format!("degenerate geometry {self:?}")));
-        }
-        if !self.q_heads.is_multiple_of(self.kv_heads) {
-            return Err(bad(format!(
-                "{} query heads are not a multiple of {} kv heads",
-                self.q_heads, self.kv_heads
-            )));
-        }
-        Ok(())
+        shapes::check_config(self, path)
     }
 }
 
@@ -514,6 +504,24 @@ fn reference_attention(q: &Tensor, k: &Tensor, v: &Tensor, c: &ModelConfig) -> R
 /// Computed on the CPU for every device, so positions are encoded identically everywhere.
 fn rope_tables(c: &ModelConfig) -> Result<(Tensor, Tensor)> {
     let half = c.head_dim / 2;
+    // Two f32 tables of max_ctx × half (max_ctx ≤ shapes::MAX_CONTEXT): refuse a size the
+    // machine cannot hold instead of letting the allocation abort.
+    let bytes = (c.max_ctx as u64)
+        .saturating_mul(half as u64)
+        .saturating_mul(8);
+    if let Some(avail) = crate::measure::memory::available_bytes() {
+        if bytes > avail / 2 {
+            return Err(Error::InvalidArgument {
+                name: "model context length".into(),
+                reason: format!(
+                    "{} tokens need {:.1} GiB of RoPE tables, more than half the {:.1} GiB                      available; is the model's context length right?",
+                    c.max_ctx,
+                    bytes as f64 / (1u64 << 30) as f64,
+                    avail as f64 / (1u64 << 30) as f64
+                ),
+            });
+        }
+    }
     let inv: Vec<f32> = (0..half)
         .map(|i| 1.0 / c.rope_theta.powf(2.0 * i as f32 / c.head_dim as f32))
         .collect();
@@ -598,6 +606,18 @@ pub fn load_location_on(
 }
 
 /// Index of the largest value in each row of `[rows, vocab]` logits (greedy decoding).
+///
+/// Errors: [`Error::NonFinite`] when a row holds NaN or an infinity (damaged weights, an
+/// overflow): its argmax would be an arbitrary token, and a point built on it must fail rather
+/// than report `ok`. (A row's sum is finite exactly when every element is, short of an overflow
+/// of finite logits near 3·10^38, itself a failure.)
 pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
+    let sums = logits.sum(D::Minus1)?.to_vec1::<f32>()?;
+    if let Some(row) = sums.iter().position(|s| !s.is_finite()) {
+        return Err(Error::NonFinite(format!(
+            "the logits of row {row} hold NaN or infinite values (damaged weights or an \
+             overflow); the generated token would be meaningless"
+        )));
+    }
     Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
 }

@@ -36,7 +36,10 @@ const SUPPORTED_TYPES: &[&str] = &["llama", "mistral", "qwen2"];
 /// Parses `config.json` into a [`ModelConfig`]. Errors: [`Error::ModelFormat`] for unreadable
 /// JSON or missing fields, [`Error::Unsupported`] for other model types or RoPE scaling.
 pub fn read_config(path: &Path) -> Result<(ModelConfig, bool)> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = std::fs::read_to_string(path).map_err(|e| Error::ModelNotFound {
+        model: path.display().to_string(),
+        reason: format!("cannot read it ({e}); check that it exists and is readable"),
+    })?;
     let hf: HfConfig = serde_json::from_str(&text).map_err(|e| Error::ModelFormat {
         path: path.to_path_buf(),
         reason: format!("config.json: {e}"),
@@ -92,6 +95,15 @@ pub fn load(
         path: weights.first().cloned().unwrap_or_default(),
         reason: format!("safetensors: {}", crate::error::first_line(&e)),
     })?;
+    // Every weight's shape against config.json before any is read.
+    let names: Vec<String> = st.tensors().into_iter().map(|(n, _)| n).collect();
+    super::shapes::check_shapes(
+        &cfg,
+        super::shapes::Naming::HuggingFace,
+        |name| st.get(name).ok().map(|v| v.shape().to_vec()),
+        names.iter().map(String::as_str),
+        weights.first().map_or(config, |p| p.as_path()),
+    )?;
     let dev = Device::Cpu;
     // Dense f32 on the CPU (`Linear::from_dense` quantizes from there and copies to `device`).
     let get_cpu = |name: &str| -> Result<Tensor> {
@@ -133,6 +145,18 @@ pub fn load(
     };
     let lm_head = Linear::from_dense(head, None, dtype, device)?;
     let norm = get("model.norm.weight")?;
+    // NaN or infinite norm weights make every logit NaN: refuse them here.
+    let first = weights.first().map_or(config, |p| p.as_path());
+    super::shapes::check_finite(&norm, "model.norm.weight", first)?;
+    for (i, b) in blocks.iter().enumerate() {
+        let p = format!("model.layers.{i}");
+        super::shapes::check_finite(&b.attn_norm, &format!("{p}.input_layernorm.weight"), first)?;
+        super::shapes::check_finite(
+            &b.ffn_norm,
+            &format!("{p}.post_attention_layernorm.weight"),
+            first,
+        )?;
+    }
     let model = Model::new(cfg, dtype, embed, blocks, norm, lm_head)?;
     let source = ModelSource {
         spec: config.parent().unwrap_or(config).display().to_string(),

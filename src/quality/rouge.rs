@@ -222,33 +222,120 @@ fn summary_level_lcs(target: &[Vec<String>], prediction: &[Vec<String>]) -> Scor
 /// Positions in `a` of one longest common subsequence of `a` and `b`, chosen as `rouge-score`'s
 /// `lcs_ind` / `_backtrack_norec` choose it (the union in ROUGE-Lsum depends on the choice):
 /// walking back from the end, take a match when the tokens are equal, else step back in `b`
-/// only when that keeps a strictly longer LCS than stepping back in `a`.
+/// only when that keeps a strictly longer LCS than stepping back in `a`. Positions come in
+/// decreasing order.
+///
+/// rouge-score keeps the whole `(|a|+1) × (|b|+1)` table; here memory is linear: the walk is
+/// split by rows as in Hirschberg (1975), "A linear space algorithm for computing maximal common
+/// subsequences" — the row where the walk crosses the middle of a band is recomputed from the
+/// band's first row, the lower half walked first, then the upper half from where it left — and
+/// a band small enough ([`LCS_BLOCK_CELLS`]) is walked on a full table. The table values, and so
+/// every choice of the walk, are those of the full table: the result is the same positions.
+/// Memory O(|b| log |a| + block), time O(|a| |b| log |a|) at worst.
 fn lcs_positions(a: &[String], b: &[String]) -> Vec<usize> {
-    let cols = b.len() + 1;
-    let mut table = vec![0usize; (a.len() + 1) * cols];
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            table[i * cols + j] = if a[i - 1] == b[j - 1] {
-                table[(i - 1) * cols + j - 1] + 1
+    lcs_positions_blocked(a, b, LCS_BLOCK_CELLS)
+}
+
+/// Table cells (u32) walked on a full table at once: 4 Mi cells, 16 MiB.
+const LCS_BLOCK_CELLS: usize = 1 << 22;
+
+/// [`lcs_positions`] with full tables of at most `block` cells (≥ 1).
+fn lcs_positions_blocked(a: &[String], b: &[String], block: usize) -> Vec<usize> {
+    // Tokens as small integers: comparisons in the inner loop are then one instruction.
+    let mut ids: HashMap<&str, u32> = HashMap::new();
+    let (mut ia, mut ib) = (Vec::with_capacity(a.len()), Vec::with_capacity(b.len()));
+    for (src, dst) in [(a, &mut ia), (b, &mut ib)] {
+        for t in src {
+            let n = ids.len() as u32;
+            dst.push(*ids.entry(t.as_str()).or_insert(n));
+        }
+    }
+    let (a, b) = (ia, ib);
+    let mut positions = Vec::new();
+    let base = vec![0u32; b.len() + 1];
+    lcs_walk(
+        &a,
+        &b,
+        0,
+        a.len(),
+        b.len(),
+        &base,
+        block.max(1),
+        &mut positions,
+    );
+    positions
+}
+
+/// Row `hi` of the LCS table over columns `0..=j`, from row `lo` (`base`, `j + 1` values):
+/// `T[i][c] = T[i−1][c−1] + 1` when `a[i−1] = b[c−1]`, else `max(T[i−1][c], T[i][c−1])`.
+fn lcs_row(a: &[u32], b: &[u32], lo: usize, hi: usize, base: &[u32]) -> Vec<u32> {
+    let mut prev = base.to_vec();
+    let mut cur = vec![0u32; base.len()];
+    for &x in &a[lo..hi] {
+        cur[0] = 0;
+        for c in 1..base.len() {
+            cur[c] = if x == b[c - 1] {
+                prev[c - 1] + 1
             } else {
-                table[(i - 1) * cols + j].max(table[i * cols + j - 1])
+                prev[c].max(cur[c - 1])
             };
         }
+        std::mem::swap(&mut prev, &mut cur);
     }
-    let (mut i, mut j) = (a.len(), b.len());
-    let mut positions = Vec::new();
-    while i > 0 && j > 0 {
-        if a[i - 1] == b[j - 1] {
-            positions.push(i - 1);
-            i -= 1;
-            j -= 1;
-        } else if table[i * cols + j - 1] > table[(i - 1) * cols + j] {
-            j -= 1;
-        } else {
-            i -= 1;
+    prev
+}
+
+/// Walks back from `(hi, j)` until row `lo` or column 0, given row `lo` of the table over
+/// columns `0..=j` (`base`); pushes the positions (in `a`) of the matches taken and returns the
+/// column where the walk reached row `lo` (0 when it reached column 0 first).
+#[allow(clippy::too_many_arguments)]
+fn lcs_walk(
+    a: &[u32],
+    b: &[u32],
+    lo: usize,
+    hi: usize,
+    j: usize,
+    base: &[u32],
+    block: usize,
+    out: &mut Vec<usize>,
+) -> usize {
+    if hi == lo || j == 0 {
+        return j;
+    }
+    let cols = j + 1;
+    if (hi - lo).saturating_mul(cols) <= block || hi - lo == 1 {
+        // The band's table, rows lo..=hi, columns 0..=j.
+        let mut t = vec![0u32; (hi - lo + 1) * cols];
+        t[..cols].copy_from_slice(&base[..cols]);
+        for r in 1..=hi - lo {
+            let x = a[lo + r - 1];
+            for c in 1..cols {
+                t[r * cols + c] = if x == b[c - 1] {
+                    t[(r - 1) * cols + c - 1] + 1
+                } else {
+                    t[(r - 1) * cols + c].max(t[r * cols + c - 1])
+                };
+            }
         }
+        let (mut r, mut c) = (hi - lo, j);
+        while r > 0 && c > 0 {
+            if a[lo + r - 1] == b[c - 1] {
+                out.push(lo + r - 1);
+                r -= 1;
+                c -= 1;
+            } else if t[r * cols + c - 1] > t[(r - 1) * cols + c] {
+                c -= 1;
+            } else {
+                r -= 1;
+            }
+        }
+        return c;
     }
-    positions
+    let mid = lo + (hi - lo) / 2;
+    let mid_row = lcs_row(a, &b[..j], lo, mid, &base[..cols]);
+    let j2 = lcs_walk(a, b, mid, hi, j, &mid_row, block, out);
+    drop(mid_row);
+    lcs_walk(a, b, lo, mid, j2, &base[..j2 + 1], block, out)
 }
 
 /// The Porter stemmer in NLTK's `NLTK_EXTENSIONS` mode, on `char`s (Python indexes code points).
@@ -702,5 +789,62 @@ mod tests {
     fn empty_inputs_score_zero() {
         assert_eq!(score("", "something", true), RougeScores::default());
         assert_eq!(score("something", "...", false), RougeScores::default());
+    }
+
+    /// rouge-score's `_lcs_table` + `_backtrack_norec` as written there: the full table, then
+    /// the walk back. The reference the linear-space walk must reproduce exactly.
+    fn reference_lcs_positions(a: &[String], b: &[String]) -> Vec<usize> {
+        let cols = b.len() + 1;
+        let mut table = vec![0usize; (a.len() + 1) * cols];
+        for i in 1..=a.len() {
+            for j in 1..=b.len() {
+                table[i * cols + j] = if a[i - 1] == b[j - 1] {
+                    table[(i - 1) * cols + j - 1] + 1
+                } else {
+                    table[(i - 1) * cols + j].max(table[i * cols + j - 1])
+                };
+            }
+        }
+        let (mut i, mut j) = (a.len(), b.len());
+        let mut positions = Vec::new();
+        while i > 0 && j > 0 {
+            if a[i - 1] == b[j - 1] {
+                positions.push(i - 1);
+                i -= 1;
+                j -= 1;
+            } else if table[i * cols + j - 1] > table[(i - 1) * cols + j] {
+                j -= 1;
+            } else {
+                i -= 1;
+            }
+        }
+        positions
+    }
+
+    /// The linear-space walk chooses the same LCS positions as the full table, on random token
+    /// sequences over small alphabets (many ties) and lengths 0–60, with full-table bands from
+    /// 1 cell (every band split down to single rows) to whole tables.
+    #[test]
+    fn linear_space_lcs_chooses_rouge_scores_positions() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(14);
+        for case in 0..3000 {
+            let alphabet = rng.random_range(1..6u8);
+            let mut seq = |n: usize| -> Vec<String> {
+                (0..n)
+                    .map(|_| ((b'a' + rng.random_range(0..alphabet)) as char).to_string())
+                    .collect()
+            };
+            let (m, n) = (case % 61, (case * 7) % 53);
+            let (a, b) = (seq(m), seq(n));
+            let want = reference_lcs_positions(&a, &b);
+            for block in [1, 7, 64, 1 << 22] {
+                assert_eq!(
+                    lcs_positions_blocked(&a, &b, block),
+                    want,
+                    "block {block}: {a:?} vs {b:?}"
+                );
+            }
+        }
     }
 }

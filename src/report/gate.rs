@@ -38,11 +38,21 @@ impl Results {
         } else {
             path.to_path_buf()
         };
+        let f = std::fs::File::open(&file).map_err(|e| Error::InvalidArgument {
+            name: file.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Self::from_reader(&file, f)
+    }
+
+    /// Reads results CSV text from `reader` (`file` names it in errors). Errors: as
+    /// [`Results::read`].
+    pub fn from_reader(file: &Path, reader: impl std::io::Read) -> Result<Results> {
         let bad = |reason: String| Error::InvalidArgument {
             name: file.display().to_string(),
             reason,
         };
-        let mut r = csv::Reader::from_path(&file).map_err(|e| bad(e.to_string()))?;
+        let mut r = csv::Reader::from_reader(reader);
         let header: Vec<String> = r
             .headers()
             .map_err(|e| bad(e.to_string()))?
@@ -57,7 +67,7 @@ impl Results {
             })
             .collect::<Result<Vec<Vec<String>>>>()?;
         Ok(Results {
-            path: file,
+            path: file.to_path_buf(),
             header,
             rows,
         })
@@ -86,29 +96,60 @@ impl Results {
         })
     }
 
-    /// `(scheme, batch, seq) → column → value`, first row per point.
-    fn points(&self) -> Vec<(Key, HashMap<&str, f64>)> {
+    /// `(scheme, batch, seq) → column → value`. An empty cell is a value not measured.
+    /// Errors: [`Error::InvalidArgument`] naming the file, line and value when a point appears
+    /// twice (which row is meant is unknown) or a value is not a number in its range: perplexity
+    /// finite and ≥ 1 (it is e^(mean NLL ≥ 0)), KL finite and ≥ 0, TPOT finite and > 0. NaN,
+    /// infinite or negative values would otherwise pass any limit.
+    fn points(&self) -> Result<Vec<(Key, HashMap<&'static str, f64>)>> {
         let (s, b, l) = (
             self.col("scheme").unwrap_or(0),
             self.col("batch_size").unwrap_or(0),
             self.col("seq_len").unwrap_or(0),
         );
         let mut out: Vec<(Key, HashMap<&str, f64>)> = Vec::new();
-        for row in &self.rows {
-            let key = (row[s].clone(), row[b].clone(), row[l].clone());
+        for (i, row) in self.rows.iter().enumerate() {
+            let line = i + 2;
+            let bad = |reason: String| Error::InvalidArgument {
+                name: format!("{}:{line}", self.path.display()),
+                reason,
+            };
+            let cell = |c: usize| row.get(c).cloned().unwrap_or_default();
+            let key = (cell(s), cell(b), cell(l));
             if out.iter().any(|(k, _)| *k == key) {
-                continue;
+                return Err(bad(format!(
+                    "point {} b{} s{} appears twice; a results file holds each point once \
+                     (was a run folder reused?)",
+                    key.0, key.1, key.2
+                )));
             }
-            let values = ["ppl", "kl_mean", "tpot_ms_mean"]
-                .into_iter()
-                .filter_map(|c| {
-                    let v = row.get(self.col(c)?)?.parse::<f64>().ok()?;
-                    Some((c, v))
-                })
-                .collect();
+            let mut values = HashMap::new();
+            for (c, ok, range) in [
+                ("ppl", (|v: f64| v >= 1.0) as fn(f64) -> bool, "≥ 1"),
+                ("kl_mean", |v: f64| v >= 0.0, "≥ 0"),
+                ("tpot_ms_mean", |v: f64| v > 0.0, "> 0"),
+            ] {
+                let Some(text) = self.col(c).and_then(|j| row.get(j)) else {
+                    continue;
+                };
+                if text.trim().is_empty() {
+                    continue;
+                }
+                match text.trim().parse::<f64>() {
+                    Ok(v) if v.is_finite() && ok(v) => {
+                        values.insert(c, v);
+                    }
+                    _ => {
+                        return Err(bad(format!(
+                            "{c} `{text}` is not a finite number {range}; fix or re-create the \
+                             results file"
+                        )))
+                    }
+                }
+            }
             out.push((key, values));
         }
-        out
+        Ok(out)
     }
 }
 
@@ -156,8 +197,8 @@ pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result
     }
     baseline.require(&cols)?;
     current.require(&cols)?;
-    let base = baseline.points();
-    let cur = current.points();
+    let base = baseline.points()?;
+    let cur = current.points()?;
     let name = |k: &Key| format!("{} b{} s{}", k.0, k.1, k.2);
     if !base.iter().any(|(k, _)| cur.iter().any(|(c, _)| c == k)) {
         let list = |p: &[(Key, HashMap<&str, f64>)]| {

@@ -84,6 +84,12 @@ pub fn now_rfc3339() -> String {
 pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
     let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_string_pretty(value).map_err(|e| Error::io(path, e.into()))?;
-    std::fs::write(&tmp, text + "\n").map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    // A failed write (disk full) or rename leaves no stray temp file behind.
+    let result = std::fs::write(&tmp, text + "\n")
+        .map_err(|e| Error::io(&tmp, e))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }
