@@ -192,7 +192,9 @@ fn table(
         a.model,
         g.kv_heads,
         g.head_dim,
-        peak.map_or(String::new(), |p| format!(", peak bandwidth {p:.1} GB/s"))
+        peak.map_or(String::new(), |p| {
+            format!(", peak bandwidth {} GB/s", (p * 10.0).round() / 10.0)
+        })
     );
     print!(
         "{:<28} {:>12} {:>10} {:>10} {:>10} {:>10} {:>9} {:>10}",
