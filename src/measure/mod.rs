@@ -4,6 +4,7 @@
 pub mod device;
 pub mod floors;
 pub mod memory;
+pub mod shard;
 pub mod stats;
 pub mod sweep;
 pub mod synthetic;

@@ -21,6 +21,7 @@
 use rand::{Rng, SeedableRng};
 
 use super::memory;
+use super::shard::Selection;
 use super::stats::summarize;
 use crate::error::{Error, Result};
 use crate::kv::{AnyCache, KvScheme};
@@ -328,6 +329,62 @@ impl TryFrom<RawPoint> for PointOutcome {
 pub trait PointSink {
     /// Called once per finished point (successful or not).
     fn point(&mut self, outcome: &PointOutcome) -> Result<()>;
+
+    /// Called once per scheme whose quality unit this process ran (before its points), so a
+    /// shard that holds a scheme's quality but none of its timing points still keeps it.
+    fn quality(&mut self, _outcome: &QualityOutcome) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A scheme's quality results (one line of `quality.jsonl`): what a sweep attaches to each of
+/// the scheme's points, kept apart so `kvbench merge` can join shards.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct QualityOutcome {
+    /// The scheme.
+    pub scheme: KvScheme,
+    /// Perplexity (with KL vs the fp16 cache when measured), if measured.
+    #[serde(default)]
+    pub ppl: Option<PplResult>,
+    /// ROUGE on XSum summaries, if measured (`rouge_l_vs_fp16` only when the fp16 summaries
+    /// were made by the same process; `kvbench merge` fills it in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rouge: Option<RougeResult>,
+    /// Passkey trials, if measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passkey: Option<PasskeyResult>,
+}
+
+/// What one process of a sweep runs: the selected units (all of them, or one shard's; see
+/// [`super::shard`]), and what an earlier, interrupted run of the same folder finished
+/// (`--resume`): its points and its quality results.
+#[derive(Debug, Clone, Copy)]
+pub struct Work<'a> {
+    /// Units to run (others are skipped).
+    pub selection: &'a Selection,
+    /// Points finished earlier.
+    pub done: &'a [PointOutcome],
+    /// Quality results finished earlier.
+    pub done_quality: &'a [QualityOutcome],
+}
+
+impl Work<'_> {
+    /// The earlier quality results of `scheme`: its `quality.jsonl` line, else those its
+    /// earlier points carry (run folders written before `quality.jsonl` existed).
+    fn earlier_quality(&self, scheme: KvScheme) -> Option<QualityOutcome> {
+        if let Some(q) = self.done_quality.iter().find(|q| q.scheme == scheme) {
+            return Some(q.clone());
+        }
+        self.done
+            .iter()
+            .find(|o| o.scheme == scheme && (o.ppl.is_some() || o.rouge.is_some() || o.passkey.is_some()))
+            .map(|o| QualityOutcome {
+                scheme,
+                ppl: o.ppl.clone(),
+                rouge: o.rouge.clone(),
+                passkey: o.passkey.clone(),
+            })
+    }
 }
 
 /// Progress reporting hooks; all default to no-ops.
@@ -340,12 +397,16 @@ pub trait Progress {
 
 impl Progress for () {}
 
-/// Units of work a sweep reports to [`Progress`]: perplexity windows plus timing points.
-/// Units of work a sweep reports to [`Progress`]: perplexity windows, generation-task prompts
-/// (`task_units` per scheme) and timing points.
-pub fn work_units(spec: &SweepSpec, ppl_windows: usize, task_units: usize) -> u64 {
-    let points = spec.batch_sizes.len() * spec.seq_lens.len();
-    (spec.schemes.len() * (points + ppl_windows + task_units)) as u64
+/// Units of work a sweep reports to [`Progress`] for the selected `units`: one per timing
+/// point, `quality_units` (perplexity windows plus generation-task prompts) per quality unit.
+pub fn work_units(units: &[super::shard::Unit], quality_units: usize) -> u64 {
+    units
+        .iter()
+        .map(|u| match u {
+            super::shard::Unit::Timing { .. } => 1,
+            super::shard::Unit::Quality { .. } => quality_units as u64,
+        })
+        .sum()
 }
 
 /// The model in the weight dtype each phase runs with. All three share one set of files and one
@@ -364,15 +425,18 @@ pub struct PhaseModels<'a> {
 
 /// Runs the sweep over `tokens`, which supply both the perplexity text and the prompts.
 ///
-/// `done` holds points finished by an earlier, interrupted run of the same spec (`--resume`):
-/// they are skipped, and a scheme's perplexity found among them is reused rather than measured
+/// Only the units in `work.selection` run (a shard's share, or all; see [`super::shard`]); a
+/// point not selected is skipped, and a scheme whose quality unit is elsewhere gets rows without
+/// quality columns (`kvbench merge` joins them). `work.done` holds points finished by an
+/// earlier, interrupted run of the same spec (`--resume`): they are skipped, and a scheme's
+/// quality results found in `work.done_quality` or among them are reused rather than measured
 /// again. Errors: [`SweepSpec::validate`]'s, perplexity failures, and the sink's I/O errors; a
 /// failing timing point is recorded (`error: …`, `oom: …`) and the sweep goes on.
 pub fn run_sweep(
     models: PhaseModels<'_>,
     text: SweepText<'_>,
     spec: &SweepSpec,
-    done: &[PointOutcome],
+    work: Work<'_>,
     sink: &mut dyn PointSink,
     progress: &dyn Progress,
 ) -> Result<()> {
@@ -382,44 +446,46 @@ pub fn run_sweep(
     for s in &spec.schemes {
         s.validate(cfg.head_dim)?;
     }
+    let done = work.done;
     let is_done = |scheme: KvScheme, batch: usize, seq_len: usize| {
         done.iter()
             .any(|o| o.scheme == scheme && o.batch == batch && o.seq_len == seq_len)
     };
-    let mut baseline_ppl = done
-        .iter()
-        .find(|o| o.scheme.is_baseline())
-        .and_then(|o| o.ppl.as_ref().map(|p| p.perplexity));
-    let mut baseline_rouge: Option<Vec<String>> = done
-        .iter()
-        .find(|o| o.scheme.is_baseline())
-        .and_then(|o| o.rouge.as_ref().map(|r| r.predictions.clone()));
+    let fp16_earlier = work.earlier_quality(KvScheme::FP16);
+    let mut baseline_ppl = fp16_earlier
+        .as_ref()
+        .and_then(|q| q.ppl.as_ref().map(|p| p.perplexity));
+    let mut baseline_rouge: Option<Vec<String>> = fp16_earlier
+        .as_ref()
+        .and_then(|q| q.rouge.as_ref().map(|r| r.predictions.clone()));
+    let quality_units =
+        spec.ppl.as_ref().map_or(0, |p| p.windows.unwrap_or(0)) + tasks.map_or(0, |t| t.units());
     for &scheme in &spec.schemes {
         let todo: Vec<(usize, usize)> = spec
             .batch_sizes
             .iter()
             .flat_map(|&b| spec.seq_lens.iter().map(move |&l| (b, l)))
-            .filter(|&(b, l)| !is_done(scheme, b, l))
+            .filter(|&(b, l)| work.selection.has_timing(scheme, b, l) && !is_done(scheme, b, l))
             .collect();
-        let skipped = spec.batch_sizes.len() * spec.seq_lens.len() - todo.len();
+        let skipped = work.selection.timing_points(scheme) - todo.len();
         progress.advance(skipped as u64);
-        if todo.is_empty() {
-            if let Some(p) = &spec.ppl {
-                progress.advance(p.windows.unwrap_or(0) as u64);
+        // This process runs the scheme's quality unit (sharded runs: maybe without any of its
+        // points); an earlier run's results are reused rather than measured again.
+        let quality_here = work.selection.has_quality(scheme);
+        let earlier = work.earlier_quality(scheme);
+        if todo.is_empty() && (!quality_here || earlier.is_some()) {
+            if quality_here {
+                progress.advance(quality_units as u64);
             }
-            progress.advance(tasks.map_or(0, |t| t.units()) as u64);
             continue;
         }
-        let earlier_ppl = done
-            .iter()
-            .find(|o| o.scheme == scheme)
-            .and_then(|o| o.ppl.clone());
+        let earlier_ppl = earlier.as_ref().and_then(|q| q.ppl.clone());
         let ppl = match (&spec.ppl, earlier_ppl) {
             (Some(proto), Some(r)) => {
                 progress.advance(proto.windows.unwrap_or(0) as u64);
                 Some(r)
             }
-            (Some(proto), None) => {
+            (Some(proto), None) if quality_here => {
                 progress.start(&format!("{scheme}: perplexity"));
                 let baseline = spec.kl.then_some(KvScheme::FP16);
                 let r = perplexity_vs(
@@ -433,21 +499,20 @@ pub fn run_sweep(
                 )?;
                 Some(r)
             }
-            (None, _) => None,
+            _ => None,
         };
         if scheme.is_baseline() {
             baseline_ppl = ppl.as_ref().map(|r| r.perplexity).or(baseline_ppl);
         }
-        let earlier = done.iter().find(|o| o.scheme == scheme);
         let (mut rouge, mut passkey) = (None, None);
         if let Some(t) = tasks {
-            let earlier_rouge = earlier.and_then(|o| o.rouge.clone());
+            let earlier_rouge = earlier.as_ref().and_then(|o| o.rouge.clone());
             rouge = match (&t.rouge, earlier_rouge) {
                 (Some(task), Some(r)) => {
                     progress.advance(task.prompts.len() as u64);
                     Some(r)
                 }
-                (Some(task), None) => {
+                (Some(task), None) if quality_here => {
                     let base = baseline_rouge.as_deref().filter(|_| !scheme.is_baseline());
                     Some(summarize_xsum(
                         models.quality,
@@ -458,21 +523,29 @@ pub fn run_sweep(
                         progress,
                     )?)
                 }
-                (None, _) => None,
+                _ => None,
             };
             if scheme.is_baseline() {
                 baseline_rouge = rouge.as_ref().map(|r| r.predictions.clone());
             }
-            passkey = match earlier.and_then(|o| o.passkey.clone()) {
+            passkey = match earlier.as_ref().and_then(|o| o.passkey.clone()) {
                 Some(p) => {
                     progress.advance(t.passkey.len() as u64);
                     Some(p)
                 }
-                None if !t.passkey.is_empty() => {
+                None if quality_here && !t.passkey.is_empty() => {
                     Some(passkey_trials(models.quality, scheme, t, progress)?)
                 }
                 None => None,
             };
+        }
+        if quality_here && !work.done_quality.iter().any(|q| q.scheme == scheme) {
+            sink.quality(&QualityOutcome {
+                scheme,
+                ppl: ppl.clone(),
+                rouge: rouge.clone(),
+                passkey: passkey.clone(),
+            })?;
         }
         for (batch, seq_len) in todo {
             progress.start(&format!("{scheme}: batch {batch} × {seq_len} tokens"));
