@@ -34,7 +34,11 @@ fn columns(dir: &Path, cols: &[&str]) -> Vec<Vec<String>> {
     let (h, rows) = csv_rows(dir);
     let idx: Vec<usize> = cols
         .iter()
-        .map(|c| h.iter().position(|x| x == c).unwrap_or_else(|| panic!("{c}")))
+        .map(|c| {
+            h.iter()
+                .position(|x| x == c)
+                .unwrap_or_else(|| panic!("{c}"))
+        })
         .collect();
     rows.iter()
         .map(|r| idx.iter().map(|&i| r[i].clone()).collect())
@@ -116,7 +120,10 @@ fn merge_of_synthetic_shards_equals_single_run() {
         total += csv_rows(&dir).1.len();
         dirs.push(dir);
     }
-    assert_eq!(total, 16, "4 schemes × 2 batches × 2 lengths, each in one shard");
+    assert_eq!(
+        total, 16,
+        "4 schemes × 2 batches × 2 lengths, each in one shard"
+    );
     let merged = d.join("merged");
     let mut a = vec!["merge"];
     // Any order.
@@ -158,7 +165,10 @@ fn shard_from_scheduler_environment() {
     let slurm = d.join("slurm");
     let (code, err) = run(
         &slurm,
-        &[("SLURM_ARRAY_TASK_ID", "1"), ("SLURM_ARRAY_TASK_COUNT", "4")],
+        &[
+            ("SLURM_ARRAY_TASK_ID", "1"),
+            ("SLURM_ARRAY_TASK_COUNT", "4"),
+        ],
         &[],
     );
     assert_eq!(code, 0, "{err}");
@@ -185,7 +195,7 @@ fn merge_refuses_mixed_duplicate_and_missing_shards() {
     let b1 = d.join("b1");
     assert_eq!(synth(&a0, &["--shard", "0/2"]).0, 0);
     assert_eq!(synth(&a1, &["--shard", "1/2"]).0, 0);
-    assert_eq!(synth(&b1, &["--shard", "1/2", "--gen", "4"]).0, 0);
+    assert_eq!(synth(&b1, &["--shard", "1/2", "--seed", "7"]).0, 0);
     let out = d.join("out");
     let merge = |dirs: &[&Path], extra: &[&str]| {
         let mut a = vec!["merge"];
@@ -196,10 +206,13 @@ fn merge_refuses_mixed_duplicate_and_missing_shards() {
     };
     let (code, _, err) = merge(&[&a0, &b1], &[]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("settings.gen"), "{err}");
+    assert!(err.contains("settings.seed"), "{err}");
     let (code, _, err) = merge(&[&a0, &a1, &a1], &[]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("shard.index") && err.contains("twice"), "{err}");
+    assert!(
+        err.contains("shard.index") && err.contains("twice"),
+        "{err}"
+    );
     let (code, _, err) = merge(&[&a0], &[]);
     assert_eq!(code, 2, "{err}");
     assert!(
@@ -208,7 +221,11 @@ fn merge_refuses_mixed_duplicate_and_missing_shards() {
     );
     // A different kvbench version and a different model file, doctored into a copy.
     for (field, pointer, value) in [
-        ("`kvbench`", "/kvbench", serde_json::json!("0.0.1 (elsewhere)")),
+        (
+            "`kvbench`",
+            "/kvbench",
+            serde_json::json!("0.0.1 (elsewhere)"),
+        ),
         (
             "`model_geometry`",
             "/model_geometry/layers",
@@ -218,9 +235,7 @@ fn merge_refuses_mixed_duplicate_and_missing_shards() {
         let c = d.join("doctored");
         std::fs::remove_dir_all(&c).ok();
         std::fs::create_dir_all(&c).unwrap();
-        for f in ["raw.jsonl", "quality.jsonl"] {
-            std::fs::copy(a1.join(f), c.join(f)).unwrap();
-        }
+        std::fs::copy(a1.join("raw.jsonl"), c.join("raw.jsonl")).unwrap();
         let mut m = meta(&a1);
         *m.pointer_mut(pointer).unwrap() = value;
         std::fs::write(c.join("meta.json"), m.to_string()).unwrap();
@@ -277,7 +292,7 @@ fn merged_shards_equal_single_run_and_killed_shard_resumes() {
         "--rouge-max-new",
         "4",
         "--passkey-lengths",
-        "80",
+        "120",
         "--passkey-depths",
         "50",
     ];
@@ -396,7 +411,10 @@ fn slurm_dry_run_prints_array_and_merge() {
     ] {
         assert!(out.contains(want), "{want}\n{out}");
     }
-    assert!(!Path::new("/shared/run").exists(), "a dry run writes nothing");
+    assert!(
+        !Path::new("/shared/run").exists(),
+        "a dry run writes nothing"
+    );
     let (code, _, err) = kvbench(&["slurm", "--suite", "suites/ci.toml", "--dry-run"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--shards"), "{err}");

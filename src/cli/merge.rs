@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use crate::report::merge::{merge, ShardFolder};
-use crate::report::{meta, RunSink, RowContext};
+use crate::report::{meta, RowContext, RunSink};
 
 /// Arguments of `kvbench merge`.
 #[derive(Debug, Clone, clap::Args)]
@@ -66,7 +66,10 @@ pub fn run(args: MergeArgs) -> anyhow::Result<()> {
     let ctx: RowContext = serde_json::from_value(merged.meta["report_context"].clone())
         .context("the shards' meta.json has no usable report_context")?;
     if let Some(m) = merged.meta.as_object_mut() {
-        m.insert("command".into(), std::env::args().collect::<Vec<_>>().into());
+        m.insert(
+            "command".into(),
+            std::env::args().collect::<Vec<_>>().into(),
+        );
         m.insert("merged_at".into(), meta::now_rfc3339().into());
     }
     std::fs::create_dir_all(&args.out)

@@ -42,8 +42,12 @@ pub struct SlurmArgs {
 
     /// Any other `sbatch` option for the shards, verbatim (repeatable), e.g.
     /// `--sbatch-arg=--qos=high`.
-    #[arg(long = "sbatch-arg", value_name = "OPTION", allow_hyphen_values = true,
-          help_heading = "Slurm")]
+    #[arg(
+        long = "sbatch-arg",
+        value_name = "OPTION",
+        allow_hyphen_values = true,
+        help_heading = "Slurm"
+    )]
     pub sbatch_args: Vec<String>,
 
     /// Job name prefix.
@@ -131,10 +135,7 @@ pub fn scripts(job: &JobSpec) -> Scripts {
          resumes its folder.\nset -euo pipefail\n",
         n = job.shards
     ));
-    sweep.push_str(&format!(
-        "dir={}/shard-\"$SLURM_ARRAY_TASK_ID\"\n",
-        q(out)
-    ));
+    sweep.push_str(&format!("dir={}/shard-\"$SLURM_ARRAY_TASK_ID\"\n", q(out)));
     sweep.push_str(&format!(
         "if [ -s \"$dir/meta.json\" ]; then\n    exec {exe} sweep --resume \"$dir\"{threads}\nfi\n"
     ));
@@ -224,7 +225,11 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
     crate::measure::shard::Shard::new(0, shards)?;
     if args.sweep.shard.is_some() || args.sweep.resume.is_some() {
         return Err(usage(
-            if args.sweep.shard.is_some() { "--shard" } else { "--resume" },
+            if args.sweep.shard.is_some() {
+                "--shard"
+            } else {
+                "--resume"
+            },
             "kvbench slurm sets each task's shard itself (and resumes a re-run task's folder); \
              drop it"
                 .into(),
@@ -308,7 +313,10 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
         println!("# {}\n{}", sweep_path.display(), s.sweep);
         println!("# {}\n{}", merge_path.display(), s.merge);
         println!("# submit:");
-        println!("sbatch --parsable {}", sh_quote(&sweep_path.display().to_string()));
+        println!(
+            "sbatch --parsable {}",
+            sh_quote(&sweep_path.display().to_string())
+        );
         println!(
             "sbatch {}",
             merge_submit("<array job id>")
@@ -371,11 +379,14 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
 /// Errors: sbatch missing, or failing (its stderr quoted; with `--wait` this is the job's
 /// failure).
 fn sbatch(args: &[String]) -> anyhow::Result<String> {
-    let out = Command::new("sbatch").args(args).output().with_context(|| {
-        "running sbatch (is this a Slurm login node? `kvbench slurm --dry-run` prints the \
+    let out = Command::new("sbatch")
+        .args(args)
+        .output()
+        .with_context(|| {
+            "running sbatch (is this a Slurm login node? `kvbench slurm --dry-run` prints the \
          scripts instead)"
-            .to_string()
-    })?;
+                .to_string()
+        })?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let id = stdout
         .lines()
@@ -416,7 +427,8 @@ mod tests {
         assert_eq!(sh_quote("a b"), "'a b'");
         assert_eq!(sh_quote("it's"), r"'it'\''s'");
         assert_eq!(sh_quote(""), "''");
-        assert_eq!(sh_quote("h2o:ratio=0.2@q4_0"), "'h2o:ratio=0.2@q4_0'");
+        assert_eq!(sh_quote("h2o:ratio=0.2@q4_0"), "h2o:ratio=0.2@q4_0");
+        assert_eq!(sh_quote("$HOME;rm"), "'$HOME;rm'");
     }
 
     #[test]

@@ -428,9 +428,17 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     }
 
     let load = TaskLoad {
-        prompt_tokens: tasks.rouge.iter().flat_map(|r| &r.prompts).map(Vec::len).sum::<usize>()
+        prompt_tokens: tasks
+            .rouge
+            .iter()
+            .flat_map(|r| &r.prompts)
+            .map(Vec::len)
+            .sum::<usize>()
             + tasks.passkey.iter().map(|p| p.tokens.len()).sum::<usize>(),
-        new_tokens: tasks.rouge.as_ref().map_or(0, |r| r.prompts.len() * r.max_new)
+        new_tokens: tasks
+            .rouge
+            .as_ref()
+            .map_or(0, |r| r.prompts.len() * r.max_new)
             + tasks.passkey.len() * 8,
     };
     let has_quality = ppl.is_some() || tasks.units() > 0;

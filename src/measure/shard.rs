@@ -81,14 +81,15 @@ impl Shard {
             match env(name) {
                 None => Ok(None),
                 Some(v) if v.trim().is_empty() => Ok(None),
-                Some(v) => v
-                    .trim()
-                    .parse::<usize>()
-                    .map(Some)
-                    .map_err(|_| Error::InvalidArgument {
-                        name: name.into(),
-                        reason: format!("`{v}` is not a shard index (a whole number ≥ 0)"),
-                    }),
+                Some(v) => {
+                    v.trim()
+                        .parse::<usize>()
+                        .map(Some)
+                        .map_err(|_| Error::InvalidArgument {
+                            name: name.into(),
+                            reason: format!("`{v}` is not a shard index (a whole number ≥ 0)"),
+                        })
+                }
             }
         };
         let slurm_index = || -> Result<Option<usize>> {
@@ -222,12 +223,9 @@ const DECODE_STEP: f64 = 8.0;
 pub fn cost(unit: &Unit, spec: &SweepSpec, tasks: TaskLoad) -> f64 {
     let step = |batch: usize| DECODE_STEP + batch as f64;
     match *unit {
-        Unit::Timing {
-            batch, seq_len, ..
-        } => {
-            let one = |gen: usize| {
-                (batch * seq_len) as f64 + gen.saturating_sub(1) as f64 * step(batch)
-            };
+        Unit::Timing { batch, seq_len, .. } => {
+            let one =
+                |gen: usize| (batch * seq_len) as f64 + gen.saturating_sub(1) as f64 * step(batch);
             spec.warmup as f64 * one(spec.gen.min(4)) + spec.repeats.max(1) as f64 * one(spec.gen)
         }
         Unit::Quality { scheme } => {
@@ -406,7 +404,12 @@ mod tests {
 
     fn spec() -> SweepSpec {
         let mut s = SweepSpec::timing_only(
-            vec![scheme("fp16"), scheme("int8-token"), scheme("int4"), scheme("h2o")],
+            vec![
+                scheme("fp16"),
+                scheme("int8-token"),
+                scheme("int4"),
+                scheme("h2o"),
+            ],
             vec![1, 4],
             vec![128, 512],
             32,
@@ -426,7 +429,10 @@ mod tests {
 
     #[test]
     fn shard_parses_zero_based_and_rejects_out_of_range() {
-        assert_eq!("0/4".parse::<Shard>().unwrap(), Shard { index: 0, count: 4 });
+        assert_eq!(
+            "0/4".parse::<Shard>().unwrap(),
+            Shard { index: 0, count: 4 }
+        );
         assert_eq!("3/4".parse::<Shard>().unwrap().to_string(), "3/4");
         for bad in ["4/4", "1/0", "1", "a/4", "-1/4", "1/4/2"] {
             let e = bad.parse::<Shard>().unwrap_err();
@@ -446,7 +452,10 @@ mod tests {
         };
         // --shard wins over everything.
         let given = Some(Shard::new(1, 2).unwrap());
-        let slurm = env(&[("SLURM_ARRAY_TASK_ID", "3"), ("SLURM_ARRAY_TASK_COUNT", "4")]);
+        let slurm = env(&[
+            ("SLURM_ARRAY_TASK_ID", "3"),
+            ("SLURM_ARRAY_TASK_COUNT", "4"),
+        ]);
         assert_eq!(Shard::resolve(given, None, &slurm).unwrap(), given);
         // A Slurm array --array=0-3, task 3.
         assert_eq!(
@@ -488,7 +497,12 @@ mod tests {
         let units = plan(&s, true);
         // 4 schemes × (1 quality + 2 × 2 timing points).
         assert_eq!(units.len(), 20);
-        assert_eq!(units[0], Unit::Quality { scheme: scheme("fp16") });
+        assert_eq!(
+            units[0],
+            Unit::Quality {
+                scheme: scheme("fp16")
+            }
+        );
         assert_eq!(
             units[1],
             Unit::Timing {

@@ -377,7 +377,9 @@ impl Work<'_> {
         }
         self.done
             .iter()
-            .find(|o| o.scheme == scheme && (o.ppl.is_some() || o.rouge.is_some() || o.passkey.is_some()))
+            .find(|o| {
+                o.scheme == scheme && (o.ppl.is_some() || o.rouge.is_some() || o.passkey.is_some())
+            })
             .map(|o| QualityOutcome {
                 scheme,
                 ppl: o.ppl.clone(),

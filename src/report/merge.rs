@@ -105,7 +105,12 @@ pub struct Merged {
 
 /// Fields that must agree across shards, as JSON pointers into `meta.json` (settings are
 /// compared key by key; `threads` may differ, it changes no result).
-const SAME: &[&str] = &["/kvbench", "/model/sha256", "/model_geometry", "/shard/count"];
+const SAME: &[&str] = &[
+    "/kvbench",
+    "/model/sha256",
+    "/model_geometry",
+    "/shard/count",
+];
 
 fn field_name(pointer: &str) -> String {
     pointer.trim_start_matches('/').replace('/', ".")
@@ -192,7 +197,10 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
         if i >= count {
             return Err(Error::Shards {
                 field: "shard.index".into(),
-                reason: format!("{i} is out of range for {count} shards in {}", s.dir.display()),
+                reason: format!(
+                    "{i} is out of range for {count} shards in {}",
+                    s.dir.display()
+                ),
             });
         }
         if let Some(prev) = by_index[i] {
@@ -210,14 +218,22 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
     let mut missing = Vec::new();
     for (i, s) in by_index.iter().enumerate() {
         let units: Vec<Unit> = match s {
-            None => plan.iter().filter(|a| a.shard == i).map(|a| a.unit).collect(),
+            None => plan
+                .iter()
+                .filter(|a| a.shard == i)
+                .map(|a| a.unit)
+                .collect(),
             Some(s) => s.assigned().filter(|u| !s.has(u)).copied().collect(),
         };
         if units.is_empty() {
             continue;
         }
         let what = match s {
-            None => format!("shard {i}/{count} is missing ({} units: {})", units.len(), describe(&units)),
+            None => format!(
+                "shard {i}/{count} is missing ({} units: {})",
+                units.len(),
+                describe(&units)
+            ),
             Some(s) => format!(
                 "shard {i}/{count} in {} did not finish: {} of its units are missing ({}); \
                  resume it with `kvbench sweep --resume {}`",
@@ -229,7 +245,12 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
         };
         if !allow_partial {
             return Err(Error::Shards {
-                field: if s.is_none() { "shard.index" } else { "shard.units" }.into(),
+                field: if s.is_none() {
+                    "shard.index"
+                } else {
+                    "shard.units"
+                }
+                .into(),
                 reason: format!("{what}; or pass --allow-partial to merge what exists"),
             });
         }
@@ -341,7 +362,12 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
         );
         m.insert(
             "status".into(),
-            if missing.is_empty() { "finished" } else { "partial" }.into(),
+            if missing.is_empty() {
+                "finished"
+            } else {
+                "partial"
+            }
+            .into(),
         );
         if !missing.is_empty() {
             m.insert("missing".into(), missing.clone().into());

@@ -370,7 +370,8 @@ impl RunSink {
     pub fn create(dir: &Path, ctx: RowContext, earlier: Vec<PointOutcome>) -> Result<Self> {
         let raw_path = dir.join(RAW_FILE);
         // A last line cut short (an interrupted write) must go before anything is appended.
-        let cut_short = std::fs::read(&raw_path).is_ok_and(|b| b.last().is_some_and(|&c| c != b'\n'));
+        let cut_short =
+            std::fs::read(&raw_path).is_ok_and(|b| b.last().is_some_and(|&c| c != b'\n'));
         if !earlier.is_empty() || cut_short {
             // Rewrite the earlier points first (atomically), which drops a line an interruption
             // cut short; serde_json round-trips every f64 exactly.
