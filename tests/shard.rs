@@ -319,7 +319,7 @@ fn merged_shards_equal_single_run_and_killed_shard_resumes() {
     // written, as an interrupted process leaves them.
     let victim = shards
         .iter()
-        .find(|d| csv_rows(d).1.len() >= 1)
+        .find(|d| !csv_rows(d).1.is_empty())
         .unwrap()
         .clone();
     let raw = std::fs::read_to_string(victim.join("raw.jsonl")).unwrap();
@@ -350,15 +350,21 @@ fn merged_shards_equal_single_run_and_killed_shard_resumes() {
 
     let cols: Vec<&str> = KEY.iter().chain(BYTES).chain(QUALITY).copied().collect();
     let want = columns(&one, &cols);
+    let vs = cols.iter().position(|c| *c == "rouge_l_vs_fp16").unwrap();
     assert_eq!(want.len(), 6);
     assert!(
         want.iter().all(|r| !r[cols.len() - 1].is_empty()),
         "every row has quality"
     );
     // The non-fp16 rows carry a ROUGE-L agreement with fp16 (recomputed at the merge).
-    let vs = cols.iter().position(|c| *c == "rouge_l_vs_fp16").unwrap();
     assert!(want.iter().filter(|r| !r[vs].is_empty()).count() == 4);
-    assert_eq!(columns(&merged, &cols), want);
+    // Compared as sets of rows: the runner's point order is its own business (the merge
+    // writes the planned order; the synthetic test above checks it against the runner's).
+    let sorted = |mut v: Vec<Vec<String>>| {
+        v.sort();
+        v
+    };
+    assert_eq!(sorted(columns(&merged, &cols)), sorted(want));
     let quality_of = |dir: &Path| {
         let mut q: Vec<String> = std::fs::read_to_string(dir.join("quality.jsonl"))
             .unwrap()

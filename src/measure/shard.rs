@@ -456,10 +456,10 @@ mod tests {
             ("SLURM_ARRAY_TASK_ID", "3"),
             ("SLURM_ARRAY_TASK_COUNT", "4"),
         ]);
-        assert_eq!(Shard::resolve(given, None, &slurm).unwrap(), given);
+        assert_eq!(Shard::resolve(given, None, slurm).unwrap(), given);
         // A Slurm array --array=0-3, task 3.
         assert_eq!(
-            Shard::resolve(None, None, &slurm).unwrap(),
+            Shard::resolve(None, None, slurm).unwrap(),
             Some(Shard { index: 3, count: 4 })
         );
         // --array=1-4: task 4 is the last shard.
@@ -469,23 +469,23 @@ mod tests {
             ("SLURM_ARRAY_TASK_COUNT", "4"),
         ]);
         assert_eq!(
-            Shard::resolve(None, None, &one_based).unwrap(),
+            Shard::resolve(None, None, one_based).unwrap(),
             Some(Shard { index: 3, count: 4 })
         );
         // Kubernetes Indexed Job: the index from JOB_COMPLETION_INDEX, the count from --shards.
         let k8s = env(&[("JOB_COMPLETION_INDEX", "2")]);
         assert_eq!(
-            Shard::resolve(None, Some(5), &k8s).unwrap(),
+            Shard::resolve(None, Some(5), k8s).unwrap(),
             Some(Shard { index: 2, count: 5 })
         );
-        assert_eq!(Shard::resolve(None, None, &k8s).unwrap(), None);
+        assert_eq!(Shard::resolve(None, None, k8s).unwrap(), None);
         // Nothing set: no shard; --shards without an index: a usage error naming --shards.
         let none = env(&[]);
-        assert_eq!(Shard::resolve(None, None, &none).unwrap(), None);
-        let e = Shard::resolve(None, Some(4), &none).unwrap_err();
+        assert_eq!(Shard::resolve(None, None, none).unwrap(), None);
+        let e = Shard::resolve(None, Some(4), none).unwrap_err();
         assert!(e.is_usage() && e.to_string().contains("--shards"), "{e}");
         // Out of range and not a number.
-        let e = Shard::resolve(None, Some(2), &k8s).unwrap_err();
+        let e = Shard::resolve(None, Some(2), k8s).unwrap_err();
         assert!(e.to_string().contains("2 of 2"), "{e}");
         let e = Shard::resolve(None, Some(2), env(&[("JOB_COMPLETION_INDEX", "x")])).unwrap_err();
         assert!(e.to_string().contains("JOB_COMPLETION_INDEX"), "{e}");
