@@ -210,12 +210,14 @@ pub struct TaskLoad {
 }
 
 /// Cost of one decode step in prefill-token equivalents, plus one per sequence in the batch: a
-/// decode step reads every weight for a single token, which on a CPU costs about as much as
-/// prefilling eight tokens (candle's f32 gemm vs its Q8_0 matvec on SmolLM2-135M, 2 cores).
-const DECODE_STEP: f64 = 8.0;
+/// decode step reads every weight for a single token. Calibrated on the CI suite (SmolLM2-135M,
+/// f32 perplexity weights, 2 cores, one thread per shard): a decode-mode perplexity unit
+/// (2 × 511 steps of batch 2, fp16 in lockstep) took 9.6× as long as a chunked one (2 windows
+/// of 512 tokens, twice), i.e. a step of batch 2 ≈ 19 prefill tokens.
+const DECODE_STEP: f64 = 16.0;
 
 /// Estimated cost of `unit`, in prefill-token equivalents (one token through the model in a
-/// prefill = 1; a decode step of batch `b` = 8 + `b`). Only the ratios matter: they balance
+/// prefill = 1; a decode step of batch `b` = 16 + `b`). Only the ratios matter: they balance
 /// [`split`]. Timing: warm-up repeats (4 tokens) and `repeats` timed ones, each a prefill of
 /// `batch × seq_len` tokens and `gen − 1` decode steps. Quality: perplexity windows (prefilled
 /// in `chunked` mode, `ctx − 1` batched decode steps in `decode` mode; twice over for the fp16
@@ -533,9 +535,9 @@ mod tests {
             batch: b,
             seq_len: l,
         };
-        // batch 4 × 128: prefill 512; warm-up 3 steps × 12, timed 31 steps × 12.
-        // 1 × (512 + 36) + 2 × (512 + 372) = 548 + 1768.
-        assert_eq!(cost(&t(4, 128), &s, TaskLoad::default()), 2316.0);
+        // batch 4 × 128: prefill 512; warm-up 3 steps × 20, timed 31 steps × 20.
+        // 1 × (512 + 60) + 2 × (512 + 620) = 572 + 2264.
+        assert_eq!(cost(&t(4, 128), &s, TaskLoad::default()), 2836.0);
         let q = |name| Unit::Quality {
             scheme: scheme(name),
         };
@@ -543,14 +545,14 @@ mod tests {
         assert_eq!(cost(&q("fp16"), &s, TaskLoad::default()), 2048.0);
         // int4: the same twice (fp16 in lockstep for KL).
         assert_eq!(cost(&q("int4"), &s, TaskLoad::default()), 4096.0);
-        // h2o: decode mode, 4 windows in one batch of ≤ 8: 511 steps × (8 + 4), twice.
-        assert_eq!(cost(&q("h2o"), &s, TaskLoad::default()), 2.0 * 511.0 * 12.0);
-        // Generation tasks: 1000 prompt tokens + 10 new tokens × (8 + 1).
+        // h2o: decode mode, 4 windows in one batch of ≤ 8: 511 steps × (16 + 4), twice.
+        assert_eq!(cost(&q("h2o"), &s, TaskLoad::default()), 2.0 * 511.0 * 20.0);
+        // Generation tasks: 1000 prompt tokens + 10 new tokens × (16 + 1).
         let tasks = TaskLoad {
             prompt_tokens: 1000,
             new_tokens: 10,
         };
-        assert_eq!(cost(&q("fp16"), &s, tasks), 2048.0 + 1090.0);
+        assert_eq!(cost(&q("fp16"), &s, tasks), 2048.0 + 1170.0);
         s.kl = false;
         assert_eq!(cost(&q("int4"), &s, TaskLoad::default()), 2048.0);
     }
