@@ -364,7 +364,9 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
         // dependency can never be met), so the merged folder is the proof of success.
         if !merged_meta.exists() {
             anyhow::bail!(
-                "the merge job did not run: a shard failed or was cancelled (logs: {}/shard-<i>.log);                  resubmit the failed tasks with `sbatch --array=<i> {}` (they resume their                  folders), then `sbatch {}`",
+                "the merge job did not run: a shard failed or was cancelled (logs: \
+                 {}/shard-<i>.log); resubmit the failed tasks with `sbatch --array=<i> {}` \
+                 (they resume their folders), then `sbatch {}`",
                 dir.display(),
                 sweep_path.display(),
                 merge_path.display()
