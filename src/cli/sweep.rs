@@ -7,8 +7,10 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::kv::{KvScheme, VALID_SCHEMES};
+use crate::measure::shard::{self, Selection, Shard, ShardRecord, TaskLoad};
 use crate::measure::sweep::{
-    run_sweep, work_units, PhaseModels, PointOutcome, Progress, QualityTasks, SweepSpec, SweepText,
+    run_sweep, work_units, PhaseModels, PointOutcome, Progress, QualityOutcome, QualityTasks,
+    SweepSpec, SweepText, Work,
 };
 use crate::model::{self, hub, DeviceSpec, ModelLocation, WeightDtype};
 use crate::quality::passkey::{self, PasskeySpec};
@@ -171,6 +173,17 @@ pub struct SweepArgs {
     /// a new run there.
     #[arg(long)]
     pub force: bool,
+
+    /// Run only shard I of N (0-based: 0/4 … 3/4) of the sweep's work, split by estimated cost;
+    /// `kvbench merge` joins the shards' folders. Default: Slurm's SLURM_ARRAY_TASK_ID of
+    /// SLURM_ARRAY_TASK_COUNT inside a job array, else the whole sweep.
+    #[arg(long, value_name = "I/N", conflicts_with = "shards")]
+    pub shard: Option<Shard>,
+
+    /// Split the sweep into N shards and run the one whose index is in JOB_COMPLETION_INDEX
+    /// (Kubernetes Indexed Job) or SLURM_ARRAY_TASK_ID.
+    #[arg(long, value_name = "N")]
+    pub shards: Option<usize>,
 }
 
 /// A parsed `--dtypes` list. In a suite: a list of spec strings or one comma-separated string.
@@ -216,6 +229,8 @@ struct Meta<'a> {
     model: ModelMeta,
     tokenizer: TokenizerMeta,
     resumed_at: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shard: Option<&'a ShardRecord>,
     settings: Suite,
     sweep: &'a SweepSpec,
     perplexity: Option<PerplexityMeta<'a>>,
@@ -446,6 +461,23 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         }
     }
 
+    let load = TaskLoad {
+        prompt_tokens: tasks
+            .rouge
+            .iter()
+            .flat_map(|r| &r.prompts)
+            .map(Vec::len)
+            .sum::<usize>()
+            + tasks.passkey.iter().map(|p| p.tokens.len()).sum::<usize>(),
+        new_tokens: tasks
+            .rouge
+            .as_ref()
+            .map_or(0, |r| r.prompts.len() * r.max_new)
+            + tasks.passkey.len() * 8,
+    };
+    let has_quality = ppl.is_some() || tasks.units() > 0;
+    let sharding = sharded(&args, earlier_meta.as_ref(), &spec, has_quality, load)?;
+
     let label = model_label(&args.model, &location);
     let folder = RunFolder::open(
         &started_at,
@@ -493,6 +525,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
             bos: timing.tokenizer.bos,
         },
         resumed_at: folder.resumed_at.clone(),
+        shard: sharding.1.as_ref(),
         settings: Suite::from_args(&args),
         sweep: &spec,
         perplexity: ppl.as_ref().map(|p| PerplexityMeta {
@@ -534,9 +567,14 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     let meta_path = folder.dir.join(crate::report::META_FILE);
     meta::write_json(&meta_path, &meta)?;
 
-    let bar = progress_bar(work_units(&spec, args.ppl_windows, tasks.units()));
-    let mut sink =
-        RunSink::create(&folder.dir, row_ctx.clone(), done.clone())?.on_row(print_row(bar.clone()));
+    let done_quality = read_done_quality(&args)?;
+    let bar = progress_bar(work_units(
+        sharding.0.units(),
+        args.ppl_windows + tasks.units(),
+    ));
+    let mut sink = RunSink::create(&folder.dir, row_ctx.clone(), done.clone())?
+        .with_quality(&done_quality)?
+        .on_row(print_row(bar.clone()));
     let result = run_sweep(
         models,
         SweepText {
@@ -545,7 +583,11 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
             tasks: Some(&tasks),
         },
         &spec,
-        &done,
+        Work {
+            selection: &sharding.0,
+            done: &done,
+            done_quality: &done_quality,
+        },
         &mut sink,
         &BarProgress::new(bar.clone()),
     );
@@ -644,8 +686,59 @@ fn kv_caches_on(device: &DeviceSpec, synthetic: bool) -> Result<(), crate::Error
     }
 }
 
+/// The units this process runs: one shard's (from `--shard`, `--shards` with the scheduler's
+/// index, a Slurm array's environment, or, when resuming, the folder's `meta.json`) with the
+/// record for `meta.json`, or all of them.
+fn sharded(
+    args: &SweepArgs,
+    earlier_meta: Option<&serde_json::Value>,
+    spec: &SweepSpec,
+    quality: bool,
+    load: TaskLoad,
+) -> anyhow::Result<(Selection, Option<ShardRecord>)> {
+    let shard = match earlier_meta {
+        // A resumed shard stays the shard it was, whatever the environment says now.
+        Some(m) => serde_json::from_value::<Option<ShardRecord>>(m["shard"].clone())
+            .ok()
+            .flatten()
+            .map(|r| r.shard()),
+        None => Shard::resolve(args.shard, args.shards, |k| std::env::var(k).ok())?,
+    };
+    let units = shard::plan(spec, quality);
+    let Some(shard) = shard else {
+        return Ok((Selection::new(units), None));
+    };
+    let costs: Vec<f64> = units.iter().map(|u| shard::cost(u, spec, load)).collect();
+    let plan = shard::assign(&units, &costs, shard.count)?;
+    let mine: Vec<_> = plan
+        .iter()
+        .filter(|a| a.shard == shard.index)
+        .map(|a| a.unit)
+        .collect();
+    eprintln!(
+        "shard {shard}: {} of the sweep's {} units (timing points and per-scheme quality)",
+        mine.len(),
+        units.len()
+    );
+    let record = ShardRecord {
+        index: shard.index,
+        count: shard.count,
+        host: Machine::probe().hostname,
+        plan,
+    };
+    Ok((Selection::new(mine), Some(record)))
+}
+
+/// Quality results an interrupted run left in its folder (`--resume`), else none.
+fn read_done_quality(args: &SweepArgs) -> anyhow::Result<Vec<QualityOutcome>> {
+    Ok(match &args.resume {
+        Some(dir) => crate::report::read_quality(&dir.join(crate::report::QUALITY_FILE))?,
+        None => Vec::new(),
+    })
+}
+
 /// Renders the finished run folder (the same code as `kvbench report`) and prints its table.
-fn finish(dir: &std::path::Path, title: &str) -> anyhow::Result<()> {
+pub(crate) fn finish(dir: &std::path::Path, title: &str) -> anyhow::Result<()> {
     let run = crate::report::summary::Run::read(dir)?;
     let about = crate::report::summary::about(&run);
     let summary = crate::report::summary::write_report(
@@ -736,6 +829,13 @@ fn run_synthetic(
         args.seed,
     );
     spec.validate(usize::MAX, usize::MAX)?;
+    let sharding = sharded(
+        &args,
+        earlier_meta.as_ref(),
+        &spec,
+        false,
+        TaskLoad::default(),
+    )?;
     let folder = RunFolder::open(
         &started_at,
         &format!("synthetic-{}", model.name),
@@ -758,6 +858,7 @@ fn run_synthetic(
         "command": std::env::args().collect::<Vec<_>>(),
         "started_at": folder.started_at,
         "resumed_at": folder.resumed_at,
+        "shard": sharding.1,
         "mode": "synthetic: attention + append only, synthetic K/V (outlier key channels), no weights",
         "machine": Machine::probe(),
         "model_geometry": model,
@@ -768,13 +869,14 @@ fn run_synthetic(
         "csv_columns": CSV_COLUMNS,
     });
     meta::write_json(&folder.dir.join(crate::report::META_FILE), &meta_value)?;
-    let bar = progress_bar(work_units(&spec, 0, 0));
+    let bar = progress_bar(work_units(sharding.0.units(), 0));
     let mut sink =
         RunSink::create(&folder.dir, row_ctx, done.clone())?.on_row(print_row(bar.clone()));
     let result = crate::measure::synthetic::run_synthetic(
         &geom,
         &spec,
         memory_limit,
+        &sharding.0,
         &done,
         &mut sink,
         &BarProgress::new(bar.clone()),

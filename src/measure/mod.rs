@@ -6,6 +6,7 @@ pub mod contention;
 pub mod device;
 pub mod floors;
 pub mod memory;
+pub mod shard;
 pub mod stats;
 pub mod sweep;
 pub mod synthetic;

@@ -27,6 +27,7 @@
 use rand::{Rng, SeedableRng};
 
 use super::memory;
+use super::shard::Selection;
 use super::stats::summarize;
 use crate::error::{Error, Result};
 use crate::kv::{AnyCache, KvScheme};
@@ -361,6 +362,64 @@ impl TryFrom<RawPoint> for PointOutcome {
 pub trait PointSink {
     /// Called once per finished point (successful or not).
     fn point(&mut self, outcome: &PointOutcome) -> Result<()>;
+
+    /// Called once per scheme whose quality unit this process ran (before its points), so a
+    /// shard that holds a scheme's quality but none of its timing points still keeps it.
+    fn quality(&mut self, _outcome: &QualityOutcome) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A scheme's quality results (one line of `quality.jsonl`): what a sweep attaches to each of
+/// the scheme's points, kept apart so `kvbench merge` can join shards.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct QualityOutcome {
+    /// The scheme.
+    pub scheme: KvScheme,
+    /// Perplexity (with KL vs the fp16 cache when measured), if measured.
+    #[serde(default)]
+    pub ppl: Option<PplResult>,
+    /// ROUGE on XSum summaries, if measured (`rouge_l_vs_fp16` only when the fp16 summaries
+    /// were made by the same process; `kvbench merge` fills it in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rouge: Option<RougeResult>,
+    /// Passkey trials, if measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passkey: Option<PasskeyResult>,
+}
+
+/// What one process of a sweep runs: the selected units (all of them, or one shard's; see
+/// [`super::shard`]), and what an earlier, interrupted run of the same folder finished
+/// (`--resume`): its points and its quality results.
+#[derive(Debug, Clone, Copy)]
+pub struct Work<'a> {
+    /// Units to run (others are skipped).
+    pub selection: &'a Selection,
+    /// Points finished earlier.
+    pub done: &'a [PointOutcome],
+    /// Quality results finished earlier.
+    pub done_quality: &'a [QualityOutcome],
+}
+
+impl Work<'_> {
+    /// The earlier quality results of `scheme`: its `quality.jsonl` line, else those its
+    /// earlier points carry (run folders written before `quality.jsonl` existed).
+    fn earlier_quality(&self, scheme: KvScheme) -> Option<QualityOutcome> {
+        if let Some(q) = self.done_quality.iter().find(|q| q.scheme == scheme) {
+            return Some(q.clone());
+        }
+        self.done
+            .iter()
+            .find(|o| {
+                o.scheme == scheme && (o.ppl.is_some() || o.rouge.is_some() || o.passkey.is_some())
+            })
+            .map(|o| QualityOutcome {
+                scheme,
+                ppl: o.ppl.clone(),
+                rouge: o.rouge.clone(),
+                passkey: o.passkey.clone(),
+            })
+    }
 }
 
 /// Progress reporting hooks; all default to no-ops.
@@ -373,12 +432,16 @@ pub trait Progress {
 
 impl Progress for () {}
 
-/// Units of work a sweep reports to [`Progress`]: perplexity windows plus timing points.
-/// Units of work a sweep reports to [`Progress`]: perplexity windows, generation-task prompts
-/// (`task_units` per scheme) and timing points.
-pub fn work_units(spec: &SweepSpec, ppl_windows: usize, task_units: usize) -> u64 {
-    let points = spec.batch_sizes.len() * spec.seq_lens.len();
-    (spec.schemes.len() * (points + ppl_windows + task_units)) as u64
+/// Units of work a sweep reports to [`Progress`] for the selected `units`: one per timing
+/// point, `quality_units` (perplexity windows plus generation-task prompts) per quality unit.
+pub fn work_units(units: &[super::shard::Unit], quality_units: usize) -> u64 {
+    units
+        .iter()
+        .map(|u| match u {
+            super::shard::Unit::Timing { .. } => 1,
+            super::shard::Unit::Quality { .. } => quality_units as u64,
+        })
+        .sum()
 }
 
 /// The model in the weight dtype each phase runs with. All three share one set of files and one
@@ -397,15 +460,18 @@ pub struct PhaseModels<'a> {
 
 /// Runs the sweep over `tokens`, which supply both the perplexity text and the prompts.
 ///
-/// `done` holds points finished by an earlier, interrupted run of the same spec (`--resume`):
-/// they are skipped, and a scheme's perplexity found among them is reused rather than measured
+/// Only the units in `work.selection` run (a shard's share, or all; see [`super::shard`]); a
+/// point not selected is skipped, and a scheme whose quality unit is elsewhere gets rows without
+/// quality columns (`kvbench merge` joins them). `work.done` holds points finished by an
+/// earlier, interrupted run of the same spec (`--resume`): they are skipped, and a scheme's
+/// quality results found in `work.done_quality` or among them are reused rather than measured
 /// again. Errors: [`SweepSpec::validate`]'s, perplexity failures, and the sink's I/O errors; a
 /// failing timing point is recorded (`error: …`, `oom: …`) and the sweep goes on.
 pub fn run_sweep(
     models: PhaseModels<'_>,
     text: SweepText<'_>,
     spec: &SweepSpec,
-    done: &[PointOutcome],
+    work: Work<'_>,
     sink: &mut dyn PointSink,
     progress: &dyn Progress,
 ) -> Result<()> {
@@ -415,46 +481,52 @@ pub fn run_sweep(
     for s in &spec.schemes {
         s.validate(cfg.head_dim)?;
     }
+    let done = work.done;
     let is_done = |scheme: KvScheme, batch: usize, seq_len: usize| {
         done.iter()
             .any(|o| o.scheme == scheme && o.batch == batch && o.seq_len == seq_len)
     };
-    let mut baseline_ppl = done
-        .iter()
-        .find(|o| o.scheme.is_baseline())
-        .and_then(|o| o.ppl.as_ref().map(|p| p.perplexity));
-    let mut baseline_rouge: Option<Vec<String>> = done
-        .iter()
-        .find(|o| o.scheme.is_baseline())
-        .and_then(|o| o.rouge.as_ref().map(|r| r.predictions.clone()));
-    // Stage 1: quality, once per scheme that still has timing points to run.
-    let todo_at = |scheme: KvScheme| -> usize {
-        spec.batch_sizes
+    let fp16_earlier = work.earlier_quality(KvScheme::FP16);
+    let mut baseline_ppl = fp16_earlier
+        .as_ref()
+        .and_then(|q| q.ppl.as_ref().map(|p| p.perplexity));
+    let mut baseline_rouge: Option<Vec<String>> = fp16_earlier
+        .as_ref()
+        .and_then(|q| q.rouge.as_ref().map(|r| r.predictions.clone()));
+    let quality_units =
+        spec.ppl.as_ref().map_or(0, |p| p.windows.unwrap_or(0)) + tasks.map_or(0, |t| t.units());
+    // Stage 1: quality, once per scheme whose quality unit runs here or whose points need it.
+    let mut quality: Vec<QualityOutcome> = Vec::with_capacity(spec.schemes.len());
+    for &scheme in &spec.schemes {
+        let todo = spec
+            .batch_sizes
             .iter()
             .flat_map(|&b| spec.seq_lens.iter().map(move |&l| (b, l)))
-            .filter(|&(b, l)| !is_done(scheme, b, l))
-            .count()
-    };
-    let mut quality: Vec<SchemeQuality> = Vec::with_capacity(spec.schemes.len());
-    for &scheme in &spec.schemes {
-        if todo_at(scheme) == 0 {
-            if let Some(p) = &spec.ppl {
-                progress.advance(p.windows.unwrap_or(0) as u64);
+            .filter(|&(b, l)| work.selection.has_timing(scheme, b, l) && !is_done(scheme, b, l))
+            .count();
+        // This process runs the scheme's quality unit (sharded runs: maybe without any of its
+        // points); an earlier run's results are reused rather than measured again.
+        let quality_here = work.selection.has_quality(scheme);
+        let earlier = work.earlier_quality(scheme);
+        if todo == 0 && (!quality_here || earlier.is_some()) {
+            if quality_here {
+                progress.advance(quality_units as u64);
             }
-            progress.advance(tasks.map_or(0, |t| t.units()) as u64);
-            quality.push(SchemeQuality::default());
+            quality.push(QualityOutcome {
+                scheme,
+                ppl: None,
+                rouge: None,
+                passkey: None,
+            });
             continue;
         }
-        let earlier_ppl = done
-            .iter()
-            .find(|o| o.scheme == scheme)
-            .and_then(|o| o.ppl.clone());
+        let earlier_ppl = earlier.as_ref().and_then(|q| q.ppl.clone());
         let ppl = match (&spec.ppl, earlier_ppl) {
             (Some(proto), Some(r)) => {
                 progress.advance(proto.windows.unwrap_or(0) as u64);
                 Some(r)
             }
-            (Some(proto), None) => {
+            (Some(proto), None) if quality_here => {
                 progress.start(&format!("{scheme}: perplexity"));
                 let baseline = spec.kl.then_some(KvScheme::FP16);
                 let r = perplexity_vs(
@@ -468,21 +540,20 @@ pub fn run_sweep(
                 )?;
                 Some(r)
             }
-            (None, _) => None,
+            _ => None,
         };
         if scheme.is_baseline() {
             baseline_ppl = ppl.as_ref().map(|r| r.perplexity).or(baseline_ppl);
         }
-        let earlier = done.iter().find(|o| o.scheme == scheme);
         let (mut rouge, mut passkey) = (None, None);
         if let Some(t) = tasks {
-            let earlier_rouge = earlier.and_then(|o| o.rouge.clone());
+            let earlier_rouge = earlier.as_ref().and_then(|o| o.rouge.clone());
             rouge = match (&t.rouge, earlier_rouge) {
                 (Some(task), Some(r)) => {
                     progress.advance(task.prompts.len() as u64);
                     Some(r)
                 }
-                (Some(task), None) => {
+                (Some(task), None) if quality_here => {
                     let base = baseline_rouge.as_deref().filter(|_| !scheme.is_baseline());
                     Some(summarize_xsum(
                         models.quality,
@@ -493,35 +564,49 @@ pub fn run_sweep(
                         progress,
                     )?)
                 }
-                (None, _) => None,
+                _ => None,
             };
             if scheme.is_baseline() {
                 baseline_rouge = rouge.as_ref().map(|r| r.predictions.clone());
             }
-            passkey = match earlier.and_then(|o| o.passkey.clone()) {
+            passkey = match earlier.as_ref().and_then(|o| o.passkey.clone()) {
                 Some(p) => {
                     progress.advance(t.passkey.len() as u64);
                     Some(p)
                 }
-                None if !t.passkey.is_empty() => {
+                None if quality_here && !t.passkey.is_empty() => {
                     Some(passkey_trials(models.quality, scheme, t, progress)?)
                 }
                 None => None,
             };
         }
-        quality.push(SchemeQuality {
+        if quality_here && !work.done_quality.iter().any(|q| q.scheme == scheme) {
+            sink.quality(&QualityOutcome {
+                scheme,
+                ppl: ppl.clone(),
+                rouge: rouge.clone(),
+                passkey: passkey.clone(),
+            })?;
+        }
+        quality.push(QualityOutcome {
+            scheme,
             ppl,
             rouge,
             passkey,
         });
     }
-    // Stage 2: timing, point by point, the schemes' repeats interleaved.
+    // Stage 2: timing, point by point (this shard's points), the schemes' repeats interleaved.
     for &batch in &spec.batch_sizes {
         for &seq_len in &spec.seq_lens {
-            let todo: Vec<usize> = (0..spec.schemes.len())
+            let selected: Vec<usize> = (0..spec.schemes.len())
+                .filter(|&i| work.selection.has_timing(spec.schemes[i], batch, seq_len))
+                .collect();
+            let todo: Vec<usize> = selected
+                .iter()
+                .copied()
                 .filter(|&i| !is_done(spec.schemes[i], batch, seq_len))
                 .collect();
-            progress.advance((spec.schemes.len() - todo.len()) as u64);
+            progress.advance((selected.len() - todo.len()) as u64);
             if todo.is_empty() {
                 continue;
             }
@@ -560,14 +645,6 @@ pub fn run_sweep(
         }
     }
     Ok(())
-}
-
-/// A scheme's quality results, measured once and attached to each of its timing points.
-#[derive(Debug, Default)]
-struct SchemeQuality {
-    ppl: Option<PplResult>,
-    rouge: Option<RougeResult>,
-    passkey: Option<PasskeyResult>,
 }
 
 /// `batch` prompts of `seq_len` real tokens, each from a seeded random offset in `tokens`,

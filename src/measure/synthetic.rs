@@ -152,19 +152,27 @@ pub fn time_decode_steps_on(
 /// fill a cache with synthetic K/V to `seq_len` tokens, then time `gen − 1` decode steps of
 /// cache work (TPOT of the cache alone). A point whose predicted bytes exceed `memory_limit` is
 /// recorded as `oom` without allocating, and the sweep goes on; errors and panics inside a
-/// point are recorded as `error`. Points in `done` (a resumed run's) are skipped.
+/// point are recorded as `error`. Only points in `selection` run (a shard's, or all); points in
+/// `done` (a resumed run's) are skipped.
 pub fn run_synthetic(
     geom: &CacheGeometry,
     spec: &super::sweep::SweepSpec,
     memory_limit: u64,
+    selection: &super::shard::Selection,
     done: &[super::sweep::PointOutcome],
     sink: &mut dyn super::sweep::PointSink,
     progress: &dyn super::sweep::Progress,
 ) -> crate::Result<()> {
     for &scheme in &spec.schemes {
         scheme.validate(geom.head_dim)?;
-        for &batch in &spec.batch_sizes {
-            for &seq_len in &spec.seq_lens {
+    }
+    // Point by point, every scheme at a point in turn: the order a model sweep writes rows in.
+    for &batch in &spec.batch_sizes {
+        for &seq_len in &spec.seq_lens {
+            for &scheme in &spec.schemes {
+                if !selection.has_timing(scheme, batch, seq_len) {
+                    continue;
+                }
                 if done
                     .iter()
                     .any(|o| o.scheme == scheme && o.batch == batch && o.seq_len == seq_len)
@@ -272,7 +280,8 @@ mod tests {
         // fp16 at 5002 tokens × 2 sequences: 2·2·2·2·128·5002 ≈ 10.2 MB > the 4 MB limit.
         let limit = 4_000_000;
         let mut sink = Collect(Vec::new());
-        run_synthetic(&g, &spec, limit, &[], &mut sink, &()).unwrap();
+        let all = crate::measure::shard::Selection::new(crate::measure::shard::plan(&spec, false));
+        run_synthetic(&g, &spec, limit, &all, &[], &mut sink, &()).unwrap();
         assert_eq!(sink.0.len(), 9);
         for o in &sink.0 {
             let predicted = o.scheme.bytes_for(&g, 2, o.seq_len + 2);

@@ -97,18 +97,20 @@ impl RougeResult {
             .zip(&predictions)
             .map(|(r, p)| rouge::score(r, p, true))
             .collect();
-        let rouge_l_vs_fp16 = baseline.map(|b| {
-            b.iter()
-                .zip(&predictions)
-                .map(|(b, p)| rouge::score(b, p, true).rouge_l.fmeasure)
-                .sum::<f64>()
-                / predictions.len().max(1) as f64
-        });
+        let rouge_l_vs_fp16 = baseline.map(|b| rouge_l_vs(b, &predictions));
         RougeResult {
             predictions,
             scores,
             rouge_l_vs_fp16,
         }
+    }
+
+    /// This result with `rouge_l_vs_fp16` computed against `baseline` (the fp16 cache's
+    /// predictions), as [`RougeResult::score`] would have: `kvbench merge` uses it when the
+    /// fp16 summaries were made on another shard.
+    pub fn with_baseline(mut self, baseline: &[String]) -> Self {
+        self.rouge_l_vs_fp16 = Some(rouge_l_vs(baseline, &self.predictions));
+        self
     }
 
     /// Mean F1 of ROUGE-1, ROUGE-2, ROUGE-L and ROUGE-Lsum over samples.
@@ -125,4 +127,14 @@ impl RougeResult {
         }
         m
     }
+}
+
+/// Mean ROUGE-L F1 (stemmed) of each prediction against the baseline's for the same article.
+fn rouge_l_vs(baseline: &[String], predictions: &[String]) -> f64 {
+    baseline
+        .iter()
+        .zip(predictions)
+        .map(|(b, p)| rouge::score(b, p, true).rouge_l.fmeasure)
+        .sum::<f64>()
+        / predictions.len().max(1) as f64
 }

@@ -3,6 +3,7 @@
 
 pub mod chart;
 pub mod gate;
+pub mod merge;
 pub mod meta;
 pub mod plots;
 pub mod summary;
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::kv::{CacheGeometry, KvScheme};
 use crate::measure::stats::summarize;
-use crate::measure::sweep::{PointOutcome, PointSink};
+use crate::measure::sweep::{PointOutcome, PointSink, QualityOutcome};
 
 /// One row of `results.csv`: the output schema. Units are in the field names; every column is
 /// documented in the README.
@@ -368,6 +369,7 @@ pub struct RunSink {
     /// Outcomes so far, in the same order.
     pub outcomes: Vec<PointOutcome>,
     on_row: Option<RowHook>,
+    quality_path: PathBuf,
 }
 
 impl RunSink {
@@ -376,7 +378,10 @@ impl RunSink {
     /// Errors: [`Error::Io`] naming the file.
     pub fn create(dir: &Path, ctx: RowContext, earlier: Vec<PointOutcome>) -> Result<Self> {
         let raw_path = dir.join(RAW_FILE);
-        if !earlier.is_empty() {
+        // A last line cut short (an interrupted write) must go before anything is appended.
+        let cut_short =
+            std::fs::read(&raw_path).is_ok_and(|b| b.last().is_some_and(|&c| c != b'\n'));
+        if !earlier.is_empty() || cut_short {
             // Rewrite the earlier points first (atomically), which drops a line an interruption
             // cut short; serde_json round-trips every f64 exactly.
             let tmp = raw_path.with_extension("jsonl.tmp");
@@ -406,6 +411,7 @@ impl RunSink {
             rows: Vec::new(),
             outcomes: Vec::new(),
             on_row: None,
+            quality_path: dir.join(QUALITY_FILE),
         };
         for o in earlier {
             let row = ResultRow::new(&sink.ctx, &o);
@@ -420,6 +426,23 @@ impl RunSink {
     pub fn on_row(mut self, f: impl FnMut(&ResultRow) + 'static) -> Self {
         self.on_row = Some(Box::new(f));
         self
+    }
+
+    /// Starts `quality.jsonl` afresh with `earlier` (the quality results a resumed run already
+    /// has; a line an interruption cut short is dropped); [`PointSink::quality`] appends to it.
+    /// Errors: [`Error::Io`] naming the file.
+    pub fn with_quality(self, earlier: &[QualityOutcome]) -> Result<Self> {
+        let tmp = self.quality_path.with_extension("jsonl.tmp");
+        let mut text = String::new();
+        for q in earlier {
+            text.push_str(
+                &serde_json::to_string(q).map_err(|e| Error::io(&self.quality_path, e.into()))?,
+            );
+            text.push('\n');
+        }
+        std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, &self.quality_path).map_err(|e| Error::io(&self.quality_path, e))?;
+        Ok(self)
     }
 
     /// Path of `results.csv`.
@@ -453,6 +476,18 @@ fn csv_io(e: csv::Error) -> std::io::Error {
 }
 
 impl PointSink for RunSink {
+    fn quality(&mut self, outcome: &QualityOutcome) -> Result<()> {
+        let mut line =
+            serde_json::to_string(outcome).map_err(|e| Error::io(&self.quality_path, e.into()))?;
+        line.push('\n');
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.quality_path)
+            .and_then(|mut f| f.write_all(line.as_bytes()).and_then(|_| f.flush()))
+            .map_err(|e| Error::io(&self.quality_path, e))
+    }
+
     fn point(&mut self, outcome: &PointOutcome) -> Result<()> {
         let mut line =
             serde_json::to_string(outcome).map_err(|e| Error::io(&self.raw_path, e.into()))?;
@@ -482,11 +517,22 @@ pub const META_FILE: &str = "meta.json";
 pub const SUMMARY_FILE: &str = "summary.md";
 /// See [`RAW_FILE`].
 pub const PLOTS_DIR: &str = "plots";
+/// One line per scheme whose quality unit a run made ([`QualityOutcome`]).
+pub const QUALITY_FILE: &str = "quality.jsonl";
 
 /// Reads `raw.jsonl` (every finished point of a run). A last line cut short by an interrupted
 /// write is dropped with a warning on stderr; any other bad line is an error naming the file
 /// and line. A missing file reads as no points.
 pub fn read_raw(path: &Path) -> Result<Vec<PointOutcome>> {
+    read_jsonl(path, "raw result")
+}
+
+/// Reads `quality.jsonl` (a run's per-scheme quality results), as [`read_raw`] does.
+pub fn read_quality(path: &Path) -> Result<Vec<QualityOutcome>> {
+    read_jsonl(path, "quality result")
+}
+
+fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<Vec<T>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -495,7 +541,7 @@ pub fn read_raw(path: &Path) -> Result<Vec<PointOutcome>> {
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let mut out = Vec::with_capacity(lines.len());
     for (i, line) in lines.iter().enumerate() {
-        match serde_json::from_str::<PointOutcome>(line) {
+        match serde_json::from_str::<T>(line) {
             Ok(o) => out.push(o),
             Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {
                 eprintln!(
@@ -506,7 +552,7 @@ pub fn read_raw(path: &Path) -> Result<Vec<PointOutcome>> {
             Err(e) => {
                 return Err(Error::InvalidArgument {
                     name: format!("{}:{}", path.display(), i + 1),
-                    reason: format!("not a kvbench raw result line: {e}"),
+                    reason: format!("not a kvbench {what} line: {e}"),
                 })
             }
         }

@@ -1,0 +1,398 @@
+//! Joining the run folders of a sharded sweep (`kvbench sweep --shard I/N`) into the folder one
+//! machine would have written: the same points in the planned order, each carrying its scheme's
+//! quality results (perplexity, KL, ROUGE, passkey) from whichever shard measured them.
+//!
+//! Refuses, naming the field: shards of different settings (`settings.*`), model files
+//! (`model.sha256`), geometries (`model_geometry`), kvbench versions (`kvbench`) or splits
+//! (`shard.count`, `shard.plan`); a shard given twice (`shard.index`); and, unless partial
+//! merges are allowed, a missing shard or one that did not finish its units.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::{read_quality, read_raw, QUALITY_FILE, RAW_FILE};
+use crate::error::{Error, Result};
+use crate::kv::KvScheme;
+use crate::measure::shard::{ShardRecord, Unit};
+use crate::measure::sweep::{PointOutcome, QualityOutcome};
+
+/// One shard's run folder, read back.
+#[derive(Debug, Clone)]
+pub struct ShardFolder {
+    /// The folder.
+    pub dir: PathBuf,
+    /// Its `meta.json`.
+    pub meta: Value,
+    /// Its `shard` record.
+    pub record: ShardRecord,
+    /// Its finished points (`raw.jsonl`).
+    pub points: Vec<PointOutcome>,
+    /// Its quality results (`quality.jsonl`).
+    pub quality: Vec<QualityOutcome>,
+}
+
+impl ShardFolder {
+    /// Reads `dir/meta.json`, `raw.jsonl` and `quality.jsonl`. Errors:
+    /// [`Error::InvalidArgument`] naming the folder when it is not a run folder or was not run
+    /// as a shard; [`Error::Io`].
+    pub fn read(dir: &Path) -> Result<ShardFolder> {
+        let meta_path = dir.join(super::META_FILE);
+        let text = std::fs::read_to_string(&meta_path).map_err(|e| Error::InvalidArgument {
+            name: dir.display().to_string(),
+            reason: format!("not a kvbench run folder ({}: {e})", meta_path.display()),
+        })?;
+        let meta: Value = serde_json::from_str(&text).map_err(|e| Error::InvalidArgument {
+            name: meta_path.display().to_string(),
+            reason: format!("not valid JSON: {e}"),
+        })?;
+        let record: ShardRecord =
+            serde_json::from_value(meta["shard"].clone()).map_err(|_| Error::InvalidArgument {
+                name: dir.display().to_string(),
+                reason: "was not run as a shard (its meta.json has no `shard`); merge the \
+                         folders of `kvbench sweep --shard I/N` runs"
+                    .into(),
+            })?;
+        Ok(ShardFolder {
+            points: read_raw(&dir.join(RAW_FILE))?,
+            quality: read_quality(&dir.join(QUALITY_FILE))?,
+            dir: dir.to_path_buf(),
+            meta,
+            record,
+        })
+    }
+
+    /// The units the shard was assigned, in planned order.
+    fn assigned(&self) -> impl Iterator<Item = &Unit> {
+        self.record
+            .plan
+            .iter()
+            .filter(|a| a.shard == self.record.index)
+            .map(|a| &a.unit)
+    }
+
+    /// Whether the shard holds `unit`'s result.
+    fn has(&self, unit: &Unit) -> bool {
+        match *unit {
+            Unit::Timing {
+                scheme,
+                batch,
+                seq_len,
+            } => self
+                .points
+                .iter()
+                .any(|o| o.scheme == scheme && o.batch == batch && o.seq_len == seq_len),
+            Unit::Quality { scheme } => self.quality.iter().any(|q| q.scheme == scheme),
+        }
+    }
+}
+
+/// The joined run.
+#[derive(Debug, Clone)]
+pub struct Merged {
+    /// `meta.json` of the merged folder: the lowest shard's, without `shard`, with
+    /// `merged_from` (each shard's index, host, folder, run id and times), `status`
+    /// (`finished`, or `partial` with `missing`).
+    pub meta: Value,
+    /// Every point, in planned order, with its scheme's quality results attached.
+    pub points: Vec<PointOutcome>,
+    /// Every scheme's quality results, in planned order.
+    pub quality: Vec<QualityOutcome>,
+    /// Units no shard delivered (empty unless partial), described.
+    pub missing: Vec<String>,
+}
+
+/// Fields that must agree across shards, as JSON pointers into `meta.json` (settings are
+/// compared key by key; `threads` may differ, it changes no result).
+const SAME: &[&str] = &[
+    "/kvbench",
+    "/model/sha256",
+    "/model_geometry",
+    "/shard/count",
+];
+
+fn field_name(pointer: &str) -> String {
+    pointer.trim_start_matches('/').replace('/', ".")
+}
+
+fn shown(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "absent".into(),
+        Some(v) => {
+            let s = v.to_string();
+            if s.chars().count() > 80 {
+                format!("{}…", s.chars().take(80).collect::<String>())
+            } else {
+                s
+            }
+        }
+    }
+}
+
+/// Checks that every shard belongs to the same sweep as the first. Errors: [`Error::Shards`]
+/// naming the first differing field and both folders.
+fn check_same_sweep(shards: &[ShardFolder]) -> Result<()> {
+    let first = &shards[0];
+    let mut pointers: Vec<String> = SAME.iter().map(|p| p.to_string()).collect();
+    let mut keys = BTreeSet::new();
+    for s in shards {
+        if let Some(o) = s.meta["settings"].as_object() {
+            keys.extend(o.keys().filter(|k| *k != "threads").cloned());
+        }
+    }
+    pointers.extend(keys.iter().map(|k| format!("/settings/{k}")));
+    pointers.push("/shard/plan".into());
+    for other in &shards[1..] {
+        for p in &pointers {
+            let (a, b) = (first.meta.pointer(p), other.meta.pointer(p));
+            if a != b {
+                return Err(Error::Shards {
+                    field: field_name(p),
+                    reason: format!(
+                        "differs: {} in {}, {} in {}; merge only the shards of one sweep",
+                        shown(a),
+                        first.dir.display(),
+                        shown(b),
+                        other.dir.display()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Describes up to five units and how many more.
+fn describe(units: &[Unit]) -> String {
+    let mut s: Vec<String> = units.iter().take(5).map(Unit::to_string).collect();
+    if units.len() > 5 {
+        s.push(format!("and {} more", units.len() - 5));
+    }
+    s.join(", ")
+}
+
+/// Joins `shards` (any order) into one run. With `allow_partial`, missing shards and unfinished
+/// units are left out and listed in [`Merged::missing`]; otherwise they are errors.
+///
+/// Quality results are copied bit for bit; `baseline_ppl` is the fp16 quality unit's
+/// perplexity and `rouge_l_vs_fp16` is recomputed against the fp16 summaries, exactly as the
+/// sweep computes them on one machine. Errors: [`Error::Shards`] naming the field:
+/// a differing setting/model/version/split, `shard.index` for a shard given twice or missing,
+/// `shard.units` for a shard that did not finish (resume it) or holds a result it was not
+/// assigned.
+pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
+    if shards.is_empty() {
+        return Err(Error::Shards {
+            field: "shard.index".into(),
+            reason: "no shard folders given".into(),
+        });
+    }
+    check_same_sweep(shards)?;
+    let count = shards[0].record.count;
+    let plan = &shards[0].record.plan;
+    let mut by_index: Vec<Option<&ShardFolder>> = vec![None; count];
+    for s in shards {
+        let i = s.record.index;
+        if i >= count {
+            return Err(Error::Shards {
+                field: "shard.index".into(),
+                reason: format!(
+                    "{i} is out of range for {count} shards in {}",
+                    s.dir.display()
+                ),
+            });
+        }
+        if let Some(prev) = by_index[i] {
+            return Err(Error::Shards {
+                field: "shard.index".into(),
+                reason: format!(
+                    "shard {i}/{count} is given twice: {} and {}",
+                    prev.dir.display(),
+                    s.dir.display()
+                ),
+            });
+        }
+        by_index[i] = Some(s);
+    }
+    let mut missing = Vec::new();
+    for (i, s) in by_index.iter().enumerate() {
+        let units: Vec<Unit> = match s {
+            None => plan
+                .iter()
+                .filter(|a| a.shard == i)
+                .map(|a| a.unit)
+                .collect(),
+            Some(s) => s.assigned().filter(|u| !s.has(u)).copied().collect(),
+        };
+        if units.is_empty() {
+            continue;
+        }
+        let what = match s {
+            None => format!(
+                "shard {i}/{count} is missing ({} units: {})",
+                units.len(),
+                describe(&units)
+            ),
+            Some(s) => format!(
+                "shard {i}/{count} in {} did not finish: {} of its units are missing ({}); \
+                 resume it with `kvbench sweep --resume {}`",
+                s.dir.display(),
+                units.len(),
+                describe(&units),
+                s.dir.display()
+            ),
+        };
+        if !allow_partial {
+            return Err(Error::Shards {
+                field: if s.is_none() {
+                    "shard.index"
+                } else {
+                    "shard.units"
+                }
+                .into(),
+                reason: format!("{what}; or pass --allow-partial to merge what exists"),
+            });
+        }
+        missing.push(what);
+    }
+    // A shard holding a result it was not assigned is not a shard of this split.
+    for s in shards {
+        let assigned: Vec<&Unit> = s.assigned().collect();
+        let stray = s
+            .points
+            .iter()
+            .find(|o| {
+                !assigned.contains(&&Unit::Timing {
+                    scheme: o.scheme,
+                    batch: o.batch,
+                    seq_len: o.seq_len,
+                })
+            })
+            .map(|o| format!("{} batch {} × {} tokens", o.scheme, o.batch, o.seq_len))
+            .or_else(|| {
+                s.quality
+                    .iter()
+                    .find(|q| !assigned.contains(&&Unit::Quality { scheme: q.scheme }))
+                    .map(|q| format!("{} quality", q.scheme))
+            });
+        if let Some(u) = stray {
+            return Err(Error::Shards {
+                field: "shard.units".into(),
+                reason: format!(
+                    "{} holds {u}, which its split assigns to another shard",
+                    s.dir.display()
+                ),
+            });
+        }
+    }
+
+    let owner = |u: &Unit| -> Option<&ShardFolder> {
+        plan.iter()
+            .find(|a| a.unit == *u)
+            .and_then(|a| by_index[a.shard])
+    };
+    let quality_of = |scheme: KvScheme| -> Option<QualityOutcome> {
+        owner(&Unit::Quality { scheme })
+            .and_then(|s| s.quality.iter().find(|q| q.scheme == scheme).cloned())
+    };
+    let fp16 = quality_of(KvScheme::FP16);
+    let mut quality = Vec::new();
+    let mut points = Vec::new();
+    for a in plan {
+        match a.unit {
+            Unit::Quality { scheme } => {
+                if let Some(mut q) = quality_of(scheme) {
+                    q.rouge = with_fp16_rouge(scheme, q.rouge, fp16.as_ref());
+                    quality.push(q);
+                }
+            }
+            Unit::Timing {
+                scheme,
+                batch,
+                seq_len,
+            } => {
+                let Some(o) = owner(&a.unit).and_then(|s| {
+                    s.points
+                        .iter()
+                        .find(|o| o.scheme == scheme && o.batch == batch && o.seq_len == seq_len)
+                }) else {
+                    continue;
+                };
+                let q = quality_of(scheme);
+                points.push(PointOutcome {
+                    ppl: q.as_ref().and_then(|q| q.ppl.clone()),
+                    baseline_ppl: fp16
+                        .as_ref()
+                        .and_then(|f| f.ppl.as_ref().map(|p| p.perplexity)),
+                    rouge: with_fp16_rouge(
+                        scheme,
+                        q.as_ref().and_then(|q| q.rouge.clone()),
+                        fp16.as_ref(),
+                    ),
+                    passkey: q.as_ref().and_then(|q| q.passkey.clone()),
+                    ..o.clone()
+                });
+            }
+        }
+    }
+
+    let mut present: Vec<&ShardFolder> = by_index.iter().flatten().copied().collect();
+    present.sort_by_key(|s| s.record.index);
+    let mut meta = present[0].meta.clone();
+    if let Some(m) = meta.as_object_mut() {
+        m.remove("shard");
+        m.insert(
+            "merged_from".into(),
+            present
+                .iter()
+                .map(|s| {
+                    serde_json::json!({
+                        "shard": format!("{}/{}", s.record.index, s.record.count),
+                        "host": s.record.host,
+                        "dir": s.dir.display().to_string(),
+                        "run_id": s.meta["run_id"],
+                        "started_at": s.meta["started_at"],
+                        "finished_at": s.meta["finished_at"],
+                        "resumed_at": s.meta["resumed_at"],
+                        "status": s.meta["status"],
+                    })
+                })
+                .collect(),
+        );
+        m.insert(
+            "status".into(),
+            if missing.is_empty() {
+                "finished"
+            } else {
+                "partial"
+            }
+            .into(),
+        );
+        if !missing.is_empty() {
+            m.insert("missing".into(), missing.clone().into());
+        }
+    }
+    Ok(Merged {
+        meta,
+        points,
+        quality,
+        missing,
+    })
+}
+
+/// `rouge` with `rouge_l_vs_fp16` against the fp16 summaries, as the sweep computes it (none
+/// for fp16 itself or without fp16 summaries).
+fn with_fp16_rouge(
+    scheme: KvScheme,
+    rouge: Option<crate::quality::xsum::RougeResult>,
+    fp16: Option<&QualityOutcome>,
+) -> Option<crate::quality::xsum::RougeResult> {
+    let base = fp16
+        .and_then(|f| f.rouge.as_ref())
+        .filter(|_| !scheme.is_baseline());
+    match (rouge, base) {
+        (Some(r), Some(b)) => Some(r.with_baseline(&b.predictions)),
+        (r, _) => r,
+    }
+}
