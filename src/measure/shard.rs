@@ -495,7 +495,7 @@ mod tests {
     }
 
     #[test]
-    fn plan_lists_every_unit_once_in_scheme_order() {
+    fn plan_lists_quality_units_first_then_points_with_their_schemes() {
         let s = spec();
         let units = plan(&s, true);
         // 4 schemes × (1 quality + 2 × 2 timing points).
@@ -506,8 +506,9 @@ mod tests {
                 scheme: scheme("fp16")
             }
         );
+        assert!(matches!(units[3], Unit::Quality { .. }));
         assert_eq!(
-            units[1],
+            units[4],
             Unit::Timing {
                 scheme: scheme("fp16"),
                 batch: 1,
@@ -515,9 +516,17 @@ mod tests {
             }
         );
         assert_eq!(
-            units[4],
+            units[5],
             Unit::Timing {
-                scheme: scheme("fp16"),
+                scheme: s.schemes[1],
+                batch: 1,
+                seq_len: 128
+            }
+        );
+        assert_eq!(
+            units[19],
+            Unit::Timing {
+                scheme: s.schemes[3],
                 batch: 4,
                 seq_len: 512
             }
