@@ -221,7 +221,8 @@ fn table(
         scheme.validate(g.head_dim)?;
         caches.push((|| -> crate::Result<AnyCache> {
             let cap = seq_len + a.steps + 2;
-            let mut cache = AnyCache::new(*scheme, *g, a.batch, cap, dev)?;
+            // int8/4-bit keys scored on their codes, as the sweep times decode steps.
+            let mut cache = AnyCache::new(*scheme, *g, a.batch, cap, dev)?.exact_attention(false);
             let c = cache.as_attention();
             synthetic::fill_on(c, g, a.batch, scheme.evicts(), seq_len, a.seed, dev)?;
             synthetic::time_decode_steps_on(c, g, a.batch, 1, a.seed, dev)?;

@@ -194,26 +194,8 @@ pub fn scalar_scores(
 ))]
 mod avx {
     use super::{IntKeys, QueryI8, B};
+    use crate::kv::simd::avx::{dot_u8_i8, f16_at as f16p, nibbles};
     use std::arch::x86_64::*;
-
-    #[inline(always)]
-    unsafe fn f16p(p: *const u8) -> f32 {
-        half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32()
-    }
-
-    /// 32 unsigned × signed byte products summed to 8 i32 lanes.
-    #[inline(always)]
-    unsafe fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256i {
-        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-    }
-
-    /// 16 bytes of nibbles → 32 bytes: low nibbles, then high nibbles.
-    #[inline(always)]
-    unsafe fn nibbles(p: *const u8) -> __m256i {
-        let b = _mm_loadu_si128(p as *const __m128i);
-        let m = _mm_set1_epi8(0x0f);
-        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m))
-    }
 
     /// Lane r of the result = Σ lanes of `v[r]`, for eight vectors.
     #[inline(always)]

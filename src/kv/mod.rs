@@ -323,7 +323,7 @@ impl KvCache {
             geom,
             layers,
             saturated: 0,
-            exact: false,
+            exact: true,
         })
     }
 
@@ -352,9 +352,10 @@ impl KvCache {
         Ok(first)
     }
 
-    /// Scores int8 and 4-bit keys in f32 after widening each row (`true`: the reference path)
-    /// or on their codes with int8-quantized queries (`false`, the default: what a decode step
-    /// is timed with; see [`intdot`] for the method and its error bound).
+    /// Scores int8 and 4-bit keys in f32 after widening each row (`true`, the default: the
+    /// reference path every quality measurement uses) or on their codes with int8-quantized
+    /// queries (`false`: what the sweep's decode steps and `attn-bench` are timed with; see
+    /// [`intdot`] for the method and its error bound).
     pub fn set_exact_attention(&mut self, exact: bool) {
         self.exact = exact;
     }

@@ -483,8 +483,31 @@ pub fn scale_in_place(x: &mut [f32], a: f32) {
     target_feature = "avx2",
     target_feature = "fma"
 ))]
-mod avx {
+pub(crate) mod avx {
+    //! AVX2 primitives shared by attention ([`super`], [`super::super::intdot`]) and the
+    //! decode matmul (`crate::model::qmatmul`).
     use std::arch::x86_64::*;
+
+    /// Little-endian f16 at `p` to f32 (F16C).
+    #[inline(always)]
+    pub unsafe fn f16_at(p: *const u8) -> f32 {
+        half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32()
+    }
+
+    /// 32 unsigned × signed byte products, adjacent pairs summed (i16, no overflow for
+    /// `|u·s| ≤ 2·127·127`), then pairs of those summed to 8 i32 lanes (`maddubs`, `madd`).
+    #[inline(always)]
+    pub unsafe fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+
+    /// 16 bytes of nibbles at `p` → 32 bytes: the low nibbles, then the high nibbles.
+    #[inline(always)]
+    pub unsafe fn nibbles(p: *const u8) -> __m256i {
+        let b = _mm_loadu_si128(p as *const __m128i);
+        let m = _mm_set1_epi8(0x0f);
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m))
+    }
 
     /// Eight `e^x` at once; see [`super::exp_f32`] for the method and range.
     #[inline(always)]
@@ -517,8 +540,9 @@ mod avx {
         _mm256_andnot_ps(under, out)
     }
 
+    /// Sum of the 8 lanes.
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
+    pub unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_movehdup_ps(s));

@@ -879,7 +879,8 @@ fn run_once(
     let dev = models.decode.device();
     let geom = models.decode.config.cache_geometry();
     let capacity = prompts.len() / batch.max(1) + gen;
-    let mut cache = AnyCache::new(scheme, geom, batch, capacity, dev)?;
+    // Timed: int8/4-bit keys scored on their codes (quality runs use the exact path).
+    let mut cache = AnyCache::new(scheme, geom, batch, capacity, dev)?.exact_attention(false);
     let mut vram = super::device::device_mem_used(dev)?;
     let (mut next, ttft_ms) = super::device::time_ms(dev, || {
         let logits = models

@@ -221,6 +221,7 @@ fn point(
     seed: u64,
 ) -> crate::Result<super::sweep::PointTiming> {
     let mut cache = KvCache::new(scheme, *geom, batch)?;
+    cache.set_exact_attention(false); // timed as the sweep's decode steps are
     super::memory::reset_peak_rss();
     fill(&mut cache, geom, seq_len, seed);
     let before = super::contention::CpuSample::now();

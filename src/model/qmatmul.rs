@@ -296,31 +296,13 @@ fn scalar_dot_rows(
 ))]
 mod avx {
     use super::{Activations, BlockFormat, BLOCK, MAX_M};
+    use crate::kv::simd::avx::{dot_u8_i8 as dot_i32, f16_at as f16_ptr, hsum, nibbles};
     use std::arch::x86_64::*;
 
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-
-    /// Σ over 32 lanes of `u · s` (unsigned × signed bytes) as 8 f32 partial sums.
+    /// [`dot_i32`] as 8 f32 partial sums.
     #[inline(always)]
     unsafe fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256 {
-        let p = _mm256_maddubs_epi16(u, s);
-        _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
-    }
-
-    /// Unpacks 16 bytes of nibbles to 32 bytes: low nibbles first (elements 0..16), then high.
-    #[inline(always)]
-    unsafe fn nibbles(p: *const u8) -> __m256i {
-        let b = _mm_loadu_si128(p as *const __m128i);
-        let m = _mm_set1_epi8(0x0f);
-        let lo = _mm_and_si128(b, m);
-        let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-        _mm256_set_m128i(hi, lo)
+        _mm256_cvtepi32_ps(dot_i32(u, s))
     }
 
     #[inline(always)]
@@ -351,12 +333,6 @@ mod avx {
             (f, 7) => q4::<7>(f, w, nb, act, r0, sums),
             (f, _) => q4::<8>(f, w, nb, act, r0, sums),
         }
-    }
-
-    /// f16 at `p` (little-endian) to f32 (F16C).
-    #[inline(always)]
-    unsafe fn f16_ptr(p: *const u8) -> f32 {
-        half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32()
     }
 
     /// One Q8_0 block (`blk`: f16 d, 32 × i8) against `M` activation rows' block `b`, into

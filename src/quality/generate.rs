@@ -17,9 +17,7 @@ pub fn greedy(
     stop: &[u32],
 ) -> Result<Vec<u32>> {
     let geom = model.config.cache_geometry();
-    // Quality: the exact attention path (see `crate::kv::intdot`).
-    let mut cache = AnyCache::new(scheme, geom, 1, prompt.len() + max_new, model.device())?
-        .exact_attention(true);
+    let mut cache = AnyCache::new(scheme, geom, 1, prompt.len() + max_new, model.device())?;
     let cache = cache.as_attention();
     let mut out = Vec::with_capacity(max_new);
     if max_new == 0 {
