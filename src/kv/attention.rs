@@ -227,8 +227,29 @@ fn partial(
                 }
             }
         }
-        super::simd::max_per_query(&w, nq, &mut max);
-        super::simd::exp_sub_sum(&mut w, nq, &max, &mut sum);
+        if exact {
+            // The reference path keeps libm's exp and a sequential sum per query, so quality
+            // numbers are bit-identical to what they were before the vectorized softmax.
+            for sc in w.chunks_exact(nq) {
+                for j in 0..nq {
+                    max[j] = max[j].max(sc[j]);
+                }
+            }
+            for sc in w.chunks_exact_mut(nq) {
+                for j in 0..nq {
+                    let e = if sc[j] == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        (sc[j] - max[j]).exp()
+                    };
+                    sc[j] = e;
+                    sum[j] += e;
+                }
+            }
+        } else {
+            super::simd::max_per_query(&w, nq, &mut max);
+            super::simd::exp_sub_sum(&mut w, nq, &max, &mut sum);
+        }
         head.v.axpy_rows(t0, t1, &w, &mut acc);
     }
     Partial {
