@@ -358,13 +358,7 @@ pub fn max_per_query(w: &[f32], nq: usize, max: &mut [f32]) {
                 }
                 i += chunk;
             }
-            let mut lanes = [0f32; 64];
-            for (v, a) in acc.iter().enumerate().take(nq) {
-                _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * v), *a);
-            }
-            for (k, &x) in lanes[..chunk].iter().enumerate() {
-                max[k % nq] = max[k % nq].max(x);
-            }
+            avx::fold_lanes(&acc[..nq], nq, |j, x| max[j] = max[j].max(x));
         }
         for (k, &x) in w[body..].iter().enumerate() {
             max[k % nq] = max[k % nq].max(x);
@@ -419,13 +413,7 @@ pub fn exp_sub_sum(w: &mut [f32], nq: usize, max: &[f32], sum: &mut [f32]) {
                 }
                 i += chunk;
             }
-            let mut lanes = [0f32; 64];
-            for (v, a) in acc.iter().enumerate().take(nq) {
-                _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * v), *a);
-            }
-            for (k, &x) in lanes[..chunk].iter().enumerate() {
-                sum[k % nq] += x;
-            }
+            avx::fold_lanes(&acc[..nq], nq, |j, x| sum[j] += x);
         }
         for (k, x) in w[body..].iter_mut().enumerate() {
             *x = exp_f32(*x - m[k % nq]);
@@ -538,6 +526,19 @@ pub(crate) mod avx {
         ));
         let out = _mm256_mul_ps(y, pow);
         _mm256_andnot_ps(under, out)
+    }
+
+    /// Hands every lane of `acc` (`nq` vectors, lane `l` of vector `v` belonging to query
+    /// `(8v + l) mod nq`: the interleaved layout of [`super::max_per_query`]) to `f(query, x)`.
+    #[inline(always)]
+    pub unsafe fn fold_lanes(acc: &[__m256], nq: usize, mut f: impl FnMut(usize, f32)) {
+        let mut lanes = [0f32; 8];
+        for (v, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), *a);
+            for (l, &x) in lanes.iter().enumerate() {
+                f((8 * v + l) % nq, x);
+            }
+        }
     }
 
     /// Sum of the 8 lanes.
