@@ -49,6 +49,16 @@ pub enum Error {
     #[error("cannot open device `{device}`: {reason}")]
     Device { device: String, reason: String },
 
+    /// A CUDA driver call failed. Carries the operation (`alloc`, `copy`, a kernel's name) and
+    /// whether the driver reported out of memory (`CUDA_ERROR_OUT_OF_MEMORY`), which a sweep
+    /// records as an `oom` point instead of an error.
+    #[error("CUDA {op}: {reason}")]
+    Cuda {
+        op: String,
+        reason: String,
+        out_of_memory: bool,
+    },
+
     /// Tokenizer construction or encoding failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
@@ -86,6 +96,35 @@ impl Error {
         Error::Io {
             path: path.into(),
             cause: source,
+        }
+    }
+}
+
+impl Error {
+    /// A CUDA driver error as this crate's error, naming the operation; `out_of_memory` is read
+    /// from the driver's message (`CUDA_ERROR_OUT_OF_MEMORY`, "out of memory").
+    pub fn cuda(op: &str, e: impl std::fmt::Display) -> Self {
+        let reason = first_line(&e);
+        let m = reason.to_ascii_lowercase();
+        let out_of_memory = m.contains("out_of_memory") || m.contains("out of memory");
+        Error::Cuda {
+            op: op.into(),
+            reason,
+            out_of_memory,
+        }
+    }
+
+    /// Whether this error says the device or host ran out of memory: [`Error::Cuda`] with
+    /// `out_of_memory`, or a candle error whose message says so (candle's own CUDA allocations,
+    /// a failed host allocation reported as `alloc_failed`).
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            Error::Cuda { out_of_memory, .. } => *out_of_memory,
+            Error::Candle(e) => {
+                let m = e.to_string().to_ascii_lowercase();
+                m.contains("out_of_memory") || m.contains("out of memory") || m.contains("alloc_failed")
+            }
+            _ => false,
         }
     }
 }

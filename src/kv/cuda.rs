@@ -31,7 +31,6 @@ use candle_core::{CudaDevice, CudaStorage, Device, Storage, Tensor};
 use super::spec::{Eviction, Fp8Kind, Fp8Scale, KvScheme, Quant};
 use super::{AttentionCache, Budget, CacheGeometry};
 use crate::error::{Error, Result};
-use crate::measure::device::cuda_err;
 
 /// PTX of `kernels/kv_cache.cu`, compiled by build.rs with nvcc for `sm_$CUDA_COMPUTE_CAP`.
 pub const KV_CACHE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_cache.ptx"));
@@ -158,7 +157,7 @@ macro_rules! launch {
         let cfg = LaunchConfig { grid_dim: $grid, block_dim: ($block, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: argument lists match the kernels' signatures in kernels/kv_cache.cu, and every
         // buffer is sized from the same geometry the kernels index with.
-        unsafe { b.launch(cfg) }.map_err(|e| cuda_err(name, e))?;
+        unsafe { b.launch(cfg) }.map_err(|e| Error::cuda(name, e))?;
     }};
 }
 
@@ -317,7 +316,7 @@ impl CudaKvCache {
             layers: Vec::new(),
             seen_dev: stream
                 .alloc_zeros::<u32>(batch)
-                .map_err(|e| cuda_err("alloc", e))?,
+                .map_err(|e| Error::cuda("alloc", e))?,
             seen: vec![0; batch],
             held: vec![0; batch],
             pending: 0,
@@ -357,7 +356,7 @@ impl CudaKvCache {
     ) -> Result<CudaSlice<T>> {
         self.stream
             .alloc_zeros::<T>(n.max(1))
-            .map_err(|e| cuda_err("alloc", e))
+            .map_err(|e| Error::cuda("alloc", e))
     }
 
     fn alloc_opt<T: DeviceRepr + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits>(
@@ -453,7 +452,7 @@ impl CudaKvCache {
         let mut dst = to.slice_mut(bh * to_cap * per_row..(bh * to_cap + n) * per_row);
         self.stream
             .memcpy_dtod(&src, &mut dst)
-            .map_err(|e| cuda_err("copy", e))
+            .map_err(|e| Error::cuda("copy", e))
     }
 
     /// Counts the pending forward's tokens as seen (on the device too) and updates the held
@@ -488,11 +487,11 @@ impl CudaKvCache {
         for l in &mut self.layers {
             self.stream
                 .memset_zeros(&mut l.lens)
-                .map_err(|e| cuda_err("memset", e))?;
+                .map_err(|e| Error::cuda("memset", e))?;
         }
         self.stream
             .memset_zeros(&mut self.seen_dev)
-            .map_err(|e| cuda_err("memset", e))?;
+            .map_err(|e| Error::cuda("memset", e))?;
         self.seen.iter_mut().for_each(|s| *s = 0);
         self.held.iter_mut().for_each(|s| *s = 0);
         self.pending = 0;
@@ -676,11 +675,11 @@ impl CudaKvCache {
             if self.poison {
                 stream
                     .clone_htod(&vec![f32::NAN; n])
-                    .map_err(|e| cuda_err("alloc", e))
+                    .map_err(|e| Error::cuda("alloc", e))
             } else {
                 // SAFETY: every element is written by the kernels before it is read (the
                 // poisoned test mode proves it).
-                unsafe { stream.alloc::<f32>(n.max(1)) }.map_err(|e| cuda_err("alloc", e))
+                unsafe { stream.alloc::<f32>(n.max(1)) }.map_err(|e| Error::cuda("alloc", e))
             }
         };
         let part_o = alloc(splits * bhs * rows * d)?;
@@ -816,7 +815,7 @@ impl CudaKvCache {
         let lens: Vec<u32> = self
             .stream
             .clone_dtoh(&l.lens)
-            .map_err(|e| cuda_err("copy", e))?;
+            .map_err(|e| Error::cuda("copy", e))?;
         if lens[bh] as usize != n {
             return Err(Error::InvalidArgument {
                 name: "download_rows".into(),
@@ -829,7 +828,7 @@ impl CudaKvCache {
                 return Ok(Vec::new());
             }
             let v: CudaView<'_, u8> = s.slice(bh * self.cap * per..(bh * self.cap + n) * per);
-            self.stream.clone_dtoh(&v).map_err(|e| cuda_err("copy", e))
+            self.stream.clone_dtoh(&v).map_err(|e| Error::cuda("copy", e))
         };
         let (codes, meta) = (get(&p.codes, cb)?, get(&p.meta, mb)?);
         let (nb, bm, bc) = p.fmt.blocks(d);
@@ -849,7 +848,7 @@ impl CudaKvCache {
                 let p: Vec<u32> = self
                     .stream
                     .clone_dtoh(&v)
-                    .map_err(|e| cuda_err("copy", e))?;
+                    .map_err(|e| Error::cuda("copy", e))?;
                 p.into_iter().map(|x| x as usize).collect()
             }
             None => (0..n).collect(),

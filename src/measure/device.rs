@@ -4,6 +4,8 @@
 use candle_core::Device;
 
 use crate::error::Result;
+#[cfg(feature = "cuda")]
+use crate::error::Error;
 
 /// Runs `f` and returns its result and duration in ms. On the CPU: wall clock around `f`. On
 /// CUDA: events recorded on the device's stream before and after `f`, the host synchronized on
@@ -18,13 +20,13 @@ pub fn time_ms<R>(device: &Device, f: impl FnOnce() -> Result<R>) -> Result<(R, 
         let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
         let start = stream
             .record_event(flags)
-            .map_err(|e| cuda_err("event", e))?;
+            .map_err(|e| Error::cuda("event", e))?;
         let r = f()?;
         let end = stream
             .record_event(flags)
-            .map_err(|e| cuda_err("event", e))?;
-        end.synchronize().map_err(|e| cuda_err("event", e))?;
-        let ms = start.elapsed_ms(&end).map_err(|e| cuda_err("event", e))?;
+            .map_err(|e| Error::cuda("event", e))?;
+        end.synchronize().map_err(|e| Error::cuda("event", e))?;
+        let ms = start.elapsed_ms(&end).map_err(|e| Error::cuda("event", e))?;
         return Ok((r, ms as f64));
     }
     let _ = device;
@@ -43,7 +45,7 @@ pub fn device_mem_info(device: &Device) -> Result<Option<(u64, u64)>> {
             .cuda_stream()
             .context()
             .mem_get_info()
-            .map_err(|e| cuda_err("mem_get_info", e))?;
+            .map_err(|e| Error::cuda("mem_get_info", e))?;
         return Ok(Some((free as u64, total as u64)));
     }
     let _ = device;
@@ -87,10 +89,4 @@ pub fn describe(device: &Device) -> String {
 /// Errors: CUDA driver errors (a kernel fault surfaces here).
 pub fn synchronize(device: &Device) -> Result<()> {
     Ok(device.synchronize()?)
-}
-
-/// A CUDA driver error as this crate's error, naming the operation.
-#[cfg(feature = "cuda")]
-pub(crate) fn cuda_err(what: &str, e: impl std::fmt::Display) -> crate::error::Error {
-    crate::error::Error::Candle(candle_core::Error::Msg(format!("CUDA {what}: {e}")))
 }
