@@ -12,5 +12,7 @@ pub mod model;
 pub mod plan;
 pub mod quality;
 pub mod report;
+pub mod stats;
+pub mod util;
 
 pub use error::{Error, Result};

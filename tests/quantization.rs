@@ -5,7 +5,7 @@
 
 use kvbench::kv::format::{F16Row, Fp8Row, Int4GroupRow, Int8TokenRow, Q4_0Row, Q8_0Row, RowCodec};
 use kvbench::kv::Fp8Kind;
-use kvbench::measure::synthetic::Noise;
+use kvbench::util::noise::Noise;
 
 const CASES: u64 = 2000;
 

@@ -6,7 +6,7 @@
 use candle_core::Device;
 
 use crate::kv::AnyCache;
-use crate::measure::stats::summarize;
+use crate::stats::summarize;
 use crate::measure::{bandwidth, device, floors, synthetic};
 use crate::model::device::DeviceSpec;
 use crate::model::hub;
@@ -134,7 +134,7 @@ fn check_sizes(
     }
     let avail = match device::device_mem_free(dev) {
         Ok(Some(free)) => Some(free),
-        _ => crate::measure::memory::available_bytes(),
+        _ => crate::util::memory::available_bytes(),
     };
     for &seq_len in &a.seq_lens {
         let per_seq = seq_len as f64 + a.steps as f64 + 2.0;

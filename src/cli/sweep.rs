@@ -819,7 +819,7 @@ fn run_synthetic(
     }
     let memory_limit = match &args.memory_limit {
         Some(m) => crate::plan::parse_bytes(m)?,
-        None => crate::measure::memory::available_bytes().unwrap_or(u64::MAX),
+        None => crate::util::memory::available_bytes().unwrap_or(u64::MAX),
     };
     let spec = SweepSpec::timing_only(
         baseline_first(args.schemes.0.clone()),

@@ -36,7 +36,7 @@ pub fn time_ms<R>(device: &Device, f: impl FnOnce() -> Result<R>) -> Result<(R, 
 }
 
 /// Device memory `(free, total)` now, in bytes, from `cuMemGetInfo` (every process on the GPU
-/// counts, the CUDA context's own ~500 MiB included); `None` on the CPU (see [`super::memory`]
+/// counts, the CUDA context's own ~500 MiB included); `None` on the CPU (see [`crate::util::memory`]
 /// for RSS). Errors: CUDA driver errors.
 pub fn device_mem_info(device: &Device) -> Result<Option<(u64, u64)>> {
     #[cfg(feature = "cuda")]

@@ -5,8 +5,6 @@ pub mod bandwidth;
 pub mod contention;
 pub mod device;
 pub mod floors;
-pub mod memory;
 pub mod shard;
-pub mod stats;
 pub mod sweep;
 pub mod synthetic;

@@ -26,9 +26,9 @@
 
 use rand::{Rng, SeedableRng};
 
-use super::memory;
+use crate::util::memory;
 use super::shard::Selection;
-use super::stats::summarize;
+use crate::stats::summarize;
 use crate::error::{Error, Result};
 use crate::kv::{AnyCache, KvScheme};
 use crate::model::tokenizer::TextTokenizer;

@@ -9,30 +9,7 @@
 use candle_core::{Device, Tensor};
 
 use crate::kv::{AttentionCache, CacheGeometry, KvCache};
-
-/// Deterministic noise in [−1, 1) (xorshift64*); synthetic data needs no RNG crate.
-pub struct Noise(u64);
-
-impl Noise {
-    /// A stream seeded with `seed`.
-    pub fn new(seed: u64) -> Self {
-        Noise(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    /// Next value in [−1, 1).
-    pub fn uniform(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    /// Approximately standard-normal value (sum of four uniforms, variance-matched).
-    pub fn gauss(&mut self) -> f32 {
-        (self.uniform() + self.uniform() + self.uniform() + self.uniform()) * 0.866
-    }
-}
+use crate::util::noise::Noise;
 
 /// Synthetic K and V for `n` tokens: `[batch, kv_heads, n, head_dim]` each. Every 16th channel
 /// of the keys (from channel 3) is an outlier channel: 8× magnitude plus an offset of 4.
@@ -222,7 +199,7 @@ fn point(
 ) -> crate::Result<super::sweep::PointTiming> {
     let mut cache = KvCache::new(scheme, *geom, batch)?;
     cache.set_exact_attention(false); // timed as the sweep's decode steps are
-    super::memory::reset_peak_rss();
+    crate::util::memory::reset_peak_rss();
     fill(&mut cache, geom, seq_len, seed);
     let before = super::contention::CpuSample::now();
     let steps = time_decode_steps(&mut cache, geom, gen - 1, seed);
@@ -233,7 +210,7 @@ fn point(
         kv_tokens: cache.seen(0),
         kv_bytes: cache.kv_bytes(),
         kv_reserved_bytes: cache.reserved_bytes(),
-        peak_rss_bytes: super::memory::peak_rss_bytes(),
+        peak_rss_bytes: crate::util::memory::peak_rss_bytes(),
         vram_peak_bytes: None,
         saturated_values: cache.saturated(),
         generated: Vec::new(),

@@ -509,7 +509,7 @@ fn rope_tables(c: &ModelConfig) -> Result<(Tensor, Tensor)> {
     let bytes = (c.max_ctx as u64)
         .saturating_mul(half as u64)
         .saturating_mul(8);
-    if let Some(avail) = crate::measure::memory::available_bytes() {
+    if let Some(avail) = crate::util::memory::available_bytes() {
         if bytes > avail / 2 {
             return Err(Error::InvalidArgument {
                 name: "model context length".into(),

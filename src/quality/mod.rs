@@ -1,5 +1,5 @@
 //! Quality measurements through the KV cache. Raw per-item metrics only; summaries live in
-//! [`crate::measure`] and [`crate::report`].
+//! [`crate::stats`] and [`crate::report`].
 
 pub mod generate;
 pub mod passkey;

@@ -211,7 +211,7 @@ fn summarize_agreement(per_token: &[(f64, bool, f64)], span: usize) -> Agreement
         counts[q] += 1;
     }
     let kl_mean = kls.iter().sum::<f64>() / n;
-    let kl_p99 = crate::measure::stats::percentile(&mut kls, 99.0);
+    let kl_p99 = crate::stats::percentile(&mut kls, 99.0);
     Agreement {
         kl_mean,
         kl_p99,

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::measure::memory;
+use crate::util::memory;
 
 /// kvbench's version and the git revision it was built from (`-dirty` if uncommitted changes).
 pub fn version() -> String {

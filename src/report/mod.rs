@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::kv::{CacheGeometry, KvScheme};
-use crate::measure::stats::summarize;
+use crate::stats::summarize;
 use crate::measure::sweep::{PointOutcome, PointSink, QualityOutcome};
 
 /// One row of `results.csv`: the output schema. Units are in the field names; every column is

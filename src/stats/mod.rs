@@ -1,13 +1,15 @@
-//! Summaries of latency samples: pure functions, no knowledge of benchmarks.
+//! Statistics on samples: pure functions, no knowledge of benchmarks, KV caches or models (the
+//! ground floor: every layer may use it, it uses nothing of kvbench's).
 //!
-//! Percentiles are statrs's (`Data::percentile`, the median-unbiased R-8 estimator of Hyndman
-//! & Fan 1996, §4); the 95 % confidence interval of the mean is Student's t
-//! (`mean ± t₀.₉₇₅,ₙ₋₁ · s/√n`); outliers are flagged with Tukey's fences (Tukey 1977,
-//! *Exploratory Data Analysis*, §2: below Q1 − 1.5·IQR or above Q3 + 1.5·IQR), as criterion.rs
-//! classifies its samples.
+//! One percentile estimator serves everything, latency summaries and quality tails alike:
+//! [`percentile`], linear interpolation between order statistics (Hyndman & Fan 1996, type 7;
+//! NumPy's and criterion.rs's default). The 95 % confidence interval of the mean is Student's t
+//! (`mean ± t₀.₉₇₅,ₙ₋₁ · s/√n`, statrs); outliers are flagged with Tukey's fences (Tukey 1977,
+//! *Exploratory Data Analysis*, §2: below Q1 − 1.5·IQR or above Q3 + 1.5·IQR, quartiles by
+//! [`percentile`]), as criterion.rs classifies its samples.
 
 use statrs::distribution::{ContinuousCDF, StudentsT};
-use statrs::statistics::{Data, OrderStatistics, Statistics};
+use statrs::statistics::Statistics;
 
 /// Summary statistics of a sample, same unit as the input (ms for latencies).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -20,9 +22,9 @@ pub struct Summary {
     pub std: f64,
     /// Median (= p50).
     pub p50: f64,
-    /// 95th percentile.
+    /// 95th percentile ([`percentile`], type 7).
     pub p95: f64,
-    /// 99th percentile.
+    /// 99th percentile ([`percentile`], type 7).
     pub p99: f64,
     /// Half-width of the 95 % confidence interval of the mean (Student's t); NaN when n < 2.
     pub ci95: f64,
@@ -34,13 +36,15 @@ pub struct Summary {
     pub outliers: usize,
 }
 
-/// Summarizes `xs` with statrs. Returns `None` for an empty sample.
+/// Summarizes `xs` (any unit; the summary keeps it). Returns `None` for an empty sample.
 pub fn summarize(xs: &[f64]) -> Option<Summary> {
     if xs.is_empty() {
         return None;
     }
     let n = xs.len();
-    let mut d = Data::new(xs.to_vec());
+    let mut sorted = xs.to_vec();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let q = |p: f64| percentile_sorted(&sorted, p);
     let std = if n > 1 { xs.std_dev() } else { f64::NAN };
     let ci95 = if n > 1 {
         let t = StudentsT::new(0.0, 1.0, (n - 1) as f64)
@@ -50,16 +54,16 @@ pub fn summarize(xs: &[f64]) -> Option<Summary> {
     } else {
         f64::NAN
     };
-    let (q1, q3) = (d.lower_quartile(), d.upper_quartile());
+    let (q1, q3) = (q(25.0), q(75.0));
     let iqr = q3 - q1;
     let (lo, hi) = (q1 - 1.5 * iqr, q3 + 1.5 * iqr);
     Some(Summary {
         n,
         mean: xs.mean(),
         std,
-        p50: d.percentile(50),
-        p95: d.percentile(95),
-        p99: d.percentile(99),
+        p50: q(50.0),
+        p95: q(95.0),
+        p99: q(99.0),
         ci95,
         min: xs.min(),
         max: xs.max(),
@@ -78,7 +82,12 @@ pub fn percentile(xs: &mut [f64], p: f64) -> f64 {
         return f64::NAN;
     }
     xs.sort_by(|a, b| a.total_cmp(b));
-    let h = (xs.len() - 1) as f64 * p / 100.0;
+    percentile_sorted(xs, p)
+}
+
+/// [`percentile`] of an already ascending, non-empty sample.
+fn percentile_sorted(xs: &[f64], p: f64) -> f64 {
+    let h = (xs.len() - 1) as f64 * p.clamp(0.0, 100.0) / 100.0;
     let (lo, hi) = (h.floor() as usize, h.ceil() as usize);
     xs[lo] + (h - lo as f64) * (xs[hi] - xs[lo])
 }
@@ -87,14 +96,15 @@ pub fn percentile(xs: &mut [f64], p: f64) -> f64 {
 mod tests {
     use super::*;
 
-    /// Hand computation with R-8: for n = 10 the 95th percentile sits at rank
-    /// h = (n + 1/3)·0.95 + 1/3 = 10.15 > n, so it is the maximum; the median is (5 + 6) / 2.
+    /// Hand computation with type 7: for n = 10 the 95th percentile sits at 0-based rank
+    /// h = 9·0.95 = 8.55, between 9 and 10: 9 + 0.55 = 9.55; the median is (5 + 6) / 2.
     #[test]
     fn summary_by_hand() {
         let s = summarize(&[1.0, 5.0, 3.0, 4.0, 10.0, 9.0, 6.0, 7.0, 8.0, 2.0]).unwrap();
         assert_eq!(s.mean, 5.5);
         assert_eq!(s.p50, 5.5);
-        assert_eq!(s.p95, 10.0);
+        assert!((s.p95 - 9.55).abs() < 1e-12, "{}", s.p95);
+        assert!((s.p99 - 9.91).abs() < 1e-12, "{}", s.p99);
         assert_eq!((s.min, s.max), (1.0, 10.0));
         // Σ(x − 5.5)² = 82.5 → s² = 82.5 / 9, s = 3.0276503540974917.
         assert!((s.std - 3.027_650_354_097_491_7).abs() < 1e-12);
@@ -116,14 +126,16 @@ mod tests {
         assert!(s.std.is_nan() && s.ci95.is_nan());
     }
 
-    /// Tukey's fences by hand: 1..=8 and 50. R-8 quartiles of 9 values sit at ranks
-    /// (9 + 1/3)·0.25 + 1/3 = 2.6667 and 7.3333: Q1 = 2 + 0.6667·1 = 2.6667, Q3 = 7.3333,
-    /// IQR = 4.6667, upper fence = 14.33: only 50 is outside.
+    /// Tukey's fences by hand: 1..=8 and 50. Type-7 quartiles of 9 values sit at 0-based
+    /// ranks 8·0.25 = 2 and 8·0.75 = 6: Q1 = 3, Q3 = 7, IQR = 4, fences −3 and 13: only 50 is
+    /// outside; with 12.9 instead of 50 nothing is, with 13.1 it is.
     #[test]
     fn tukey_fences_flag_the_straggler() {
         let s = summarize(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 50.0]).unwrap();
         assert_eq!(s.outliers, 1);
-        let s = summarize(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 14.0]).unwrap();
+        let s = summarize(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 12.9]).unwrap();
         assert_eq!(s.outliers, 0);
+        let s = summarize(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 13.1]).unwrap();
+        assert_eq!(s.outliers, 1);
     }
 }
