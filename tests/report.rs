@@ -229,3 +229,94 @@ fn gate_exit_codes() {
     assert!(err.contains("ppl") && err.contains("bad.csv"), "{err}");
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// Copies a committed fixture folder to a fresh temporary one.
+fn fixture_copy(name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
+    let dst = tmp(name);
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+    dst
+}
+
+fn csv_table(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut r = csv::Reader::from_path(path).unwrap();
+    let h = r.headers().unwrap().iter().map(String::from).collect();
+    let rows = r
+        .records()
+        .map(|x| x.unwrap().iter().map(String::from).collect())
+        .collect();
+    (h, rows)
+}
+
+/// Issue #12: run folders written before quality had its own record (kvbench 0.1.0 at
+/// 084d7a437093: quality repeated on every point of raw.jsonl plus quality.jsonl; synthetic
+/// runs with `ppl: null` on every point) still re-render with `kvbench report`, to the
+/// results.csv that version wrote itself (committed next to them) — except the ITL p95/p99,
+/// whose percentile estimator changed (now type 7, checked by hand below).
+#[test]
+fn old_run_folders_rerender_as_written() {
+    for name in ["run-v0-model", "run-v0-synth"] {
+        let dir = fixture_copy(name);
+        let (h, want) = csv_table(&dir.join("results.csv"));
+        std::fs::remove_file(dir.join("results.csv")).unwrap();
+        let (code, _, err) = kvbench(&["report", dir.to_str().unwrap()]);
+        assert_eq!(code, 0, "{name}: {err}");
+        let (h2, got) = csv_table(&dir.join("results.csv"));
+        assert_eq!(h, h2, "{name}: the CSV header");
+        assert_eq!(got.len(), want.len(), "{name}");
+        let changed = ["itl_ms_p95", "itl_ms_p99"];
+        for (g, w) in got.iter().zip(&want) {
+            for (i, col) in h.iter().enumerate() {
+                if !changed.contains(&col.as_str()) {
+                    assert_eq!(g[i], w[i], "{name}: column {col}");
+                }
+            }
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+    // Type 7 by hand on the model fixture's first point, ITLs 16.254299 and 16.180821 ms:
+    // p95 = 16.180821 + 0.95 × 0.073478 = 16.2506251, p99 = 16.180821 + 0.99 × 0.073478 = 16.25356422.
+    let dir = fixture_copy("run-v0-model");
+    let (code, _, err) = kvbench(&["report", dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let (h, rows) = csv_table(&dir.join("results.csv"));
+    let col = |c: &str| rows[0][h.iter().position(|x| x == c).unwrap()].parse::<f64>().unwrap();
+    assert!((col("itl_ms_p95") - 16.250_625_1).abs() < 1e-9, "{}", col("itl_ms_p95"));
+    assert!((col("itl_ms_p99") - 16.253_564_22).abs() < 1e-9, "{}", col("itl_ms_p99"));
+    // The quality repeated on old points is one scheme's, read once: ppl of fp16 and int8.
+    assert!((col("ppl") - 25.869_277_333_264_51).abs() < 1e-12);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A sweep with quality writes each scheme's quality once, as its own raw.jsonl record, and
+/// no point line repeats it.
+#[test]
+fn raw_jsonl_holds_each_schemes_quality_once() {
+    kvbench::model::fetch::ensure_default_model().unwrap();
+    let d = tmp("quality-once");
+    let out = d.join("run");
+    let (code, _, err) = kvbench(&[
+        "sweep", "--dtypes", "fp16,int8", "--batch-sizes", "1", "--seq-lens", "16,24", "--gen",
+        "3", "--repeats", "1", "--warmup", "0", "--ppl-windows", "1", "--ctx", "64", "--threads",
+        "1", "--out", out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let raw = std::fs::read_to_string(out.join("raw.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> =
+        raw.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let quality: Vec<&serde_json::Value> =
+        lines.iter().filter(|v| v["record"] == "quality").collect();
+    assert_eq!(quality.len(), 2, "{raw}");
+    assert_eq!(quality[0]["scheme"], "fp16", "fp16 first");
+    assert_eq!(lines.len(), 2 + 4, "2 quality records and 4 points");
+    assert!(lines.iter().filter(|v| v["record"].is_null()).all(|v| v.get("ppl").is_none()));
+    assert!(!out.join("quality.jsonl").exists());
+    // Every row still carries its scheme's perplexity (joined at render).
+    let (h, rows) = csv_table(&out.join("results.csv"));
+    let ppl = h.iter().position(|c| c == "ppl").unwrap();
+    assert!(rows.iter().all(|r| !r[ppl].is_empty()), "{rows:?}");
+    std::fs::remove_dir_all(&d).ok();
+}

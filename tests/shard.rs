@@ -309,10 +309,11 @@ fn merged_shards_equal_single_run_and_killed_shard_resumes() {
     for (i, dir) in shards.iter().enumerate() {
         run(dir, &["--shard", &format!("{i}/3")]);
     }
-    // Every shard holds some quality unit: 3 quality units (one per scheme) dealt to 3 shards.
+    // Every shard holds some quality unit: 3 quality units (one per scheme) dealt to 3 shards,
+    // each a record of its own in raw.jsonl (no quality.jsonl any more).
     for dir in &shards {
-        let q = std::fs::read_to_string(dir.join("quality.jsonl")).unwrap();
-        assert_eq!(q.lines().count(), 1, "{}", dir.display());
+        assert_eq!(quality_lines(dir).len(), 1, "{}", dir.display());
+        assert!(!dir.join("quality.jsonl").exists());
     }
 
     // Kill one shard mid-run: keep its meta.json and cut its results, the last line half
@@ -323,13 +324,7 @@ fn merged_shards_equal_single_run_and_killed_shard_resumes() {
         .unwrap()
         .clone();
     let raw = std::fs::read_to_string(victim.join("raw.jsonl")).unwrap();
-    let quality = std::fs::read_to_string(victim.join("quality.jsonl")).unwrap();
-    std::fs::write(victim.join("raw.jsonl"), &raw.as_bytes()[..raw.len() / 2]).unwrap();
-    std::fs::write(
-        victim.join("quality.jsonl"),
-        &quality.as_bytes()[..quality.len() / 3],
-    )
-    .unwrap();
+    std::fs::write(victim.join("raw.jsonl"), &raw.as_bytes()[..raw.len() / 3]).unwrap();
     let merged = d.join("merged");
     let merge = |dirs: &[PathBuf]| {
         let mut a = vec!["merge"];
@@ -365,16 +360,9 @@ fn merged_shards_equal_single_run_and_killed_shard_resumes() {
         v
     };
     assert_eq!(sorted(columns(&merged, &cols)), sorted(want));
-    let quality_of = |dir: &Path| {
-        let mut q: Vec<String> = std::fs::read_to_string(dir.join("quality.jsonl"))
-            .unwrap()
-            .lines()
-            .map(String::from)
-            .collect();
-        q.sort();
-        q
-    };
-    assert_eq!(quality_of(&merged).len(), 3);
+    // Each scheme's quality once in the merged raw.jsonl, and once in the one-machine run.
+    assert_eq!(quality_lines(&merged).len(), 3);
+    assert_eq!(quality_lines(&one).len(), 3);
     std::fs::remove_dir_all(&d).ok();
 }
 
@@ -424,4 +412,19 @@ fn slurm_dry_run_prints_array_and_merge() {
     let (code, _, err) = kvbench(&["slurm", "--suite", "suites/ci.toml", "--dry-run"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--shards"), "{err}");
+}
+
+/// The quality records of a run folder's raw.jsonl (`"record":"quality"` lines), one per scheme.
+fn quality_lines(dir: &Path) -> Vec<serde_json::Value> {
+    let q: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("raw.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["record"] == "quality")
+        .collect();
+    let mut schemes: Vec<&str> = q.iter().map(|v| v["scheme"].as_str().unwrap()).collect();
+    schemes.sort();
+    schemes.dedup();
+    assert_eq!(schemes.len(), q.len(), "a scheme's quality twice in {}", dir.display());
+    q
 }

@@ -128,10 +128,7 @@ pub fn prepare_out(out: &Path, force: bool) -> Result<(), Error> {
             ),
         ));
     }
-    let time = crate::report::meta::now_rfc3339()
-        .replace([':', '-'], "")
-        .trim_end_matches('Z')
-        .replace('T', "-");
+    let time = crate::util::time::now_compact();
     let mut aside = PathBuf::from(format!("{}.old-{time}", out.display()));
     let mut n = 1;
     while aside.exists() {

@@ -14,7 +14,7 @@ pub struct MergeArgs {
     #[arg(required = true, value_name = "DIR")]
     pub dirs: Vec<PathBuf>,
 
-    /// Folder for the merged run (raw.jsonl, quality.jsonl, results.csv, summary.md, meta.json,
+    /// Folder for the merged run (raw.jsonl, results.csv, summary.md, meta.json,
     /// plots/).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
@@ -70,27 +70,28 @@ pub fn run(args: MergeArgs) -> anyhow::Result<()> {
             "command".into(),
             std::env::args().collect::<Vec<_>>().into(),
         );
-        m.insert("merged_at".into(), meta::now_rfc3339().into());
+        m.insert("merged_at".into(), crate::util::time::now_rfc3339().into());
     }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
-    for f in [crate::report::RAW_FILE, crate::report::QUALITY_FILE] {
+    for f in [crate::report::RAW_FILE, crate::report::LEGACY_QUALITY_FILE] {
         let p = args.out.join(f);
         if p.exists() {
             std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
         }
     }
     meta::write_json(&args.out.join(crate::report::META_FILE), &merged.meta)?;
-    let mut sink = RunSink::create(&args.out, ctx, Vec::new())?.with_quality(&merged.quality)?;
-    for o in &merged.points {
-        crate::measure::sweep::PointSink::point(&mut sink, o)?;
-    }
-    drop(sink);
+    let points = merged.points.len();
+    let records = crate::report::RawRecords {
+        points: std::mem::take(&mut merged.points),
+        quality: std::mem::take(&mut merged.quality),
+    };
+    drop(RunSink::create(&args.out, ctx, records)?);
     super::sweep::finish(&args.out, "kvbench merge")?;
     eprintln!(
         "merged {} shard folders ({} points) into {}{}",
         shards.len(),
-        merged.points.len(),
+        points,
         args.out.display(),
         if merged.missing.is_empty() {
             String::new()

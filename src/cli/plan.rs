@@ -117,12 +117,10 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         }
     }
     let dir = a.out.clone().unwrap_or_else(|| {
-        let t = meta::now_rfc3339()
-            .replace([':', '-'], "")
-            .replace('T', "-");
+        let t = crate::util::time::now_compact();
         PathBuf::from("reports").join(format!(
             "plan-{}-{}",
-            t.trim_end_matches('Z'),
+            t,
             model.name.replace('/', "_")
         ))
     });

@@ -32,10 +32,7 @@ pub fn run(a: ReportArgs) -> anyhow::Result<()> {
         (Some(o), _) => o.clone(),
         (None, [one]) => one.dir.clone(),
         (None, _) => {
-            let t = crate::report::meta::now_rfc3339()
-                .replace([':', '-'], "")
-                .trim_end_matches('Z')
-                .replace('T', "-");
+            let t = crate::util::time::now_compact();
             PathBuf::from("reports").join(format!("compare-{t}"))
         }
     };

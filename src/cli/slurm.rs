@@ -240,10 +240,7 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
     }
     let workdir = std::env::current_dir().context("reading the working directory")?;
     let out = args.sweep.out.clone().unwrap_or_else(|| {
-        let t = crate::report::meta::now_rfc3339()
-            .replace([':', '-'], "")
-            .trim_end_matches('Z')
-            .replace('T', "-");
+        let t = crate::util::time::now_compact();
         PathBuf::from("reports").join(format!("slurm-{t}"))
     });
     let out = if out.is_absolute() {

@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::kv::{KvScheme, VALID_SCHEMES};
 use crate::measure::shard::{self, Selection, Shard, ShardRecord, TaskLoad};
 use crate::measure::sweep::{
-    run_sweep, work_units, PhaseModels, PointOutcome, Progress, QualityOutcome, QualityTasks,
+    run_sweep, work_units, PhaseModels, Progress, QualityTasks,
     SweepSpec, SweepText, Work,
 };
 use crate::model::{self, hub, DeviceSpec, ModelLocation, WeightDtype};
@@ -18,7 +18,7 @@ use crate::quality::perplexity::{PplMode, PplProtocol, Scoring};
 use crate::quality::wikitext;
 use crate::quality::xsum::{self, RougeTask};
 use crate::report::meta::{self, Machine};
-use crate::report::{table, ResultRow, RowContext, RunSink, CSV_COLUMNS};
+use crate::report::{table, RawRecords, ResultRow, RowContext, RunSink, CSV_COLUMNS};
 
 use super::checks;
 use super::suite::{self, Suite};
@@ -282,7 +282,7 @@ struct PerplexityMeta<'a> {
 fn resolve_settings(
     args: &mut SweepArgs,
     matches: Option<&clap::ArgMatches>,
-) -> anyhow::Result<(Vec<PointOutcome>, Option<serde_json::Value>)> {
+) -> anyhow::Result<(RawRecords, Option<serde_json::Value>)> {
     let from_cli = |id: &str| suite::given_on_cli(matches, id);
     if let Some(dir) = args.resume.clone() {
         if matches.is_some() {
@@ -319,13 +319,13 @@ fn resolve_settings(
             })?;
         settings.apply(args, |id| id == "threads" && from_cli(id));
         args.out = Some(dir.clone());
-        let done = crate::report::read_raw(&dir.join(crate::report::RAW_FILE))?;
+        let done = crate::report::read_records(&dir)?;
         return Ok((done, Some(run.meta)));
     }
     if let Some(path) = &args.suite {
         Suite::read(path)?.apply(args, from_cli);
     }
-    Ok((Vec::new(), None))
+    Ok((RawRecords::default(), None))
 }
 
 /// Runs the sweep: `raw.jsonl` and `results.csv` grow as points finish; at the end
@@ -352,7 +352,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     if args.synthetic {
         return run_synthetic(args, done, earlier_meta);
     }
-    let started_at = meta::now_rfc3339();
+    let started_at = crate::util::time::now_rfc3339();
     let location = hub::resolve(&args.model)?;
     let model_files = match &location {
         ModelLocation::Gguf(p) => vec![p.clone()],
@@ -567,13 +567,11 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     let meta_path = folder.dir.join(crate::report::META_FILE);
     meta::write_json(&meta_path, &meta)?;
 
-    let done_quality = read_done_quality(&args)?;
     let bar = progress_bar(work_units(
         sharding.0.units(),
         args.ppl_windows + tasks.units(),
     ));
     let mut sink = RunSink::create(&folder.dir, row_ctx.clone(), done.clone())?
-        .with_quality(&done_quality)?
         .on_row(print_row(bar.clone()));
     let result = run_sweep(
         models,
@@ -585,15 +583,15 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         &spec,
         Work {
             selection: &sharding.0,
-            done: &done,
-            done_quality: &done_quality,
+            done: &done.points,
+            done_quality: &done.quality,
         },
         &mut sink,
         &BarProgress::new(bar.clone()),
     );
     bar.finish_and_clear();
-    meta.finished_at = Some(meta::now_rfc3339());
-    let all_failed = !sink.rows.is_empty() && sink.rows.iter().all(|r| r.status != "ok");
+    meta.finished_at = Some(crate::util::time::now_rfc3339());
+    let all_failed = sink.tally().all_failed();
     meta.status = if result.is_ok() && !all_failed {
         "finished"
     } else {
@@ -602,20 +600,17 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     meta::write_json(&meta_path, &meta)?;
     result?;
     finish(&folder.dir, "kvbench sweep")?;
-    every_point_failed(&sink.rows)
+    every_point_failed(sink.tally())
 }
 
 /// A sweep in which no point succeeded is a failure (exit 1), whatever was written.
-fn every_point_failed(rows: &[ResultRow]) -> anyhow::Result<()> {
-    match rows.iter().find(|r| r.status != "ok") {
-        Some(first) if rows.iter().all(|r| r.status != "ok") => anyhow::bail!(
-            "every point of the sweep failed ({} of {}); the first: {} batch {} seq {}: {}",
-            rows.len(),
-            rows.len(),
-            first.scheme,
-            first.batch_size,
-            first.seq_len,
-            first.status
+fn every_point_failed(tally: &crate::report::Tally) -> anyhow::Result<()> {
+    match &tally.first_failure {
+        Some((scheme, batch, seq, status)) if tally.all_failed() => anyhow::bail!(
+            "every point of the sweep failed ({} of {}); the first: {scheme} batch {batch} seq \
+             {seq}: {status}",
+            tally.failed,
+            tally.points,
         ),
         _ => Ok(()),
     }
@@ -729,14 +724,6 @@ fn sharded(
     Ok((Selection::new(mine), Some(record)))
 }
 
-/// Quality results an interrupted run left in its folder (`--resume`), else none.
-fn read_done_quality(args: &SweepArgs) -> anyhow::Result<Vec<QualityOutcome>> {
-    Ok(match &args.resume {
-        Some(dir) => crate::report::read_quality(&dir.join(crate::report::QUALITY_FILE))?,
-        None => Vec::new(),
-    })
-}
-
 /// Renders the finished run folder (the same code as `kvbench report`) and prints its table.
 pub(crate) fn finish(dir: &std::path::Path, title: &str) -> anyhow::Result<()> {
     let run = crate::report::summary::Run::read(dir)?;
@@ -794,7 +781,7 @@ fn print_row(printer: ProgressBar) -> impl FnMut(&ResultRow) + 'static {
                         .map_or(String::new(), |t| format!("TTFT {t:.1} ms, ")),
                     r.decode_tokens_per_s.unwrap_or(f64::NAN)
                 ),
-                None => r.status.clone(),
+                None => r.status.to_string(),
             }
         );
         if printer.is_hidden() {
@@ -808,10 +795,10 @@ fn print_row(printer: ProgressBar) -> impl FnMut(&ResultRow) + 'static {
 /// `--synthetic`: geometry only, attention + append timed on synthetic K/V.
 fn run_synthetic(
     args: SweepArgs,
-    done: Vec<PointOutcome>,
+    done: RawRecords,
     earlier_meta: Option<serde_json::Value>,
 ) -> anyhow::Result<()> {
-    let started_at = meta::now_rfc3339();
+    let started_at = crate::util::time::now_rfc3339();
     let model = crate::model::geometry::for_model_arg(&args.model)?;
     let geom = model.cache();
     if let (Some(m), Some(dir)) = (&earlier_meta, &args.resume) {
@@ -877,14 +864,14 @@ fn run_synthetic(
         &spec,
         memory_limit,
         &sharding.0,
-        &done,
+        &done.points,
         &mut sink,
         &BarProgress::new(bar.clone()),
     );
     bar.finish_and_clear();
     result?;
     finish(&folder.dir, "kvbench sweep --synthetic")?;
-    every_point_failed(&sink.rows)?;
+    every_point_failed(sink.tally())?;
     println!(
         "model geometry {} ({} layers × {} kv heads × {}), synthetic K/V, TPOT = append + attention only, memory limit {:.2} GiB, {} threads",
         model.name, geom.layers, geom.kv_heads, geom.head_dim,
@@ -938,11 +925,7 @@ fn run_folder(
     label: &str,
     out: &Option<PathBuf>,
 ) -> anyhow::Result<(String, PathBuf)> {
-    let time = started_at
-        .replace([':', '-'], "")
-        .trim_end_matches('Z')
-        .replace('T', "-");
-    let run_id = format!("{time}-{}", label.replace(['/', ' '], "_"));
+    let run_id = crate::util::time::run_id(started_at, label);
     let dir = out
         .clone()
         .unwrap_or_else(|| PathBuf::from("reports").join(&run_id));

@@ -275,8 +275,80 @@ impl PointTiming {
     }
 }
 
-/// One finished point, as it reaches the sink; one line of `raw.jsonl` (serialized with a
-/// `status` field, `ok` or the failure, and `timing` present only when ok).
+/// How a point ended: `ok`, or why it has no timing. In `raw.jsonl` and `results.csv` it is
+/// the string `ok`, `oom: <what>` or `error: <what>` ([`std::fmt::Display`] /
+/// [`std::str::FromStr`], which round-trip), so files written before the type existed read
+/// alike; in code it is matched, never compared as text.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PointStatus {
+    /// Timed.
+    #[default]
+    Ok,
+    /// The point did not fit: predicted from its size, or the device/allocator ran out of
+    /// memory ([`crate::Error::is_out_of_memory`]). The text says how much was needed.
+    Oom(String),
+    /// Any other failure (a kernel error, a panic), with its message.
+    Error(String),
+}
+
+impl PointStatus {
+    /// Whether the point was timed.
+    pub fn is_ok(&self) -> bool {
+        matches!(self, PointStatus::Ok)
+    }
+
+    /// Whether the point ran out of memory.
+    pub fn is_oom(&self) -> bool {
+        matches!(self, PointStatus::Oom(_))
+    }
+}
+
+impl std::fmt::Display for PointStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PointStatus::Ok => f.write_str("ok"),
+            PointStatus::Oom(m) => write!(f, "oom: {m}"),
+            PointStatus::Error(m) => write!(f, "error: {m}"),
+        }
+    }
+}
+
+impl std::str::FromStr for PointStatus {
+    type Err = std::convert::Infallible;
+    /// `ok`, `oom: …`, `error: …`; any other text (none is written) reads as an error with
+    /// that text, so no old file is refused over its status.
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Ok(if s == "ok" {
+            PointStatus::Ok
+        } else if let Some(m) = s.strip_prefix("oom: ") {
+            PointStatus::Oom(m.to_string())
+        } else if s == "oom" {
+            PointStatus::Oom(String::new())
+        } else if let Some(m) = s.strip_prefix("error: ") {
+            PointStatus::Error(m.to_string())
+        } else {
+            PointStatus::Error(s.to_string())
+        })
+    }
+}
+
+impl serde::Serialize for PointStatus {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for PointStatus {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Ok(text.parse().unwrap_or_else(|e: std::convert::Infallible| match e {}))
+    }
+}
+
+/// One finished timing point, as it reaches the sink; one line of `raw.jsonl` (serialized with
+/// a `status` field and `timing` present only when ok). Quality results are not repeated here:
+/// each scheme's are one [`QualityOutcome`] record of their own, joined to the points when a
+/// report is rendered.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(into = "RawPoint", try_from = "RawPoint")]
 pub struct PointOutcome {
@@ -286,41 +358,37 @@ pub struct PointOutcome {
     pub batch: usize,
     /// Prompt length.
     pub seq_len: usize,
-    /// Timings, or why the point failed (`oom: ...`, `error: ...`).
-    pub timing: std::result::Result<PointTiming, String>,
-    /// The scheme's perplexity result, if measured.
-    pub ppl: Option<PplResult>,
-    /// The fp16 baseline's perplexity, if measured.
-    pub baseline_ppl: Option<f64>,
-    /// The scheme's ROUGE on XSum summaries, if measured.
-    pub rouge: Option<RougeResult>,
-    /// The scheme's passkey retrieval trials, if measured.
-    pub passkey: Option<PasskeyResult>,
+    /// Timings, or why the point failed (never [`PointStatus::Ok`]).
+    pub timing: std::result::Result<PointTiming, PointStatus>,
 }
 
-/// The on-disk form of [`PointOutcome`].
+impl PointOutcome {
+    /// The point's status.
+    pub fn status(&self) -> PointStatus {
+        match &self.timing {
+            Ok(_) => PointStatus::Ok,
+            Err(s) => s.clone(),
+        }
+    }
+}
+
+/// The on-disk form of [`PointOutcome`]. Lines written before quality had its own record also
+/// carry `ppl`, `baseline_ppl`, `rouge` and `passkey`; they are ignored here and read by
+/// `crate::report`'s reader, which turns them into [`QualityOutcome`]s.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct RawPoint {
     scheme: KvScheme,
     batch: usize,
     seq_len: usize,
-    status: String,
+    status: PointStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     timing: Option<PointTiming>,
-    #[serde(default)]
-    ppl: Option<PplResult>,
-    #[serde(default)]
-    baseline_ppl: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    rouge: Option<RougeResult>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    passkey: Option<PasskeyResult>,
 }
 
 impl From<PointOutcome> for RawPoint {
     fn from(o: PointOutcome) -> Self {
         let (status, timing) = match o.timing {
-            Ok(t) => ("ok".to_string(), Some(t)),
+            Ok(t) => (PointStatus::Ok, Some(t)),
             Err(e) => (e, None),
         };
         RawPoint {
@@ -329,10 +397,6 @@ impl From<PointOutcome> for RawPoint {
             seq_len: o.seq_len,
             status,
             timing,
-            ppl: o.ppl,
-            baseline_ppl: o.baseline_ppl,
-            rouge: o.rouge,
-            passkey: o.passkey,
         }
     }
 }
@@ -340,20 +404,16 @@ impl From<PointOutcome> for RawPoint {
 impl TryFrom<RawPoint> for PointOutcome {
     type Error = String;
     fn try_from(r: RawPoint) -> std::result::Result<Self, String> {
-        let timing = match (r.status.as_str(), r.timing) {
-            ("ok", Some(t)) => Ok(t),
-            ("ok", None) => return Err("status `ok` without `timing`".into()),
-            (_, _) => Err(r.status),
+        let timing = match (r.status, r.timing) {
+            (PointStatus::Ok, Some(t)) => Ok(t),
+            (PointStatus::Ok, None) => return Err("status `ok` without `timing`".into()),
+            (failed, _) => Err(failed),
         };
         Ok(PointOutcome {
             scheme: r.scheme,
             batch: r.batch,
             seq_len: r.seq_len,
             timing,
-            ppl: r.ppl,
-            baseline_ppl: r.baseline_ppl,
-            rouge: r.rouge,
-            passkey: r.passkey,
         })
     }
 }
@@ -370,8 +430,9 @@ pub trait PointSink {
     }
 }
 
-/// A scheme's quality results (one line of `quality.jsonl`): what a sweep attaches to each of
-/// the scheme's points, kept apart so `kvbench merge` can join shards.
+/// A scheme's quality results, measured once per scheme: one record of `raw.jsonl`
+/// (`"record": "quality"`), joined to the scheme's timing points when a report is rendered and
+/// by `kvbench merge` across shards.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct QualityOutcome {
     /// The scheme.
@@ -402,23 +463,10 @@ pub struct Work<'a> {
 }
 
 impl Work<'_> {
-    /// The earlier quality results of `scheme`: its `quality.jsonl` line, else those its
-    /// earlier points carry (run folders written before `quality.jsonl` existed).
+    /// The earlier quality results of `scheme` (older folders' forms are converted when read,
+    /// see `crate::report::read_records`).
     fn earlier_quality(&self, scheme: KvScheme) -> Option<QualityOutcome> {
-        if let Some(q) = self.done_quality.iter().find(|q| q.scheme == scheme) {
-            return Some(q.clone());
-        }
-        self.done
-            .iter()
-            .find(|o| {
-                o.scheme == scheme && (o.ppl.is_some() || o.rouge.is_some() || o.passkey.is_some())
-            })
-            .map(|o| QualityOutcome {
-                scheme,
-                ppl: o.ppl.clone(),
-                rouge: o.rouge.clone(),
-                passkey: o.passkey.clone(),
-            })
+        self.done_quality.iter().find(|q| q.scheme == scheme).cloned()
     }
 }
 
@@ -487,16 +535,12 @@ pub fn run_sweep(
             .any(|o| o.scheme == scheme && o.batch == batch && o.seq_len == seq_len)
     };
     let fp16_earlier = work.earlier_quality(KvScheme::FP16);
-    let mut baseline_ppl = fp16_earlier
-        .as_ref()
-        .and_then(|q| q.ppl.as_ref().map(|p| p.perplexity));
     let mut baseline_rouge: Option<Vec<String>> = fp16_earlier
         .as_ref()
         .and_then(|q| q.rouge.as_ref().map(|r| r.predictions.clone()));
     let quality_units =
         spec.ppl.as_ref().map_or(0, |p| p.windows.unwrap_or(0)) + tasks.map_or(0, |t| t.units());
-    // Stage 1: quality, once per scheme whose quality unit runs here or whose points need it.
-    let mut quality: Vec<QualityOutcome> = Vec::with_capacity(spec.schemes.len());
+    // Stage 1: quality, once per scheme whose quality unit runs here.
     for &scheme in &spec.schemes {
         let todo = spec
             .batch_sizes
@@ -512,12 +556,6 @@ pub fn run_sweep(
             if quality_here {
                 progress.advance(quality_units as u64);
             }
-            quality.push(QualityOutcome {
-                scheme,
-                ppl: None,
-                rouge: None,
-                passkey: None,
-            });
             continue;
         }
         let earlier_ppl = earlier.as_ref().and_then(|q| q.ppl.clone());
@@ -542,9 +580,6 @@ pub fn run_sweep(
             }
             _ => None,
         };
-        if scheme.is_baseline() {
-            baseline_ppl = ppl.as_ref().map(|r| r.perplexity).or(baseline_ppl);
-        }
         let (mut rouge, mut passkey) = (None, None);
         if let Some(t) = tasks {
             let earlier_rouge = earlier.as_ref().and_then(|o| o.rouge.clone());
@@ -583,17 +618,11 @@ pub fn run_sweep(
         if quality_here && !work.done_quality.iter().any(|q| q.scheme == scheme) {
             sink.quality(&QualityOutcome {
                 scheme,
-                ppl: ppl.clone(),
-                rouge: rouge.clone(),
-                passkey: passkey.clone(),
+                ppl,
+                rouge,
+                passkey,
             })?;
         }
-        quality.push(QualityOutcome {
-            scheme,
-            ppl,
-            rouge,
-            passkey,
-        });
     }
     // Stage 2: timing, point by point (this shard's points), the schemes' repeats interleaved.
     for &batch in &spec.batch_sizes {
@@ -629,16 +658,11 @@ pub fn run_sweep(
             let timings =
                 interleaved_point(models, &schemes, batch, seq_len, spec, &prompts, order_seed);
             for (&i, timing) in todo.iter().zip(timings) {
-                let q = &quality[i];
                 sink.point(&PointOutcome {
                     scheme: spec.schemes[i],
                     batch,
                     seq_len,
                     timing,
-                    ppl: q.ppl.clone(),
-                    baseline_ppl,
-                    rouge: q.rouge.clone(),
-                    passkey: q.passkey.clone(),
                 })?;
                 progress.advance(1);
             }
@@ -660,33 +684,28 @@ pub fn prompts(tokens: &[u32], batch: usize, seq_len: usize, seed: u64) -> Vec<u
         .collect()
 }
 
-/// Runs `f`, turning an error or a panic into a status so a sweep goes on: `oom: …` when the
-/// device ran out of memory (CUDA's `CUDA_ERROR_OUT_OF_MEMORY`, an allocation failure), else
-/// `error: …`.
-pub fn catch_point<T>(f: impl FnOnce() -> Result<T>) -> std::result::Result<T, String> {
+/// Runs `f`, turning an error or a panic into a status so a sweep goes on:
+/// [`PointStatus::Oom`] when the device ran out of memory ([`crate::Error::is_out_of_memory`]:
+/// CUDA's `CUDA_ERROR_OUT_OF_MEMORY`, a cuBLAS allocation failure), else
+/// [`PointStatus::Error`].
+pub fn catch_point<T>(f: impl FnOnce() -> Result<T>) -> std::result::Result<T, PointStatus> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(t)) => Ok(t),
-        Ok(Err(e)) if is_out_of_memory(&e.to_string()) => {
-            Err(format!("oom: {}", crate::error::first_line(&e)))
+        Ok(Err(e)) if e.is_out_of_memory() => {
+            Err(PointStatus::Oom(crate::error::first_line(&e)))
         }
-        Ok(Err(e)) => Err(format!("error: {e}")),
-        Err(p) => Err(format!(
-            "error: panicked: {}",
+        Ok(Err(e)) => Err(PointStatus::Error(e.to_string())),
+        Err(p) => Err(PointStatus::Error(format!(
+            "panicked: {}",
             p.downcast_ref::<String>()
                 .map(String::as_str)
                 .or_else(|| p.downcast_ref::<&str>().copied())
                 .unwrap_or("unknown")
-        )),
+        ))),
     }
 }
 
-/// Whether an error message is a device out-of-memory (CUDA driver/runtime or cuBLAS wording).
-fn is_out_of_memory(msg: &str) -> bool {
-    let m = msg.to_ascii_lowercase();
-    m.contains("out_of_memory") || m.contains("out of memory") || m.contains("alloc_failed")
-}
-
-/// The `oom: …` status of a point whose predicted memory (KV cache, prefill activations and the
+/// The [`PointStatus::Oom`] of a point whose predicted memory (KV cache, prefill activations and the
 /// prompt tokens, in f64 so no product overflows) exceeds what is available, else `None`.
 fn predicted_oom(
     models: PhaseModels<'_>,
@@ -694,7 +713,7 @@ fn predicted_oom(
     batch: usize,
     seq_len: usize,
     spec: &SweepSpec,
-) -> Option<String> {
+) -> Option<PointStatus> {
     let c = &models.decode.config;
     let g = c.cache_geometry();
     let (b, l) = (batch as f64, seq_len as f64);
@@ -709,12 +728,12 @@ fn predicted_oom(
         _ => memory::available_bytes(),
     }? as f64;
     (kv + act > avail).then(|| {
-        format!(
-            "oom: needs ~{:.2} GiB (KV {:.2} GiB), {:.2} GiB available",
+        PointStatus::Oom(format!(
+            "needs ~{:.2} GiB (KV {:.2} GiB), {:.2} GiB available",
             (kv + act) / GIB,
             kv / GIB,
             avail / GIB
-        )
+        ))
     })
 }
 
@@ -745,9 +764,9 @@ pub fn interleaved_point(
     spec: &SweepSpec,
     prompts: &[u32],
     order_seed: u64,
-) -> Vec<std::result::Result<PointTiming, String>> {
+) -> Vec<std::result::Result<PointTiming, PointStatus>> {
     use rand::seq::SliceRandom;
-    let mut state: Vec<std::result::Result<Samples, String>> = schemes
+    let mut state: Vec<std::result::Result<Samples, PointStatus>> = schemes
         .iter()
         .map(|&s| match predicted_oom(models, s, batch, seq_len, spec) {
             Some(oom) => Err(oom),
@@ -821,7 +840,7 @@ pub fn interleaved_point(
             let s = st?;
             let mut t = s
                 .last
-                .ok_or_else(|| "error: no timed repeat ran".to_string())?;
+                .ok_or_else(|| PointStatus::Error("no timed repeat ran".into()))?;
             t.ttft_ms = s.ttft_ms;
             t.itl_ms = s.itl_ms;
             t.run_order = s.run_order;
@@ -975,12 +994,32 @@ mod oom_tests {
             Err(crate::Error::Candle(candle_core::Error::Msg(m.into())))
         };
         let oom = catch_point(|| err("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"));
-        assert!(oom.as_ref().unwrap_err().starts_with("oom: "), "{oom:?}");
+        assert!(oom.as_ref().unwrap_err().is_oom(), "{oom:?}");
         let blas = catch_point(|| err("cublas error CUBLAS_STATUS_ALLOC_FAILED"));
-        assert!(blas.unwrap_err().starts_with("oom: "));
+        assert!(blas.unwrap_err().is_oom());
         let other = catch_point(|| {
             err("DriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"an illegal memory access\")")
         });
-        assert!(other.unwrap_err().starts_with("error: "));
+        assert!(matches!(other, Err(PointStatus::Error(_))), "{other:?}");
+        let typed = catch_point(|| -> Result<()> {
+            Err(crate::Error::cuda("cuMemAlloc", "DriverError(CUDA_ERROR_OUT_OF_MEMORY)"))
+        });
+        assert!(typed.unwrap_err().is_oom());
+    }
+
+    /// The status strings of `raw.jsonl`/`results.csv` round-trip through the type, and the
+    /// strings older files hold read as the statuses they meant.
+    #[test]
+    fn point_status_text_round_trips() {
+        for (text, status) in [
+            ("ok", PointStatus::Ok),
+            ("oom: needs ~9.00 GiB", PointStatus::Oom("needs ~9.00 GiB".into())),
+            ("error: panicked: x", PointStatus::Error("panicked: x".into())),
+        ] {
+            assert_eq!(text.parse::<PointStatus>().unwrap(), status);
+            assert_eq!(status.to_string(), text);
+            let json = serde_json::to_string(&status).unwrap();
+            assert_eq!(json, format!("\"{text}\""));
+        }
     }
 }

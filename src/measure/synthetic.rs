@@ -162,11 +162,11 @@ pub fn run_synthetic(
                 ));
                 let predicted = scheme.bytes_for(geom, batch, seq_len + spec.gen - 1) as u64;
                 let timing = if predicted > memory_limit {
-                    Err(format!(
-                        "oom: KV needs {:.2} GiB, limit {:.2} GiB",
+                    Err(super::sweep::PointStatus::Oom(format!(
+                        "KV needs {:.2} GiB, limit {:.2} GiB",
                         predicted as f64 / (1u64 << 30) as f64,
                         memory_limit as f64 / (1u64 << 30) as f64
-                    ))
+                    )))
                 } else {
                     super::sweep::catch_point(|| {
                         point(geom, scheme, batch, seq_len, spec.gen, spec.seed)
@@ -177,10 +177,6 @@ pub fn run_synthetic(
                     batch,
                     seq_len,
                     timing,
-                    ppl: None,
-                    baseline_ppl: None,
-                    rouge: None,
-                    passkey: None,
                 })?;
                 progress.advance(1);
             }
@@ -266,7 +262,7 @@ mod tests {
             match &o.timing {
                 Ok(t) => assert_eq!(t.kv_bytes, predicted, "{} {}", o.scheme, o.seq_len),
                 Err(e) => {
-                    assert!(e.starts_with("oom"), "{e}");
+                    assert!(e.is_oom(), "{e}");
                     assert!(predicted as u64 > limit);
                 }
             }

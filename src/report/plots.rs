@@ -67,7 +67,7 @@ pub(crate) fn short_run(run_id: &str) -> &str {
 /// Builds the charts for `rows` (failed points are left out). A chart whose data is missing
 /// (e.g. no perplexity measured) is omitted. Returns `(stem, chart)` pairs.
 pub fn charts(rows: &[ResultRow], caption: &Caption) -> Vec<(&'static str, LineChart)> {
-    let ok: Vec<&ResultRow> = rows.iter().filter(|r| r.status == "ok").collect();
+    let ok: Vec<&ResultRow> = rows.iter().filter(|r| r.status.is_ok()).collect();
     if ok.is_empty() {
         return Vec::new();
     }
@@ -284,7 +284,7 @@ mod tests {
                         scheme: scheme.into(),
                         batch_size: batch,
                         seq_len: seq,
-                        status: "ok".into(),
+                        status: crate::measure::sweep::PointStatus::Ok,
                         tpot_ms_mean: Some(20.0 + seq as f64 / 100.0),
                         decode_tokens_per_s: Some(50.0 * batch as f64),
                         kv_tokens: Some(seq + 31),
@@ -298,7 +298,7 @@ mod tests {
         }
         rows.push(ResultRow {
             scheme: "fp8".into(),
-            status: "oom: needs 9 GiB".into(),
+            status: crate::measure::sweep::PointStatus::Oom("needs 9 GiB".into()),
             ..rows[0].clone()
         });
         rows

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::plots::{self, Caption};
-use super::{read_raw, table, write_csv, ResultRow, RowContext};
+use super::{read_records, table, write_csv, ResultRow, RowContext};
 use crate::error::{Error, Result};
 use crate::quality::passkey::PasskeyResult;
 
@@ -46,12 +46,18 @@ impl Run {
                     ),
                 }
             })?;
-        let outcomes = read_raw(&dir.join(super::RAW_FILE))?;
-        let rows = outcomes.iter().map(|o| ResultRow::new(&ctx, o)).collect();
+        let records = read_records(dir)?;
+        let rows = records.rows(&ctx);
+        // In the sweep's scheme order (the points'), then any scheme with quality alone.
         let mut passkey: Vec<(String, PasskeyResult)> = Vec::new();
-        for o in &outcomes {
-            let name = o.scheme.to_string();
-            if let Some(p) = &o.passkey {
+        let schemes = records
+            .points
+            .iter()
+            .map(|o| o.scheme)
+            .chain(records.quality.iter().map(|q| q.scheme));
+        for scheme in schemes {
+            let name = scheme.to_string();
+            if let Some(p) = records.quality_of(scheme).and_then(|q| q.passkey.as_ref()) {
                 if !passkey.iter().any(|(n, _)| *n == name) {
                     passkey.push((name, p.clone()));
                 }
@@ -106,7 +112,7 @@ impl Run {
 /// Notes a reader must see next to the numbers: noisy points and missing repeats.
 pub fn warnings(rows: &[ResultRow]) -> Vec<String> {
     let mut out = Vec::new();
-    for r in rows.iter().filter(|r| r.status == "ok") {
+    for r in rows.iter().filter(|r| r.status.is_ok()) {
         let point = format!("{} batch {} × {}", r.scheme, r.batch_size, r.seq_len);
         let steps = r.repeats.unwrap_or(0) * r.gen_tokens.saturating_sub(1);
         // Tukey's fences flag ~1 sample in a handful by chance; judge only 20+ samples.
@@ -135,7 +141,7 @@ pub fn warnings(rows: &[ResultRow]) -> Vec<String> {
     }
     if rows
         .iter()
-        .any(|r| r.status == "ok" && r.repeats == Some(1))
+        .any(|r| r.status.is_ok() && r.repeats == Some(1))
     {
         out.push(
             "one timed repeat per point: TPOT has no confidence interval; use --repeats 3 or \

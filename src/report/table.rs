@@ -97,9 +97,9 @@ pub fn cells(rows: &[ResultRow]) -> Vec<Vec<String>> {
             row.push(f(r.passkey_accuracy_pct, 0));
         }
         row.push(if r.contended == Some(true) {
-            format!("{}, contended", truncate(&r.status, 28))
+            format!("{}, contended", truncate(&r.status.to_string(), 28))
         } else {
-            truncate(&r.status, 40)
+            truncate(&r.status.to_string(), 40)
         });
     }
     out
@@ -189,7 +189,7 @@ pub(crate) mod tests {
             batch_size: 1,
             seq_len: 512,
             gen_tokens: 32,
-            status: "ok".into(),
+            status: crate::measure::sweep::PointStatus::Ok,
             repeats: Some(3),
             ..Default::default()
         };
