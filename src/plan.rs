@@ -183,7 +183,7 @@ pub fn parse_tokens(s: &str) -> Result<usize> {
         .filter(|n| *n > 0)
         .map(|n| n * mult)
         .ok_or_else(|| Error::InvalidArgument {
-            name: "--ctx".into(),
+            name: "--seq-lens".into(),
             reason: format!("`{s}` is not a token count like 4k, 32k or 4096"),
         })
 }

@@ -222,7 +222,7 @@ fn safetensors_seed() -> Vec<u8> {
 
 fn read_suite(bytes: &[u8]) {
     let text = String::from_utf8_lossy(bytes);
-    let _ = kvbench::cli::suite::Suite::parse(&text, Path::new("fuzz.toml"));
+    let _ = kvbench::measure::settings::SweepSettings::parse_suite(&text, Path::new("fuzz.toml"));
 }
 
 fn suite_seeds() -> Vec<Vec<u8>> {
@@ -273,7 +273,7 @@ fn fuzz_seeds_are_valid_files() {
     f.tensor("blk.1.ffn_down.weight").unwrap();
     assert!(!gate_seeds().is_empty() && !suite_seeds().is_empty());
     for s in suite_seeds() {
-        kvbench::cli::suite::Suite::parse(std::str::from_utf8(&s).unwrap(), Path::new("s.toml"))
+        kvbench::measure::settings::SweepSettings::parse_suite(std::str::from_utf8(&s).unwrap(), Path::new("s.toml"))
             .unwrap();
     }
 }

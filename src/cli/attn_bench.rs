@@ -20,13 +20,13 @@ pub struct AttnBenchArgs {
     pub model: String,
     /// KV-cache schemes, comma-separated (see `kvbench sweep --help`).
     #[arg(long = "dtypes", visible_alias = "schemes", default_value = "fp16,int8,int4,q8_0,q4_0,fp8",
-          value_parser = super::sweep::parse_schemes)]
-    pub schemes: super::sweep::SchemeList,
+          value_parser = crate::measure::settings::parse_schemes)]
+    pub schemes: crate::measure::settings::SchemeList,
     /// Context lengths the cache is filled to before timing, comma-separated (one table each).
-    #[arg(long = "seq-len", value_delimiter = ',', default_value = "8192")]
+    #[arg(long = "seq-lens", visible_alias = "seq-len", value_delimiter = ',', default_value = "8192")]
     pub seq_lens: Vec<usize>,
-    /// Sequences.
-    #[arg(long, default_value_t = 1)]
+    /// Sequences decoded together (one batch size; `kvbench sweep --batch-sizes` takes a list).
+    #[arg(long = "batch-size", visible_alias = "batch", default_value_t = 1)]
     pub batch: usize,
     /// Timed decode steps per scheme (after one untimed step).
     #[arg(long, default_value_t = 20)]
@@ -105,7 +105,7 @@ pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Refuses, before any cache is allocated: `--steps 0`, `--batch 0`, and a batch × context whose
+/// Refuses, before any cache is allocated: `--steps 0`, `--batch-size 0`, and a batch × context whose
 /// predicted KV bytes (f64, so no product overflows) exceed the memory available on the device.
 /// Errors: [`crate::Error::InvalidArgument`] naming the flag and the sizes.
 fn check_sizes(
@@ -125,12 +125,12 @@ fn check_sizes(
     }
     if a.batch == 0 {
         return Err(bad(
-            "--batch",
+            "--batch-size",
             "0 sequences measure nothing; give 1 or more".into(),
         ));
     }
     if a.seq_lens.is_empty() {
-        return Err(bad("--seq-len", "give one or more context lengths".into()));
+        return Err(bad("--seq-lens", "give one or more context lengths".into()));
     }
     let avail = match device::device_mem_free(dev) {
         Ok(Some(free)) => Some(free),
@@ -149,10 +149,10 @@ fn check_sizes(
             };
             if avail.map_or(need.is_infinite(), |m| need > m as f64) {
                 return Err(bad(
-                    "--batch",
+                    "--batch-size",
                     format!(
                         "{scheme} at batch {} × context {seq_len} needs {} of KV cache, {} \
-                         available; lower --batch or --seq-len",
+                         available; lower --batch-size or --seq-lens",
                         a.batch,
                         if need.is_finite() {
                             format!("{:.2} GiB", need / (1u64 << 30) as f64)

@@ -17,11 +17,12 @@ pub struct PlanArgs {
     #[arg(long, default_value = "80GiB")]
     pub memory: String,
     /// KV-cache schemes, comma-separated (see `kvbench sweep --help`).
-    #[arg(long = "schemes", visible_alias = "dtypes", default_value = "fp16,fp8,int4",
-          value_parser = super::sweep::parse_schemes)]
-    pub schemes: super::sweep::SchemeList,
-    /// Contexts per sequence, comma-separated (k = 1024 tokens).
-    #[arg(long, value_delimiter = ',', default_value = "4k,32k,128k")]
+    #[arg(long = "dtypes", visible_alias = "schemes", default_value = "fp16,fp8,int4",
+          value_parser = crate::measure::settings::parse_schemes)]
+    pub schemes: crate::measure::settings::SchemeList,
+    /// Context lengths per sequence (tokens held: prompt + generated), comma-separated
+    /// (k = 1024 tokens). Old spelling: `--ctx`.
+    #[arg(long = "seq-lens", visible_alias = "ctx", value_delimiter = ',', default_value = "4k,32k,128k")]
     pub ctx: Vec<String>,
     /// Weight dtype (default: the checkpoint's, bf16 for shipped aliases).
     #[arg(long)]

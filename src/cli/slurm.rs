@@ -7,6 +7,7 @@ use std::process::Command;
 use anyhow::Context;
 
 use super::sweep::SweepArgs;
+use crate::measure::settings::SweepSettings;
 
 /// Arguments of `kvbench slurm`: the sweep's own flags plus how to submit it.
 #[derive(Debug, Clone, clap::Args)]
@@ -236,7 +237,7 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
         ));
     }
     if let Some(suite) = &args.sweep.suite {
-        super::suite::Suite::read(suite)?;
+        super::suite::apply(&mut SweepSettings::default(), suite, |_| false)?;
     }
     let workdir = std::env::current_dir().context("reading the working directory")?;
     let out = args.sweep.out.clone().unwrap_or_else(|| {
@@ -276,7 +277,7 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
             .iter()
             .map(|a| a.trim_start_matches('-').to_string()),
     );
-    let threads = match (args.sweep.threads, args.cpus_per_task) {
+    let threads = match (args.sweep.settings.device.threads, args.cpus_per_task) {
         (Some(_), _) => None, // given among the sweep flags
         (None, c) => c,
     };

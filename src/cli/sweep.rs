@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::kv::{KvScheme, VALID_SCHEMES};
+use crate::kv::KvScheme;
 use crate::measure::shard::{self, Selection, Shard, ShardRecord, TaskLoad};
 use crate::measure::sweep::{
     run_sweep, work_units, PhaseModels, Progress, QualityTasks,
@@ -14,14 +14,15 @@ use crate::measure::sweep::{
 };
 use crate::model::{self, hub, DeviceSpec, ModelLocation, WeightDtype};
 use crate::quality::passkey::{self, PasskeySpec};
-use crate::quality::perplexity::{PplMode, PplProtocol, Scoring};
+use crate::quality::perplexity::PplProtocol;
 use crate::quality::wikitext;
 use crate::quality::xsum::{self, RougeTask};
 use crate::report::meta::{self, Machine};
 use crate::report::{table, RawRecords, ResultRow, RowContext, RunSink, CSV_COLUMNS};
 
 use super::checks;
-use super::suite::{self, Suite};
+use super::suite;
+use crate::measure::settings::SweepSettings;
 
 /// Arguments of `kvbench sweep`.
 #[derive(Debug, Clone, clap::Args)]
@@ -35,134 +36,10 @@ pub struct SweepArgs {
     #[arg(long, value_name = "RUN_DIR")]
     pub resume: Option<PathBuf>,
 
-    /// Model: `default` (SmolLM2-135M-Instruct, fetched on first use), a .gguf file, a folder
-    /// with config.json + tokenizer.json + *.safetensors, an alias (llama-3-8b,
-    /// llama-3-8b-instruct, llama-2-7b, mistral-7b, qwen2.5-0.5b, qwen2.5-7b, smollm2-135m) or a
-    /// Hugging Face repo id.
-    #[arg(long, default_value = hub::DEFAULT_MODEL)]
-    pub model: String,
-
-    /// KV-cache schemes, comma-separated.
-    #[arg(long = "dtypes", visible_alias = "schemes", default_value = "fp16,int8,int4",
-          value_parser = parse_schemes,
-          help = format!("KV-cache schemes, comma-separated: {VALID_SCHEMES}"))]
-    pub schemes: SchemeList,
-
-    /// Batch sizes (sequences decoded together), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,4")]
-    pub batch_sizes: Vec<usize>,
-
-    /// Prompt lengths in tokens, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "128,512")]
-    pub seq_lens: Vec<usize>,
-
-    /// Tokens generated per sequence (greedy); TPOT is measured over the last gen−1.
-    #[arg(long, default_value_t = 32)]
-    pub gen: usize,
-
-    /// Perplexity window length in tokens (llama.cpp's -c).
-    #[arg(long, default_value_t = 512)]
-    pub ctx: usize,
-
-    /// Perplexity windows from the start of WikiText-2 test; 0 skips perplexity.
-    #[arg(long, default_value_t = 4)]
-    pub ppl_windows: usize,
-
-    /// Perplexity scoring: `half` scores the second half of each window (llama.cpp), `all`
-    /// every token after the first.
-    #[arg(long, value_enum, default_value_t = Scoring::Half)]
-    pub ppl_score: Scoring,
-
-    /// Perplexity mode: `decode` feeds windows token by token through the cache (eviction acts
-    /// per step), `chunked` runs each window as one prefill (llama.cpp); `auto` = decode for
-    /// eviction schemes, chunked otherwise.
-    #[arg(long, value_enum, default_value_t = PplMode::Auto)]
-    pub ppl_mode: PplMode,
-
-    /// Skip the lockstep comparison with the fp16 cache (KL divergence, top-1 agreement), which
-    /// doubles perplexity time for every other scheme.
-    #[arg(long)]
-    pub no_kl: bool,
-
-    /// XSum articles to summarize per scheme (greedy, the model's chat template) for ROUGE;
-    /// 0 skips it.
-    #[arg(long, default_value_t = 0)]
-    pub rouge_samples: usize,
-
-    /// Article tokens kept in each summarization prompt.
-    #[arg(long, default_value_t = 768)]
-    pub rouge_doc_tokens: usize,
-
-    /// Most tokens generated per summary.
-    #[arg(long, default_value_t = 64)]
-    pub rouge_max_new: usize,
-
-    /// Passkey retrieval prompt lengths in tokens, comma-separated (e.g. 512,1024,2048); empty
-    /// skips it.
-    #[arg(long, value_delimiter = ',')]
-    pub passkey_lengths: Vec<usize>,
-
-    /// Depths of the pass key in the haystack, %.
-    #[arg(long, value_delimiter = ',', default_value = "0,25,50,75,100")]
-    pub passkey_depths: Vec<f64>,
-
-    /// Passkey trials (different keys) per length × depth.
-    #[arg(long, default_value_t = 1)]
-    pub passkey_trials: usize,
-
-    /// Windows decoded together in decode mode.
-    #[arg(long, default_value_t = 8)]
-    pub ppl_batch: usize,
-
-    /// Weights during decode steps (TPOT): q8_0 (candle's fastest memory-bound kernel here),
-    /// f32 (exact) or native (as stored in the file).
-    #[arg(long, default_value = "q8_0")]
-    pub weights: WeightDtype,
-
-    /// Weights during prefill (TTFT): f32 runs candle's gemm, ~3× faster than its Q8_0 kernels
-    /// on long prompts.
-    #[arg(long, default_value = "f32")]
-    pub prefill_weights: WeightDtype,
-
-    /// Weights during perplexity: f32 keeps quality numbers exact.
-    #[arg(long, default_value = "f32")]
-    pub ppl_weights: WeightDtype,
-
-    /// Seed for choosing prompt offsets in the text.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-
-    /// Untimed warm-up repeats before each point (4 tokens each).
-    #[arg(long, default_value_t = 1)]
-    pub warmup: usize,
-
-    /// Timed repeats per point, each with a fresh cache (TTFT and TPOT samples); the schemes'
-    /// repeats at one point run interleaved, in a seeded random order per round.
-    #[arg(long, default_value_t = 3)]
-    pub repeats: usize,
-
-    /// Keep repeating each point until its timed total reaches this many seconds.
-    #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
-    pub min_time: f64,
-
-    /// Worker threads (default: all logical CPUs).
-    #[arg(long)]
-    pub threads: Option<usize>,
-
-    /// Device the model runs on: cpu, or cuda / cuda:N (the N-th NVIDIA GPU; needs a build with
-    /// `--features cuda`).
-    #[arg(long, default_value = "cpu", value_name = "cpu|cuda:N")]
-    pub device: DeviceSpec,
-
-    /// Attention-only sweep at the model's real shapes with synthetic K/V: no weights needed,
-    /// so any geometry (e.g. --model llama-3-8b) can be timed on a CPU; no perplexity.
-    #[arg(long)]
-    pub synthetic: bool,
-
-    /// With --synthetic: points whose predicted KV bytes exceed this (e.g. 16GiB) are recorded
-    /// as `oom` and skipped (default: the memory available now).
-    #[arg(long)]
-    pub memory_limit: Option<String>,
+    /// Every setting that changes a number (shared groups; also a suite's keys and
+    /// `meta.json`'s `settings`).
+    #[command(flatten)]
+    pub settings: SweepSettings,
 
     /// Run folder (default: reports/<run-id>). A folder that already holds files is refused
     /// unless --resume continues it or --force moves it aside.
@@ -186,35 +63,7 @@ pub struct SweepArgs {
     pub shards: Option<usize>,
 }
 
-/// A parsed `--dtypes` list. In a suite: a list of spec strings or one comma-separated string.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SchemeList(pub Vec<KvScheme>);
-
-impl serde::Serialize for SchemeList {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_seq(&self.0)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for SchemeList {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        #[derive(serde::Deserialize)]
-        #[serde(untagged)]
-        enum Form {
-            One(String),
-            Many(Vec<String>),
-        }
-        let joined = match Form::deserialize(d)? {
-            Form::One(s) => s,
-            Form::Many(v) => v.join(","),
-        };
-        parse_schemes(&joined).map_err(serde::de::Error::custom)
-    }
-}
-
-pub fn parse_schemes(s: &str) -> Result<SchemeList, crate::Error> {
-    crate::kv::parse_scheme_list(s).map(SchemeList)
-}
+pub use crate::measure::settings::{parse_schemes, SchemeList};
 
 /// Everything recorded in `meta.json`.
 #[derive(serde::Serialize)]
@@ -231,7 +80,7 @@ struct Meta<'a> {
     resumed_at: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     shard: Option<&'a ShardRecord>,
-    settings: Suite,
+    settings: SweepSettings,
     sweep: &'a SweepSpec,
     perplexity: Option<PerplexityMeta<'a>>,
     generation_tasks: GenerationMeta,
@@ -310,20 +159,29 @@ fn resolve_settings(
             }
         }
         let run = crate::report::summary::Run::read(&dir)?;
-        let settings: Suite =
-            serde_json::from_value(run.meta["settings"].clone()).map_err(|e| {
-                crate::Error::InvalidArgument {
-                    name: "--resume".into(),
-                    reason: format!("{}/meta.json has no usable settings: {e}", dir.display()),
-                }
+        let recorded = run.meta["settings"].as_object().ok_or_else(|| {
+            crate::Error::InvalidArgument {
+                name: "--resume".into(),
+                reason: format!("{}/meta.json has no `settings`", dir.display()),
+            }
+        })?;
+        args.settings = args
+            .settings
+            .overlay(
+                recorded,
+                &format!("--resume: {}/meta.json", dir.display()),
+                |id| id == "threads" && from_cli(id),
+            )
+            .map_err(|e| crate::Error::InvalidArgument {
+                name: "--resume".into(),
+                reason: format!("{}/meta.json has no usable settings: {e}", dir.display()),
             })?;
-        settings.apply(args, |id| id == "threads" && from_cli(id));
         args.out = Some(dir.clone());
         let done = crate::report::read_records(&dir)?;
         return Ok((done, Some(run.meta)));
     }
     if let Some(path) = &args.suite {
-        Suite::read(path)?.apply(args, from_cli);
+        suite::apply(&mut args.settings, path, from_cli)?;
     }
     Ok((RawRecords::default(), None))
 }
@@ -338,7 +196,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
             checks::prepare_out(out, args.force)?;
         }
     }
-    if let Some(n) = args.threads {
+    if let Some(n) = args.settings.device.threads {
         // candle's CPU kernels size their pools from RAYON_NUM_THREADS; set it before any use.
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
         rayon::ThreadPoolBuilder::new()
@@ -347,13 +205,13 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
             .ok();
     }
     // Before anything slow (fetching, loading): a device this build cannot open fails here.
-    kv_caches_on(&args.device, args.synthetic)?;
-    let device = args.device.open()?;
-    if args.synthetic {
+    kv_caches_on(&args.settings.device.device, args.settings.device.synthetic)?;
+    let device = args.settings.device.device.open()?;
+    if args.settings.device.synthetic {
         return run_synthetic(args, done, earlier_meta);
     }
     let started_at = crate::util::time::now_rfc3339();
-    let location = hub::resolve(&args.model)?;
+    let location = hub::resolve(&args.settings.model.model)?;
     let model_files = match &location {
         ModelLocation::Gguf(p) => vec![p.clone()],
         ModelLocation::Safetensors { weights, .. } => weights.clone(),
@@ -367,42 +225,42 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     }
     // One load per distinct weight dtype; phases that share a dtype share the model.
     let mut loaded: HashMap<WeightDtype, model::LoadedModel> = HashMap::new();
-    for dtype in [args.weights, args.prefill_weights, args.ppl_weights] {
+    for dtype in [args.settings.weights.weights, args.settings.weights.prefill_weights, args.settings.weights.ppl_weights] {
         if let std::collections::hash_map::Entry::Vacant(e) = loaded.entry(dtype) {
-            let m = model::load_location_on(&args.model, &location, dtype, &device).with_context(
+            let m = model::load_location_on(&args.settings.model.model, &location, dtype, &device).with_context(
                 || {
                     format!(
                         "loading model `{}` with {dtype} weights on {}",
-                        args.model, args.device
+                        args.settings.model.model, args.settings.device.device
                     )
                 },
             )?;
             e.insert(m);
         }
     }
-    let timing = &loaded[&args.weights];
+    let timing = &loaded[&args.settings.weights.weights];
     let models = PhaseModels {
-        prefill: &loaded[&args.prefill_weights].model,
+        prefill: &loaded[&args.settings.weights.prefill_weights].model,
         decode: &timing.model,
-        quality: &loaded[&args.ppl_weights].model,
+        quality: &loaded[&args.settings.weights.ppl_weights].model,
     };
     let cfg = timing.model.config.clone();
     let tokens = timing.tokenizer.encode(wikitext::wikitext2_test_text())?;
-    let available_windows = tokens.len() / args.ctx.max(1);
-    if args.ppl_windows > available_windows && available_windows > 0 {
+    let available_windows = tokens.len() / args.settings.perplexity.ctx.max(1);
+    if args.settings.perplexity.ppl_windows > available_windows && available_windows > 0 {
         eprintln!(
             "note: --ppl-windows {}: the text holds {available_windows} windows of {} tokens; \
              perplexity uses those {available_windows}",
-            args.ppl_windows, args.ctx
+            args.settings.perplexity.ppl_windows, args.settings.perplexity.ctx
         );
     }
 
-    let ppl = (args.ppl_windows > 0).then_some(PplProtocol {
-        mode: args.ppl_mode,
-        batch: args.ppl_batch,
-        ctx: args.ctx,
-        windows: Some(args.ppl_windows),
-        scoring: args.ppl_score,
+    let ppl = (args.settings.perplexity.ppl_windows > 0).then_some(PplProtocol {
+        mode: args.settings.perplexity.ppl_mode,
+        batch: args.settings.perplexity.ppl_batch,
+        ctx: args.settings.perplexity.ctx,
+        windows: Some(args.settings.perplexity.ppl_windows),
+        scoring: args.settings.perplexity.ppl_score,
         bos: timing.tokenizer.add_bos,
         exact_attention: true,
     });
@@ -410,39 +268,39 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         p.validate(cfg.max_ctx, tokens.len())?;
     }
     let spec = SweepSpec {
-        schemes: baseline_first(args.schemes.0.clone()),
-        batch_sizes: args.batch_sizes.clone(),
-        seq_lens: args.seq_lens.clone(),
-        gen: args.gen,
+        schemes: baseline_first(args.settings.schemes.dtypes.0.clone()),
+        batch_sizes: args.settings.grid.batch_sizes.clone(),
+        seq_lens: args.settings.grid.seq_lens.clone(),
+        gen: args.settings.grid.gen,
         ppl: ppl.clone(),
-        seed: args.seed,
-        warmup: args.warmup,
-        repeats: args.repeats,
-        min_time_s: args.min_time,
-        kl: !args.no_kl,
-        rouge_samples: args.rouge_samples,
-        passkey: (!args.passkey_lengths.is_empty()).then(|| PasskeySpec {
-            lengths: args.passkey_lengths.clone(),
-            depths: args.passkey_depths.clone(),
-            trials: args.passkey_trials,
-            seed: args.seed,
+        seed: args.settings.timing.seed,
+        warmup: args.settings.timing.warmup,
+        repeats: args.settings.timing.repeats,
+        min_time_s: args.settings.timing.min_time,
+        kl: !args.settings.perplexity.no_kl,
+        rouge_samples: args.settings.rouge.rouge_samples,
+        passkey: (!args.settings.passkey.passkey_lengths.is_empty()).then(|| PasskeySpec {
+            lengths: args.settings.passkey.passkey_lengths.clone(),
+            depths: args.settings.passkey.passkey_depths.clone(),
+            trials: args.settings.passkey.passkey_trials,
+            seed: args.settings.timing.seed,
         }),
     };
     spec.validate(cfg.max_ctx, tokens.len())?;
     for s in &spec.schemes {
         s.validate(cfg.head_dim)?;
     }
-    let quality_tok = &loaded[&args.ppl_weights].tokenizer;
+    let quality_tok = &loaded[&args.settings.weights.ppl_weights].tokenizer;
     let tasks = QualityTasks {
         tokenizer: quality_tok,
         stop: quality_tok.stop_tokens(),
-        rouge: (args.rouge_samples > 0)
+        rouge: (args.settings.rouge.rouge_samples > 0)
             .then(|| {
                 RougeTask::new(
                     quality_tok,
-                    args.rouge_samples,
-                    args.rouge_doc_tokens,
-                    args.rouge_max_new,
+                    args.settings.rouge.rouge_samples,
+                    args.settings.rouge.rouge_doc_tokens,
+                    args.settings.rouge.rouge_max_new,
                 )
             })
             .transpose()?,
@@ -478,7 +336,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     let has_quality = ppl.is_some() || tasks.units() > 0;
     let sharding = sharded(&args, earlier_meta.as_ref(), &spec, has_quality, load)?;
 
-    let label = model_label(&args.model, &location);
+    let label = model_label(&args.settings.model.model, &location);
     let folder = RunFolder::open(
         &started_at,
         label.trim_end_matches(".gguf"),
@@ -490,12 +348,12 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     let row_ctx = RowContext {
         run_id: folder.run_id.clone(),
         model: label,
-        prefill_weight_dtype: args.prefill_weights.to_string(),
-        decode_weight_dtype: args.weights.to_string(),
-        ppl_weight_dtype: args.ppl_weights.to_string(),
+        prefill_weight_dtype: args.settings.weights.prefill_weights.to_string(),
+        decode_weight_dtype: args.settings.weights.weights.to_string(),
+        ppl_weight_dtype: args.settings.weights.ppl_weights.to_string(),
         ppl_ctx: ppl.as_ref().map(|p| p.ctx),
         geometry: geom,
-        decode_weight_bytes: Some(loaded[&args.weights].model.weight_bytes()),
+        decode_weight_bytes: Some(loaded[&args.settings.weights.weights].model.weight_bytes()),
     };
     let mut meta = Meta {
         kvbench: meta::version(),
@@ -509,9 +367,9 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
             source: timing.source.clone(),
             sha256,
             config: cfg.clone(),
-            weight_dtype_prefill: args.prefill_weights,
-            weight_dtype_decode: args.weights,
-            weight_dtype_perplexity: args.ppl_weights,
+            weight_dtype_prefill: args.settings.weights.prefill_weights,
+            weight_dtype_decode: args.settings.weights.weights,
+            weight_dtype_perplexity: args.settings.weights.ppl_weights,
             kv_bytes_per_token: spec
                 .schemes
                 .iter()
@@ -526,7 +384,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         },
         resumed_at: folder.resumed_at.clone(),
         shard: sharding.1.as_ref(),
-        settings: Suite::from_args(&args),
+        settings: args.settings.recorded(checks::logical_cpus()),
         sweep: &spec,
         perplexity: ppl.as_ref().map(|p| PerplexityMeta {
             protocol: p,
@@ -535,7 +393,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
             reference: "llama.cpp llama-perplexity (non-overlapping windows, half scoring)",
         }),
         generation_tasks: GenerationMeta {
-            weights: args.ppl_weights,
+            weights: args.settings.weights.ppl_weights,
             decoding: "greedy, batch 1, K/V in the scheme under test",
             stop_tokens: tasks.stop.clone(),
             rouge: tasks.rouge.as_ref().map(|r| {
@@ -544,7 +402,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
                     "samples": r.prompts.len(),
                     "prompt": xsum::PROMPT,
                     "chat_template": quality_tok.chat_template.is_some(),
-                    "document_tokens": args.rouge_doc_tokens,
+                    "document_tokens": args.settings.rouge.rouge_doc_tokens,
                     "max_new_tokens": r.max_new,
                     "scorer": "rouge-score 0.1.2 semantics, use_stemmer=True",
                 })
@@ -569,7 +427,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
 
     let bar = progress_bar(work_units(
         sharding.0.units(),
-        args.ppl_windows + tasks.units(),
+        args.settings.perplexity.ppl_windows + tasks.units(),
     ));
     let mut sink = RunSink::create(&folder.dir, row_ctx.clone(), done.clone())?
         .on_row(print_row(bar.clone()));
@@ -630,8 +488,8 @@ fn resume_identity(model_sha256: Vec<String>) -> checks::ResumeIdentity {
 /// only with `--synthetic`, repeated list entries merged with a note, warm-up and repeat counts
 /// bounded. Errors: [`crate::Error::InvalidArgument`] naming the flag.
 fn check_args(args: &mut SweepArgs) -> anyhow::Result<()> {
-    checks::check_threads(args.threads)?;
-    if args.memory_limit.is_some() && !args.synthetic {
+    checks::check_threads(args.settings.device.threads)?;
+    if args.settings.device.memory_limit.is_some() && !args.settings.device.synthetic {
         return Err(crate::Error::InvalidArgument {
             name: "--memory-limit".into(),
             reason: "applies to --synthetic sweeps only (a model sweep records a point that \
@@ -640,17 +498,17 @@ fn check_args(args: &mut SweepArgs) -> anyhow::Result<()> {
         }
         .into());
     }
-    if let Some(m) = &args.memory_limit {
+    if let Some(m) = &args.settings.device.memory_limit {
         crate::plan::parse_bytes(m).map_err(|_| crate::Error::InvalidArgument {
             name: "--memory-limit".into(),
             reason: format!("`{m}` is not a size like 16GiB or 512MiB"),
         })?;
     }
-    checks::dedup_with_note("--batch-sizes", &mut args.batch_sizes);
-    checks::dedup_with_note("--seq-lens", &mut args.seq_lens);
-    checks::dedup_with_note("--dtypes", &mut args.schemes.0);
-    let points = args.schemes.0.len() * args.batch_sizes.len() * args.seq_lens.len();
-    checks::check_repeats(args.warmup, args.repeats, points, args.gen)?;
+    checks::dedup_with_note("--batch-sizes", &mut args.settings.grid.batch_sizes);
+    checks::dedup_with_note("--seq-lens", &mut args.settings.grid.seq_lens);
+    checks::dedup_with_note("--dtypes", &mut args.settings.schemes.dtypes.0);
+    let points = args.settings.schemes.dtypes.0.len() * args.settings.grid.batch_sizes.len() * args.settings.grid.seq_lens.len();
+    checks::check_repeats(args.settings.timing.warmup, args.settings.timing.repeats, points, args.settings.grid.gen)?;
     Ok(())
 }
 
@@ -799,21 +657,21 @@ fn run_synthetic(
     earlier_meta: Option<serde_json::Value>,
 ) -> anyhow::Result<()> {
     let started_at = crate::util::time::now_rfc3339();
-    let model = crate::model::geometry::for_model_arg(&args.model)?;
+    let model = crate::model::geometry::for_model_arg(&args.settings.model.model)?;
     let geom = model.cache();
     if let (Some(m), Some(dir)) = (&earlier_meta, &args.resume) {
         checks::check_resume(dir, m, &resume_identity(Vec::new()))?;
     }
-    let memory_limit = match &args.memory_limit {
+    let memory_limit = match &args.settings.device.memory_limit {
         Some(m) => crate::plan::parse_bytes(m)?,
         None => crate::util::memory::available_bytes().unwrap_or(u64::MAX),
     };
     let spec = SweepSpec::timing_only(
-        baseline_first(args.schemes.0.clone()),
-        args.batch_sizes.clone(),
-        args.seq_lens.clone(),
-        args.gen,
-        args.seed,
+        baseline_first(args.settings.schemes.dtypes.0.clone()),
+        args.settings.grid.batch_sizes.clone(),
+        args.settings.grid.seq_lens.clone(),
+        args.settings.grid.gen,
+        args.settings.timing.seed,
     );
     spec.validate(usize::MAX, usize::MAX)?;
     let sharding = sharded(
@@ -850,7 +708,7 @@ fn run_synthetic(
         "machine": Machine::probe(),
         "model_geometry": model,
         "memory_limit_bytes": memory_limit,
-        "settings": Suite::from_args(&args),
+        "settings": args.settings.recorded(checks::logical_cpus()),
         "sweep": spec,
         "report_context": row_ctx,
         "csv_columns": CSV_COLUMNS,

@@ -5,6 +5,7 @@ pub mod bandwidth;
 pub mod contention;
 pub mod device;
 pub mod floors;
+pub mod settings;
 pub mod shard;
 pub mod sweep;
 pub mod synthetic;

@@ -1,0 +1,479 @@
+//! Every setting of a sweep, written once: [`SweepSettings`] is at the same time the
+//! `kvbench sweep` flags (clap `Args`, flattened groups), a suite file's keys (`suites/*.toml`,
+//! the flags' own kebab-case names), `meta.json`'s `settings` (serde), and what `--resume`
+//! reads back. Subcommands that share a setting flatten the same group ([`ModelArgs`],
+//! [`SchemeArgs`], [`GridArgs`], [`DeviceArgs`], …), so a flag has one name everywhere; old
+//! spellings stay as aliases (`--schemes` for `--dtypes`, `schemes` in a suite).
+//!
+//! Layering (ripgrep's low/high args): clap defaults ← a suite's keys ← flags given on the
+//! command line; [`SweepSettings::overlay`] does the middle step generically through serde, so
+//! a new flag is one field in one group.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::kv::KvScheme;
+use crate::model::{hub, DeviceSpec, WeightDtype};
+use crate::quality::perplexity::{PplMode, Scoring};
+
+/// A parsed `--dtypes` list. In a suite or `meta.json`: a list of spec strings or one
+/// comma-separated string.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchemeList(pub Vec<KvScheme>);
+
+impl serde::Serialize for SchemeList {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for SchemeList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            One(String),
+            Many(Vec<String>),
+        }
+        let joined = match Form::deserialize(d)? {
+            Form::One(s) => s,
+            Form::Many(v) => v.join(","),
+        };
+        parse_schemes(&joined).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses a comma-separated scheme list (`fp16,int8-channel:group=32,h2o`). Errors:
+/// [`Error::InvalidArgument`] naming the bad spec and listing the valid ones.
+pub fn parse_schemes(s: &str) -> Result<SchemeList> {
+    crate::kv::parse_scheme_list(s).map(SchemeList)
+}
+
+/// `--model`.
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ModelArgs {
+    /// Model: `default` (SmolLM2-135M-Instruct, fetched on first use), a .gguf file, a folder
+    /// with config.json + tokenizer.json + *.safetensors, an alias (llama-3-8b,
+    /// llama-3-8b-instruct, llama-2-7b, mistral-7b, qwen2.5-0.5b, qwen2.5-7b, smollm2-135m) or a
+    /// Hugging Face repo id.
+    #[arg(long, default_value = hub::DEFAULT_MODEL)]
+    pub model: String,
+}
+
+/// `--dtypes` (alias `--schemes`): the KV-cache schemes.
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+pub struct SchemeArgs {
+    /// KV-cache schemes, comma-separated.
+    #[arg(long = "dtypes", visible_alias = "schemes", default_value = "fp16,int8,int4",
+          value_parser = parse_schemes,
+          help = format!("KV-cache schemes, comma-separated: {}", crate::kv::VALID_SCHEMES))]
+    #[serde(alias = "schemes")]
+    pub dtypes: SchemeList,
+}
+
+/// `--batch-sizes`, `--seq-lens`, `--gen`: the points of the grid.
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct GridArgs {
+    /// Batch sizes (sequences decoded together), comma-separated.
+    #[arg(long, visible_alias = "batch", value_delimiter = ',', default_value = "1,4")]
+    pub batch_sizes: Vec<usize>,
+    /// Prompt lengths in tokens, comma-separated.
+    #[arg(long, visible_alias = "seq-len", value_delimiter = ',', default_value = "128,512")]
+    pub seq_lens: Vec<usize>,
+    /// Tokens generated per sequence (greedy); TPOT is measured over the last gen−1.
+    #[arg(long, default_value_t = 32)]
+    pub gen: usize,
+}
+
+/// How each point is timed.
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct TimingArgs {
+    /// Untimed warm-up repeats before each point (4 tokens each).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Timed repeats per point, each with a fresh cache (TTFT and TPOT samples); the schemes'
+    /// repeats at one point run interleaved, in a seeded random order per round.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Keep repeating each point until its timed total reaches this many seconds.
+    #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
+    pub min_time: f64,
+    /// Seed for choosing prompt offsets in the text (and the interleaving order).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// Perplexity and KL divergence on WikiText-2.
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct PerplexityArgs {
+    /// Perplexity window length in tokens (llama.cpp's -c).
+    #[arg(long, default_value_t = 512)]
+    pub ctx: usize,
+    /// Perplexity windows from the start of WikiText-2 test; 0 skips perplexity.
+    #[arg(long, default_value_t = 4)]
+    pub ppl_windows: usize,
+    /// Perplexity scoring: `half` scores the second half of each window (llama.cpp), `all`
+    /// every token after the first.
+    #[arg(long, value_enum, default_value_t = Scoring::Half)]
+    pub ppl_score: Scoring,
+    /// Perplexity mode: `decode` feeds windows token by token through the cache (eviction acts
+    /// per step), `chunked` runs each window as one prefill (llama.cpp); `auto` = decode for
+    /// eviction schemes, chunked otherwise.
+    #[arg(long, value_enum, default_value_t = PplMode::Auto)]
+    pub ppl_mode: PplMode,
+    /// Windows decoded together in decode mode.
+    #[arg(long, default_value_t = 8)]
+    pub ppl_batch: usize,
+    /// Skip the lockstep comparison with the fp16 cache (KL divergence, top-1 agreement), which
+    /// doubles perplexity time for every other scheme.
+    #[arg(long)]
+    pub no_kl: bool,
+}
+
+/// ROUGE on XSum summaries.
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct RougeArgs {
+    /// XSum articles to summarize per scheme (greedy, the model's chat template) for ROUGE;
+    /// 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    pub rouge_samples: usize,
+    /// Article tokens kept in each summarization prompt.
+    #[arg(long, default_value_t = 768)]
+    pub rouge_doc_tokens: usize,
+    /// Most tokens generated per summary.
+    #[arg(long, default_value_t = 64)]
+    pub rouge_max_new: usize,
+}
+
+/// Passkey retrieval.
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct PasskeyArgs {
+    /// Passkey retrieval prompt lengths in tokens, comma-separated (e.g. 512,1024,2048); empty
+    /// skips it.
+    #[arg(long, value_delimiter = ',')]
+    pub passkey_lengths: Vec<usize>,
+    /// Depths of the pass key in the haystack, %.
+    #[arg(long, value_delimiter = ',', default_value = "0,25,50,75,100")]
+    pub passkey_depths: Vec<f64>,
+    /// Passkey trials (different keys) per length × depth.
+    #[arg(long, default_value_t = 1)]
+    pub passkey_trials: usize,
+}
+
+/// How the linear layers compute in each phase.
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct WeightArgs {
+    /// Weights during decode steps (TPOT): q8_0 (candle's fastest memory-bound kernel here),
+    /// f32 (exact) or native (as stored in the file).
+    #[arg(long, default_value = "q8_0")]
+    pub weights: WeightDtype,
+    /// Weights during prefill (TTFT): f32 runs candle's gemm, ~3× faster than its Q8_0 kernels
+    /// on long prompts.
+    #[arg(long, default_value = "f32")]
+    pub prefill_weights: WeightDtype,
+    /// Weights during perplexity: f32 keeps quality numbers exact.
+    #[arg(long, default_value = "f32")]
+    pub ppl_weights: WeightDtype,
+}
+
+/// Where and on what the sweep runs.
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct DeviceArgs {
+    /// Worker threads (default: all logical CPUs).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
+    /// Device the model runs on: cpu, or cuda / cuda:N (the N-th NVIDIA GPU; needs a build with
+    /// `--features cuda`).
+    #[arg(long, default_value = "cpu", value_name = "cpu|cuda:N")]
+    pub device: DeviceSpec,
+    /// Attention-only sweep at the model's real shapes with synthetic K/V: no weights needed,
+    /// so any geometry (e.g. --model llama-3-8b) can be timed on a CPU; no perplexity.
+    #[arg(long)]
+    pub synthetic: bool,
+    /// With --synthetic: points whose predicted KV bytes exceed this (e.g. 16GiB) are recorded
+    /// as `oom` and skipped (default: the memory available now).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<String>,
+}
+
+/// Every setting of `kvbench sweep` that changes a number: the flags, a suite's keys and
+/// `meta.json`'s `settings`, in one schema (see the module docs).
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+pub struct SweepSettings {
+    /// `--model`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub model: ModelArgs,
+    /// `--dtypes`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub schemes: SchemeArgs,
+    /// `--batch-sizes`, `--seq-lens`, `--gen`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub grid: GridArgs,
+    /// `--warmup`, `--repeats`, `--min-time`, `--seed`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub timing: TimingArgs,
+    /// `--ctx`, `--ppl-*`, `--no-kl`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub perplexity: PerplexityArgs,
+    /// `--rouge-*`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub rouge: RougeArgs,
+    /// `--passkey-*`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub passkey: PasskeyArgs,
+    /// `--weights`, `--prefill-weights`, `--ppl-weights`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub weights: WeightArgs,
+    /// `--threads`, `--device`, `--synthetic`, `--memory-limit`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub device: DeviceArgs,
+}
+
+impl Default for SweepSettings {
+    /// The flags' defaults (clap's), as `kvbench sweep` with no flag has them.
+    fn default() -> Self {
+        use clap::{Args, FromArgMatches};
+        let cmd = SweepSettings::augment_args(clap::Command::new("sweep").no_binary_name(true));
+        let m = cmd
+            .try_get_matches_from(Vec::<String>::new())
+            .expect("every setting has a default");
+        SweepSettings::from_arg_matches(&m).expect("defaults parse")
+    }
+}
+
+/// Keys a suite may hold besides the settings.
+const SUITE_ONLY_KEYS: &[&str] = &["description"];
+
+/// Old key spellings still read, with their canonical key.
+const KEY_ALIASES: &[(&str, &str)] = &[("schemes", "dtypes")];
+
+impl SweepSettings {
+    /// The canonical keys (suite files, `meta.json`): the flags' long names without `--`.
+    pub fn keys() -> Vec<String> {
+        match serde_json::to_value(SweepSettings::default()) {
+            Ok(serde_json::Value::Object(m)) => {
+                let mut k: Vec<String> = m.keys().cloned().collect();
+                // Optional settings are left out when unset; they are keys all the same.
+                for extra in ["threads", "memory-limit"] {
+                    if !k.iter().any(|x| x == extra) {
+                        k.push(extra.into());
+                    }
+                }
+                k
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The clap id of a key (`batch-sizes` → `batch_sizes`), to ask whether it was given on
+    /// the command line.
+    pub fn arg_id(key: &str) -> String {
+        key.replace('-', "_")
+    }
+
+    /// These settings with `table`'s values laid over them, except for keys where
+    /// `keep(arg_id)` says the current value wins (a flag given on the command line). `source`
+    /// names the table in errors (`--suite suites/ci.toml`, `run/meta.json`).
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming `source` for an unknown key (listing the keys
+    /// allowed) or a value of the wrong form (serde's message names the key).
+    pub fn overlay(
+        &self,
+        table: &serde_json::Map<String, serde_json::Value>,
+        source: &str,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<SweepSettings> {
+        let keys = Self::keys();
+        let bad = |reason: String| Error::InvalidArgument {
+            name: source.to_string(),
+            reason,
+        };
+        let serde_json::Value::Object(mut merged) =
+            serde_json::to_value(self).map_err(|e| bad(e.to_string()))?
+        else {
+            unreachable!("a struct serializes to an object")
+        };
+        for (key, value) in table {
+            if SUITE_ONLY_KEYS.contains(&key.as_str()) {
+                continue;
+            }
+            let key = KEY_ALIASES
+                .iter()
+                .find(|(old, _)| old == key)
+                .map_or(key.as_str(), |(_, new)| new);
+            if !keys.iter().any(|k| k == key) {
+                return Err(bad(format!(
+                    "unknown key `{key}`; the keys are {} (each the `kvbench sweep` flag of the \
+                     same name)",
+                    keys.join(", ")
+                )));
+            }
+            if keep(&Self::arg_id(key)) {
+                continue;
+            }
+            // Checked one key at a time so the error names it (serde's flattened structs
+            // report the type only).
+            let mut one = merged.clone();
+            one.insert(key.to_string(), value.clone());
+            serde_json::from_value::<SweepSettings>(serde_json::Value::Object(one))
+                .map_err(|e| bad(format!("{source}: key `{key}`: {e}")))?;
+            merged.insert(key.to_string(), value.clone());
+        }
+        serde_json::from_value(serde_json::Value::Object(merged))
+            .map_err(|e| bad(format!("{source}: {e}")))
+    }
+
+    /// Reads a suite file (TOML, the flags' names as keys) into a table for
+    /// [`SweepSettings::overlay`]. Errors: [`Error::InvalidArgument`] naming the file, with the
+    /// TOML parser's message (line, column).
+    pub fn read_suite(path: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::InvalidArgument {
+            name: "--suite".into(),
+            reason: format!("cannot read {}: {e}", path.display()),
+        })?;
+        Self::suite_table(&text, path)
+    }
+
+    /// A suite's text as a table (`path` names it in errors). Errors: as
+    /// [`SweepSettings::read_suite`].
+    pub fn suite_table(text: &str, path: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {
+        let table: toml::Table = toml::from_str(text).map_err(|e| Error::InvalidArgument {
+            name: format!("--suite {}", path.display()),
+            reason: format!("{}: {}", path.display(), e.to_string().trim_end()),
+        })?;
+        match serde_json::to_value(table) {
+            Ok(serde_json::Value::Object(m)) => Ok(m),
+            _ => Err(Error::InvalidArgument {
+                name: format!("--suite {}", path.display()),
+                reason: "not a table of settings".into(),
+            }),
+        }
+    }
+
+    /// A suite's text laid over the defaults (`path` names it in errors): what
+    /// `kvbench sweep --suite` with no other flag runs. Errors: as [`SweepSettings::overlay`]
+    /// and [`SweepSettings::read_suite`].
+    pub fn parse_suite(text: &str, path: &Path) -> Result<SweepSettings> {
+        let table = Self::suite_table(text, path)?;
+        SweepSettings::default().overlay(&table, &format!("--suite {}", path.display()), |_| false)
+    }
+
+    /// The settings as recorded in `meta.json`: `threads` filled in with the count used
+    /// (`logical_cpus` when not given), so `--resume` can check it.
+    pub fn recorded(&self, logical_cpus: usize) -> SweepSettings {
+        let mut s = self.clone();
+        s.device.threads = Some(s.device.threads.unwrap_or(logical_cpus));
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(toml_text: &str) -> serde_json::Map<String, serde_json::Value> {
+        let t: toml::Table = toml::from_str(toml_text).unwrap();
+        match serde_json::to_value(t).unwrap() {
+            serde_json::Value::Object(m) => m,
+            _ => unreachable!(),
+        }
+    }
+
+    /// The defaults are the flags' documented defaults (read off the `#[arg]`s above by hand).
+    #[test]
+    fn defaults_are_the_flags() {
+        let d = SweepSettings::default();
+        assert_eq!(d.grid.batch_sizes, [1, 4]);
+        assert_eq!(d.grid.seq_lens, [128, 512]);
+        assert_eq!((d.grid.gen, d.timing.repeats, d.timing.warmup), (32, 3, 1));
+        assert_eq!((d.perplexity.ctx, d.perplexity.ppl_windows), (512, 4));
+        assert_eq!(d.schemes.dtypes.0.len(), 3);
+        assert_eq!(d.device.threads, None);
+    }
+
+    /// An unknown key is an error that names the key and the source and lists the keys.
+    #[test]
+    fn unknown_key_names_key_and_source() {
+        let e = SweepSettings::default()
+            .overlay(&table("gen = 8\nbatch-size = [1]\n"), "--suite bad.toml", |_| false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("batch-size") && e.contains("bad.toml"), "{e}");
+        assert!(e.contains("batch-sizes"), "lists the allowed keys: {e}");
+        let e = SweepSettings::default()
+            .overlay(&table("gen = \"eight\"\n"), "--suite bad.toml", |_| false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bad.toml"), "{e}");
+    }
+
+    /// Schemes as a list or as one comma-separated string parse alike, under the canonical key
+    /// and the old one; a key kept (given on the command line) is not overwritten.
+    #[test]
+    fn overlay_applies_aliases_and_keeps_cli() {
+        let d = SweepSettings::default();
+        let a = d
+            .overlay(&table("dtypes = [\"fp16\", \"int8-channel:group=32,residual=64\"]"), "a", |_| false)
+            .unwrap();
+        let b = d
+            .overlay(&table("schemes = \"fp16,int8-channel:group=32,residual=64\""), "b", |_| false)
+            .unwrap();
+        assert_eq!(a.schemes, b.schemes);
+        assert_eq!(a.schemes.dtypes.0.len(), 2);
+        let c = d
+            .overlay(&table("gen = 8\nrepeats = 2\ndescription = \"x\""), "c", |id| id == "gen")
+            .unwrap();
+        assert_eq!((c.grid.gen, c.timing.repeats), (32, 2));
+    }
+
+    /// What `meta.json` records reads back to the same settings (the `--resume` path), and the
+    /// `settings` of a run folder written by kvbench 0.1.0 (084d7a437093) reads as it meant.
+    #[test]
+    fn recorded_settings_round_trip_and_old_meta_reads() {
+        let mut s = SweepSettings::default();
+        s.grid.gen = 5;
+        let v = serde_json::to_value(s.recorded(7)).unwrap();
+        assert_eq!(v["threads"], 7);
+        let back = SweepSettings::default()
+            .overlay(v.as_object().unwrap(), "meta.json", |_| false)
+            .unwrap();
+        assert_eq!(back, s.recorded(7));
+        let old: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/data/run-v0-model/meta.json"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        let o = SweepSettings::default()
+            .overlay(old["settings"].as_object().unwrap(), "meta.json", |_| false)
+            .unwrap();
+        assert_eq!(o.grid.seq_lens, [16]);
+        assert_eq!(o.grid.gen, 3);
+        assert_eq!(o.perplexity.ctx, 64);
+        assert_eq!(o.passkey.passkey_lengths, [128]);
+        assert_eq!(o.device.threads, Some(1));
+        let names: Vec<String> = o.schemes.dtypes.0.iter().map(|k| k.to_string()).collect();
+        assert_eq!(names, ["fp16", "int8-token"]);
+    }
+}
