@@ -91,6 +91,8 @@ def collect(run_dir, meta):
                                p.get("load_before"), p.get("load_after"), p.get("other_cores")))
     for inv in read_jsonl(os.path.join(run_dir, "kvbench-runs.jsonl")):
         for p in read_jsonl(os.path.join(inv["dir"], "raw.jsonl")):
+            if p.get("record") == "quality":  # a scheme's quality results, not a timing point
+                continue
             ct = kvbench_scheme(p["scheme"])
             if ct is None or p.get("status") != "ok":
                 if p.get("status") != "ok":

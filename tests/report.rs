@@ -320,3 +320,20 @@ fn raw_jsonl_holds_each_schemes_quality_once() {
     assert!(rows.iter().all(|r| !r[ppl].is_empty()), "{rows:?}");
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// A folder written by a newer kvbench (a meta.json `format` above this one's) is refused with
+/// a message naming the format and the version that wrote it, not misread.
+#[test]
+fn newer_meta_format_is_refused_naming_the_version() {
+    let dir = fixture_copy("run-v0-synth");
+    let p = dir.join("meta.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    m["format"] = 99.into();
+    m["kvbench"] = "9.9.9 (abcdef)".into();
+    std::fs::write(&p, serde_json::to_string(&m).unwrap()).unwrap();
+    let (code, _, err) = kvbench(&["report", dir.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("format 99") && err.contains("9.9.9 (abcdef)"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

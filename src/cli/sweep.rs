@@ -17,7 +17,7 @@ use crate::quality::passkey::{self, PasskeySpec};
 use crate::quality::perplexity::PplProtocol;
 use crate::quality::wikitext;
 use crate::quality::xsum::{self, RougeTask};
-use crate::report::meta::{self, Machine};
+use crate::report::meta::{self, Machine, RunMeta, RunMode, RunStatus};
 use crate::report::{table, RawRecords, ResultRow, RowContext, RunSink, CSV_COLUMNS};
 
 use super::checks;
@@ -68,23 +68,14 @@ pub use crate::measure::settings::{parse_schemes, SchemeList};
 /// Everything recorded in `meta.json`.
 #[derive(serde::Serialize)]
 struct Meta<'a> {
-    kvbench: String,
-    run_id: &'a str,
-    command: Vec<String>,
-    started_at: String,
-    finished_at: Option<String>,
-    status: &'a str,
-    machine: Machine,
+    /// What every run records, typed (read back by `report`, `--resume`, `merge`).
+    #[serde(flatten)]
+    run: RunMeta,
     model: ModelMeta,
     tokenizer: TokenizerMeta,
-    resumed_at: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    shard: Option<&'a ShardRecord>,
-    settings: SweepSettings,
     sweep: &'a SweepSpec,
     perplexity: Option<PerplexityMeta<'a>>,
     generation_tasks: GenerationMeta,
-    report_context: &'a RowContext,
     csv_columns: &'a [&'a str],
 }
 
@@ -356,13 +347,22 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         decode_weight_bytes: Some(loaded[&args.settings.weights.weights].model.weight_bytes()),
     };
     let mut meta = Meta {
-        kvbench: meta::version(),
-        run_id: &folder.run_id,
-        command: std::env::args().collect(),
-        started_at: folder.started_at.clone(),
-        finished_at: None,
-        status: "running",
-        machine: Machine::probe(),
+        run: RunMeta {
+            format: meta::META_FORMAT,
+            kvbench: meta::version(),
+            run_id: folder.run_id.clone(),
+            mode: RunMode::Model,
+            command: std::env::args().collect(),
+            started_at: folder.started_at.clone(),
+            finished_at: None,
+            status: Some(RunStatus::Running),
+            machine: Machine::probe(),
+            resumed_at: folder.resumed_at.clone(),
+            shard: sharding.1.clone(),
+            settings: args.settings.recorded(checks::logical_cpus()),
+            report_context: row_ctx.clone(),
+            details: Default::default(),
+        },
         model: ModelMeta {
             source: timing.source.clone(),
             sha256,
@@ -382,9 +382,6 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
             add_bos: timing.tokenizer.add_bos,
             bos: timing.tokenizer.bos,
         },
-        resumed_at: folder.resumed_at.clone(),
-        shard: sharding.1.as_ref(),
-        settings: args.settings.recorded(checks::logical_cpus()),
         sweep: &spec,
         perplexity: ppl.as_ref().map(|p| PerplexityMeta {
             protocol: p,
@@ -419,7 +416,6 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
                 })
             }),
         },
-        report_context: &row_ctx,
         csv_columns: CSV_COLUMNS,
     };
     let meta_path = folder.dir.join(crate::report::META_FILE);
@@ -448,13 +444,13 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         &BarProgress::new(bar.clone()),
     );
     bar.finish_and_clear();
-    meta.finished_at = Some(crate::util::time::now_rfc3339());
+    meta.run.finished_at = Some(crate::util::time::now_rfc3339());
     let all_failed = sink.tally().all_failed();
-    meta.status = if result.is_ok() && !all_failed {
-        "finished"
+    meta.run.status = Some(if result.is_ok() && !all_failed {
+        RunStatus::Finished
     } else {
-        "failed"
-    };
+        RunStatus::Failed
+    });
     meta::write_json(&meta_path, &meta)?;
     result?;
     finish(&folder.dir, "kvbench sweep")?;
@@ -697,22 +693,32 @@ fn run_synthetic(
         geometry: geom,
         decode_weight_bytes: None,
     };
-    let meta_value = serde_json::json!({
-        "kvbench": meta::version(),
-        "run_id": folder.run_id,
-        "command": std::env::args().collect::<Vec<_>>(),
-        "started_at": folder.started_at,
-        "resumed_at": folder.resumed_at,
-        "shard": sharding.1,
-        "mode": "synthetic: attention + append only, synthetic K/V (outlier key channels), no weights",
-        "machine": Machine::probe(),
+    let details = serde_json::json!({
+        "mode_description": "attention + append only, synthetic K/V (outlier key channels), no weights",
         "model_geometry": model,
         "memory_limit_bytes": memory_limit,
-        "settings": args.settings.recorded(checks::logical_cpus()),
         "sweep": spec,
-        "report_context": row_ctx,
         "csv_columns": CSV_COLUMNS,
     });
+    let meta_value = RunMeta {
+        format: meta::META_FORMAT,
+        kvbench: meta::version(),
+        run_id: folder.run_id.clone(),
+        mode: RunMode::Synthetic,
+        command: std::env::args().collect(),
+        started_at: folder.started_at.clone(),
+        finished_at: None,
+        status: None,
+        machine: Machine::probe(),
+        resumed_at: folder.resumed_at.clone(),
+        shard: sharding.1.clone(),
+        settings: args.settings.recorded(checks::logical_cpus()),
+        report_context: row_ctx.clone(),
+        details: match details {
+            serde_json::Value::Object(m) => m,
+            _ => unreachable!("a JSON object"),
+        },
+    };
     meta::write_json(&folder.dir.join(crate::report::META_FILE), &meta_value)?;
     let bar = progress_bar(work_units(sharding.0.units(), 0));
     let mut sink =

@@ -14,7 +14,9 @@ use crate::quality::passkey::PasskeyResult;
 pub struct Run {
     /// The folder.
     pub dir: PathBuf,
-    /// `meta.json` as written by the sweep.
+    /// `meta.json`, typed.
+    pub run_meta: super::meta::RunMeta,
+    /// `meta.json` as written (for `merge` and `--resume`, which carry every section over).
     pub meta: serde_json::Value,
     /// One row per finished point, in the order they finished.
     pub rows: Vec<ResultRow>,
@@ -28,24 +30,14 @@ impl Run {
     /// `report_context`, as written before raw data was kept).
     pub fn read(dir: &Path) -> Result<Run> {
         let meta_path = dir.join(super::META_FILE);
-        let text = std::fs::read_to_string(&meta_path).map_err(|e| Error::InvalidArgument {
-            name: dir.display().to_string(),
-            reason: format!("not a kvbench run folder ({}: {e})", meta_path.display()),
-        })?;
-        let meta: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| Error::InvalidArgument {
-                name: meta_path.display().to_string(),
-                reason: format!("not valid JSON: {e}"),
-            })?;
-        let ctx: RowContext =
-            serde_json::from_value(meta["report_context"].clone()).map_err(|e| {
-                Error::InvalidArgument {
-                    name: meta_path.display().to_string(),
-                    reason: format!(
-                        "has no usable `report_context` ({e}); re-run the sweep with this kvbench"
-                    ),
-                }
-            })?;
+        if !meta_path.exists() {
+            return Err(Error::InvalidArgument {
+                name: dir.display().to_string(),
+                reason: format!("not a kvbench run folder ({} is missing)", meta_path.display()),
+            });
+        }
+        let (run_meta, meta) = super::meta::RunMeta::read(&meta_path)?;
+        let ctx: RowContext = run_meta.report_context.clone();
         let records = read_records(dir)?;
         let rows = records.rows(&ctx);
         // In the sweep's scheme order (the points'), then any scheme with quality alone.
@@ -65,6 +57,7 @@ impl Run {
         }
         Ok(Run {
             dir: dir.to_path_buf(),
+            run_meta,
             meta,
             rows,
             passkey,
@@ -74,36 +67,25 @@ impl Run {
     /// Chart caption from `meta.json`: model, CPU and threads (and `--device` when not the
     /// CPU), weights, tokens, repeats, seed.
     pub fn caption(&self) -> Caption {
-        let m = &self.meta;
-        let s = &m["settings"];
-        let str_of = |v: &serde_json::Value| match v {
-            serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Null => String::new(),
-            other => other.to_string(),
-        };
+        let m = &self.run_meta;
+        let s = &m.settings;
         let mut settings = Vec::new();
-        if s["synthetic"] == serde_json::Value::Bool(true) {
+        if m.mode == super::meta::RunMode::Synthetic {
             settings.push("synthetic K/V, attention + append only".to_string());
-        } else if !s["weights"].is_null() {
-            settings.push(format!("decode weights {}", str_of(&s["weights"])));
+        } else {
+            settings.push(format!("decode weights {}", s.weights.weights));
         }
-        for (key, label) in [("gen", "gen"), ("repeats", "repeats"), ("seed", "seed")] {
-            if !s[key].is_null() {
-                settings.push(format!("{label} {}", str_of(&s[key])));
-            }
-        }
-        // Runs before `--device` existed, and CPU runs, read as before; others name the device.
-        let device = match s["device"].as_str() {
-            Some(d) if d != "cpu" => format!(", model on {d}"),
-            _ => String::new(),
+        settings.push(format!("gen {}", s.grid.gen));
+        settings.push(format!("repeats {}", s.timing.repeats));
+        settings.push(format!("seed {}", s.timing.seed));
+        // CPU runs read as before; others name the device.
+        let device = match s.device.device {
+            crate::model::DeviceSpec::Cpu => String::new(),
+            d => format!(", model on {d}"),
         };
         Caption {
-            model: str_of(&m["report_context"]["model"]),
-            machine: format!(
-                "{}, {} threads{device}",
-                str_of(&m["machine"]["cpu"]),
-                str_of(&m["machine"]["threads"])
-            ),
+            model: m.report_context.model.clone(),
+            machine: format!("{}, {} threads{device}", m.machine.cpu, m.machine.threads),
             settings: settings.join(", "),
         }
     }
@@ -212,16 +194,14 @@ pub fn write_report(
 /// The "where the numbers come from" lines of a run, from its `meta.json`.
 pub fn about(run: &Run) -> Vec<String> {
     let c = run.caption();
-    let m = &run.meta;
+    let (m, t) = (&run.meta, &run.run_meta);
     let mut lines = vec![
         format!("model: {}", c.model),
         format!("machine: {}", c.machine),
         format!("settings: {}", c.settings),
         format!(
             "run {} · kvbench {} · started {}",
-            m["run_id"].as_str().unwrap_or("?"),
-            m["kvbench"].as_str().unwrap_or("?"),
-            m["started_at"].as_str().unwrap_or("?")
+            t.run_id, t.kvbench, t.started_at
         ),
     ];
     if let Some(p) = m.get("perplexity").filter(|p| !p.is_null()) {
@@ -231,7 +211,7 @@ pub fn about(run: &Run) -> Vec<String> {
             p["protocol"]["windows"],
             p["protocol"]["ctx"],
             p["protocol"]["scoring"].as_str().unwrap_or("?"),
-            m["settings"]["ppl-weights"].as_str().unwrap_or("?"),
+            t.settings.weights.ppl_weights,
         ));
     }
     lines
