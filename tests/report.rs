@@ -130,10 +130,13 @@ fn suite_resume_and_report() {
     got.sort();
     want.sort();
     assert_eq!(got, want, "every point exactly once");
-    let csv = std::fs::read_to_string(cut.join("results.csv")).unwrap();
+    // The doctored point's TTFT samples are 12345.5 ms and two real ones (~0.1 s): a mean
+    // above 4 s is only possible if it was kept, not re-run.
+    let (h, rows) = csv_table(&cut.join("results.csv"));
+    let mean = h.iter().position(|c| c == "ttft_ms_mean").unwrap();
     assert!(
-        csv.contains("12345.5"),
-        "the finished point was kept, not re-run"
+        rows.iter().any(|r| r[mean].parse::<f64>().unwrap() > 4000.0),
+        "the finished point was kept, not re-run: {rows:?}"
     );
     assert_eq!(
         std::fs::read_to_string(cut.join("raw.jsonl"))
