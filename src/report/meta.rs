@@ -51,6 +51,9 @@ pub enum RunStatus {
     Finished,
     /// The sweep stopped on an error, or every point failed.
     Failed,
+    /// A merge of shard folders with some shards or units missing
+    /// (`kvbench merge --allow-partial`; `missing` lists them).
+    Partial,
 }
 
 /// `meta.json`: every choice that changes a number, typed where kvbench reads it back
@@ -131,7 +134,7 @@ impl RunMeta {
             return Err(Error::InvalidArgument {
                 name: path.display().to_string(),
                 reason: format!(
-                    "meta.json format {format}, written by kvbench {writer}, is newer than this                      kvbench {} reads (formats 0 to {META_FORMAT}); re-render it with kvbench                      {writer} or newer",
+                    "meta.json format {format}, written by kvbench {writer}, is newer than this kvbench {} reads (formats 0 to {META_FORMAT}); re-render it with kvbench {writer} or newer",
                     version()
                 ),
             });
@@ -140,7 +143,7 @@ impl RunMeta {
             serde_json::from_value(value.clone()).map_err(|e| Error::InvalidArgument {
                 name: path.display().to_string(),
                 reason: format!(
-                    "meta.json format {format} written by kvbench {writer} cannot be read by                      kvbench {} ({e}); re-render it with kvbench {writer}, or re-run the sweep",
+                    "meta.json format {format} written by kvbench {writer} cannot be read by kvbench {} ({e}); re-render it with kvbench {writer}, or re-run the sweep",
                     version()
                 ),
             })?;

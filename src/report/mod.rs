@@ -642,7 +642,7 @@ impl<'de> serde::Deserialize<'de> for RawLine {
         }
         if let Some(r) = v.get("record") {
             return Err(D::Error::custom(format!(
-                "unknown record kind {r} (this kvbench {} knows points and `quality`);                  re-render it with the kvbench that wrote it",
+                "unknown record kind {r} (this kvbench {} knows points and `quality`); re-render it with the kvbench that wrote it",
                 meta::version()
             )));
         }
@@ -739,4 +739,83 @@ pub fn read_csv(path: &Path) -> Result<Vec<ResultRow>> {
     r.deserialize()
         .map(|row| row.map_err(|e| Error::io(path, csv_io(e))))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The header `results.csv` is written with ([`CSV_COLUMNS`]) is exactly the row's fields
+    /// in order (csv's own header from serde, independent of the constant), and every column
+    /// is documented in the README's column table.
+    #[test]
+    fn csv_columns_match_the_row_fields() {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        w.serialize(ResultRow::default()).unwrap();
+        let bytes = w.into_inner().unwrap();
+        let text = String::from_utf8(bytes).unwrap();
+        let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+        assert_eq!(header, CSV_COLUMNS);
+        let readme =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        let documented: Vec<&str> = readme
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .flat_map(|l| l.split('|').nth(1).unwrap_or("").split(','))
+            .map(|c| c.trim().trim_matches('`'))
+            .collect();
+        for c in CSV_COLUMNS {
+            assert!(documented.contains(c), "README's column table lacks `{c}`");
+        }
+    }
+
+    /// A row joins its scheme's quality and the fp16 perplexity: the delta by hand,
+    /// 100 × (11 / 10 − 1) = 10 %; no quality, no delta.
+    #[test]
+    fn rows_join_quality_and_baseline() {
+        let ctx = RowContext {
+            run_id: "r".into(),
+            model: "m".into(),
+            prefill_weight_dtype: "f32".into(),
+            decode_weight_dtype: "q8_0".into(),
+            ppl_weight_dtype: "f32".into(),
+            ppl_ctx: Some(64),
+            geometry: CacheGeometry {
+                layers: 1,
+                kv_heads: 1,
+                q_heads: 1,
+                head_dim: 64,
+            },
+            decode_weight_bytes: None,
+        };
+        let ppl = |p: f64| PplResult {
+            perplexity: p,
+            mean_nll: p.ln(),
+            scored_tokens: 1,
+            windows: 1,
+            window_nll: vec![p.ln()],
+            kv_bytes_per_window: 0,
+            mode: crate::quality::perplexity::PplMode::Chunked,
+            agreement: None,
+        };
+        let point = |scheme: KvScheme| PointOutcome {
+            scheme,
+            batch: 1,
+            seq_len: 8,
+            timing: Err(PointStatus::Oom("x".into())),
+        };
+        let int8: KvScheme = "int8".parse().unwrap();
+        let records = RawRecords {
+            points: vec![point(KvScheme::FP16), point(int8), point("int4".parse().unwrap())],
+            quality: vec![
+                QualityOutcome { scheme: KvScheme::FP16, ppl: Some(ppl(10.0)), rouge: None, passkey: None },
+                QualityOutcome { scheme: int8, ppl: Some(ppl(11.0)), rouge: None, passkey: None },
+            ],
+        };
+        let rows = records.rows(&ctx);
+        assert_eq!(rows[0].ppl_delta_pct, Some(0.0));
+        assert!((rows[1].ppl_delta_pct.unwrap() - 10.0).abs() < 1e-12);
+        assert_eq!((rows[2].ppl, rows[2].ppl_delta_pct), (None, None));
+        assert_eq!(rows[1].status.to_string(), "oom: x");
+    }
 }
