@@ -23,6 +23,7 @@
 
 pub mod attention;
 pub mod codec;
+pub mod contract;
 pub mod cuda;
 pub mod evict;
 pub mod format;
@@ -41,35 +42,10 @@ pub use evict::h2o::{h2o_budget, Budget};
 pub use evict::Eviction;
 pub use formats::fp8::{Fp8Kind, Fp8Scale};
 pub use formats::{GpuFormat, Quant, ScaleScope};
-pub use scheme::KvScheme;
+pub use contract::AttentionCache;
+pub use scheme::{CacheGeometry, KvScheme};
 pub use spec::{parse_scheme_list, split_scheme_list, VALID_SCHEMES};
 use stream::{hadamard, Stream};
-
-/// What a decoder layer's attention needs from a KV cache, whatever device holds it: the CPU
-/// [`KvCache`] or, with the `cuda` feature, `cuda::CudaKvCache`. Tensors live on the cache's
-/// device.
-pub trait AttentionCache {
-    /// Tokens sequence `b` has written (its next position).
-    fn seen(&self, b: usize) -> usize;
-    /// Stores `n_new` tokens of keys and values for every sequence of `layer`: `k`, `v`
-    /// `[batch, kv_heads, n_new, head_dim]` f32 (RoPE applied to `k`). Errors: a tensor on
-    /// another device or of another shape ([`Error::InvalidArgument`]), a device error.
-    fn append_tensors(
-        &mut self,
-        layer: usize,
-        k: &candle_core::Tensor,
-        v: &candle_core::Tensor,
-    ) -> Result<()>;
-    /// Causal attention of queries `q` (`[batch, q_heads, n_q, head_dim]` f32, RoPE applied)
-    /// over everything `layer` holds (call after [`append_tensors`](Self::append_tensors)),
-    /// then the scheme's eviction. Returns `[batch, q_heads, n_q, head_dim]` f32. Errors as
-    /// `append_tensors`.
-    fn attend_tensor(
-        &mut self,
-        layer: usize,
-        q: &candle_core::Tensor,
-    ) -> Result<candle_core::Tensor>;
-}
 
 impl AttentionCache for KvCache {
     fn seen(&self, b: usize) -> usize {
@@ -208,19 +184,6 @@ impl AnyCache {
             Self::Cuda(_) => 0,
         }
     }
-}
-
-/// The cache-relevant shape of a decoder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct CacheGeometry {
-    /// Decoder layers.
-    pub layers: usize,
-    /// Key/value heads (GQA groups).
-    pub kv_heads: usize,
-    /// Query heads (a multiple of `kv_heads`).
-    pub q_heads: usize,
-    /// Elements per head.
-    pub head_dim: usize,
 }
 
 /// One (sequence, kv head): its K and V streams and eviction bookkeeping.

@@ -5,8 +5,20 @@
 
 use super::evict::Eviction;
 use super::formats::Quant;
-use super::CacheGeometry;
 use crate::error::{Error, Result};
+
+/// The cache-relevant shape of a decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CacheGeometry {
+    /// Decoder layers.
+    pub layers: usize,
+    /// Key/value heads (GQA groups).
+    pub kv_heads: usize,
+    /// Query heads (a multiple of `kv_heads`).
+    pub q_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+}
 
 /// A KV-cache scheme: optional eviction, K and V storage, optional Hadamard rotation.
 #[derive(Debug, Clone, Copy, PartialEq)]

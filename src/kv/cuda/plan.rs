@@ -16,7 +16,7 @@ use std::fmt;
 use crate::error::{Error, Result};
 use crate::kv::evict::Eviction;
 use crate::kv::formats::GpuFormat;
-use crate::kv::{CacheGeometry, KvScheme};
+use crate::kv::scheme::{CacheGeometry, KvScheme};
 
 /// Query rows per attention block (`QT` in kernels/kv_cache.cu).
 pub const QT: usize = 4;
@@ -847,4 +847,226 @@ pub fn script(steps: &[Step]) -> String {
         .unwrap();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geom(layers: usize, kv_heads: usize, q_heads: usize, head_dim: usize) -> CacheGeometry {
+        CacheGeometry {
+            layers,
+            kv_heads,
+            q_heads,
+            head_dim,
+        }
+    }
+
+    fn planner(scheme: &str, g: CacheGeometry, batch: usize) -> (Planner, Vec<Step>) {
+        Planner::new(scheme.parse().unwrap(), g, batch, 32, 132).unwrap()
+    }
+
+    fn launches(steps: &[Step]) -> Vec<&Launch> {
+        steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Launch(l) => Some(l),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn b(kind: Kind, layer: usize) -> Buf {
+        Buf::at(kind, layer)
+    }
+
+    /// KIVI keys with token groups of 48, d = 64, batch 2, one kv head: capacity 32 → 64 →
+    /// rounded to 96 (two groups); buffer sizes by hand; after 70 tokens held, 60 more grow it
+    /// to max(130, 2·96) = 192 rows, copying 70 rows (one whole key group of scales) per bh.
+    #[test]
+    fn capacity_and_growth_by_hand() {
+        let (mut p, steps) = planner("int8-channel:group=48,residual=32", geom(1, 1, 2, 64), 2);
+        assert_eq!(p.cap(), 96);
+        let count = |buf: Buf| {
+            steps.iter().find_map(|s| match s {
+                Step::Alloc { buf: x, count, .. } if *x == buf => Some(*count),
+                _ => None,
+            })
+        };
+        assert_eq!(count(Buf::one(Kind::Seen)), Some(2));
+        assert_eq!(count(b(Kind::Resid(false), 0)), Some(2 * (32 + 48) * 64));
+        assert_eq!(count(b(Kind::ChanScales(false), 0)), Some(2 * 2 * 64));
+        assert_eq!(count(b(Kind::Codes(false), 0)), Some(2 * 96 * 64));
+        assert_eq!(count(b(Kind::Meta(false), 0)), Some(1)); // 0 bytes, allocated as 1
+        assert_eq!(count(b(Kind::Meta(true), 0)), Some(2 * 96 * 2)); // int8-token values
+        assert_eq!(count(b(Kind::Pos, 0)), None);
+        assert!(p.append(0, 70).iter().all(|s| !matches!(s, Step::Copy { .. })));
+        p.attend(0, 70);
+        assert_eq!((p.held(0), p.seen(1)), (70, 70));
+        let steps = p.append(0, 60);
+        assert_eq!(p.cap(), 192);
+        let copies: Vec<(Buf, usize, usize, usize)> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Copy {
+                    src,
+                    src_off,
+                    dst_off,
+                    bytes,
+                    ..
+                } => Some((*src, *src_off, *dst_off, *bytes)),
+                _ => None,
+            })
+            .collect();
+        let kc = b(Kind::Codes(false), 0);
+        let ks = b(Kind::ChanScales(false), 0);
+        let vm = b(Kind::Meta(true), 0);
+        assert_eq!(
+            copies,
+            vec![
+                (kc, 0, 0, 70 * 64),
+                (kc, 96 * 64, 192 * 64, 70 * 64),
+                (ks, 0, 0, 128),
+                (ks, 2 * 128, 4 * 128, 128),
+                (b(Kind::Codes(true), 0), 0, 0, 70 * 64),
+                (b(Kind::Codes(true), 0), 96 * 64, 192 * 64, 70 * 64),
+                (vm, 0, 0, 140),
+                (vm, 96 * 2, 192 * 2, 140),
+            ]
+        );
+        // The KIVI ring keeps its size: no fresh one, and the fresh planes replace the old.
+        assert!(!steps.iter().any(
+            |s| matches!(s, Step::Alloc { buf, .. } if buf.kind == Kind::Resid(false))
+        ));
+        assert!(steps.contains(&Step::Replace {
+            dst: kc,
+            src: kc.fresh()
+        }));
+    }
+
+    /// FlashDecoding splits by hand: 2 sequences × 1 kv head, 2 query heads, 132 SMs. A
+    /// 300-token prefill has 600 query rows = 150 tiles: ⌈264 / 300⌉ = 1 split. The next decode
+    /// step (2 rows, 1 tile, 301 tokens) wants ⌈264 / 2⌉ = 132 splits, capped at ⌈301/256⌉ = 2,
+    /// chunks of ⌈301/2⌉ = 151.
+    #[test]
+    fn attention_splits_and_grids_by_hand() {
+        let (mut p, _) = planner("q4_0", geom(1, 1, 2, 64), 2);
+        p.append(0, 300);
+        let steps = p.attend(0, 300);
+        let l = launches(&steps);
+        assert_eq!(l[0].kernel, "kv_attn_partial_d64");
+        assert_eq!((l[0].grid, l[0].block), ((1, 2, 150), 128));
+        assert_eq!(l[0].args[8], Arg::I32(300));
+        p.append(0, 1);
+        let steps = p.attend(0, 1);
+        let l = launches(&steps);
+        assert_eq!((l[0].grid, l[0].args[8]), ((2, 2, 1), Arg::I32(151)));
+        assert_eq!(l[0].args[7], Arg::F32(0.125)); // 1/√64
+        assert_eq!(l[1].kernel, "kv_attn_combine");
+        assert_eq!((l[1].grid, l[1].block), ((2, 2, 1), 64));
+        assert_eq!(l[1].args[2], Arg::I32(2));
+        assert_eq!(l[2].kernel, "kv_advance_seen"); // last layer: the step counts as seen
+        assert_eq!(p.seen(0), 301);
+    }
+
+    /// `Stream` packing by hand for d = 64: int4 with groups of 16 is 4 blocks of (4 meta, 8
+    /// code) bytes; Q4_0 2 blocks of (2, 16).
+    #[test]
+    fn stream_args_by_hand() {
+        let (p, _) = planner("int4:group=16/q4_0", geom(2, 1, 1, 64), 1);
+        let k = p.stream_arg(1, false);
+        assert_eq!(
+            (k.fmt, k.group, k.residual, k.code_bytes, k.meta_bytes, k.cap),
+            (4, 16, 0, 32, 16, 64)
+        );
+        assert_eq!(k.codes, b(Kind::Codes(false), 1));
+        assert_eq!((k.resid, k.chan_scales), (None, None));
+        let v = p.stream_arg(0, true);
+        assert_eq!((v.fmt, v.group, v.code_bytes, v.meta_bytes), (6, 0, 32, 4));
+    }
+
+    /// H2O: after attention come the score update and eviction with the policy's arguments;
+    /// a window evicts without scores; the host mirror holds the policy's cap.
+    #[test]
+    fn eviction_launches_by_hand() {
+        let (mut p, _) = planner("h2o:budget=48,recent=16", geom(1, 2, 4, 128), 1);
+        let steps = p.append(0, 70);
+        let adv = launches(&steps)[2];
+        assert_eq!(adv.kernel, "kv_advance");
+        assert_eq!(adv.args[2], Arg::Ptr(Some(b(Kind::Pos, 0))));
+        assert_eq!(adv.args[3], Arg::Ptr(Some(b(Kind::Score, 0))));
+        let steps = p.attend(0, 70);
+        let names: Vec<&str> = launches(&steps).iter().map(|l| l.kernel.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "kv_attn_partial_d128",
+                "kv_attn_combine",
+                "kv_h2o_scores",
+                "kv_evict",
+                "kv_advance_seen"
+            ]
+        );
+        let ev = launches(&steps)[3];
+        assert_eq!(ev.args[7..13], [
+            Arg::I32(1),
+            Arg::I32(0),
+            Arg::I32(0),
+            Arg::I32(48),
+            Arg::F32(0.0),
+            Arg::I32(16)
+        ]);
+        assert_eq!(p.held(0), 48);
+        let (mut w, _) = planner("window:size=40,sinks=4", geom(1, 2, 4, 128), 1);
+        w.append(0, 70);
+        let steps = w.attend(0, 70);
+        let l = launches(&steps);
+        assert_eq!(l[2].kernel, "kv_evict");
+        assert_eq!(l[2].args[3], Arg::Ptr(None)); // no scores
+        assert_eq!(l[2].args[7..10], [Arg::I32(0), Arg::I32(40), Arg::I32(4)]);
+        assert_eq!(w.held(0), 44);
+    }
+
+    /// The harness's text by hand for one launch and the buffer steps.
+    #[test]
+    fn script_by_hand() {
+        let steps = [
+            alloc(Buf::one(Kind::Seen), 2, Fill::Zero),
+            Step::Launch(Launch {
+                kernel: "kv_advance_seen".into(),
+                grid: (1, 1, 1),
+                block: 128,
+                args: vec![
+                    Arg::Ptr(Some(Buf::one(Kind::Seen))),
+                    Arg::I32(2),
+                    Arg::F32(1.0),
+                    Arg::Ptr(None),
+                ],
+            }),
+            Step::Replace {
+                dst: b(Kind::Pos, 1),
+                src: b(Kind::Pos, 1).fresh(),
+            },
+        ];
+        assert_eq!(
+            script(&steps),
+            "alloc seen 4 2 zero\nlaunch kv_advance_seen 1 1 1 128 p:seen i:2 f:1065353216 p:-\n\
+             replace L1.pos L1.pos.new\n"
+        );
+    }
+
+    /// What the CUDA path does not implement is refused before anything is allocated.
+    #[test]
+    fn unsupported_schemes_are_refused() {
+        for (s, g, batch) in [
+            ("q4_0+rot", geom(1, 1, 1, 64), 1),
+            ("fp8:scale=head", geom(1, 1, 1, 64), 1),
+            ("int4-channel", geom(1, 1, 1, 64), 1),
+            ("fp16", geom(1, 1, 1, 96), 1),
+            ("fp16", geom(1, 1, 1, 64), 0),
+        ] {
+            let e = Planner::new(s.parse().unwrap(), g, batch, 32, 132).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{s}: {e}");
+        }
+    }
 }

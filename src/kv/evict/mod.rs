@@ -6,9 +6,6 @@
 //! of the GPU's `kv_evict` kernel. Adding a policy is its file plus one line in the
 //! [`policies!`] invocation at the bottom of this file.
 
-pub mod h2o;
-pub mod window;
-
 use std::fmt;
 
 use super::params::Params;
@@ -70,12 +67,15 @@ pub(crate) type Parser = (
 );
 
 /// Generates the closed set [`Eviction`] from one line per policy (`Variant { fields } =>
-/// module::Type;`), with [`Eviction::with`], `From<Type>`, the parser table and help entries.
+/// module::Type;`): the `pub mod module;` declaration (file `evict/module.rs`), the variant,
+/// [`Eviction::with`], `From<Type>`, the parser table and help entries.
 macro_rules! policies {
     ($(
         $(#[$doc:meta])*
         $variant:ident { $($field:ident : $fty:ty),* $(,)? } => $module:ident :: $ty:ident;
     )*) => {
+        $( pub mod $module; )*
+
         /// Token eviction policy: one variant per policy file (see [`self`]).
         #[derive(Debug, Clone, Copy, PartialEq)]
         pub enum Eviction {

@@ -5,6 +5,10 @@
 
 include!("gpu_ids.rs");
 
+/// kv_formats.h as build.rs wrote it from this table: what kernels/kv_cache.cu includes (the CPU
+/// emulator's harness is compiled against this text, see tests/kernels_emulated.rs).
+pub const KV_FORMATS_H: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_formats.h"));
+
 /// The CUDA form of one K or V format: the kernel's `fmt` id and the row layout the kernels
 /// index with. A row of `head_dim` elements is `blocks(head_dim).0` blocks, each `meta` bytes of
 /// scales/zero-points followed by codes; the GPU keeps meta and codes in separate planes.
@@ -75,6 +79,7 @@ mod tests {
         ids.sort_unstable();
         ids.dedup();
         assert_eq!(ids.len(), GPU_FORMAT_IDS.len());
+        assert_eq!(KV_FORMATS_H, h, "build.rs wrote the header from this table");
     }
 
     /// Row layouts by hand for d = 64: Q4_0 is 2 blocks of (2 meta, 16 code) bytes; int4 with

@@ -8,14 +8,7 @@
 //! by the [`formats!`] invocation at the bottom of this file — adding a format is its file plus
 //! one line there (see the README's "Layout" section for a worked example).
 
-pub mod channel;
-pub mod fp16;
-pub mod fp8;
 pub mod gpu;
-pub mod int4;
-pub mod int8;
-pub mod q4_0;
-pub mod q8_0;
 
 use std::fmt;
 
@@ -100,14 +93,16 @@ pub(crate) type Parser = (
 );
 
 /// Generates the closed set [`Quant`] from one line per format (`Variant { fields } =>
-/// module::Type;`, the variant's fields being the type's), with [`Quant::with`] (the one
-/// delegation every method goes through), `From<Type> for Quant`, the parser table and the help
-/// entries.
+/// module::Type;`, the variant's fields being the type's): the `pub mod module;` declaration
+/// (file `formats/module.rs`), the variant, [`Quant::with`] (the one delegation every method
+/// goes through), `From<Type> for Quant`, the parser table and the help entries.
 macro_rules! formats {
     ($(
         $(#[$doc:meta])*
         $variant:ident $({ $($field:ident : $fty:ty),* $(,)? })? => $module:ident :: $ty:ident;
     )*) => {
+        $( pub mod $module; )*
+
         /// How K or V rows are stored: one variant per format file (see [`self`]).
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum Quant {
@@ -233,4 +228,48 @@ formats! {
     Q8_0 => q8_0::Q8_0;
     /// ggml's Q4_0: blocks of 32 along head_dim, symmetric 4-bit, f16 scale (18 bytes per block).
     Q4_0 => q4_0::Q4_0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::codec::RowCodec;
+
+    fn roundtrip<C: RowCodec>(c: C, x: &[f32]) -> Vec<f32> {
+        let mut bytes = vec![0u8; c.row_bytes(x.len())];
+        c.encode(x, &mut bytes);
+        let mut out = vec![0f32; x.len()];
+        c.decode(&bytes, &mut out);
+        out
+    }
+
+    #[test]
+    fn zero_rows_stay_zero() {
+        let x = [0f32; 64];
+        assert_eq!(roundtrip(int8::Int8TokenRow, &x), x.to_vec());
+        assert_eq!(roundtrip(int4::Int4GroupRow { group: 32 }, &x), x.to_vec());
+        assert_eq!(roundtrip(fp16::F16Row, &x), x.to_vec());
+    }
+
+    /// The CUDA support table by format, and the registry's names are unique.
+    #[test]
+    fn gpu_support_by_format() {
+        let on_gpu = |s: &str| {
+            let q: crate::kv::KvScheme = s.parse().unwrap();
+            q.k.gpu().is_ok()
+        };
+        for s in ["fp16", "int8", "int4:group=16", "fp8", "fp8-e5m2", "q8_0", "q4_0", "int8-channel"] {
+            assert!(on_gpu(s), "{s}");
+        }
+        for s in ["fp8:scale=head", "fp8:scale=tensor", "fp8:scale=none", "int4-channel"] {
+            assert!(!on_gpu(s), "{s}");
+        }
+        let e = Quant::Channel { bits: 4, group: 32, residual: 128 }.gpu().unwrap_err();
+        assert!(e.to_string().contains("--device cpu"), "{e}");
+        let mut names: Vec<&str> = PARSERS.iter().flat_map(|(n, _)| n.iter().copied()).collect();
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n, "a name registered twice");
+    }
 }
