@@ -1,8 +1,25 @@
-//! Records the git revision the binary was built from, for `meta.json`; with the `cuda`
-//! feature, compiles every `kernels/*.cu` to PTX with nvcc (embedded by `src/kv/cuda.rs`).
+//! Records the git revision the binary was built from, for `meta.json`; writes
+//! `$OUT_DIR/kv_formats.h`, the kernels' format and eviction-mode ids, from the crate's own
+//! table (src/kv/formats/gpu_ids.rs, included below); with the `cuda` feature, compiles every
+//! `kernels/*.cu` to PTX with nvcc (embedded by `src/kv/cuda/device.rs`).
+
+/// The table the crate uses too (`kv::formats::gpu`), compiled here on its own.
+#[allow(dead_code)]
+mod gpu_ids {
+    include!("src/kv/formats/gpu_ids.rs");
+}
+
 fn main() {
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    println!("cargo:rerun-if-changed=src/kv/formats/gpu_ids.rs");
+    let header = out.join("kv_formats.h");
+    let text = gpu_ids::gpu_header();
+    // Rewritten only when it changes, so nvcc's inputs keep their timestamps.
+    if std::fs::read_to_string(&header).ok().as_deref() != Some(text.as_str()) {
+        std::fs::write(&header, text).expect("write kv_formats.h to OUT_DIR");
+    }
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
-        compile_kernels();
+        compile_kernels(&out);
     }
     let rev = std::process::Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
@@ -45,9 +62,9 @@ fn nvcc() -> std::path::PathBuf {
 }
 
 /// Compiles `kernels/*.cu` to `$OUT_DIR/<name>.ptx` for `sm_$CUDA_COMPUTE_CAP` (default 90,
-/// Hopper). `--fmad=false` keeps multiply and add separately rounded, as in the CPU encoders the
-/// kernels must match bit for bit.
-fn compile_kernels() {
+/// Hopper), with `$OUT_DIR` on the include path for kv_formats.h. `--fmad=false` keeps multiply
+/// and add separately rounded, as in the CPU encoders the kernels must match bit for bit.
+fn compile_kernels(out: &std::path::Path) {
     for var in [
         "NVCC",
         "CUDA_ROOT",
@@ -60,7 +77,6 @@ fn compile_kernels() {
     println!("cargo:rerun-if-changed=kernels");
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let cap = cap.trim().trim_start_matches("sm_").to_string();
-    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let nvcc = nvcc();
     let mut sources: Vec<_> = std::fs::read_dir("kernels")
         .expect("kernels/ exists in the source tree")
@@ -79,6 +95,8 @@ fn compile_kernels() {
                 "-O3",
                 "--fmad=false",
             ])
+            .arg("-I")
+            .arg(out)
             .args(["-lineinfo", "-o"])
             .arg(&ptx)
             .arg(&src)

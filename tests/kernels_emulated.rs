@@ -3,10 +3,11 @@
 //!
 //! kernels/emu/cuda_emu.h makes the .cu compile as host C++ and runs every CUDA thread of a block
 //! as its own thread of execution with real barriers (`__syncthreads`, per-warp shuffles);
-//! kernels/emu/harness.cpp replays `CudaKvCache`'s launch sequence (src/kv/cuda.rs: buffer
-//! layouts, capacity growth, grid and block sizes, argument values) for one scenario and writes
-//! the attention outputs, the positions held and the stored rows. Per scenario this test checks,
-//! against the CPU cache fed the same inputs:
+//! kernels/emu/harness.cpp executes the launch plan `CudaKvCache` runs (src/kv/cuda/plan.rs:
+//! allocations, capacity growth, grid and block sizes, argument values — computed here by the
+//! same `Planner`, not re-implemented in C++) for one scenario and writes the attention outputs
+//! and the buffers the checks read (row counts, positions, code and scale planes). Per scenario
+//! this test checks, against the CPU cache fed the same inputs:
 //! - every attention output (a 70-token prefill, then single-token decode steps; a chunked
 //!   prefill after that where the cache grows with rows held) is written (outputs start as NaN)
 //!   and within 2e-3 of the output's largest magnitude;
@@ -34,7 +35,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kvbench::kv::{Budget, CacheGeometry, Eviction, Fp8Kind, Fp8Scale, KvCache, KvScheme, Quant};
+use kvbench::kv::cuda::plan::{self, Buf, Kind, Planner};
+use kvbench::kv::formats::gpu::KV_FORMATS_H;
+use kvbench::kv::{CacheGeometry, KvCache, KvScheme};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use sha2::{Digest, Sha256};
@@ -83,6 +86,7 @@ fn build(name: &str, flags: &[&str]) -> Result<PathBuf, String> {
     for s in SOURCES {
         h.update(std::fs::read(Path::new(ROOT).join(s)).unwrap());
     }
+    h.update(KV_FORMATS_H);
     h.update(flags.join(" "));
     let hash: String = h.finalize()[..8]
         .iter()
@@ -96,13 +100,20 @@ fn build(name: &str, flags: &[&str]) -> Result<PathBuf, String> {
     }
     let t = Instant::now();
     let tmp = dir.join(format!("{name}-{hash}.{}", std::process::id()));
+    // kv_formats.h as build.rs generated it from the crate's id table (kernels include it).
+    let include = dir.join(format!("include-{hash}.{}", std::process::id()));
+    std::fs::create_dir_all(&include).unwrap();
+    std::fs::write(include.join("kv_formats.h"), KV_FORMATS_H).unwrap();
     let out = Command::new("g++")
         .args(flags)
+        .arg("-I")
+        .arg(&include)
         .arg(Path::new(ROOT).join("kernels/emu/harness.cpp"))
         .arg("-o")
         .arg(&tmp)
         .output()
         .map_err(|e| e.to_string())?;
+    std::fs::remove_dir_all(&include).ok();
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
@@ -188,56 +199,47 @@ impl Scenario {
     }
 }
 
-/// `GpuFormat::id`, group and residual of `q` (the kernel's `fmt` codes).
-fn gpu_format(q: Quant) -> (i32, usize, usize) {
-    match q {
-        Quant::Fp16 => (0, 0, 0),
-        Quant::Int8Token => (1, 0, 0),
-        Quant::Fp8 {
-            kind: Fp8Kind::E4M3,
-            scale: Fp8Scale::Token,
-        } => (2, 0, 0),
-        Quant::Fp8 {
-            kind: Fp8Kind::E5M2,
-            scale: Fp8Scale::Token,
-        } => (3, 0, 0),
-        Quant::Int4 { group } => (4, group, 0),
-        Quant::Q8_0 => (5, 0, 0),
-        Quant::Q4_0 => (6, 0, 0),
-        Quant::Channel {
-            bits: 8,
-            group,
-            residual,
-        } => (7, group, residual),
-        other => panic!("{other} has no CUDA kernels"),
+/// The plan `CudaKvCache` runs for this scenario (poisoned attention outputs), as the harness
+/// reads it, with `dump` lines for every buffer the checks read; and the planner after it.
+fn plan_text(s: &Scenario, scheme: KvScheme) -> (String, Planner) {
+    let (mut p, mut steps) = Planner::new(scheme, s.geom, s.batch, s.capacity, s.sms)
+        .unwrap_or_else(|e| panic!("{}: no CUDA plan: {e}", s.scheme));
+    p.poison_outputs(true);
+    for &n in &s.forwards {
+        for layer in 0..s.geom.layers {
+            steps.extend(p.append(layer, n));
+            steps.extend(p.attend(layer, n));
+        }
     }
+    let mut text = plan::script(&steps);
+    for b in dumped(&p, s.geom.layers) {
+        text.push_str(&format!("dump {b}\n"));
+    }
+    (text, p)
 }
 
-fn scenario_text(s: &Scenario, scheme: &KvScheme) -> String {
-    let g = s.geom;
-    let (kf, kg, kr) = gpu_format(scheme.k);
-    let (vf, vg, vr) = gpu_format(scheme.v);
-    let evict = match scheme.evict {
-        None => "none".to_string(),
-        Some(Eviction::Window { size, sinks }) => format!("window {size} {sinks}"),
-        Some(Eviction::H2o { budget, recent }) => match budget {
-            Budget::Tokens(n) => format!("h2o {n} 0 {recent}"),
-            Budget::Ratio(r) => format!("h2o 0 {r} {recent}"),
-        },
+/// The buffers the checks read: per layer the row counts, positions (eviction schemes) and the
+/// code and scale planes of per-token K and V.
+fn dumped(p: &Planner, layers: usize) -> Vec<Buf> {
+    let mut out = Vec::new();
+    let at = |kind, layer| Buf {
+        kind,
+        layer,
+        fresh: false,
     };
-    let forwards: Vec<String> = s.forwards.iter().map(|n| n.to_string()).collect();
-    format!(
-        "layers {}\nkv_heads {}\nq_heads {}\nhead_dim {}\nbatch {}\ncapacity {}\nsms {}\n\
-         k {kf} {kg} {kr}\nv {vf} {vg} {vr}\nevict {evict}\nforwards {}\n",
-        g.layers,
-        g.kv_heads,
-        g.q_heads,
-        g.head_dim,
-        s.batch,
-        s.capacity,
-        s.sms,
-        forwards.join(" ")
-    )
+    for layer in 0..layers {
+        out.push(at(Kind::Lens, layer));
+        if p.scheme().evicts() {
+            out.push(at(Kind::Pos, layer));
+        }
+        for value in [false, true] {
+            if p.format(value).token_group == 1 {
+                out.push(at(Kind::Codes(value), layer));
+                out.push(at(Kind::Meta(value), layer));
+            }
+        }
+    }
+    out
 }
 
 /// Runs `exe` on `args` with a time limit, its stderr going to `log`; the first lines of
@@ -296,23 +298,6 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-/// Reads little-endian values off the front of a byte slice.
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn u32(&mut self) -> usize {
-        let (a, b) = self.0.split_at(4);
-        self.0 = b;
-        u32::from_le_bytes(a.try_into().unwrap()) as usize
-    }
-
-    fn bytes(&mut self, n: usize) -> &[u8] {
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        a
-    }
-}
-
 /// Runs one scenario through the CPU cache and the emulated kernels and compares them; the
 /// worst relative attention error on success, every mismatch found on failure.
 fn check(s: &Scenario) -> Result<f32, String> {
@@ -347,8 +332,9 @@ fn check(s: &Scenario) -> Result<f32, String> {
         }
     }
     let cpu_time = t.elapsed();
-    let (scen, inp) = (dir.join("scenario.txt"), dir.join("inputs.bin"));
-    std::fs::write(&scen, scenario_text(s, &scheme)).unwrap();
+    let (scen, inp) = (dir.join("plan.txt"), dir.join("inputs.bin"));
+    let (text, planner) = plan_text(s, scheme);
+    std::fs::write(&scen, text).unwrap();
     std::fs::write(&inp, &inputs).unwrap();
     let (exe, sched) = match s.sched {
         "tsan" => (harness_tsan().expect("checked by the caller"), "threads"),
@@ -403,30 +389,49 @@ fn check(s: &Scenario) -> Result<f32, String> {
     }
     assert_eq!(at, attn.len(), "attention output size");
 
-    let state = std::fs::read(dir.join("state.bin")).unwrap();
-    let mut r = Reader(&state);
-    let per_token = |q: Quant| !matches!(q, Quant::Channel { .. });
-    let row_len = |q: Quant| {
-        if per_token(q) {
-            common::cpu_row_bytes(q, &vec![0.0; d]).len()
-        } else {
-            0
-        }
+    let dump = |b: Buf| std::fs::read(dir.join(format!("{b}.bin"))).unwrap();
+    let u32s = |bytes: Vec<u8>| -> Vec<usize> {
+        bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as usize)
+            .collect()
     };
-    let (kb, vb) = (row_len(scheme.k), row_len(scheme.v));
+    let at = |kind, layer| Buf {
+        kind,
+        layer,
+        fresh: false,
+    };
+    let cap = planner.cap();
     let mut rows_checked = 0;
     for layer in 0..g.layers {
+        let lens = u32s(dump(at(Kind::Lens, layer)));
+        let all_pos = scheme.evicts().then(|| u32s(dump(at(Kind::Pos, layer))));
+        let planes: Vec<Option<(Vec<u8>, Vec<u8>)>> = [false, true]
+            .into_iter()
+            .map(|value| {
+                (planner.format(value).token_group == 1).then(|| {
+                    (
+                        dump(at(Kind::Codes(value), layer)),
+                        dump(at(Kind::Meta(value), layer)),
+                    )
+                })
+            })
+            .collect();
         for b in 0..batch {
             for h in 0..kvh {
                 let bh = b * kvh + h;
-                let (held, lens) = (r.u32(), r.u32());
-                let pos: Vec<usize> = (0..held).map(|_| r.u32()).collect();
+                let held = planner.held(b);
                 let here = format!("layer {layer} b={b} h={h}");
-                if held != lens {
+                if held != lens[bh] {
                     problems.push(format!(
-                        "{here}: device holds {lens} rows, the host mirror {held}"
+                        "{here}: device holds {} rows, the host mirror {held}",
+                        lens[bh]
                     ));
                 }
+                let pos: Vec<usize> = match &all_pos {
+                    Some(p) => p[bh * cap..bh * cap + held].to_vec(),
+                    None => (0..held).collect(),
+                };
                 let mut sorted = pos.clone();
                 sorted.sort_unstable();
                 if sorted != cpu.held_positions(layer, b, h) {
@@ -435,18 +440,26 @@ fn check(s: &Scenario) -> Result<f32, String> {
                         cpu.held_positions(layer, b, h)
                     ));
                 }
-                for (q, sent, bytes) in [
-                    (scheme.k, &sent_k[layer][bh], kb),
-                    (scheme.v, &sent_v[layer][bh], vb),
+                for (value, q, sent) in [
+                    (false, scheme.k, &sent_k[layer][bh]),
+                    (true, scheme.v, &sent_v[layer][bh]),
                 ] {
-                    if !per_token(q) {
+                    let Some((codes, meta)) = &planes[value as usize] else {
                         continue;
-                    }
-                    let rows = r.bytes(held * bytes);
-                    for (slot, (row, &p)) in rows.chunks_exact(bytes).zip(&pos).enumerate() {
+                    };
+                    let f = planner.format(value);
+                    let (cb, mb) = (f.code_bytes(d), f.meta_bytes(d));
+                    let rows = plan::rows_from_planes(
+                        f,
+                        d,
+                        &codes[bh * cap * cb..],
+                        &meta[bh * cap * mb..],
+                        held,
+                    );
+                    for (slot, (row, &p)) in rows.iter().zip(&pos).enumerate() {
                         let expect = common::cpu_row_bytes(q, &sent[p]);
                         rows_checked += 1;
-                        if row != expect.as_slice() {
+                        if row != &expect {
                             problems.push(format!(
                                 "{here} {q} slot {slot} (position {p}): stored row differs from \
                                  the CPU encoder's\n kernel {row:?}\n cpu    {expect:?}"
@@ -457,7 +470,6 @@ fn check(s: &Scenario) -> Result<f32, String> {
             }
         }
     }
-    assert!(r.0.is_empty(), "state.bin has trailing bytes");
     if problems.is_empty() {
         std::fs::remove_dir_all(&dir).ok();
         eprintln!(

@@ -7,11 +7,30 @@
 //! stored: [`KvCache::kv_bytes`] counts every byte held (codes, scales, zero-points, residual
 //! rows, eviction bookkeeping) and equals [`KvScheme::bytes_for`].
 
+//!
+//! Layout (lower floors first; a module imports only from those above it in this list, and the
+//! whole tree only from `crate::error`):
+//! - [`params`], [`simd`], [`intdot`], [`codec`]: parameter parsing helpers, AVX2 primitives,
+//!   scoring on codes, the row-codec contract;
+//! - [`stream`]: the stored rows of one (sequence, kv head) — [`stream::RowStream`] for every
+//!   per-token format;
+//! - [`formats`]: one file per K/V format behind the closed registry [`Quant`] (parameters,
+//!   parsing, `Display`, validation, byte formula, codec, stream, GPU form);
+//! - [`evict`]: one file per eviction policy behind the closed registry [`Eviction`];
+//! - [`scheme`] ([`KvScheme`] and its byte accounting), [`spec`] (the `evict@K/V+rot` grammar);
+//! - [`attention`], this module's [`KvCache`], and [`cuda`] (its launch [`cuda::plan`] is pure
+//!   and compiled in every build; the device side needs the `cuda` feature).
+
 pub mod attention;
-#[cfg(feature = "cuda")]
+pub mod codec;
+pub mod contract;
 pub mod cuda;
+pub mod evict;
 pub mod format;
+pub mod formats;
 pub mod intdot;
+pub mod params;
+pub mod scheme;
 pub mod simd;
 pub mod spec;
 pub mod stream;
@@ -19,38 +38,14 @@ pub mod stream;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use format::{F16Row, Fp8Row, Int4GroupRow, Int8TokenRow, Q4_0Row, Q8_0Row};
-pub use spec::{
-    h2o_budget, parse_scheme_list, split_scheme_list, Budget, Eviction, Fp8Kind, Fp8Scale,
-    KvScheme, Quant, VALID_SCHEMES,
-};
-use stream::{hadamard, ChannelStream, RowStream, Stream};
-
-/// What a decoder layer's attention needs from a KV cache, whatever device holds it: the CPU
-/// [`KvCache`] or, with the `cuda` feature, `cuda::CudaKvCache`. Tensors live on the cache's
-/// device.
-pub trait AttentionCache {
-    /// Tokens sequence `b` has written (its next position).
-    fn seen(&self, b: usize) -> usize;
-    /// Stores `n_new` tokens of keys and values for every sequence of `layer`: `k`, `v`
-    /// `[batch, kv_heads, n_new, head_dim]` f32 (RoPE applied to `k`). Errors: a tensor on
-    /// another device or of another shape ([`Error::InvalidArgument`]), a device error.
-    fn append_tensors(
-        &mut self,
-        layer: usize,
-        k: &candle_core::Tensor,
-        v: &candle_core::Tensor,
-    ) -> Result<()>;
-    /// Causal attention of queries `q` (`[batch, q_heads, n_q, head_dim]` f32, RoPE applied)
-    /// over everything `layer` holds (call after [`append_tensors`](Self::append_tensors)),
-    /// then the scheme's eviction. Returns `[batch, q_heads, n_q, head_dim]` f32. Errors as
-    /// `append_tensors`.
-    fn attend_tensor(
-        &mut self,
-        layer: usize,
-        q: &candle_core::Tensor,
-    ) -> Result<candle_core::Tensor>;
-}
+pub use evict::h2o::{h2o_budget, Budget};
+pub use evict::Eviction;
+pub use formats::fp8::{Fp8Kind, Fp8Scale};
+pub use formats::{GpuFormat, Quant, ScaleScope};
+pub use contract::AttentionCache;
+pub use scheme::{CacheGeometry, KvScheme};
+pub use spec::{parse_scheme_list, split_scheme_list, VALID_SCHEMES};
+use stream::{hadamard, Stream};
 
 impl AttentionCache for KvCache {
     fn seen(&self, b: usize) -> usize {
@@ -191,52 +186,6 @@ impl AnyCache {
     }
 }
 
-/// The cache-relevant shape of a decoder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct CacheGeometry {
-    /// Decoder layers.
-    pub layers: usize,
-    /// Key/value heads (GQA groups).
-    pub kv_heads: usize,
-    /// Query heads (a multiple of `kv_heads`).
-    pub q_heads: usize,
-    /// Elements per head.
-    pub head_dim: usize,
-}
-
-/// A new, empty stream for quant `q`.
-fn new_stream(q: Quant, d: usize) -> Box<dyn Stream> {
-    match q {
-        Quant::Fp16 => Box::new(RowStream::new(F16Row, d)),
-        Quant::Int8Token => Box::new(RowStream::new(Int8TokenRow, d)),
-        Quant::Int4 { group } => Box::new(RowStream::new(Int4GroupRow { group }, d)),
-        Quant::Channel {
-            bits,
-            group,
-            residual,
-        } => Box::new(ChannelStream::new(bits, group, residual, d)),
-        Quant::Fp8 {
-            kind,
-            scale: Fp8Scale::Token,
-        } => Box::new(RowStream::new(Fp8Row { kind, scale: None }, d)),
-        Quant::Fp8 {
-            kind,
-            scale: Fp8Scale::None,
-        } => Box::new(RowStream::new(
-            Fp8Row {
-                kind,
-                scale: Some(1.0),
-            },
-            d,
-        )),
-        Quant::Fp8 { kind, scale } => {
-            Box::new(RowStream::fp8_external(kind, d, scale == Fp8Scale::Head))
-        }
-        Quant::Q8_0 => Box::new(RowStream::new(Q8_0Row, d)),
-        Quant::Q4_0 => Box::new(RowStream::new(Q4_0Row, d)),
-    }
-}
-
 /// One (sequence, kv head): its K and V streams and eviction bookkeeping.
 #[derive(Debug)]
 struct Head {
@@ -308,8 +257,8 @@ impl KvCache {
             .map(|_| Layer {
                 heads: (0..batch * geom.kv_heads)
                     .map(|_| Head {
-                        k: new_stream(scheme.k, d),
-                        v: new_stream(scheme.v, d),
+                        k: scheme.k.new_stream(d),
+                        v: scheme.v.new_stream(d),
                         pos: Vec::new(),
                         score: Vec::new(),
                     })
@@ -456,16 +405,11 @@ impl KvCache {
         let (k, v) = (rotated(k), rotated(v));
         let scheme = self.scheme;
         let l = &mut self.layers[layer];
-        // fp8 scale=tensor: one scale per layer from the first write's absmax (K and V apart).
+        // Per-tensor external scales (fp8 scale=tensor): one per layer from the first write
+        // (K and V apart); per-head ones come from each head's first write below.
         for (i, (q, x)) in [(scheme.k, &k), (scheme.v, &v)].into_iter().enumerate() {
-            if let Quant::Fp8 {
-                kind,
-                scale: Fp8Scale::Tensor,
-            } = q
-            {
-                if l.tensor_scales[i].is_none() {
-                    l.tensor_scales[i] = Some(absmax_scale(x, kind));
-                }
+            if q.external_scale() == Some(ScaleScope::Tensor) && l.tensor_scales[i].is_none() {
+                l.tensor_scales[i] = Some(q.with(|f| f.calibrate(x)));
             }
         }
         let scales = l.tensor_scales;
@@ -479,13 +423,9 @@ impl KvCache {
                 .enumerate()
             {
                 if stream.needs_scale() {
-                    let s = match q {
-                        Quant::Fp8 {
-                            scale: Fp8Scale::Tensor,
-                            ..
-                        } => scales[i].expect("set above"),
-                        Quant::Fp8 { kind, .. } => absmax_scale(x, kind),
-                        _ => 1.0,
+                    let s = match q.external_scale() {
+                        Some(ScaleScope::Tensor) => scales[i].expect("set above"),
+                        _ => q.with(|f| f.calibrate(x)),
                     };
                     stream.set_scale(s);
                 }
@@ -503,7 +443,7 @@ impl KvCache {
             for (bh, head) in l.heads.iter_mut().enumerate() {
                 let start = l.seen[bh / kvh];
                 head.pos.extend((start..start + n_new).map(|p| p as u32));
-                if matches!(scheme.evict, Some(Eviction::H2o { .. })) {
+                if scheme.evict.is_some_and(Eviction::keeps_scores) {
                     head.score.resize(head.pos.len(), 0.0);
                 }
             }
@@ -530,7 +470,7 @@ impl KvCache {
             None => q,
         };
         let l = &mut self.layers[layer];
-        let h2o = matches!(self.scheme.evict, Some(Eviction::H2o { .. }));
+        let h2o = self.scheme.evict.is_some_and(Eviction::keeps_scores);
         let views: Vec<attention::HeadView<'_>> = l
             .heads
             .iter()
@@ -578,48 +518,10 @@ fn rotation_block(d: usize) -> usize {
     }
 }
 
-/// absmax / fp8 max over `x`, or 1 for all-zero input.
-fn absmax_scale(x: &[f32], kind: Fp8Kind) -> f32 {
-    let a = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    if a > 0.0 {
-        a / kind.max()
-    } else {
-        1.0
-    }
-}
-
-/// Applies an eviction policy to one (sequence, kv head) after `seen` tokens.
+/// Applies an eviction policy to one (sequence, kv head) after `seen` tokens: the policy picks
+/// the victims ([`evict::Policy::victims`]), dropped here from the highest slot down.
 fn evict(head: &mut Head, ev: Eviction, seen: usize) {
-    let mut drop: Vec<usize> = match ev {
-        Eviction::Window { size, sinks } => (0..head.pos.len())
-            .filter(|&s| {
-                let p = head.pos[s] as usize;
-                p >= sinks && p + size < seen
-            })
-            .collect(),
-        Eviction::H2o { budget, recent } => {
-            let cap = h2o_budget(budget, recent, seen);
-            let excess = head.pos.len().saturating_sub(cap);
-            if excess == 0 {
-                Vec::new()
-            } else {
-                // Candidates: everything outside the recent window (the newest token is always
-                // protected, even with recent = 0); lowest accumulated attention goes first.
-                let protect = recent.max(1);
-                let mut cand: Vec<usize> = (0..head.pos.len())
-                    .filter(|&s| head.pos[s] as usize + protect < seen)
-                    .collect();
-                // Ties (e.g. all-zero scores) evict the oldest first.
-                cand.sort_by(|&a, &b| {
-                    head.score[a]
-                        .total_cmp(&head.score[b])
-                        .then(head.pos[a].cmp(&head.pos[b]))
-                });
-                cand.truncate(excess);
-                cand
-            }
-        }
-    };
+    let mut drop = ev.victims(&head.pos, &head.score, seen);
     drop.sort_unstable_by(|a, b| b.cmp(a));
     for s in drop {
         head.swap_remove(s);

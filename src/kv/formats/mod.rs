@@ -1,0 +1,275 @@
+//! K/V storage formats: one file per format, behind the closed registry [`Quant`].
+//!
+//! Each file owns its format completely: the parameters (a struct whose fields are the
+//! [`Quant`] variant's), its names and parsing ([`FormatSpec`]), `Display`, validation against a
+//! model, the byte formula, the stream that stores it with its codec and CPU kernel hooks, and
+//! whether (and how) the CUDA kernels store it ([`Format::gpu`]). [`Quant`] is the closed set
+//! (mistral.rs-style: a `Copy` enum whose methods delegate), generated with every delegation
+//! by the [`formats!`] invocation at the bottom of this file — adding a format is its file plus
+//! one line there (see the README's "Layout" section for a worked example).
+
+pub mod gpu;
+
+use std::fmt;
+
+use super::params::Params;
+use super::stream::Stream;
+use crate::error::{Error, Result};
+pub use gpu::GpuFormat;
+
+/// Where a format's external scale lives (fp8 with `scale=head` or `scale=tensor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleScope {
+    /// One scale per (sequence, kv head, layer), counted in that stream's bytes.
+    Head,
+    /// One scale per layer (K and V apart), counted once per layer.
+    Tensor,
+}
+
+/// What every format file implements (object-safe: [`Quant::with`] hands out `&dyn Format`).
+/// `d` is head_dim; byte counts are exact, as the CPU cache stores them.
+pub trait Format: fmt::Debug {
+    /// Writes the spec string (the inverse of [`FormatSpec::parse`]; defaults omitted).
+    fn write(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
+    /// Checks the format against a model's head_dim; `Err` is the reason and what to change.
+    fn validate(&self, _d: usize) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    /// Bytes one stored row of `d` elements takes (formats whose cost depends on the token
+    /// count report their per-row part and override [`Self::stream_bytes`]).
+    fn row_bytes(&self, d: usize) -> usize;
+    /// Exact bytes one (sequence, kv head, K or V) stream holds after `n` tokens.
+    fn stream_bytes(&self, d: usize, n: usize) -> usize {
+        n * self.row_bytes(d)
+    }
+    /// Bytes per layer (K or V) outside the streams once anything is written (a per-tensor
+    /// scale), else 0.
+    fn layer_bytes(&self) -> usize {
+        0
+    }
+    /// Tokens quantized together (KIVI's token group), else 1.
+    fn token_group(&self) -> usize {
+        1
+    }
+    /// Whether the format quantizes along tokens per channel (keys only; no eviction).
+    fn per_channel(&self) -> bool {
+        false
+    }
+    /// The value format a spec naming only this key format pairs it with (KIVI: per-channel
+    /// keys, per-token values of the same width); `None`: values use the same format.
+    fn value_partner(&self) -> Option<Quant> {
+        None
+    }
+    /// Where the external scale lives, for formats that need one before the first write.
+    fn external_scale(&self) -> Option<ScaleScope> {
+        None
+    }
+    /// The external scale for the first write `x` (formats with [`Self::external_scale`]).
+    fn calibrate(&self, _x: &[f32]) -> f32 {
+        1.0
+    }
+    /// A new, empty CPU stream for rows of `d` elements.
+    fn new_stream(&self, d: usize) -> Box<dyn Stream>;
+    /// The CUDA kernels' form of this format; `None`: CPU only.
+    fn gpu(&self) -> Option<GpuFormat> {
+        None
+    }
+}
+
+/// The names and parser of a format (the static half of [`Format`]).
+pub trait FormatSpec: Format + Sized {
+    /// The names this format answers to (aliases included), e.g. `["int8", "int8-token"]`.
+    const NAMES: &'static [&'static str];
+    /// Its entry in [`crate::kv::VALID_SCHEMES`], e.g. `int4[:group=G]`.
+    const HELP: &'static str;
+    /// Parses `name[:k=v,…]` (`p.name` is one of [`Self::NAMES`]); `Err` is the reason.
+    fn parse(p: &Params<'_>) -> std::result::Result<Self, String>;
+}
+
+/// A parser of the registry: the names it takes and the function.
+pub(crate) type Parser = (
+    &'static [&'static str],
+    fn(&Params<'_>) -> std::result::Result<Quant, String>,
+);
+
+/// Generates the closed set [`Quant`] from one line per format (`Variant { fields } =>
+/// module::Type;`, the variant's fields being the type's): the `pub mod module;` declaration
+/// (file `formats/module.rs`), the variant, [`Quant::with`] (the one delegation every method
+/// goes through), `From<Type> for Quant`, the parser table and the help entries.
+macro_rules! formats {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident $({ $($field:ident : $fty:ty),* $(,)? })? => $module:ident :: $ty:ident;
+    )*) => {
+        $( pub mod $module; )*
+
+        /// How K or V rows are stored: one variant per format file (see [`self`]).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Quant {
+            $( $(#[$doc])* $variant $({ $($field: $fty),* })?, )*
+        }
+
+        impl Quant {
+            /// Runs `f` on this format's own type (the delegation behind every method).
+            pub fn with<R>(self, f: impl FnOnce(&dyn Format) -> R) -> R {
+                match self {
+                    $( Quant::$variant $({ $($field),* })? => f(&$module::$ty $({ $($field),* })?), )*
+                }
+            }
+        }
+
+        $(
+            impl From<$module::$ty> for Quant {
+                fn from(x: $module::$ty) -> Quant {
+                    let $module::$ty $({ $($field),* })? = x;
+                    Quant::$variant $({ $($field),* })?
+                }
+            }
+        )*
+
+        /// Every format's names and parser, in registry order.
+        pub(crate) const PARSERS: &[Parser] = &[
+            $( (<$module::$ty as FormatSpec>::NAMES,
+                |p| <$module::$ty as FormatSpec>::parse(p).map(Quant::from)), )*
+        ];
+
+        /// Every format's help entry, in registry order.
+        pub(crate) const HELP: &[&str] = &[ $( <$module::$ty as FormatSpec>::HELP, )* ];
+    };
+}
+
+impl Quant {
+    /// Parses one format spec (`int4:group=64`). `Ok(None)`: no format has that name.
+    pub(crate) fn parse(p: &Params<'_>) -> std::result::Result<Option<Quant>, String> {
+        match PARSERS.iter().find(|(names, _)| names.contains(&p.name)) {
+            Some((_, parse)) => parse(p).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Bytes one stored row of `d` elements takes (see [`Format::row_bytes`]).
+    pub fn row_bytes(self, d: usize) -> usize {
+        self.with(|f| f.row_bytes(d))
+    }
+
+    /// Exact bytes one (sequence, kv head) stream holds after `n` tokens.
+    pub fn stream_bytes(self, d: usize, n: usize) -> usize {
+        self.with(|f| f.stream_bytes(d, n))
+    }
+
+    /// Per-layer bytes outside the streams (a per-tensor fp8 scale), once written.
+    pub fn layer_bytes(self) -> usize {
+        self.with(|f| f.layer_bytes())
+    }
+
+    /// Tokens quantized together (KIVI's token group), else 1.
+    pub fn token_group(self) -> usize {
+        self.with(|f| f.token_group())
+    }
+
+    /// Whether this is a per-channel (KIVI key) format.
+    pub fn per_channel(self) -> bool {
+        self.with(|f| f.per_channel())
+    }
+
+    /// The value format a spec naming only this key format implies (see
+    /// [`Format::value_partner`]).
+    pub fn value_partner(self) -> Quant {
+        self.with(|f| f.value_partner()).unwrap_or(self)
+    }
+
+    /// Where this format's external scale lives, if it has one.
+    pub fn external_scale(self) -> Option<ScaleScope> {
+        self.with(|f| f.external_scale())
+    }
+
+    /// A new, empty CPU stream for rows of `d` elements.
+    pub fn new_stream(self, d: usize) -> Box<dyn Stream> {
+        self.with(|f| f.new_stream(d))
+    }
+
+    /// Checks this format against head_dim `d`; `Err` is the reason.
+    pub fn check(self, d: usize) -> std::result::Result<(), String> {
+        self.with(|f| f.validate(d))
+    }
+
+    /// The CUDA form of this format. Errors: [`Error::InvalidArgument`] naming the formats the
+    /// CUDA path implements, for one it does not.
+    pub fn gpu(self) -> Result<GpuFormat> {
+        self.with(|f| f.gpu()).ok_or_else(|| Error::InvalidArgument {
+            name: "--dtypes".into(),
+            reason: format!(
+                "`{self}` has no CUDA kernels yet (fp8 with scale=token, int8-channel and every \
+                 per-token format do); run it with --device cpu"
+            ),
+        })
+    }
+}
+
+impl fmt::Display for Quant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.with(|x| x.write(f))
+    }
+}
+
+formats! {
+    /// IEEE binary16.
+    Fp16 => fp16::Fp16;
+    /// Symmetric int8, f16 absmax scale per (token, kv head).
+    Int8Token => int8::Int8Token;
+    /// Asymmetric int4 along head_dim: f16 scale and zero-point per group.
+    Int4 { group: usize } => int4::Int4;
+    /// Per-channel keys (KIVI): codes per channel with scales over groups of `group` tokens; the
+    /// newest tokens stay fp16 until `residual` + a full group have arrived.
+    Channel { bits: u8, group: usize, residual: usize } => channel::Channel;
+    /// FP8 with scales at the chosen granularity.
+    Fp8 { kind: fp8::Fp8Kind, scale: fp8::Fp8Scale } => fp8::Fp8;
+    /// ggml's Q8_0: blocks of 32 along head_dim, symmetric, f16 scale (34 bytes per block).
+    Q8_0 => q8_0::Q8_0;
+    /// ggml's Q4_0: blocks of 32 along head_dim, symmetric 4-bit, f16 scale (18 bytes per block).
+    Q4_0 => q4_0::Q4_0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::codec::RowCodec;
+
+    fn roundtrip<C: RowCodec>(c: C, x: &[f32]) -> Vec<f32> {
+        let mut bytes = vec![0u8; c.row_bytes(x.len())];
+        c.encode(x, &mut bytes);
+        let mut out = vec![0f32; x.len()];
+        c.decode(&bytes, &mut out);
+        out
+    }
+
+    #[test]
+    fn zero_rows_stay_zero() {
+        let x = [0f32; 64];
+        assert_eq!(roundtrip(int8::Int8TokenRow, &x), x.to_vec());
+        assert_eq!(roundtrip(int4::Int4GroupRow { group: 32 }, &x), x.to_vec());
+        assert_eq!(roundtrip(fp16::F16Row, &x), x.to_vec());
+    }
+
+    /// The CUDA support table by format, and the registry's names are unique.
+    #[test]
+    fn gpu_support_by_format() {
+        let on_gpu = |s: &str| {
+            let q: crate::kv::KvScheme = s.parse().unwrap();
+            q.k.gpu().is_ok()
+        };
+        for s in ["fp16", "int8", "int4:group=16", "fp8", "fp8-e5m2", "q8_0", "q4_0", "int8-channel"] {
+            assert!(on_gpu(s), "{s}");
+        }
+        for s in ["fp8:scale=head", "fp8:scale=tensor", "fp8:scale=none", "int4-channel"] {
+            assert!(!on_gpu(s), "{s}");
+        }
+        let e = Quant::Channel { bits: 4, group: 32, residual: 128 }.gpu().unwrap_err();
+        assert!(e.to_string().contains("--device cpu"), "{e}");
+        let mut names: Vec<&str> = PARSERS.iter().flat_map(|(n, _)| n.iter().copied()).collect();
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n, "a name registered twice");
+    }
+}
