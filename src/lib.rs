@@ -12,5 +12,6 @@ pub mod model;
 pub mod plan;
 pub mod quality;
 pub mod report;
+pub mod serve;
 
 pub use error::{Error, Result};
