@@ -25,6 +25,7 @@ use crate::model::{argmax_rows, Model};
 
 /// The model, the scheme and the running batch.
 pub struct ModelBackend<'a> {
+    prefill: &'a Model,
     model: &'a Model,
     scheme: KvScheme,
     geom: CacheGeometry,
@@ -35,9 +36,12 @@ pub struct ModelBackend<'a> {
 }
 
 impl<'a> ModelBackend<'a> {
-    /// A backend for `scheme` on `model` (CPU); its clock starts now.
-    pub fn new(model: &'a Model, scheme: KvScheme) -> Self {
+    /// A backend for `scheme` that prefills with `prefill` and decodes with `model` (the same
+    /// weights in two dtypes, as the sweep: f32 prefill, Q8_0 decode; both on the CPU); its
+    /// clock starts now.
+    pub fn new(prefill: &'a Model, model: &'a Model, scheme: KvScheme) -> Self {
         Self {
+            prefill,
             model,
             scheme,
             geom: model.config.cache_geometry(),
@@ -96,7 +100,7 @@ impl Backend for ModelBackend<'_> {
             inner: &mut cache,
             kv: Vec::new(),
         };
-        let logits = self.model.forward_last(prefix, 1, &mut rec)?;
+        let logits = self.prefill.forward_last(prefix, 1, &mut rec)?;
         argmax_rows(&logits)?;
         self.prefix = Some((rec.kv, prefix.len()));
         Ok(t0.elapsed().as_secs_f64())
@@ -113,7 +117,7 @@ impl Backend for ModelBackend<'_> {
                 cache.append(layer, k, v, *n);
             }
         }
-        let logits = self.model.forward_last(tokens, 1, &mut cache)?;
+        let logits = self.prefill.forward_last(tokens, 1, &mut cache)?;
         let tok = argmax_rows(&logits)?[0];
         match &mut self.batch {
             Some(b) => b.join(cache)?,
@@ -143,5 +147,48 @@ impl Backend for ModelBackend<'_> {
 
     fn kv_bytes(&self) -> usize {
         self.batch.as_ref().map_or(0, KvCache::kv_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::kv::{CacheGeometry, KvCache, KvScheme};
+
+    /// take/join move whole sequences: a batch of lengths 3 and 5 in int4 split into one of 3
+    /// and one of 5, whose bytes are `bytes_for` at those lengths and add up to the batch's;
+    /// joining them back gives the batch's bytes and lengths in the new order.
+    #[test]
+    fn take_and_join_move_sequences() {
+        let g = CacheGeometry {
+            layers: 2,
+            kv_heads: 2,
+            q_heads: 4,
+            head_dim: 64,
+        };
+        let s: KvScheme = "int4".parse().unwrap();
+        let filled = |n: usize| {
+            let mut c = KvCache::new(s, g, 1).unwrap();
+            let x: Vec<f32> = (0..2 * n * 64).map(|i| (i as f32 * 0.37).sin()).collect();
+            for l in 0..2 {
+                c.append(l, &x, &x, n);
+            }
+            c
+        };
+        let mut b = KvCache::stack(vec![filled(3), filled(5)]).unwrap();
+        let total = b.kv_bytes();
+        let first = b.take(0).unwrap();
+        assert_eq!((first.batch(), first.seen(0)), (1, 3));
+        assert_eq!((b.batch(), b.seen(0)), (1, 5));
+        assert_eq!(first.kv_bytes(), s.bytes_for(&g, 1, 3));
+        assert_eq!(b.kv_bytes(), s.bytes_for(&g, 1, 5));
+        assert_eq!(first.kv_bytes() + b.kv_bytes(), total);
+        b.join(first).unwrap();
+        assert_eq!((b.batch(), b.seen(0), b.seen(1)), (2, 5, 3));
+        assert_eq!(b.kv_bytes(), total);
+        assert!(b.take(2).is_err());
+        let mut other = KvCache::new(KvScheme::FP16, g, 1).unwrap();
+        assert!(other.join(KvCache::new(s, g, 1).unwrap()).is_err());
+        other.take(0).unwrap();
+        assert_eq!(other.batch(), 0);
     }
 }
