@@ -302,6 +302,7 @@ pub struct ServeRow {
     /// Arrival process and load, e.g. `poisson 2 req/s`.
     pub arrival: String,
     /// Request rate (req/s) or closed-loop clients.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub load: f64,
     /// Whether the shared prefix was cached (stored once, prefilled once).
     pub prefix_caching: bool,
@@ -323,54 +324,77 @@ pub struct ServeRow {
     /// Largest decode batch measured.
     pub running_max: usize,
     /// Decode batch averaged over time.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub running_mean: f64,
     /// Preemptions (recompute).
     pub preemptions: usize,
     /// Completed requests per second.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub request_throughput: f64,
     /// Generated tokens per second.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub output_tokens_per_s: f64,
     /// Requests per second meeting the SLO.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub goodput: f64,
     /// Share of requests meeting the SLO.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub slo_attainment: f64,
     /// TTFT percentiles, ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub ttft_ms_p50: f64,
     #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub ttft_ms_p95: f64,
     #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub ttft_ms_p99: f64,
     /// TPOT percentiles (per request), ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub tpot_ms_p50: f64,
     #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub tpot_ms_p95: f64,
     #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub tpot_ms_p99: f64,
     /// ITL percentiles (all gaps), ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub itl_ms_p50: f64,
     #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub itl_ms_p95: f64,
     #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub itl_ms_p99: f64,
     /// End-to-end latency percentiles, ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub e2e_ms_p50: f64,
     #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub e2e_ms_p95: f64,
     #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub e2e_ms_p99: f64,
     /// Mean and max share of blocks in use.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub block_util_mean: f64,
     #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub block_util_max: f64,
     /// Mean internal fragmentation (share of held block bytes not holding K/V).
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub fragmentation_mean: f64,
     /// Bytes the shared prefix saved, mean and max over time.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub prefix_saved_bytes_mean: f64,
     #[allow(missing_docs)]
     pub prefix_saved_bytes_max: u64,
     /// The one prefill of the shared prefix (prefix caching), ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub prefix_prefill_ms: f64,
     /// Seconds the point ran.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub duration_s: f64,
     /// Cores other processes used meanwhile (see `measure::contention`).
     pub other_cores: Option<f64>,
@@ -535,6 +559,26 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
     let geom = cfg.cache_geometry();
     for s in &plan.schemes {
         s.validate(geom.head_dim)?;
+        let sizer = BlockSizer {
+            scheme: *s,
+            geom,
+            block_tokens: a.block_size,
+        };
+        // A pool without room for one whole request would reject every request.
+        let one = sizer.blocks_for(a.shared_prefix + plan.input.max() + plan.output.max());
+        if plan.budget / sizer.block_bytes() < one as u64 {
+            anyhow::bail!(usage(
+                "--kv-budget",
+                format!(
+                    "{} bytes hold {} blocks of {} bytes in {s}, but the longest request needs {one}; \
+                     give at least {} bytes or shorter requests",
+                    plan.budget,
+                    plan.budget / sizer.block_bytes(),
+                    sizer.block_bytes(),
+                    one as u64 * sizer.block_bytes()
+                )
+            ));
+        }
     }
     let text = decode.tokenizer.encode(wikitext::wikitext2_test_text())?;
     let needs_trace = matches!(plan.input, LenDist::Xsum(..)) || matches!(plan.output, LenDist::Xsum(..));

@@ -67,8 +67,10 @@ pub struct RequestRecord {
     /// Tokens generated.
     pub output_tokens: usize,
     /// When it arrived, s.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub arrival_s: f64,
     /// When its first token was ready (end of its first prefill), s.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub first_token_s: f64,
     /// When each later token was ready, s (`output_tokens − 1` entries).
     pub token_s: Vec<f64>,
@@ -107,6 +109,7 @@ impl RequestRecord {
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepSample {
     /// End of the iteration, s.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub t_s: f64,
     /// Sequences in the decode batch.
     pub running: usize,
@@ -401,6 +404,7 @@ pub(crate) mod tests {
     /// A backend on a virtual clock: prefill costs 1 ms per token, a decode step 10 ms + 1 ms per
     /// sequence; tokens are the step count; K/V bytes by the scheme's accounting.
     pub(crate) struct Mock {
+        #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
         pub clock: f64,
         pub seen: Vec<usize>,
         pub sizer: BlockSizer,

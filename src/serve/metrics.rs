@@ -72,10 +72,13 @@ impl Slo {
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Pcts {
     /// Median.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub p50: f64,
     /// 95th percentile.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub p95: f64,
     /// 99th percentile.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub p99: f64,
 }
 
@@ -97,10 +100,13 @@ pub struct ServeStats {
     /// Requests rejected (could never fit the pool).
     pub rejected: usize,
     /// From the first arrival to the last completion, s.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub duration_s: f64,
     /// Completed requests per second.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub request_throughput: f64,
     /// Generated tokens per second (completed requests).
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub output_tokens_per_s: f64,
     /// Time to first token, ms.
     pub ttft_ms: Pcts,
@@ -111,24 +117,31 @@ pub struct ServeStats {
     /// End-to-end latency, ms.
     pub e2e_ms: Pcts,
     /// Requests per second that met the SLO.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub goodput: f64,
     /// Share of requests that met the SLO, 0–1.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub slo_attainment: f64,
     /// Decode-batch size averaged over time (each step weighted by its duration).
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub running_mean: f64,
     /// Largest decode batch.
     pub running_max: usize,
     /// Preemptions (recompute), all requests.
     pub preemptions: usize,
     /// Blocks in use / blocks in the pool, averaged over time, 0–1.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub block_util_mean: f64,
     /// Largest blocks-in-use share, 0–1.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub block_util_max: f64,
     /// Share of the running sequences' block bytes not holding K/V (the last block's empty
     /// slots; vLLM's internal fragmentation), averaged over time, 0–1.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub fragmentation_mean: f64,
     /// Bytes the shared prefix saved (blocks the same sequences would take unshared, minus
     /// blocks in use), averaged over time.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
     pub prefix_saved_bytes_mean: f64,
     /// Largest bytes saved by the shared prefix.
     pub prefix_saved_bytes_max: u64,

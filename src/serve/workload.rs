@@ -123,11 +123,13 @@ pub enum Arrival {
     /// `bench serve --request-rate` with burstiness 1). `rate = ∞` sends everything at once.
     Poisson {
         /// Requests per second.
+        #[serde(with = "rate_serde")]
         rate: f64,
     },
     /// Open loop, one request every `1 / rate` seconds.
     Constant {
         /// Requests per second.
+        #[serde(with = "rate_serde")]
         rate: f64,
     },
     /// Closed loop: `clients` clients, each sending its next request when the last finished.
@@ -180,6 +182,38 @@ impl Arrival {
             Self::Closed { .. } => None,
         }
     }
+}
+
+/// Rates in JSON: a number, or the string `inf` (JSON has no infinity).
+mod rate_serde {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(r: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if r.is_finite() {
+            s.serialize_f64(*r)
+        } else {
+            s.serialize_str("inf")
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum R {
+            N(f64),
+            S(String),
+        }
+        match R::deserialize(d)? {
+            R::N(x) => Ok(x),
+            R::S(s) => super::parse_rate(&s).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// JSON writes NaN as `null`: read it back as NaN.
+pub fn f64_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    use serde::Deserialize;
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// Parses `--rate` values: `2`, `0.5`, `inf`. Errors: [`Error::InvalidArgument`] naming
@@ -269,6 +303,12 @@ mod tests {
         assert_eq!(LenDist::Uniform(128, 512).mean(&[]), 320.0);
         assert!(parse_rate("0").is_err() && parse_rate("-1").is_err());
         assert!(parse_rate("inf").unwrap().is_infinite());
+        let a = Arrival::Poisson {
+            rate: f64::INFINITY,
+        };
+        let j = serde_json::to_string(&a).unwrap();
+        assert_eq!(j, r#"{"kind":"poisson","rate":"inf"}"#);
+        assert_eq!(serde_json::from_str::<Arrival>(&j).unwrap(), a);
     }
 
     /// Constant rate 4 req/s: arrivals at 0, 0.25, 0.5, …
