@@ -404,7 +404,6 @@ pub(crate) mod tests {
     /// A backend on a virtual clock: prefill costs 1 ms per token, a decode step 10 ms + 1 ms per
     /// sequence; tokens are the step count; K/V bytes by the scheme's accounting.
     pub(crate) struct Mock {
-        #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
         pub clock: f64,
         pub seen: Vec<usize>,
         pub sizer: BlockSizer,
