@@ -36,7 +36,11 @@ impl PlanInput {
     /// (GPUs a multiple of KV heads). Errors: [`Error::InvalidArgument`] naming
     /// `--tensor-parallel` with the head counts.
     pub fn validate_tp(&self) -> Result<()> {
-        let (tp, q, kv) = (self.tensor_parallel, self.model.q_heads, self.model.kv_heads);
+        let (tp, q, kv) = (
+            self.tensor_parallel,
+            self.model.q_heads,
+            self.model.kv_heads,
+        );
         if tp == 0 || !q.is_multiple_of(tp) || !(kv.is_multiple_of(tp) || tp.is_multiple_of(kv)) {
             return Err(Error::InvalidArgument {
                 name: "--tensor-parallel".into(),
@@ -73,14 +77,19 @@ impl PlanInput {
     pub fn kv_budget(&self) -> Result<u64> {
         let usable = (self.memory_bytes as f64 * (1.0 - self.reserve)).floor() as u64;
         usable
-            .checked_sub(self.weight_bytes.div_ceil(self.tensor_parallel.max(1) as u64))
+            .checked_sub(
+                self.weight_bytes
+                    .div_ceil(self.tensor_parallel.max(1) as u64),
+            )
             .filter(|b| *b > 0)
             .ok_or_else(|| Error::InvalidArgument {
                 name: "--memory".into(),
                 reason: format!(
                     "{:.2} GiB of weights per GPU do not fit in {:.2} GiB after a {:.0} % \
                      reserve; add GPUs with --tensor-parallel or lower --reserve",
-                    gib(self.weight_bytes.div_ceil(self.tensor_parallel.max(1) as u64)),
+                    gib(self
+                        .weight_bytes
+                        .div_ceil(self.tensor_parallel.max(1) as u64)),
                     gib(usable),
                     self.reserve * 100.0
                 ),

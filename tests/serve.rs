@@ -30,7 +30,14 @@ fn requests(n: usize, prompt: usize, out: usize, text: &[u32]) -> Vec<Request> {
 #[test]
 fn real_backend_matches_pool_accounting() {
     let m = common::smollm_f32();
-    let text = m.tokenizer.encode("The quick brown fox jumps over the lazy dog. ".repeat(60).as_str()).unwrap();
+    let text = m
+        .tokenizer
+        .encode(
+            "The quick brown fox jumps over the lazy dog. "
+                .repeat(60)
+                .as_str(),
+        )
+        .unwrap();
     let geom = m.model.config.cache_geometry();
     for spec in ["fp16", "int4", "window:size=24,sinks=4"] {
         let scheme: KvScheme = spec.parse().unwrap();
@@ -60,10 +67,16 @@ fn real_backend_matches_pool_accounting() {
         )
         .unwrap();
         assert_eq!(o.requests.len(), 4, "{spec}");
-        assert!(o.requests.iter().all(|r| r.status == "ok" && r.output_tokens == 10));
+        assert!(o
+            .requests
+            .iter()
+            .all(|r| r.status == "ok" && r.output_tokens == 10));
         for st in &o.steps {
             assert_eq!(st.stored_bytes, st.accounted_bytes, "{spec}");
-            assert!(st.stored_bytes <= st.table_blocks as u64 * o.block_bytes, "{spec}");
+            assert!(
+                st.stored_bytes <= st.table_blocks as u64 * o.block_bytes,
+                "{spec}"
+            );
         }
         let max = o.steps.iter().map(|s| s.running).max().unwrap();
         let preempted: usize = o.requests.iter().map(|r| r.preemptions).sum();
@@ -88,7 +101,14 @@ fn real_backend_matches_pool_accounting() {
 #[test]
 fn prefix_caching_copies_rows_and_shares_blocks() {
     let m = common::smollm_f32();
-    let text = m.tokenizer.encode("A shared system prompt, then a question. ".repeat(60).as_str()).unwrap();
+    let text = m
+        .tokenizer
+        .encode(
+            "A shared system prompt, then a question. "
+                .repeat(60)
+                .as_str(),
+        )
+        .unwrap();
     let geom = m.model.config.cache_geometry();
     let sizer = BlockSizer {
         scheme: KvScheme::FP16,
@@ -136,8 +156,21 @@ fn serve_command_writes_run_folder_and_resumes() {
     let _ = std::fs::remove_dir_all(&dir);
     let d = dir.to_str().unwrap();
     let (code, _out, err) = common::kvbench(&[
-        "serve", "--schemes", "fp16,int4", "--kv-budget", "4MiB", "--num-requests", "4",
-        "--input-len", "64", "--output-len", "4", "--rate", "inf", "--out", d,
+        "serve",
+        "--schemes",
+        "fp16,int4",
+        "--kv-budget",
+        "4MiB",
+        "--num-requests",
+        "4",
+        "--input-len",
+        "64",
+        "--output-len",
+        "4",
+        "--rate",
+        "inf",
+        "--out",
+        d,
     ]);
     assert_eq!(code, 0, "{err}");
     for f in [
@@ -156,8 +189,13 @@ fn serve_command_writes_run_folder_and_resumes() {
         rdr.deserialize().map(Result::unwrap).collect();
     assert_eq!(rows.len(), 2);
     let get = |i: usize, k: &str| rows[i][k].clone();
-    assert_eq!((get(0, "scheme").as_str(), get(1, "scheme").as_str()), ("fp16", "int4"));
-    assert!(rows.iter().all(|r| r["status"] == "ok" && r["completed"] == "4"));
+    assert_eq!(
+        (get(0, "scheme").as_str(), get(1, "scheme").as_str()),
+        ("fp16", "int4")
+    );
+    assert!(rows
+        .iter()
+        .all(|r| r["status"] == "ok" && r["completed"] == "4"));
     assert_eq!(get(0, "total_blocks"), "11");
     assert_eq!(get(1, "total_blocks"), "36");
     assert_eq!(get(0, "running_max"), "2");
@@ -165,7 +203,12 @@ fn serve_command_writes_run_folder_and_resumes() {
     assert_eq!(get(0, "predicted_max_concurrency"), "2");
     assert_eq!(get(1, "predicted_max_concurrency"), "7");
     let raw = std::fs::read_to_string(dir.join("raw.jsonl")).unwrap();
-    assert_eq!(raw.lines().filter(|l| l.contains("\"kind\":\"request\"")).count(), 8);
+    assert_eq!(
+        raw.lines()
+            .filter(|l| l.contains("\"kind\":\"request\""))
+            .count(),
+        8
+    );
     let (code, _out, err) = common::kvbench(&["serve", "--resume", d]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("2 points done, 0 to run"), "{err}");
@@ -198,8 +241,21 @@ fn serve_bad_input_names_the_flag() {
 fn plan_tensor_parallel_70b() {
     let dir = std::env::temp_dir().join(format!("kvbench-plan-tp-{}", std::process::id()));
     let (code, out, err) = common::kvbench(&[
-        "plan", "--model", "llama-3-70b", "--memory", "80GiB", "--schemes", "fp8:scale=tensor",
-        "--ctx", "4k", "--tensor-parallel", "4", "--gpus", "8", "--out", dir.to_str().unwrap(),
+        "plan",
+        "--model",
+        "llama-3-70b",
+        "--memory",
+        "80GiB",
+        "--schemes",
+        "fp8:scale=tensor",
+        "--ctx",
+        "4k",
+        "--tensor-parallel",
+        "4",
+        "--gpus",
+        "8",
+        "--out",
+        dir.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{err}");
     let line = out.lines().find(|l| l.starts_with("fp8")).unwrap();
@@ -208,7 +264,13 @@ fn plan_tensor_parallel_70b() {
     assert_eq!(cols[5], "250", "{line}");
     assert_eq!(cols[cols.len() - 1], "500", "{line}");
     let (code, _, err) = common::kvbench(&[
-        "plan", "--model", "llama-3-70b", "--tensor-parallel", "3", "--out", dir.to_str().unwrap(),
+        "plan",
+        "--model",
+        "llama-3-70b",
+        "--tensor-parallel",
+        "3",
+        "--out",
+        dir.to_str().unwrap(),
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--tensor-parallel"), "{err}");

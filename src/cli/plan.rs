@@ -118,8 +118,17 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     }
     println!(
         "{:<28} {:>8} {:>12} {:>14} {:>12} {:>12}{}",
-        "scheme", "context", "bytes/token", "GiB/sequence", "waste MiB", "max seqs",
-        if tp { format!(" {:>4} {:>9} {:>12}", "TP", "KV h/GPU", "total seqs") } else { String::new() }
+        "scheme",
+        "context",
+        "bytes/token",
+        "GiB/sequence",
+        "waste MiB",
+        "max seqs",
+        if tp {
+            format!(" {:>4} {:>9} {:>12}", "TP", "KV h/GPU", "total seqs")
+        } else {
+            String::new()
+        }
     );
     for r in &rows {
         println!(
@@ -131,7 +140,10 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             r.paging_waste_bytes as f64 / (1u64 << 20) as f64,
             r.max_concurrency,
             if tp {
-                format!(" {:>4} {:>9} {:>12}", r.tensor_parallel, r.kv_heads_per_gpu, r.total_concurrency)
+                format!(
+                    " {:>4} {:>9} {:>12}",
+                    r.tensor_parallel, r.kv_heads_per_gpu, r.total_concurrency
+                )
             } else {
                 String::new()
             }

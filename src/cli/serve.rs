@@ -168,26 +168,24 @@ impl ServeSuite {
             Ok(x)
         }
         set!(model, "model", id);
-        set!(
-            schemes,
-            "schemes",
-            |v: StrOrList| anyhow::Ok(match v {
-                StrOrList::Str(s) => s,
-                StrOrList::List(l) => l.join(","),
-            })
-        );
+        set!(schemes, "schemes", |v: StrOrList| anyhow::Ok(match v {
+            StrOrList::Str(s) => s,
+            StrOrList::List(l) => l.join(","),
+        }));
         set!(kv_budget, "kv_budget", id);
         set!(block_size, "block_size", id);
-        set!(
-            rate,
-            "rate",
-            |v: Vec<toml::Value>| anyhow::Ok(v.iter().map(value_str).collect())
-        );
+        set!(rate, "rate", |v: Vec<toml::Value>| anyhow::Ok(
+            v.iter().map(value_str).collect()
+        ));
         set!(arrival, "arrival", id);
         set!(concurrency, "concurrency", id);
         set!(num_requests, "num_requests", id);
-        set!(input_len, "input_len", |v: toml::Value| anyhow::Ok(value_str(&v)));
-        set!(output_len, "output_len", |v: toml::Value| anyhow::Ok(value_str(&v)));
+        set!(input_len, "input_len", |v: toml::Value| anyhow::Ok(
+            value_str(&v)
+        ));
+        set!(output_len, "output_len", |v: toml::Value| anyhow::Ok(
+            value_str(&v)
+        ));
         set!(shared_prefix, "shared_prefix", id);
         set!(max_num_seqs, "max_num_seqs", id);
         set!(slo, "slo", id);
@@ -257,7 +255,10 @@ fn validate(a: &ServeArgs) -> anyhow::Result<Plan> {
             .map(|r| workload::parse_rate(r))
             .collect::<Result<Vec<_>, _>>()?;
         match a.arrival.as_str() {
-            "poisson" => rates.into_iter().map(|rate| Arrival::Poisson { rate }).collect(),
+            "poisson" => rates
+                .into_iter()
+                .map(|rate| Arrival::Poisson { rate })
+                .collect(),
             "constant" => rates
                 .into_iter()
                 .map(|rate| Arrival::Constant { rate })
@@ -269,7 +270,10 @@ fn validate(a: &ServeArgs) -> anyhow::Result<Plan> {
         }
     };
     if loads.is_empty() {
-        anyhow::bail!(usage("--rate", "give at least one rate or --concurrency".into()));
+        anyhow::bail!(usage(
+            "--rate",
+            "give at least one rate or --concurrency".into()
+        ));
     }
     let len = |name: &str, s: &str| {
         s.parse::<LenDist>().map_err(|e| match e {
@@ -481,12 +485,13 @@ const RAW: &str = crate::report::RAW_FILE;
 pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Result<()> {
     let earlier: Option<serde_json::Value> = match &a.resume {
         Some(dir) => {
-            let text = std::fs::read_to_string(dir.join(crate::report::META_FILE)).map_err(|e| {
-                usage(
-                    "--resume",
-                    format!("{} has no readable meta.json ({e})", dir.display()),
-                )
-            })?;
+            let text =
+                std::fs::read_to_string(dir.join(crate::report::META_FILE)).map_err(|e| {
+                    usage(
+                        "--resume",
+                        format!("{} has no readable meta.json ({e})", dir.display()),
+                    )
+                })?;
             let m: serde_json::Value = serde_json::from_str(&text)?;
             let mut s: ServeArgs = serde_json::from_value(m["settings"].clone())
                 .map_err(|e| usage("--resume", format!("meta.json's settings: {e}")))?;
@@ -501,9 +506,8 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
         if let Some(path) = &a.suite {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading suite {}", path.display()))?;
-            let suite: ServeSuite = toml::from_str(&text).map_err(|e| {
-                usage("--suite", format!("{}: {e}", path.display()))
-            })?;
+            let suite: ServeSuite = toml::from_str(&text)
+                .map_err(|e| usage("--suite", format!("{}: {e}", path.display())))?;
             suite.apply(&mut a, matches)?;
         }
     }
@@ -511,12 +515,17 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
     checks::check_threads(a.threads)?;
     if let Some(n) = a.threads {
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().ok();
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .ok();
     }
     let dir = match &a.out {
         Some(d) => d.clone(),
         None => {
-            let t = meta::now_rfc3339().replace([':', '-'], "").replace('T', "-");
+            let t = meta::now_rfc3339()
+                .replace([':', '-'], "")
+                .replace('T', "-");
             PathBuf::from("reports").join(format!("serve-{}", t.trim_end_matches('Z')))
         }
     };
@@ -535,7 +544,8 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
         .map(|f| model::fetch::sha256_file(f))
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(m) = &earlier {
-        let was: Vec<String> = serde_json::from_value(m["model_sha256"].clone()).unwrap_or_default();
+        let was: Vec<String> =
+            serde_json::from_value(m["model_sha256"].clone()).unwrap_or_default();
         if !was.is_empty() && was != sha256 {
             anyhow::bail!(usage(
                 "--resume",
@@ -581,7 +591,8 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
         }
     }
     let text = decode.tokenizer.encode(wikitext::wikitext2_test_text())?;
-    let needs_trace = matches!(plan.input, LenDist::Xsum(..)) || matches!(plan.output, LenDist::Xsum(..));
+    let needs_trace =
+        matches!(plan.input, LenDist::Xsum(..)) || matches!(plan.output, LenDist::Xsum(..));
     let (trace_in, trace_out) = if needs_trace {
         let mut ti = Vec::new();
         let mut to = Vec::new();
@@ -900,7 +911,9 @@ fn render(dir: &Path, a: &ServeArgs, plan: &Plan, mean_ctx: usize) -> anyhow::Re
         a.seed
     ));
     md.push_str("| scheme | load | prefix cache | blocks | plan max seqs | max running | mean running | preempt | req/s | out tok/s | goodput req/s | TTFT p95 ms | TPOT p95 ms | E2E p95 ms | block util | frag | prefix saved MiB | status |\n");
-    md.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    md.push_str(
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+    );
     for r in &rows {
         md.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.2} | {:.1} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} % | {:.1} % | {:.1} | {} |\n",
@@ -936,9 +949,10 @@ fn render(dir: &Path, a: &ServeArgs, plan: &Plan, mean_ctx: usize) -> anyhow::Re
             a.shared_prefix
         ));
         for on in rows.iter().filter(|r| r.prefix_caching) {
-            if let Some(off) = rows.iter().find(|r| {
-                !r.prefix_caching && r.scheme == on.scheme && r.arrival == on.arrival
-            }) {
+            if let Some(off) = rows
+                .iter()
+                .find(|r| !r.prefix_caching && r.scheme == on.scheme && r.arrival == on.arrival)
+            {
                 md.push_str(&format!(
                     "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} |\n",
                     on.scheme,
@@ -960,7 +974,10 @@ fn render(dir: &Path, a: &ServeArgs, plan: &Plan, mean_ctx: usize) -> anyhow::Re
     }
     let contended: Vec<&ServeRow> = rows
         .iter()
-        .filter(|r| r.other_cores.is_some_and(|c| c > crate::measure::contention::CONTENDED_CORES))
+        .filter(|r| {
+            r.other_cores
+                .is_some_and(|c| c > crate::measure::contention::CONTENDED_CORES)
+        })
         .collect();
     if !contended.is_empty() {
         md.push_str(&format!(
@@ -974,7 +991,11 @@ fn render(dir: &Path, a: &ServeArgs, plan: &Plan, mean_ctx: usize) -> anyhow::Re
     std::fs::create_dir_all(&plots)?;
     let label = |r: &ServeRow| {
         if a.shared_prefix > 0 {
-            format!("{} (prefix cache {})", r.scheme, if r.prefix_caching { "on" } else { "off" })
+            format!(
+                "{} (prefix cache {})",
+                r.scheme,
+                if r.prefix_caching { "on" } else { "off" }
+            )
         } else {
             r.scheme.clone()
         }
@@ -985,7 +1006,10 @@ fn render(dir: &Path, a: &ServeArgs, plan: &Plan, mean_ctx: usize) -> anyhow::Re
             names.push(label(r));
         }
     }
-    let closed = plan.loads.iter().any(|l| matches!(l, Arrival::Closed { .. }));
+    let closed = plan
+        .loads
+        .iter()
+        .any(|l| matches!(l, Arrival::Closed { .. }));
     let x_label = if closed {
         "concurrent clients (closed loop)"
     } else {
@@ -1015,9 +1039,24 @@ fn render(dir: &Path, a: &ServeArgs, plan: &Plan, mean_ctx: usize) -> anyhow::Re
             .collect()
     };
     let charts = [
-        ("p95_latency_vs_rate", "E2E latency p95 vs load", "E2E latency p95 (ms)", series(&|r| r.e2e_ms_p95)),
-        ("ttft_p95_vs_rate", "TTFT p95 vs load", "TTFT p95 (ms)", series(&|r| r.ttft_ms_p95)),
-        ("goodput_vs_rate", "Goodput vs load", "goodput (requests/s meeting the SLO)", series(&|r| r.goodput)),
+        (
+            "p95_latency_vs_rate",
+            "E2E latency p95 vs load",
+            "E2E latency p95 (ms)",
+            series(&|r| r.e2e_ms_p95),
+        ),
+        (
+            "ttft_p95_vs_rate",
+            "TTFT p95 vs load",
+            "TTFT p95 (ms)",
+            series(&|r| r.ttft_ms_p95),
+        ),
+        (
+            "goodput_vs_rate",
+            "Goodput vs load",
+            "goodput (requests/s meeting the SLO)",
+            series(&|r| r.goodput),
+        ),
     ];
     for (stem, title, y, s) in charts {
         LineChart {
@@ -1041,19 +1080,28 @@ fn render(dir: &Path, a: &ServeArgs, plan: &Plan, mean_ctx: usize) -> anyhow::Re
         .filter(|(p, _)| p.arrival.load() == top)
         .map(|(p, steps)| {
             let name = if a.shared_prefix > 0 {
-                format!("{} (prefix cache {})", p.scheme, if p.prefix_caching { "on" } else { "off" })
+                format!(
+                    "{} (prefix cache {})",
+                    p.scheme,
+                    if p.prefix_caching { "on" } else { "off" }
+                )
             } else {
                 p.scheme.clone()
             };
-            Series::line(name, steps.iter().map(|s| (s.t_s, s.running as f64)).collect())
+            Series::line(
+                name,
+                steps.iter().map(|s| (s.t_s, s.running as f64)).collect(),
+            )
         })
         .collect();
     LineChart {
-        title: format!("Running sequences over time ({})", plan
-            .loads
-            .iter()
-            .find(|l| l.load() == top)
-            .map_or(String::new(), Arrival::label)),
+        title: format!(
+            "Running sequences over time ({})",
+            plan.loads
+                .iter()
+                .find(|l| l.load() == top)
+                .map_or(String::new(), Arrival::label)
+        ),
         caption,
         x_label: "time since the first arrival (s)".into(),
         y_label: "sequences in the decode batch".into(),

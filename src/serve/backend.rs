@@ -109,10 +109,13 @@ impl Backend for ModelBackend<'_> {
     fn admit(&mut self, tokens: &[u32], after_prefix: bool) -> Result<u32> {
         let mut cache = self.fresh()?;
         if after_prefix {
-            let (kv, n) = self.prefix.as_ref().ok_or_else(|| crate::Error::InvalidArgument {
-                name: "--shared-prefix".into(),
-                reason: "prefix caching asked for before the prefix was prefilled".into(),
-            })?;
+            let (kv, n) = self
+                .prefix
+                .as_ref()
+                .ok_or_else(|| crate::Error::InvalidArgument {
+                    name: "--shared-prefix".into(),
+                    reason: "prefix caching asked for before the prefix was prefilled".into(),
+                })?;
             for (layer, (k, v)) in kv.iter().enumerate() {
                 cache.append(layer, k, v, *n);
             }
@@ -127,10 +130,13 @@ impl Backend for ModelBackend<'_> {
     }
 
     fn step(&mut self, last: &[u32]) -> Result<Vec<u32>> {
-        let batch = self.batch.as_mut().ok_or_else(|| crate::Error::InvalidArgument {
-            name: "serve".into(),
-            reason: "a decode step with no running sequence".into(),
-        })?;
+        let batch = self
+            .batch
+            .as_mut()
+            .ok_or_else(|| crate::Error::InvalidArgument {
+                name: "serve".into(),
+                reason: "a decode step with no running sequence".into(),
+            })?;
         let logits = self.model.forward_last(last, last.len(), batch)?;
         argmax_rows(&logits)
     }

@@ -439,7 +439,10 @@ pub(crate) mod tests {
             Ok(())
         }
         fn kv_bytes(&self) -> usize {
-            self.seen.iter().map(|&s| self.sizer.seq_bytes(s) as usize).sum()
+            self.seen
+                .iter()
+                .map(|&s| self.sizer.seq_bytes(s) as usize)
+                .sum()
         }
     }
 
@@ -508,7 +511,10 @@ pub(crate) mod tests {
         assert_eq!(o.steps.iter().map(|x| x.running).max(), Some(3));
         assert_eq!(o.requests.iter().map(|r| r.preemptions).sum::<usize>(), 1);
         assert_eq!(o.requests.len(), 4);
-        assert!(o.requests.iter().all(|r| r.output_tokens == 10 && r.status == "ok"));
+        assert!(o
+            .requests
+            .iter()
+            .all(|r| r.output_tokens == 10 && r.status == "ok"));
         let order: Vec<usize> = o.requests.iter().map(|r| r.id).collect();
         assert_eq!(order, vec![0, 1, 2, 3]);
         assert_eq!(o.requests[2].preemptions, 1);

@@ -27,14 +27,21 @@ impl FromStr for Slo {
     fn from_str(s: &str) -> Result<Self> {
         let mut slo = Slo::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let bad = || Error::InvalidArgument {
+            let bad = || {
+                Error::InvalidArgument {
                 name: "--slo".into(),
                 reason: format!(
                     "`{part}` is not KEY=MS with KEY one of ttft, tpot, e2e (e.g. ttft=2000,tpot=200)"
                 ),
+            }
             };
             let (k, v) = part.split_once('=').ok_or_else(bad)?;
-            let v: f64 = v.trim().parse().ok().filter(|x: &f64| *x > 0.0).ok_or_else(bad)?;
+            let v: f64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|x: &f64| *x > 0.0)
+                .ok_or_else(bad)?;
             match k.trim() {
                 "ttft" => slo.ttft_ms = Some(v),
                 "tpot" => slo.tpot_ms = Some(v),
@@ -48,10 +55,14 @@ impl FromStr for Slo {
 
 impl std::fmt::Display for Slo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let parts: Vec<String> = [("ttft", self.ttft_ms), ("tpot", self.tpot_ms), ("e2e", self.e2e_ms)]
-            .iter()
-            .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
-            .collect();
+        let parts: Vec<String> = [
+            ("ttft", self.ttft_ms),
+            ("tpot", self.tpot_ms),
+            ("e2e", self.e2e_ms),
+        ]
+        .iter()
+        .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
+        .collect();
         write!(f, "{}", parts.join(","))
     }
 }
@@ -159,21 +170,37 @@ pub fn summarize(o: &ServeOutcome, slo: &Slo) -> ServeStats {
         .iter()
         .map(|r| r.arrival_s)
         .fold(f64::INFINITY, f64::min);
-    let duration_s = if ok.is_empty() { 0.0 } else { end - start.min(end) };
-    let per_s = |n: f64| if duration_s > 0.0 { n / duration_s } else { f64::NAN };
+    let duration_s = if ok.is_empty() {
+        0.0
+    } else {
+        end - start.min(end)
+    };
+    let per_s = |n: f64| {
+        if duration_s > 0.0 {
+            n / duration_s
+        } else {
+            f64::NAN
+        }
+    };
     let good = ok.iter().filter(|r| slo.met(r)).count();
     let weights = step_weights(&o.steps);
     let wmean = |f: &dyn Fn(&StepSample) -> f64| -> f64 {
         let w: f64 = weights.iter().sum();
         if w > 0.0 {
-            o.steps.iter().zip(&weights).map(|(s, w)| f(s) * w).sum::<f64>() / w
+            o.steps
+                .iter()
+                .zip(&weights)
+                .map(|(s, w)| f(s) * w)
+                .sum::<f64>()
+                / w
         } else {
             f64::NAN
         }
     };
     let total = o.total_blocks.max(1) as f64;
     let bb = o.block_bytes as f64;
-    let saved = |s: &StepSample| s.table_blocks.saturating_sub(s.used_blocks) as u64 * o.block_bytes;
+    let saved =
+        |s: &StepSample| s.table_blocks.saturating_sub(s.used_blocks) as u64 * o.block_bytes;
     ServeStats {
         requests: o.requests.len(),
         completed: ok.len(),
@@ -294,7 +321,10 @@ mod tests {
     #[test]
     fn slo_parses() {
         let s: Slo = "ttft=2000, tpot=200".parse().unwrap();
-        assert_eq!((s.ttft_ms, s.tpot_ms, s.e2e_ms), (Some(2000.0), Some(200.0), None));
+        assert_eq!(
+            (s.ttft_ms, s.tpot_ms, s.e2e_ms),
+            (Some(2000.0), Some(200.0), None)
+        );
         assert_eq!(s.to_string(), "ttft=2000,tpot=200");
         for bad in ["ttft", "ttft=-1", "latency=3"] {
             assert!(bad.parse::<Slo>().is_err(), "{bad}");

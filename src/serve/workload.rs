@@ -294,8 +294,14 @@ mod tests {
     #[test]
     fn lengths_parse_and_print() {
         assert_eq!("256".parse::<LenDist>().unwrap(), LenDist::Fixed(256));
-        assert_eq!("128..512".parse::<LenDist>().unwrap(), LenDist::Uniform(128, 512));
-        assert_eq!("xsum:32..512".parse::<LenDist>().unwrap(), LenDist::Xsum(32, 512));
+        assert_eq!(
+            "128..512".parse::<LenDist>().unwrap(),
+            LenDist::Uniform(128, 512)
+        );
+        assert_eq!(
+            "xsum:32..512".parse::<LenDist>().unwrap(),
+            LenDist::Xsum(32, 512)
+        );
         for bad in ["0", "512..128", "x", "1..", "xsum:0..3"] {
             assert!(bad.parse::<LenDist>().is_err(), "{bad}");
         }
@@ -381,7 +387,15 @@ mod tests {
             assert!([5, 8, 7].contains(&q.prompt.len()));
             assert_eq!(q.output_len, 9);
         }
-        assert!(requests(1, &LenDist::Fixed(950), &LenDist::Fixed(1), &text, 100, (&[], &[]), 0)
-            .is_err());
+        assert!(requests(
+            1,
+            &LenDist::Fixed(950),
+            &LenDist::Fixed(1),
+            &text,
+            100,
+            (&[], &[]),
+            0
+        )
+        .is_err());
     }
 }
