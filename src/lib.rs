@@ -12,6 +12,7 @@ pub mod model;
 pub mod plan;
 pub mod quality;
 pub mod report;
+pub mod serve;
 pub mod stats;
 pub mod util;
 

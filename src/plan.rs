@@ -8,7 +8,7 @@
 //! tokens by default), so the last block's unused slots are counted as waste.
 
 use crate::error::{Error, Result};
-use crate::kv::KvScheme;
+use crate::kv::{CacheGeometry, KvScheme};
 use crate::model::geometry::ModelGeometry;
 
 /// What is being planned.
@@ -24,31 +24,82 @@ pub struct PlanInput {
     pub weight_bytes: u64,
     /// Tokens per KV block (paged allocation).
     pub block: usize,
+    /// GPUs one model replica is split across (tensor parallelism; 1 = one GPU). Weights and
+    /// KV heads are divided among them; with more GPUs than KV heads each GPU holds one
+    /// (replicated) KV head, as vLLM (`num_kv_heads // tp`, at least 1).
+    pub tensor_parallel: usize,
 }
 
 impl PlanInput {
-    /// Bytes left for the KV cache. Errors: [`Error::InvalidArgument`] when the weights and
+    /// Checks the tensor-parallel size against the model as vLLM does: query heads must
+    /// divide evenly, and KV heads either divide evenly among the GPUs or are replicated
+    /// (GPUs a multiple of KV heads). Errors: [`Error::InvalidArgument`] naming
+    /// `--tensor-parallel` with the head counts.
+    pub fn validate_tp(&self) -> Result<()> {
+        let (tp, q, kv) = (
+            self.tensor_parallel,
+            self.model.q_heads,
+            self.model.kv_heads,
+        );
+        if tp == 0 || !q.is_multiple_of(tp) || !(kv.is_multiple_of(tp) || tp.is_multiple_of(kv)) {
+            return Err(Error::InvalidArgument {
+                name: "--tensor-parallel".into(),
+                reason: format!(
+                    "{tp} GPUs cannot split {} ({q} query heads, {kv} KV heads): the query \
+                     heads must divide evenly and the KV heads divide evenly or be replicated",
+                    self.model.name
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// KV heads each GPU of the tensor-parallel group stores: `max(1, kv_heads / tp)`.
+    pub fn kv_heads_per_gpu(&self) -> usize {
+        (self.model.kv_heads / self.tensor_parallel.max(1)).max(1)
+    }
+
+    /// The cache geometry one GPU of the tensor-parallel group holds (its share of the KV and
+    /// query heads, every layer).
+    pub fn gpu_cache(&self) -> CacheGeometry {
+        let g = self.model.cache();
+        let tp = self.tensor_parallel.max(1);
+        CacheGeometry {
+            kv_heads: self.kv_heads_per_gpu(),
+            q_heads: (g.q_heads / tp).max(1),
+            ..g
+        }
+    }
+
+    /// Bytes left for the KV cache on each GPU (weights split evenly over the
+    /// tensor-parallel group). Errors: [`Error::InvalidArgument`] when the weights and
     /// reserve leave nothing.
     pub fn kv_budget(&self) -> Result<u64> {
         let usable = (self.memory_bytes as f64 * (1.0 - self.reserve)).floor() as u64;
         usable
-            .checked_sub(self.weight_bytes)
+            .checked_sub(
+                self.weight_bytes
+                    .div_ceil(self.tensor_parallel.max(1) as u64),
+            )
             .filter(|b| *b > 0)
             .ok_or_else(|| Error::InvalidArgument {
                 name: "--memory".into(),
                 reason: format!(
-                    "{:.2} GiB of weights do not fit in {:.2} GiB after a {:.0} % reserve",
-                    gib(self.weight_bytes),
+                    "{:.2} GiB of weights per GPU do not fit in {:.2} GiB after a {:.0} % \
+                     reserve; add GPUs with --tensor-parallel or lower --reserve",
+                    gib(self
+                        .weight_bytes
+                        .div_ceil(self.tensor_parallel.max(1) as u64)),
                     gib(usable),
                     self.reserve * 100.0
                 ),
             })
     }
 
-    /// KV bytes one sequence of `ctx` tokens occupies: (held tokens rounded up to whole blocks)
-    /// and the part of that which is rounding waste.
+    /// KV bytes one sequence of `ctx` tokens occupies on each GPU: (held tokens rounded up to
+    /// whole blocks) and the part of that which is rounding waste.
     pub fn seq_bytes(&self, scheme: &KvScheme, ctx: usize) -> (u64, u64) {
-        let g = self.model.cache();
+        let g = self.gpu_cache();
         let held = scheme.held_tokens(ctx);
         let paged = held.div_ceil(self.block) * self.block;
         let exact = scheme.bytes_for_held(&g, 1, held) as u64;
@@ -68,7 +119,8 @@ pub struct PlanRow {
     pub ctx: usize,
     /// Tokens held per sequence (eviction schemes cap this).
     pub held_tokens: usize,
-    /// Long-run KV bytes per held token, whole model.
+    /// Long-run KV bytes per held token, whole model (on each GPU of a tensor-parallel group:
+    /// its share of the KV heads).
     pub bytes_per_token: usize,
     /// KV bytes per sequence with paged allocation.
     pub kv_bytes_per_seq: u64,
@@ -76,14 +128,45 @@ pub struct PlanRow {
     pub paging_waste_bytes: u64,
     /// Bytes available for KV after weights and reserve.
     pub kv_budget_bytes: u64,
-    /// Concurrent sequences that fit.
+    /// Concurrent sequences that fit (in one tensor-parallel group).
     pub max_concurrency: u64,
+    /// GPUs per model replica.
+    pub tensor_parallel: usize,
+    /// KV heads stored per GPU (`max(1, kv_heads / tensor_parallel)`).
+    pub kv_heads_per_gpu: usize,
+    /// Model replicas (`gpus / tensor_parallel`, data parallel).
+    pub replicas: usize,
+    /// Concurrent sequences over every replica (`replicas × max_concurrency`).
+    pub total_concurrency: u64,
 }
 
-/// Max concurrency for every scheme × context.
+/// Max concurrency for every scheme × context, on one replica (tensor-parallel group); see
+/// [`plan_gpus`] for several replicas. Errors: [`PlanInput::validate_tp`]'s and
+/// [`PlanInput::kv_budget`]'s.
 pub fn plan(input: &PlanInput, schemes: &[KvScheme], ctxs: &[usize]) -> Result<Vec<PlanRow>> {
+    plan_gpus(input, schemes, ctxs, input.tensor_parallel.max(1))
+}
+
+/// [`plan`] for `gpus` GPUs: `gpus / tensor_parallel` replicas, each a tensor-parallel group
+/// with its own copy of the weights and its own KV budget. Errors: [`plan`]'s, and
+/// [`Error::InvalidArgument`] naming `--gpus` when it is not a multiple of the group size.
+pub fn plan_gpus(
+    input: &PlanInput,
+    schemes: &[KvScheme],
+    ctxs: &[usize],
+    gpus: usize,
+) -> Result<Vec<PlanRow>> {
+    input.validate_tp()?;
+    let tp = input.tensor_parallel;
+    if gpus == 0 || !gpus.is_multiple_of(tp) {
+        return Err(Error::InvalidArgument {
+            name: "--gpus".into(),
+            reason: format!("{gpus} GPUs do not form whole tensor-parallel groups of {tp}"),
+        });
+    }
+    let replicas = gpus / tp;
     let budget = input.kv_budget()?;
-    let g = input.model.cache();
+    let g = input.gpu_cache();
     Ok(schemes
         .iter()
         .flat_map(|s| {
@@ -99,6 +182,10 @@ pub fn plan(input: &PlanInput, schemes: &[KvScheme], ctxs: &[usize]) -> Result<V
                     paging_waste_bytes: waste,
                     kv_budget_bytes: budget,
                     max_concurrency: budget / per_seq.max(1),
+                    tensor_parallel: tp,
+                    kv_heads_per_gpu: input.kv_heads_per_gpu(),
+                    replicas,
+                    total_concurrency: replicas as u64 * (budget / per_seq.max(1)),
                 }
             })
         })
@@ -205,6 +292,7 @@ mod tests {
             memory_bytes: parse_bytes(mem).unwrap(),
             reserve,
             block: 16,
+            tensor_parallel: 1,
         }
     }
 
@@ -280,5 +368,43 @@ mod tests {
         assert!(parse_bytes("80 parsecs").is_err());
         assert_eq!(parse_tokens("128k").unwrap(), 131_072);
         assert_eq!(parse_bytes("64GB").unwrap(), 64_000_000_000);
+    }
+
+    /// Issue #16's figures, by hand. Llama-3-70B (80 layers, 8 KV heads of 128): per-GPU fp16
+    /// bytes per token at TP 4 = 2·80·(8/4)·128·2 = 81,920; at TP 16 the 8 heads are replicated,
+    /// one per GPU: 2·80·1·128·2 = 40,960. fp8 (one scale per layer) halves them.
+    #[test]
+    fn tensor_parallel_bytes_by_hand() {
+        let mut i = input("llama-3-70b", "80GiB", 0.0);
+        let fp8: KvScheme = "fp8:scale=tensor".parse().unwrap();
+        i.tensor_parallel = 4;
+        assert_eq!(KvScheme::FP16.bytes_per_token(&i.gpu_cache()), 81_920);
+        assert_eq!(fp8.bytes_per_token(&i.gpu_cache()), 40_960);
+        i.tensor_parallel = 16;
+        assert_eq!(i.kv_heads_per_gpu(), 1);
+        assert_eq!(KvScheme::FP16.bytes_per_token(&i.gpu_cache()), 40_960);
+        i.tensor_parallel = 3;
+        assert!(i.validate_tp().is_err());
+    }
+
+    /// "Llama-3-70B, fp8 KV, TP 4 on 80 GiB GPUs", by hand: bf16 weights 70,553,706,496 × 2 =
+    /// 141,107,412,992 bytes, 35,276,853,248 per GPU; 80 GiB × 0.9 = 77,309,411,328 usable →
+    /// 42,032,558,080 bytes of KV per GPU. A 4k sequence in fp8 (scale=tensor) takes
+    /// 4096 × 40,960 + 80 layers × 2 scales × 4 bytes = 167,772,800 bytes per GPU → 250
+    /// sequences; with 8 GPUs (2 replicas) 500. On one GPU the weights do not fit.
+    #[test]
+    fn llama3_70b_tp4_fp8_by_hand() {
+        let mut i = input("llama-3-70b", "80GiB", 0.1);
+        assert_eq!(i.weight_bytes, 141_107_412_992);
+        assert!(i.kv_budget().is_err());
+        i.tensor_parallel = 4;
+        assert_eq!(i.kv_budget().unwrap(), 42_032_558_080);
+        let fp8: KvScheme = "fp8:scale=tensor".parse().unwrap();
+        let r = plan_gpus(&i, &[fp8], &[4096], 8).unwrap();
+        assert_eq!(i.seq_bytes(&fp8, 4096).0, 167_772_800);
+        assert_eq!(r[0].max_concurrency, 42_032_558_080 / 167_772_800);
+        assert_eq!(r[0].max_concurrency, 250);
+        assert_eq!((r[0].replicas, r[0].total_concurrency), (2, 500));
+        assert!(plan_gpus(&i, &[fp8], &[4096], 6).is_err());
     }
 }

@@ -10,6 +10,7 @@ pub mod merge;
 pub mod plan;
 pub mod report;
 pub mod rouge;
+pub mod serve;
 pub mod slurm;
 pub mod suite;
 pub mod sweep;
@@ -53,6 +54,10 @@ pub enum Command {
     /// Run a sweep as a Slurm job array (one shard per task) plus a merge job that starts when
     /// every task succeeded; `--dry-run` prints the scripts.
     Slurm(slurm::SlurmArgs),
+    /// Serving under a KV budget: continuous batching over a paged block pool at request rates
+    /// (or closed-loop clients) per KV scheme; goodput, TTFT/TPOT/E2E percentiles, running
+    /// sequences, preemptions; written to reports/serve-<time>/.
+    Serve(serve::ServeArgs),
     /// Fetch the default model (SmolLM2-135M-Instruct Q4_1 GGUF) and print its path.
     Fetch(fetch::FetchArgs),
 }
@@ -68,6 +73,7 @@ pub fn main() -> ExitCode {
         Command::Rouge(a) => done(rouge::run(a)),
         Command::Gate(a) => gate::run(a),
         Command::Fetch(a) => done(fetch::run(a)),
+        Command::Serve(a) => done(serve::run(a, matches.subcommand_matches("serve"))),
         Command::AttnBench(a) => done(attn_bench::run(a)),
         Command::Plan(a) => done(plan::run(a)),
         Command::Merge(a) => done(merge::run(a)),

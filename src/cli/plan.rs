@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::model::geometry::{geometry, weight_bytes_per_param};
-use crate::plan::{max_context, parse_bytes, parse_tokens, plan, PlanInput};
+use crate::plan::{max_context, parse_bytes, parse_tokens, plan_gpus, PlanInput};
 use crate::report::meta;
 
 /// Arguments of `kvbench plan`.
@@ -33,6 +33,14 @@ pub struct PlanArgs {
     /// Tokens per KV block (paged allocation, vLLM's default 16).
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// GPUs one model replica is split across (tensor parallelism): weights and KV heads are
+    /// divided among them; with more GPUs than KV heads each holds one replicated KV head.
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel: usize,
+    /// GPUs in all (a multiple of --tensor-parallel): `gpus / tensor-parallel` replicas, each
+    /// with its own weights and KV budget (default: one replica).
+    #[arg(long)]
+    pub gpus: Option<usize>,
     /// Also print the longest context that fits at this many concurrent sequences.
     #[arg(long)]
     pub concurrency: Option<u64>,
@@ -48,6 +56,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         .weights_dtype
         .clone()
         .unwrap_or_else(|| model.weight_dtype.clone());
+    if a.tensor_parallel == 0 {
+        anyhow::bail!(crate::Error::InvalidArgument {
+            name: "--tensor-parallel".into(),
+            reason: "must be at least 1 GPU".into()
+        });
+    }
     let bytes_per_param = if dtype == "gguf" {
         None
     } else {
@@ -81,8 +95,10 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         reserve,
         weight_bytes,
         block: a.block_size,
+        tensor_parallel: a.tensor_parallel,
     };
-    let rows = plan(&input, &a.schemes.0, &ctxs)?;
+    let gpus = a.gpus.unwrap_or(a.tensor_parallel);
+    let rows = plan_gpus(&input, &a.schemes.0, &ctxs, gpus)?;
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     println!(
         "{} ({} layers, {} kv heads × {}), weights {} = {:.2} GiB, memory {:.2} GiB, reserve {:.0} %, KV budget {:.2} GiB, blocks of {} tokens",
@@ -90,19 +106,48 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         gib(input.memory_bytes), reserve * 100.0, gib(rows.first().map_or(0, |r| r.kv_budget_bytes)),
         a.block_size
     );
+    let tp = a.tensor_parallel > 1 || gpus > 1;
+    if tp {
+        println!(
+            "tensor parallel {} ({} KV heads per GPU{}), {gpus} GPUs = {} replicas; memory, weights \
+             and bytes are per GPU, max seqs per replica",
+            a.tensor_parallel,
+            input.kv_heads_per_gpu(),
+            if a.tensor_parallel > model.kv_heads { ", replicated" } else { "" },
+            gpus / a.tensor_parallel
+        );
+    }
     println!(
-        "{:<28} {:>8} {:>12} {:>14} {:>12} {:>12}",
-        "scheme", "context", "bytes/token", "GiB/sequence", "waste MiB", "max seqs"
+        "{:<28} {:>8} {:>12} {:>14} {:>12} {:>12}{}",
+        "scheme",
+        "context",
+        "bytes/token",
+        "GiB/sequence",
+        "waste MiB",
+        "max seqs",
+        if tp {
+            format!(" {:>4} {:>9} {:>12}", "TP", "KV h/GPU", "total seqs")
+        } else {
+            String::new()
+        }
     );
     for r in &rows {
         println!(
-            "{:<28} {:>8} {:>12} {:>14.3} {:>12.2} {:>12}",
+            "{:<28} {:>8} {:>12} {:>14.3} {:>12.2} {:>12}{}",
             r.scheme,
             r.ctx,
             r.bytes_per_token,
             gib(r.kv_bytes_per_seq),
             r.paging_waste_bytes as f64 / (1u64 << 20) as f64,
-            r.max_concurrency
+            r.max_concurrency,
+            if tp {
+                format!(
+                    " {:>4} {:>9} {:>12}",
+                    r.tensor_parallel, r.kv_heads_per_gpu, r.total_concurrency
+                )
+            } else {
+                String::new()
+            }
         );
     }
     for &c in ctxs.iter().filter(|&&c| c > model.max_ctx) {

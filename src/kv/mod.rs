@@ -301,6 +301,61 @@ impl KvCache {
         Ok(first)
     }
 
+    /// Takes sequence `b` out of the batch as a single-sequence cache (what a serving scheduler
+    /// does when a request finishes or is preempted); the sequences after it move down by one,
+    /// and the batch may become empty (0 sequences: join another before any forward). Per-layer
+    /// fp8 tensor scales are copied to both caches; the saturation count stays here. The inverse
+    /// of [`join`](Self::join). Errors: [`Error::InvalidArgument`] when `b` is out of range.
+    pub fn take(&mut self, b: usize) -> Result<KvCache> {
+        if b >= self.batch() {
+            return Err(Error::InvalidArgument {
+                name: "cache sequence".into(),
+                reason: format!("sequence {b} of a batch of {}", self.batch()),
+            });
+        }
+        let kvh = self.geom.kv_heads;
+        let layers = self
+            .layers
+            .iter_mut()
+            .map(|l| Layer {
+                heads: l.heads.drain(b * kvh..(b + 1) * kvh).collect(),
+                seen: vec![l.seen.remove(b)],
+                tensor_scales: l.tensor_scales,
+            })
+            .collect();
+        Ok(KvCache {
+            scheme: self.scheme,
+            geom: self.geom,
+            layers,
+            saturated: 0,
+            exact: self.exact,
+        })
+    }
+
+    /// Appends the sequences of `other` after this batch's (a request admitted into a running
+    /// batch after its own prefill), as [`stack`](Self::stack) does for two caches. Fp8 tensor
+    /// scales are per layer and batch-wide: this cache's are kept where set. Errors:
+    /// [`Error::InvalidArgument`] if schemes or geometries differ.
+    pub fn join(&mut self, other: KvCache) -> Result<()> {
+        if other.scheme != self.scheme || other.geom != self.geom {
+            return Err(Error::InvalidArgument {
+                name: "cache join".into(),
+                reason: "caches must share scheme and geometry".into(),
+            });
+        }
+        self.saturated += other.saturated;
+        for (a, b) in self.layers.iter_mut().zip(other.layers) {
+            a.heads.extend(b.heads);
+            a.seen.extend(b.seen);
+            for (s, o) in a.tensor_scales.iter_mut().zip(b.tensor_scales) {
+                if s.is_none() {
+                    *s = o;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Scores int8 and 4-bit keys in f32 after widening each row (`true`, the default: the
     /// reference path every quality measurement uses) or on their codes with int8-quantized
     /// queries (`false`: what the sweep's decode steps and `attn-bench` are timed with; see

@@ -1,0 +1,1117 @@
+//! `kvbench serve`: a load test under a KV budget, in process. For every load (request rate or
+//! closed-loop clients) × KV scheme (× prefix caching on/off with `--shared-prefix`) it serves
+//! the same seeded requests with continuous batching over a paged block pool
+//! ([`crate::serve`]), and writes the run folder as `sweep` does: `raw.jsonl` (each request as it
+//! finishes, then the point's trace and summary), `results.csv`, `summary.md`, charts and
+//! `meta.json`; `--resume` keeps finished points.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::parser::ValueSource;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::kv::{KvScheme, VALID_SCHEMES};
+use crate::measure::contention::{Contention, CpuSample};
+use crate::model::{self, hub, ModelLocation, WeightDtype};
+use crate::quality::{wikitext, xsum};
+use crate::report::chart::{LineChart, Series};
+use crate::report::meta::{self, Machine};
+use crate::serve::backend::ModelBackend;
+use crate::serve::engine::{serve, RequestRecord, SchedConfig, ServeOutcome, StepSample};
+use crate::serve::metrics::{summarize, ServeStats, Slo};
+use crate::serve::pool::BlockSizer;
+use crate::serve::workload::{self, Arrival, LenDist};
+
+use super::checks;
+
+/// Arguments of `kvbench serve` (also the `settings` kept in meta.json for `--resume`).
+#[derive(Debug, Clone, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ServeArgs {
+    /// Read settings from a suite file (e.g. suites/serve.toml); flags given here override it.
+    #[arg(long)]
+    #[serde(skip)]
+    pub suite: Option<PathBuf>,
+    /// Continue an interrupted run in this folder with its settings (meta.json); finished
+    /// points are kept, the rest run.
+    #[arg(long, value_name = "RUN_DIR")]
+    #[serde(skip)]
+    pub resume: Option<PathBuf>,
+    /// Model: `default` (SmolLM2-135M-Instruct), a .gguf file, a safetensors folder, an alias
+    /// or a Hugging Face repo id (as `sweep --model`).
+    #[arg(long, default_value = hub::DEFAULT_MODEL)]
+    pub model: String,
+    /// KV-cache schemes, comma-separated.
+    #[arg(long, default_value = "fp16,int8,int4,window:size=128,sinks=4",
+          help = format!("KV-cache schemes, comma-separated: {VALID_SCHEMES}"))]
+    pub schemes: String,
+    /// KV budget for the block pool, bytes (e.g. 24MiB): each scheme gets ⌊budget / its block
+    /// bytes⌋ blocks.
+    #[arg(long, default_value = "24MiB")]
+    pub kv_budget: String,
+    /// Tokens per KV block (vLLM's default 16).
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Open-loop request rates, requests/s, comma-separated (`inf`: all at once).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub rate: Vec<String>,
+    /// Arrival process for `--rate`: poisson (exponential gaps) or constant.
+    #[arg(long, default_value = "poisson")]
+    pub arrival: String,
+    /// Closed loop instead of `--rate`: this many clients, comma-separated for several loads.
+    #[arg(long, value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
+    /// Requests per point (the same seeded requests for every scheme).
+    #[arg(long, default_value_t = 48)]
+    pub num_requests: usize,
+    /// Prompt length after the shared prefix: 256 (fixed), 128..384 (uniform) or
+    /// xsum:64..512 (the shipped XSum articles' token lengths, clamped).
+    #[arg(long, default_value = "128..384")]
+    pub input_len: String,
+    /// Tokens generated per request (end-of-sequence ignored): fixed, uniform or xsum:LO..HI
+    /// (the XSum reference summaries' lengths).
+    #[arg(long, default_value = "32..64")]
+    pub output_len: String,
+    /// Tokens of a system prompt common to every request (0: none). Each scheme then runs with
+    /// prefix caching on and off, so the memory and TTFT it saves are measured.
+    #[arg(long, default_value_t = 0)]
+    pub shared_prefix: usize,
+    /// Most sequences running at once (vLLM's max_num_seqs).
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Goodput objectives, ms: ttft=…,tpot=…,e2e=… (any subset).
+    #[arg(long, default_value = "ttft=2000,tpot=250")]
+    pub slo: String,
+    /// Weights during decode steps: q8_0 (fast), f32 or native.
+    #[arg(long, default_value = "q8_0")]
+    pub weights: WeightDtype,
+    /// Weights during prefill: f32 runs candle's gemm, faster on long prompts.
+    #[arg(long, default_value = "f32")]
+    pub prefill_weights: WeightDtype,
+    /// Seed for arrivals, lengths and prompt offsets.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Worker threads (default: all logical CPUs).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Run folder (default: reports/serve-<time>).
+    #[arg(long)]
+    #[serde(skip)]
+    pub out: Option<PathBuf>,
+    /// Move a non-empty --out aside first instead of refusing it.
+    #[arg(long)]
+    #[serde(skip)]
+    pub force: bool,
+}
+
+/// A suite file for `serve`: the flags' own names; command-line flags win.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ServeSuite {
+    description: Option<String>,
+    model: Option<String>,
+    schemes: Option<StrOrList>,
+    kv_budget: Option<String>,
+    block_size: Option<usize>,
+    rate: Option<Vec<toml::Value>>,
+    arrival: Option<String>,
+    concurrency: Option<Vec<usize>>,
+    num_requests: Option<usize>,
+    input_len: Option<toml::Value>,
+    output_len: Option<toml::Value>,
+    shared_prefix: Option<usize>,
+    max_num_seqs: Option<usize>,
+    slo: Option<String>,
+    weights: Option<String>,
+    prefill_weights: Option<String>,
+    seed: Option<u64>,
+    threads: Option<usize>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum StrOrList {
+    Str(String),
+    List(Vec<String>),
+}
+
+fn value_str(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Integer(i) => i.to_string(),
+        toml::Value::Float(f) if f.is_infinite() => "inf".into(),
+        toml::Value::Float(f) => f.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+impl ServeSuite {
+    fn apply(self, a: &mut ServeArgs, m: Option<&clap::ArgMatches>) -> anyhow::Result<()> {
+        let cli = |id: &str| {
+            m.is_some_and(|m| {
+                m.try_get_raw(id).is_ok() && m.value_source(id) == Some(ValueSource::CommandLine)
+            })
+        };
+        let _ = self.description;
+        macro_rules! set {
+            ($field:ident, $id:literal, $conv:expr) => {
+                if let Some(v) = self.$field {
+                    if !cli($id) {
+                        a.$field = $conv(v)?;
+                    }
+                }
+            };
+        }
+        fn id<T>(x: T) -> anyhow::Result<T> {
+            Ok(x)
+        }
+        set!(model, "model", id);
+        set!(schemes, "schemes", |v: StrOrList| anyhow::Ok(match v {
+            StrOrList::Str(s) => s,
+            StrOrList::List(l) => l.join(","),
+        }));
+        set!(kv_budget, "kv_budget", id);
+        set!(block_size, "block_size", id);
+        set!(rate, "rate", |v: Vec<toml::Value>| anyhow::Ok(
+            v.iter().map(value_str).collect()
+        ));
+        set!(arrival, "arrival", id);
+        set!(concurrency, "concurrency", id);
+        set!(num_requests, "num_requests", id);
+        set!(input_len, "input_len", |v: toml::Value| anyhow::Ok(
+            value_str(&v)
+        ));
+        set!(output_len, "output_len", |v: toml::Value| anyhow::Ok(
+            value_str(&v)
+        ));
+        set!(shared_prefix, "shared_prefix", id);
+        set!(max_num_seqs, "max_num_seqs", id);
+        set!(slo, "slo", id);
+        set!(weights, "weights", |v: String| v
+            .parse::<WeightDtype>()
+            .map_err(anyhow::Error::from));
+        set!(prefill_weights, "prefill_weights", |v: String| v
+            .parse::<WeightDtype>()
+            .map_err(anyhow::Error::from));
+        set!(seed, "seed", id);
+        if let Some(t) = self.threads {
+            if !cli("threads") {
+                a.threads = Some(t);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The validated plan of a run.
+struct Plan {
+    schemes: Vec<KvScheme>,
+    budget: u64,
+    loads: Vec<Arrival>,
+    input: LenDist,
+    output: LenDist,
+    slo: Slo,
+    arms: Vec<bool>,
+}
+
+fn usage(name: &str, reason: String) -> crate::Error {
+    crate::Error::InvalidArgument {
+        name: name.into(),
+        reason,
+    }
+}
+
+fn validate(a: &ServeArgs) -> anyhow::Result<Plan> {
+    let schemes = crate::kv::parse_scheme_list(&a.schemes)?;
+    let budget = crate::plan::parse_bytes(&a.kv_budget).map_err(|_| {
+        usage(
+            "--kv-budget",
+            format!("`{}` is not a size like 24MiB or 64MB", a.kv_budget),
+        )
+    })?;
+    if a.block_size == 0 {
+        anyhow::bail!(usage("--block-size", "must be at least 1".into()));
+    }
+    if a.num_requests == 0 {
+        anyhow::bail!(usage("--num-requests", "must be at least 1".into()));
+    }
+    if a.max_num_seqs == 0 {
+        anyhow::bail!(usage("--max-num-seqs", "must be at least 1".into()));
+    }
+    let loads: Vec<Arrival> = if !a.concurrency.is_empty() {
+        if a.concurrency.contains(&0) {
+            anyhow::bail!(usage("--concurrency", "clients must be at least 1".into()));
+        }
+        a.concurrency
+            .iter()
+            .map(|&clients| Arrival::Closed { clients })
+            .collect()
+    } else {
+        let rates = a
+            .rate
+            .iter()
+            .map(|r| workload::parse_rate(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        match a.arrival.as_str() {
+            "poisson" => rates
+                .into_iter()
+                .map(|rate| Arrival::Poisson { rate })
+                .collect(),
+            "constant" => rates
+                .into_iter()
+                .map(|rate| Arrival::Constant { rate })
+                .collect(),
+            other => anyhow::bail!(usage(
+                "--arrival",
+                format!("`{other}` is not poisson or constant")
+            )),
+        }
+    };
+    if loads.is_empty() {
+        anyhow::bail!(usage(
+            "--rate",
+            "give at least one rate or --concurrency".into()
+        ));
+    }
+    let len = |name: &str, s: &str| {
+        s.parse::<LenDist>().map_err(|e| match e {
+            crate::Error::InvalidArgument { reason, .. } => usage(name, reason),
+            e => e,
+        })
+    };
+    let arms = if a.shared_prefix > 0 {
+        vec![false, true]
+    } else {
+        vec![false]
+    };
+    Ok(Plan {
+        schemes,
+        budget,
+        loads,
+        input: len("--input-len", &a.input_len)?,
+        output: len("--output-len", &a.output_len)?,
+        slo: a.slo.parse()?,
+        arms,
+    })
+}
+
+/// One results row (results.csv): a point's settings, what `plan` predicts and what was
+/// measured. Times ms, rates per second, memory bytes.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ServeRow {
+    /// KV scheme.
+    pub scheme: String,
+    /// Arrival process and load, e.g. `poisson 2 req/s`.
+    pub arrival: String,
+    /// Request rate (req/s) or closed-loop clients.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub load: f64,
+    /// Whether the shared prefix was cached (stored once, prefilled once).
+    pub prefix_caching: bool,
+    /// `ok`, or why the point failed.
+    pub status: String,
+    /// KV budget, bytes.
+    pub kv_budget_bytes: u64,
+    /// Bytes per block for this scheme.
+    pub block_bytes: u64,
+    /// Blocks in the pool.
+    pub total_blocks: usize,
+    /// `kvbench plan`'s max concurrency at this budget for a sequence of the mean length
+    /// (prefix + mean prompt + mean output tokens).
+    pub predicted_max_concurrency: u64,
+    /// Requests sent.
+    pub requests: usize,
+    /// Requests completed.
+    pub completed: usize,
+    /// Largest decode batch measured.
+    pub running_max: usize,
+    /// Decode batch averaged over time.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub running_mean: f64,
+    /// Preemptions (recompute).
+    pub preemptions: usize,
+    /// Completed requests per second.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub request_throughput: f64,
+    /// Generated tokens per second.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub output_tokens_per_s: f64,
+    /// Requests per second meeting the SLO.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub goodput: f64,
+    /// Share of requests meeting the SLO.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub slo_attainment: f64,
+    /// TTFT percentiles, ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub ttft_ms_p50: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub ttft_ms_p95: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub ttft_ms_p99: f64,
+    /// TPOT percentiles (per request), ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub tpot_ms_p50: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub tpot_ms_p95: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub tpot_ms_p99: f64,
+    /// ITL percentiles (all gaps), ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub itl_ms_p50: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub itl_ms_p95: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub itl_ms_p99: f64,
+    /// End-to-end latency percentiles, ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub e2e_ms_p50: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub e2e_ms_p95: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub e2e_ms_p99: f64,
+    /// Mean and max share of blocks in use.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub block_util_mean: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub block_util_max: f64,
+    /// Mean internal fragmentation (share of held block bytes not holding K/V).
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub fragmentation_mean: f64,
+    /// Bytes the shared prefix saved, mean and max over time.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub prefix_saved_bytes_mean: f64,
+    #[allow(missing_docs)]
+    pub prefix_saved_bytes_max: u64,
+    /// The one prefill of the shared prefix (prefix caching), ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub prefix_prefill_ms: f64,
+    /// Seconds the point ran.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub duration_s: f64,
+    /// Cores other processes used meanwhile (see `measure::contention`).
+    pub other_cores: Option<f64>,
+}
+
+impl ServeRow {
+    fn new(p: &PointKey, budget: u64, predicted: u64, o: &ServeOutcome, s: &ServeStats) -> Self {
+        ServeRow {
+            scheme: p.scheme.clone(),
+            arrival: p.arrival.label(),
+            load: p.arrival.load(),
+            prefix_caching: p.prefix_caching,
+            status: "ok".into(),
+            kv_budget_bytes: budget,
+            block_bytes: o.block_bytes,
+            total_blocks: o.total_blocks,
+            predicted_max_concurrency: predicted,
+            requests: s.requests,
+            completed: s.completed,
+            running_max: s.running_max,
+            running_mean: s.running_mean,
+            preemptions: s.preemptions,
+            request_throughput: s.request_throughput,
+            output_tokens_per_s: s.output_tokens_per_s,
+            goodput: s.goodput,
+            slo_attainment: s.slo_attainment,
+            ttft_ms_p50: s.ttft_ms.p50,
+            ttft_ms_p95: s.ttft_ms.p95,
+            ttft_ms_p99: s.ttft_ms.p99,
+            tpot_ms_p50: s.tpot_ms.p50,
+            tpot_ms_p95: s.tpot_ms.p95,
+            tpot_ms_p99: s.tpot_ms.p99,
+            itl_ms_p50: s.itl_ms.p50,
+            itl_ms_p95: s.itl_ms.p95,
+            itl_ms_p99: s.itl_ms.p99,
+            e2e_ms_p50: s.e2e_ms.p50,
+            e2e_ms_p95: s.e2e_ms.p95,
+            e2e_ms_p99: s.e2e_ms.p99,
+            block_util_mean: s.block_util_mean,
+            block_util_max: s.block_util_max,
+            fragmentation_mean: s.fragmentation_mean,
+            prefix_saved_bytes_mean: s.prefix_saved_bytes_mean,
+            prefix_saved_bytes_max: s.prefix_saved_bytes_max,
+            prefix_prefill_ms: o.prefix_prefill_s * 1e3,
+            duration_s: s.duration_s,
+            other_cores: None,
+        }
+    }
+}
+
+/// What identifies a point.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct PointKey {
+    scheme: String,
+    arrival: Arrival,
+    prefix_caching: bool,
+}
+
+/// A line of raw.jsonl.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+enum RawLine {
+    /// A request, written as it finishes.
+    Request {
+        #[serde(flatten)]
+        point: PointKey,
+        #[serde(flatten)]
+        record: RequestRecord,
+    },
+    /// A finished point: its row and the scheduler's trace.
+    Point {
+        #[serde(flatten)]
+        point: PointKey,
+        row: ServeRow,
+        steps: Vec<StepSample>,
+        contention: Option<Contention>,
+    },
+}
+
+/// Raw file name (one JSON object a line).
+const RAW: &str = crate::report::RAW_FILE;
+
+/// Runs `kvbench serve`.
+pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Result<()> {
+    let earlier: Option<serde_json::Value> = match &a.resume {
+        Some(dir) => {
+            let text =
+                std::fs::read_to_string(dir.join(crate::report::META_FILE)).map_err(|e| {
+                    usage(
+                        "--resume",
+                        format!("{} has no readable meta.json ({e})", dir.display()),
+                    )
+                })?;
+            let m: serde_json::Value = serde_json::from_str(&text)?;
+            let mut s: ServeArgs = serde_json::from_value(m["settings"].clone())
+                .map_err(|e| usage("--resume", format!("meta.json's settings: {e}")))?;
+            s.resume = a.resume.clone();
+            s.out = a.resume.clone();
+            a = s;
+            Some(m)
+        }
+        None => None,
+    };
+    if earlier.is_none() {
+        if let Some(path) = &a.suite {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading suite {}", path.display()))?;
+            let suite: ServeSuite = toml::from_str(&text)
+                .map_err(|e| usage("--suite", format!("{}: {e}", path.display())))?;
+            suite.apply(&mut a, matches)?;
+        }
+    }
+    let plan = validate(&a)?;
+    checks::check_threads(a.threads)?;
+    if let Some(n) = a.threads {
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .ok();
+    }
+    let dir = match &a.out {
+        Some(d) => d.clone(),
+        None => {
+            let t = meta::now_rfc3339()
+                .replace([':', '-'], "")
+                .replace('T', "-");
+            PathBuf::from("reports").join(format!("serve-{}", t.trim_end_matches('Z')))
+        }
+    };
+    if earlier.is_none() {
+        checks::prepare_out(&dir, a.force)?;
+    }
+    checks::create_out(&dir)?;
+
+    let location = hub::resolve(&a.model)?;
+    let files = match &location {
+        ModelLocation::Gguf(p) => vec![p.clone()],
+        ModelLocation::Safetensors { weights, .. } => weights.clone(),
+    };
+    let sha256 = files
+        .iter()
+        .map(|f| model::fetch::sha256_file(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(m) = &earlier {
+        let was: Vec<String> =
+            serde_json::from_value(m["model_sha256"].clone()).unwrap_or_default();
+        if !was.is_empty() && was != sha256 {
+            anyhow::bail!(usage(
+                "--resume",
+                "the model files differ from the ones this run started with; start a new run"
+                    .into()
+            ));
+        }
+    }
+    let load = |dtype: WeightDtype| {
+        model::load_location(&a.model, &location, dtype)
+            .with_context(|| format!("loading model `{}` with {dtype} weights", a.model))
+    };
+    let decode = load(a.weights)?;
+    let prefill = if a.prefill_weights == a.weights {
+        None
+    } else {
+        Some(load(a.prefill_weights)?)
+    };
+    let prefill_model = prefill.as_ref().map_or(&decode.model, |m| &m.model);
+    let cfg = decode.model.config.clone();
+    let geom = cfg.cache_geometry();
+    for s in &plan.schemes {
+        s.validate(geom.head_dim)?;
+        let sizer = BlockSizer {
+            scheme: *s,
+            geom,
+            block_tokens: a.block_size,
+        };
+        // A pool without room for one whole request would reject every request.
+        let one = sizer.blocks_for(a.shared_prefix + plan.input.max() + plan.output.max());
+        if plan.budget / sizer.block_bytes() < one as u64 {
+            anyhow::bail!(usage(
+                "--kv-budget",
+                format!(
+                    "{} bytes hold {} blocks of {} bytes in {s}, but the longest request needs {one}; \
+                     give at least {} bytes or shorter requests",
+                    plan.budget,
+                    plan.budget / sizer.block_bytes(),
+                    sizer.block_bytes(),
+                    one as u64 * sizer.block_bytes()
+                )
+            ));
+        }
+    }
+    let text = decode.tokenizer.encode(wikitext::wikitext2_test_text())?;
+    let needs_trace =
+        matches!(plan.input, LenDist::Xsum(..)) || matches!(plan.output, LenDist::Xsum(..));
+    let (trace_in, trace_out) = if needs_trace {
+        let mut ti = Vec::new();
+        let mut to = Vec::new();
+        for s in xsum::samples(100)? {
+            ti.push(decode.tokenizer.encode(&s.document)?.len());
+            to.push(decode.tokenizer.encode(&s.summary)?.len());
+        }
+        (ti, to)
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let prefix: Vec<u32> = text[..a.shared_prefix.min(text.len())].to_vec();
+    let requests = workload::requests(
+        a.num_requests,
+        &plan.input,
+        &plan.output,
+        &text,
+        a.shared_prefix,
+        (&trace_in, &trace_out),
+        a.seed,
+    )?;
+    let longest = a.shared_prefix + plan.input.max() + plan.output.max();
+    if longest > cfg.max_ctx {
+        anyhow::bail!(usage(
+            "--input-len",
+            format!(
+                "prefix + prompt + output reach {longest} tokens, past the model's context of {}",
+                cfg.max_ctx
+            )
+        ));
+    }
+    let mean_ctx = a.shared_prefix
+        + (plan.input.mean(&trace_in) + plan.output.mean(&trace_out)).round() as usize;
+    let predicted = |s: &KvScheme| -> anyhow::Result<u64> {
+        let g = crate::model::geometry::ModelGeometry {
+            name: a.model.clone(),
+            layers: geom.layers,
+            q_heads: geom.q_heads,
+            kv_heads: geom.kv_heads,
+            head_dim: geom.head_dim,
+            max_ctx: cfg.max_ctx,
+            params: 0,
+            weight_dtype: "gguf".into(),
+            source: "loaded model".into(),
+        };
+        let input = crate::plan::PlanInput {
+            model: g,
+            memory_bytes: plan.budget,
+            reserve: 0.0,
+            weight_bytes: 0,
+            block: a.block_size,
+            tensor_parallel: 1,
+        };
+        Ok(crate::plan::plan(&input, &[*s], &[mean_ctx])?[0].max_concurrency)
+    };
+
+    // Resume: finished points stay; requests of an unfinished point are dropped.
+    let raw_path = dir.join(RAW);
+    let mut done: Vec<RawLine> = Vec::new();
+    if earlier.is_some() && raw_path.exists() {
+        let text = std::fs::read_to_string(&raw_path)?;
+        let lines: Vec<RawLine> = text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("reading {}", raw_path.display()))?;
+        let finished: Vec<PointKey> = lines
+            .iter()
+            .filter_map(|l| match l {
+                RawLine::Point { point, .. } => Some(point.clone()),
+                _ => None,
+            })
+            .collect();
+        done = lines
+            .into_iter()
+            .filter(|l| match l {
+                RawLine::Request { point, .. } | RawLine::Point { point, .. } => {
+                    finished.contains(point)
+                }
+            })
+            .collect();
+        let mut f = std::fs::File::create(&raw_path)?;
+        for l in &done {
+            writeln!(f, "{}", serde_json::to_string(l)?)?;
+        }
+    }
+    let machine = Machine::probe();
+    let started_at = meta::now_rfc3339();
+    meta::write_json(
+        &dir.join(crate::report::META_FILE),
+        &serde_json::json!({
+            "kvbench": meta::version(),
+            "command": "serve",
+            "started_at": earlier.as_ref().map_or(serde_json::Value::from(started_at.clone()), |m| m["started_at"].clone()),
+            "settings": a,
+            "model": { "spec": a.model, "files": files, "config": cfg },
+            "model_sha256": sha256,
+            "machine": machine,
+            "dataset": wikitext::DATASET_NAME,
+            "kv_budget_bytes": plan.budget,
+            "mean_context_tokens": mean_ctx,
+            "scheduler": "continuous batching; whole-prompt prefill one request at a time, then one decode step for the running batch; FCFS admission when the prompt's blocks are free; recompute preemption, newest first",
+            "prefix_sharing": "prefix caching shares whole blocks of the prefix by reference in the pool; the CPU cache copies the prefix rows into each sequence (no model forward); eviction schemes never share (their blocks are not immutable)",
+        }),
+    )?;
+
+    let mut points: Vec<PointKey> = Vec::new();
+    for &arrival in &plan.loads {
+        for s in &plan.schemes {
+            for &arm in &plan.arms {
+                // Eviction schemes rewrite old blocks: no prefix caching (as vLLM disables it).
+                if arm && s.evicts() {
+                    continue;
+                }
+                points.push(PointKey {
+                    scheme: s.to_string(),
+                    arrival,
+                    prefix_caching: arm,
+                });
+            }
+        }
+    }
+    let finished: Vec<PointKey> = done
+        .iter()
+        .filter_map(|l| match l {
+            RawLine::Point { point, .. } => Some(point.clone()),
+            _ => None,
+        })
+        .collect();
+    let todo: Vec<&PointKey> = points.iter().filter(|p| !finished.contains(p)).collect();
+    if !finished.is_empty() {
+        eprintln!(
+            "resuming {}: {} points done, {} to run",
+            dir.display(),
+            finished.len(),
+            todo.len()
+        );
+    }
+    let bar = ProgressBar::new((todo.len() * a.num_requests) as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .expect("static template"),
+    );
+    let mut raw = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&raw_path)
+        .with_context(|| format!("opening {}", raw_path.display()))?;
+    let write_line = |f: &mut std::fs::File, l: &RawLine| -> crate::Result<()> {
+        let s = serde_json::to_string(l).map_err(|e| crate::Error::io(&raw_path, e.into()))?;
+        writeln!(f, "{s}").map_err(|e| crate::Error::io(&raw_path, e))?;
+        f.flush().map_err(|e| crate::Error::io(&raw_path, e))
+    };
+    for p in todo {
+        let scheme: KvScheme = p.scheme.parse()?;
+        bar.set_message(format!("{} · {}", p.scheme, p.arrival.label()));
+        let sizer = BlockSizer {
+            scheme,
+            geom,
+            block_tokens: a.block_size,
+        };
+        let sched = SchedConfig {
+            sizer,
+            kv_budget: plan.budget,
+            max_num_seqs: a.max_num_seqs,
+            prefix_tokens: a.shared_prefix,
+            prefix_caching: p.prefix_caching,
+        };
+        let predicted = predicted(&scheme)?;
+        let mut backend = ModelBackend::new(prefill_model, &decode.model, scheme);
+        let before = CpuSample::now();
+        let result = serve(
+            &mut backend,
+            &sched,
+            &requests,
+            p.arrival,
+            &prefix,
+            a.seed,
+            &mut |r| {
+                bar.inc(1);
+                write_line(
+                    &mut raw,
+                    &RawLine::Request {
+                        point: p.clone(),
+                        record: r.clone(),
+                    },
+                )
+            },
+        );
+        let contention = before
+            .zip(CpuSample::now())
+            .and_then(|(x, y)| Contention::between(&x, &y));
+        drop(backend);
+        let (row, steps) = match result {
+            Ok(o) => {
+                let s = summarize(&o, &plan.slo);
+                let mut row = ServeRow::new(p, plan.budget, predicted, &o, &s);
+                row.other_cores = contention.map(|c| c.other_cores);
+                (row, o.steps)
+            }
+            Err(e) => {
+                let mut row = ServeRow::new(
+                    p,
+                    plan.budget,
+                    predicted,
+                    &ServeOutcome {
+                        requests: Vec::new(),
+                        steps: Vec::new(),
+                        total_blocks: 0,
+                        block_bytes: sizer.block_bytes(),
+                        prefix_blocks: 0,
+                        prefix_prefill_s: 0.0,
+                    },
+                    &summarize(
+                        &ServeOutcome {
+                            requests: Vec::new(),
+                            steps: Vec::new(),
+                            total_blocks: 0,
+                            block_bytes: 0,
+                            prefix_blocks: 0,
+                            prefix_prefill_s: 0.0,
+                        },
+                        &plan.slo,
+                    ),
+                );
+                row.status = format!("error: {e}");
+                (row, Vec::new())
+            }
+        };
+        let line = format!(
+            "{:<28} {:<22} prefix-cache {:<5}: {}",
+            row.scheme,
+            row.arrival,
+            row.prefix_caching,
+            if row.status == "ok" {
+                format!(
+                    "max running {} (plan {}), {:.2} req/s, E2E p95 {:.0} ms, TTFT p95 {:.0} ms, {} preemptions",
+                    row.running_max,
+                    row.predicted_max_concurrency,
+                    row.request_throughput,
+                    row.e2e_ms_p95,
+                    row.ttft_ms_p95,
+                    row.preemptions
+                )
+            } else {
+                row.status.clone()
+            }
+        );
+        if bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            bar.println(line);
+        }
+        if let Some(c) = contention.filter(Contention::contended) {
+            eprintln!(
+                "warning: other processes used {:.2} cores on average while this point ran (load \
+                 {:.1}); its latencies describe a shared machine — rerun on an idle one",
+                c.other_cores, c.load_1m
+            );
+        }
+        write_line(
+            &mut raw,
+            &RawLine::Point {
+                point: p.clone(),
+                row,
+                steps,
+                contention,
+            },
+        )?;
+    }
+    bar.finish_and_clear();
+    render(&dir, &a, &plan, mean_ctx)
+}
+
+/// Writes results.csv, summary.md and the charts from raw.jsonl.
+fn render(dir: &Path, a: &ServeArgs, plan: &Plan, mean_ctx: usize) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(dir.join(RAW))?;
+    let mut rows: Vec<ServeRow> = Vec::new();
+    let mut traces: Vec<(PointKey, Vec<StepSample>)> = Vec::new();
+    for l in text.lines().filter(|l| !l.trim().is_empty()) {
+        if let RawLine::Point {
+            point, row, steps, ..
+        } = serde_json::from_str(l)?
+        {
+            rows.push(row);
+            traces.push((point, steps));
+        }
+    }
+    let mut w = csv::Writer::from_path(dir.join(crate::report::CSV_FILE))?;
+    for r in &rows {
+        w.serialize(r)?;
+    }
+    w.flush()?;
+
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let mut md = String::new();
+    md.push_str(&format!(
+        "# kvbench serve — {}\n\nKV budget {:.1} MiB, blocks of {} tokens; {} requests per point, \
+         prompts {} tokens{} (WikiText-2 text), outputs {} tokens; SLO {}; max {} running; \
+         seed {}. Predicted concurrency: `kvbench plan` at this budget for a sequence of the mean \
+         length ({mean_ctx} tokens).\n\n",
+        a.model,
+        mib(plan.budget),
+        a.block_size,
+        a.num_requests,
+        a.input_len,
+        if a.shared_prefix > 0 {
+            format!(" after a shared prefix of {}", a.shared_prefix)
+        } else {
+            String::new()
+        },
+        a.output_len,
+        plan.slo,
+        a.max_num_seqs,
+        a.seed
+    ));
+    md.push_str("| scheme | load | prefix cache | blocks | plan max seqs | max running | mean running | preempt | req/s | out tok/s | goodput req/s | TTFT p95 ms | TPOT p95 ms | E2E p95 ms | block util | frag | prefix saved MiB | status |\n");
+    md.push_str(
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for r in &rows {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.2} | {:.1} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} % | {:.1} % | {:.1} | {} |\n",
+            r.scheme,
+            r.arrival,
+            if r.prefix_caching { "on" } else { "off" },
+            r.total_blocks,
+            r.predicted_max_concurrency,
+            r.running_max,
+            r.running_mean,
+            r.preemptions,
+            r.request_throughput,
+            r.output_tokens_per_s,
+            r.goodput,
+            r.ttft_ms_p95,
+            r.tpot_ms_p95,
+            r.e2e_ms_p95,
+            r.block_util_mean * 100.0,
+            r.fragmentation_mean * 100.0,
+            mib(r.prefix_saved_bytes_mean as u64),
+            r.status
+        ));
+    }
+    md.push_str(
+        "\nplan max seqs counts sequences at their full mean length; a running batch mixes \
+         sequences early in their lives (fewer blocks), so the measured maximum can exceed it \
+         until they grow and preemptions bring it back. Prefix saved: pool accounting of what \
+         shared blocks save (the CPU cache copies the prefix rows).\n",
+    );
+    if a.shared_prefix > 0 {
+        md.push_str(&format!(
+            "\n## Prefix sharing ({} shared tokens)\n\n| scheme | load | TTFT p50 off ms | TTFT p50 on ms | TTFT saved ms | prefix prefill ms | memory saved MiB (mean / max) |\n|---|---|---:|---:|---:|---:|---:|\n",
+            a.shared_prefix
+        ));
+        for on in rows.iter().filter(|r| r.prefix_caching) {
+            if let Some(off) = rows
+                .iter()
+                .find(|r| !r.prefix_caching && r.scheme == on.scheme && r.arrival == on.arrival)
+            {
+                md.push_str(&format!(
+                    "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} |\n",
+                    on.scheme,
+                    on.arrival,
+                    off.ttft_ms_p50,
+                    on.ttft_ms_p50,
+                    off.ttft_ms_p50 - on.ttft_ms_p50,
+                    on.prefix_prefill_ms,
+                    mib(on.prefix_saved_bytes_mean as u64),
+                    mib(on.prefix_saved_bytes_max)
+                ));
+            }
+        }
+        md.push_str(
+            "\nEviction schemes run without prefix caching (their blocks are not immutable). \
+             Memory saved is the block pool's accounting; the CPU cache holds a copy of the \
+             prefix rows per sequence.\n",
+        );
+    }
+    let contended: Vec<&ServeRow> = rows
+        .iter()
+        .filter(|r| {
+            r.other_cores
+                .is_some_and(|c| c > crate::measure::contention::CONTENDED_CORES)
+        })
+        .collect();
+    if !contended.is_empty() {
+        md.push_str(&format!(
+            "\n**Warning:** {} point(s) ran while other processes used more than {} cores; their \
+             latencies describe a shared machine.\n",
+            contended.len(),
+            crate::measure::contention::CONTENDED_CORES
+        ));
+    }
+    let plots = dir.join(crate::report::PLOTS_DIR);
+    std::fs::create_dir_all(&plots)?;
+    let label = |r: &ServeRow| {
+        if a.shared_prefix > 0 {
+            format!(
+                "{} (prefix cache {})",
+                r.scheme,
+                if r.prefix_caching { "on" } else { "off" }
+            )
+        } else {
+            r.scheme.clone()
+        }
+    };
+    let mut names: Vec<String> = Vec::new();
+    for r in &rows {
+        if !names.contains(&label(r)) {
+            names.push(label(r));
+        }
+    }
+    let closed = plan
+        .loads
+        .iter()
+        .any(|l| matches!(l, Arrival::Closed { .. }));
+    let x_label = if closed {
+        "concurrent clients (closed loop)"
+    } else {
+        "request rate (requests/s)"
+    };
+    let caption = format!(
+        "{} · KV budget {:.1} MiB · {} requests, prompts {}, outputs {} · kvbench {}",
+        a.model,
+        mib(plan.budget),
+        a.num_requests,
+        a.input_len,
+        a.output_len,
+        env!("CARGO_PKG_VERSION")
+    );
+    let series = |f: &dyn Fn(&ServeRow) -> f64| -> Vec<Series> {
+        names
+            .iter()
+            .map(|n| {
+                let mut pts: Vec<(f64, f64)> = rows
+                    .iter()
+                    .filter(|r| &label(r) == n && r.status == "ok" && r.load.is_finite())
+                    .map(|r| (r.load, f(r)))
+                    .collect();
+                pts.sort_by(|x, y| x.0.total_cmp(&y.0));
+                Series::line(n.clone(), pts)
+            })
+            .collect()
+    };
+    let charts = [
+        (
+            "p95_latency_vs_rate",
+            "E2E latency p95 vs load",
+            "E2E latency p95 (ms)",
+            series(&|r| r.e2e_ms_p95),
+        ),
+        (
+            "ttft_p95_vs_rate",
+            "TTFT p95 vs load",
+            "TTFT p95 (ms)",
+            series(&|r| r.ttft_ms_p95),
+        ),
+        (
+            "goodput_vs_rate",
+            "Goodput vs load",
+            "goodput (requests/s meeting the SLO)",
+            series(&|r| r.goodput),
+        ),
+    ];
+    for (stem, title, y, s) in charts {
+        LineChart {
+            title: title.into(),
+            caption: caption.clone(),
+            x_label: x_label.into(),
+            y_label: y.into(),
+            log_x: false,
+            series: s,
+        }
+        .render(&plots, stem)?;
+    }
+    // Running sequences over time at the highest load.
+    let top = plan
+        .loads
+        .iter()
+        .map(Arrival::load)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let running: Vec<Series> = traces
+        .iter()
+        .filter(|(p, _)| p.arrival.load() == top)
+        .map(|(p, steps)| {
+            let name = if a.shared_prefix > 0 {
+                format!(
+                    "{} (prefix cache {})",
+                    p.scheme,
+                    if p.prefix_caching { "on" } else { "off" }
+                )
+            } else {
+                p.scheme.clone()
+            };
+            Series::line(
+                name,
+                steps.iter().map(|s| (s.t_s, s.running as f64)).collect(),
+            )
+        })
+        .collect();
+    LineChart {
+        title: format!(
+            "Running sequences over time ({})",
+            plan.loads
+                .iter()
+                .find(|l| l.load() == top)
+                .map_or(String::new(), Arrival::label)
+        ),
+        caption,
+        x_label: "time since the first arrival (s)".into(),
+        y_label: "sequences in the decode batch".into(),
+        log_x: false,
+        series: running,
+    }
+    .render(&plots, "running_over_time")?;
+    md.push_str("\n![p95 latency vs load](plots/p95_latency_vs_rate.png)\n![goodput vs load](plots/goodput_vs_rate.png)\n![running sequences](plots/running_over_time.png)\n");
+    std::fs::write(dir.join(crate::report::SUMMARY_FILE), &md)?;
+    print!("{md}");
+    println!("wrote {}", dir.display());
+    Ok(())
+}

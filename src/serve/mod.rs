@@ -1,0 +1,14 @@
+//! Serving under a KV budget: a continuous-batching load test over the real decode path, with
+//! a paged KV block pool sized by the budget in each scheme's stored format.
+//!
+//! Layers: [`workload`] (seeded arrivals, lengths, prompts from real text) → [`pool`] (blocks,
+//! free list, block tables, reference counts) → [`engine`] (the scheduler: admission,
+//! preemption by recompute, decode steps, over a [`engine::Backend`]) with [`backend`] (the
+//! model and a batched [`crate::kv::KvCache`]) → [`metrics`] (one row per scheme × load).
+//! `kvbench serve` (`crate::cli::serve`) wires them and writes the run folder.
+
+pub mod backend;
+pub mod engine;
+pub mod metrics;
+pub mod pool;
+pub mod workload;

@@ -1,0 +1,278 @@
+//! `kvbench serve` (issue #16): the scheduler over the real model and cache, and the command's
+//! run folder. Counts are computed by hand from the default model's geometry (SmolLM2-135M:
+//! 30 layers, 3 KV heads of 64; fp16 rows of 128 bytes, int4 rows of 40): an fp16 block of 16
+//! tokens is 16 · 180 · 128 = 368,640 bytes, an int4 block 115,200.
+
+mod common;
+
+use kvbench::kv::KvScheme;
+use kvbench::serve::backend::ModelBackend;
+use kvbench::serve::engine::{serve, SchedConfig};
+use kvbench::serve::pool::BlockSizer;
+use kvbench::serve::workload::{Arrival, Request};
+
+fn requests(n: usize, prompt: usize, out: usize, text: &[u32]) -> Vec<Request> {
+    (0..n)
+        .map(|id| Request {
+            id,
+            prompt: text[id * 50..id * 50 + prompt].to_vec(),
+            output_len: out,
+        })
+        .collect()
+}
+
+/// The real decode path under the hand-computed tiny budget of the scheduler's unit test: 10
+/// fp16 blocks, 4 requests of 40 prompt tokens (3 blocks) and 10 output tokens, all at once →
+/// 3 run together, the newest is preempted once when each needs a 4th block, every request
+/// completes with 10 tokens. At every step the bytes the batched cache holds equal the pool's
+/// per-sequence accounting and fit in the blocks the tables list. Also for int4 and a window
+/// (whose blocks shrink back as it evicts).
+#[test]
+fn real_backend_matches_pool_accounting() {
+    let m = common::smollm_f32();
+    let text = m
+        .tokenizer
+        .encode(
+            "The quick brown fox jumps over the lazy dog. "
+                .repeat(60)
+                .as_str(),
+        )
+        .unwrap();
+    let geom = m.model.config.cache_geometry();
+    for spec in ["fp16", "int4", "window:size=24,sinks=4"] {
+        let scheme: KvScheme = spec.parse().unwrap();
+        let sizer = BlockSizer {
+            scheme,
+            geom,
+            block_tokens: 16,
+        };
+        let cfg = SchedConfig {
+            sizer,
+            kv_budget: 10 * sizer.block_bytes(),
+            max_num_seqs: 64,
+            prefix_tokens: 0,
+            prefix_caching: false,
+        };
+        let mut backend = ModelBackend::new(&m.model, &m.model, scheme);
+        let o = serve(
+            &mut backend,
+            &cfg,
+            &requests(4, 40, 10, &text),
+            Arrival::Poisson {
+                rate: f64::INFINITY,
+            },
+            &[],
+            0,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+        assert_eq!(o.requests.len(), 4, "{spec}");
+        assert!(o
+            .requests
+            .iter()
+            .all(|r| r.status == "ok" && r.output_tokens == 10));
+        for st in &o.steps {
+            assert_eq!(st.stored_bytes, st.accounted_bytes, "{spec}");
+            assert!(
+                st.stored_bytes <= st.table_blocks as u64 * o.block_bytes,
+                "{spec}"
+            );
+        }
+        let max = o.steps.iter().map(|s| s.running).max().unwrap();
+        let preempted: usize = o.requests.iter().map(|r| r.preemptions).sum();
+        if spec == "fp16" {
+            assert_eq!((max, preempted), (3, 1));
+        }
+        if spec == "int4" {
+            // The pool is sized in int4 blocks here (10 of 115,200 bytes), and int4 rows also
+            // take ⌈tokens / 16⌉ blocks: the same counts as fp16.
+            assert_eq!((max, preempted), (3, 1));
+        }
+        if spec.starts_with("window") {
+            // A 28-token window holds at most 2 blocks: 5 fit, so all 4 run without preemption.
+            assert_eq!((max, preempted), (4, 0));
+        }
+    }
+}
+
+/// Prefix caching on the real model: the prefix is stored once in the pool and each cache gets
+/// a copy of its rows, so stored bytes (copies) exceed the pool's blocks in use by exactly the
+/// shared blocks' worth, while still fitting the tables.
+#[test]
+fn prefix_caching_copies_rows_and_shares_blocks() {
+    let m = common::smollm_f32();
+    let text = m
+        .tokenizer
+        .encode(
+            "A shared system prompt, then a question. "
+                .repeat(60)
+                .as_str(),
+        )
+        .unwrap();
+    let geom = m.model.config.cache_geometry();
+    let sizer = BlockSizer {
+        scheme: KvScheme::FP16,
+        geom,
+        block_tokens: 16,
+    };
+    let cfg = SchedConfig {
+        sizer,
+        kv_budget: 10 * sizer.block_bytes(),
+        max_num_seqs: 64,
+        prefix_tokens: 32,
+        prefix_caching: true,
+    };
+    let mut backend = ModelBackend::new(&m.model, &m.model, KvScheme::FP16);
+    let prefix = text[..32].to_vec();
+    let o = serve(
+        &mut backend,
+        &cfg,
+        &requests(10, 8, 8, &text[32..]),
+        Arrival::Poisson {
+            rate: f64::INFINITY,
+        },
+        &prefix,
+        0,
+        &mut |_| Ok(()),
+    )
+    .unwrap();
+    // 2 prefix blocks + 1 per sequence: 8 at once (the unit test's hand count).
+    assert_eq!(o.prefix_blocks, 2);
+    assert_eq!(o.steps.iter().map(|s| s.running).max(), Some(8));
+    for st in &o.steps {
+        assert_eq!(st.stored_bytes, st.accounted_bytes);
+        assert!(st.stored_bytes <= st.table_blocks as u64 * o.block_bytes);
+    }
+}
+
+/// The command end to end: 4 MiB holds 11 fp16 blocks (4,194,304 / 368,640) and 36 int4
+/// blocks (/ 115,200); a request of 64 + 4 tokens needs 5 blocks, so fp16 runs 2 at once and
+/// int4 all 4. The run folder has every output, the plan's prediction at the mean length (68
+/// tokens, 5 blocks: 2 and 7) sits next to it, and `--resume` keeps the finished points.
+#[test]
+fn serve_command_writes_run_folder_and_resumes() {
+    common::smollm_f32();
+    let dir = std::env::temp_dir().join(format!("kvbench-serve-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap();
+    let (code, _out, err) = common::kvbench(&[
+        "serve",
+        "--schemes",
+        "fp16,int4",
+        "--kv-budget",
+        "4MiB",
+        "--num-requests",
+        "4",
+        "--input-len",
+        "64",
+        "--output-len",
+        "4",
+        "--rate",
+        "inf",
+        "--out",
+        d,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for f in [
+        "meta.json",
+        "raw.jsonl",
+        "results.csv",
+        "summary.md",
+        "plots/p95_latency_vs_rate.png",
+        "plots/goodput_vs_rate.png",
+        "plots/running_over_time.png",
+    ] {
+        assert!(dir.join(f).metadata().is_ok_and(|m| m.len() > 0), "{f}");
+    }
+    let mut rdr = csv::Reader::from_path(dir.join("results.csv")).unwrap();
+    let rows: Vec<std::collections::HashMap<String, String>> =
+        rdr.deserialize().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 2);
+    let get = |i: usize, k: &str| rows[i][k].clone();
+    assert_eq!(
+        (get(0, "scheme").as_str(), get(1, "scheme").as_str()),
+        ("fp16", "int4")
+    );
+    assert!(rows
+        .iter()
+        .all(|r| r["status"] == "ok" && r["completed"] == "4"));
+    assert_eq!(get(0, "total_blocks"), "11");
+    assert_eq!(get(1, "total_blocks"), "36");
+    assert_eq!(get(0, "running_max"), "2");
+    assert_eq!(get(1, "running_max"), "4");
+    assert_eq!(get(0, "predicted_max_concurrency"), "2");
+    assert_eq!(get(1, "predicted_max_concurrency"), "7");
+    let raw = std::fs::read_to_string(dir.join("raw.jsonl")).unwrap();
+    assert_eq!(
+        raw.lines()
+            .filter(|l| l.contains("\"kind\":\"request\""))
+            .count(),
+        8
+    );
+    let (code, _out, err) = common::kvbench(&["serve", "--resume", d]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("2 points done, 0 to run"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Bad input is a usage error (exit 2) naming the flag.
+#[test]
+fn serve_bad_input_names_the_flag() {
+    for (args, flag) in [
+        (vec!["--rate", "0"], "--rate"),
+        (vec!["--input-len", "9..3"], "--input-len"),
+        (vec!["--slo", "latency=3"], "--slo"),
+        (vec!["--kv-budget", "64KiB"], "--kv-budget"),
+        (vec!["--arrival", "bursty"], "--arrival"),
+    ] {
+        let dir = std::env::temp_dir().join(format!("kvbench-serve-bad-{}", std::process::id()));
+        let mut a = vec!["serve", "--out", dir.to_str().unwrap(), "--force"];
+        a.extend(args);
+        let (code, _out, err) = common::kvbench(&a);
+        assert_eq!(code, 2, "{flag}: {err}");
+        assert!(err.contains(flag), "{flag}: {err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// `plan --tensor-parallel 4 --gpus 8` answers "Llama-3-70B, fp8 KV, TP 4 on 80 GiB GPUs":
+/// 250 sequences of 4k per replica, 500 over 2 replicas (the hand computation in src/plan.rs).
+#[test]
+fn plan_tensor_parallel_70b() {
+    let dir = std::env::temp_dir().join(format!("kvbench-plan-tp-{}", std::process::id()));
+    let (code, out, err) = common::kvbench(&[
+        "plan",
+        "--model",
+        "llama-3-70b",
+        "--memory",
+        "80GiB",
+        "--schemes",
+        "fp8:scale=tensor",
+        "--ctx",
+        "4k",
+        "--tensor-parallel",
+        "4",
+        "--gpus",
+        "8",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let line = out.lines().find(|l| l.starts_with("fp8")).unwrap();
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cols[2], "40960", "{line}");
+    assert_eq!(cols[5], "250", "{line}");
+    assert_eq!(cols[cols.len() - 1], "500", "{line}");
+    let (code, _, err) = common::kvbench(&[
+        "plan",
+        "--model",
+        "llama-3-70b",
+        "--tensor-parallel",
+        "3",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--tensor-parallel"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
