@@ -523,10 +523,7 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
     let dir = match &a.out {
         Some(d) => d.clone(),
         None => {
-            let t = meta::now_rfc3339()
-                .replace([':', '-'], "")
-                .replace('T', "-");
-            PathBuf::from("reports").join(format!("serve-{}", t.trim_end_matches('Z')))
+            PathBuf::from("reports").join(format!("serve-{}", crate::util::time::now_compact()))
         }
     };
     if earlier.is_none() {
@@ -681,7 +678,7 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
         }
     }
     let machine = Machine::probe();
-    let started_at = meta::now_rfc3339();
+    let started_at = crate::util::time::now_rfc3339();
     meta::write_json(
         &dir.join(crate::report::META_FILE),
         &serde_json::json!({

@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use super::engine::{RequestRecord, ServeOutcome, StepSample};
 use crate::error::{Error, Result};
-use crate::measure::stats::percentile;
+use crate::stats::percentile;
 
 /// Service-level objectives a request must meet to count towards goodput, ms.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
