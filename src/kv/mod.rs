@@ -15,6 +15,7 @@ pub mod intdot;
 pub mod simd;
 pub mod spec;
 pub mod stream;
+pub mod turboquant_core;
 
 use rayon::prelude::*;
 
