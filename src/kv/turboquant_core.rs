@@ -664,9 +664,15 @@ impl TurboQuantProd {
     pub fn score(&self, q: &ProdQuery, row: &[u8]) -> f32 {
         let d = self.head_dim();
         let m = self.mse.row_bytes();
-        let mut y = vec![0f32; d];
-        self.mse.rotated_direction(&row[..m], &mut y);
-        let mse_part: f32 = y.iter().zip(&q.rotated).map(|(a, b)| a * b).sum();
+        // ⟨R q, ŷ⟩ straight from the indices (no norm correction in the MSE stage, so ŷ is the
+        // centroid vector itself): no scratch buffer on the scoring path.
+        let (bits, c) = (self.mse.bits(), self.mse.codebook.centroids());
+        let mse_part: f32 = q
+            .rotated
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v * c[code_at(&row[2..m], bits, i)])
+            .sum();
         let gamma = f16::from_le_bytes([row[m], row[m + 1]]).to_f32();
         let z = &row[m + 2..];
         let qjl: f32 = q

@@ -163,7 +163,7 @@ impl PairedDelta {
     /// `None` when the windows suffice.
     pub fn too_few_windows(&self, max_pct: f64) -> Option<String> {
         let r = self.resolution_pct();
-        if !(r > max_pct) {
+        if r.is_nan() || r <= max_pct {
             return None;
         }
         let need = (self.n as f64 * (r / max_pct).powi(2)).ceil() as usize;
