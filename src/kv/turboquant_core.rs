@@ -333,7 +333,11 @@ pub const fn packed_bytes(n: usize, bits: u8) -> usize {
 /// (`packed_bytes(codes.len(), bits)` bytes; overwritten). Panics on a wrong `out` length
 /// (a caller's sizing bug, not user input).
 pub fn pack_bits(codes: &[u8], bits: u8, out: &mut [u8]) {
-    assert_eq!(out.len(), packed_bytes(codes.len(), bits), "packed buffer size");
+    assert_eq!(
+        out.len(),
+        packed_bytes(codes.len(), bits),
+        "packed buffer size"
+    );
     out.fill(0);
     let mask = ((1u16 << bits) - 1) as u8;
     for (i, &c) in codes.iter().enumerate() {
@@ -350,7 +354,10 @@ pub fn pack_bits(codes: &[u8], bits: u8, out: &mut [u8]) {
 /// Panics when `packed` is shorter than `packed_bytes(out.len(), bits)`.
 #[inline]
 pub fn unpack_bits(packed: &[u8], bits: u8, out: &mut [u8]) {
-    assert!(packed.len() >= packed_bytes(out.len(), bits), "packed buffer size");
+    assert!(
+        packed.len() >= packed_bytes(out.len(), bits),
+        "packed buffer size"
+    );
     let mask = (1u16 << bits) - 1;
     for (i, o) in out.iter_mut().enumerate() {
         let bit = i * bits as usize;
@@ -411,7 +418,11 @@ impl TurboQuantMse {
     /// from `seed`. Errors: [`Error::InvalidArgument`] for `head_dim` not a power of two or
     /// `bits` outside 1–4.
     pub fn new(head_dim: usize, bits: u8, norm_correction: bool, seed: u64) -> Result<Self> {
-        Self::with_rotation(RandomizedHadamard::new(head_dim, seed)?, bits, norm_correction)
+        Self::with_rotation(
+            RandomizedHadamard::new(head_dim, seed)?,
+            bits,
+            norm_correction,
+        )
     }
 
     /// As [`new`](Self::new) with a given rotation (tests, or a rotation shared with other
@@ -801,7 +812,10 @@ impl RowCodec for UniformGroupRow {
 
     fn encode(&self, x: &[f32], out: &mut [u8]) -> usize {
         let mut codes = vec![0u8; self.group];
-        for (xs, o) in x.chunks_exact(self.group).zip(out.chunks_exact_mut(self.block())) {
+        for (xs, o) in x
+            .chunks_exact(self.group)
+            .zip(out.chunks_exact_mut(self.block()))
+        {
             let (lo, hi) = xs
                 .iter()
                 .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
@@ -819,7 +833,10 @@ impl RowCodec for UniformGroupRow {
     }
 
     fn decode(&self, row: &[u8], out: &mut [f32]) {
-        for (b, o) in row.chunks_exact(self.block()).zip(out.chunks_exact_mut(self.group)) {
+        for (b, o) in row
+            .chunks_exact(self.block())
+            .zip(out.chunks_exact_mut(self.group))
+        {
             let s = f16::from_le_bytes([b[0], b[1]]).to_f32();
             let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
             for (i, v) in o.iter_mut().enumerate() {

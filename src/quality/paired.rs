@@ -226,7 +226,10 @@ pub fn paired_delta(scheme: &[f64], reference: &[f64], method: CiMethod) -> Resu
                 })
                 .collect();
             let alpha = 100.0 * (1.0 - LEVEL) / 2.0;
-            [percentile(&mut means, alpha), percentile(&mut means, 100.0 - alpha)]
+            [
+                percentile(&mut means, alpha),
+                percentile(&mut means, 100.0 - alpha),
+            ]
         }
     };
     let ppl_ref = mean(reference).exp();
@@ -356,7 +359,11 @@ pub fn perturb_rounding(x: &mut [f32], rng: &mut SplitMix64) {
             bits = rng.next_u64();
         }
         if v.is_finite() {
-            *v = if bits & 1 == 1 { v.next_up() } else { v.next_down() };
+            *v = if bits & 1 == 1 {
+                v.next_up()
+            } else {
+                v.next_down()
+            };
         }
         bits >>= 1;
     }

@@ -33,10 +33,21 @@ fn lloyd_max_matches_max_1960() {
         for (i, &p) in pos.iter().enumerate() {
             // Table values are rounded to 4 decimals, and Max's last digit is off by up to 1e-4
             // at 3–4 bits (converged: 1.3439, 2.1519, 0.3880, …; scripts/quality_reference.py).
-            assert!((c[half + i] as f64 - p).abs() < 1.5e-4, "b={b} level {i}: {}", c[half + i]);
-            assert!((c[half - 1 - i] as f64 + p).abs() < 1.5e-4, "b={b} level -{i}");
+            assert!(
+                (c[half + i] as f64 - p).abs() < 1.5e-4,
+                "b={b} level {i}: {}",
+                c[half + i]
+            );
+            assert!(
+                (c[half - 1 - i] as f64 + p).abs() < 1.5e-4,
+                "b={b} level -{i}"
+            );
         }
-        assert!((cb.mse() - mse).abs() / mse < 2e-3, "b={b} mse {}", cb.mse());
+        assert!(
+            (cb.mse() - mse).abs() / mse < 2e-3,
+            "b={b} mse {}",
+            cb.mse()
+        );
     }
     // Max's 2-bit thresholds: 0, ±0.9816.
     let t = Codebook::lloyd_max_gaussian(2, 1.0).unwrap();
@@ -64,7 +75,9 @@ fn codebook_scales_with_sigma_and_maps_to_nearest_level() {
 #[test]
 fn codebook_rejects_bad_input() {
     for b in [0u8, 5] {
-        let e = Codebook::lloyd_max_gaussian(b, 1.0).unwrap_err().to_string();
+        let e = Codebook::lloyd_max_gaussian(b, 1.0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("use 1, 2, 3 or 4"), "{e}");
     }
     assert!(Codebook::lloyd_max_gaussian(2, 0.0).is_err());
@@ -101,7 +114,10 @@ fn randomized_hadamard_by_hand() {
     assert_eq!(x, [1.0, 2.0, 3.0, 4.0]);
     assert!(RandomizedHadamard::from_signs(vec![1.0; 6]).is_err());
     assert!(RandomizedHadamard::from_signs(vec![1.0, 0.5]).is_err());
-    assert!(RandomizedHadamard::new(96, 1).unwrap_err().to_string().contains("power of two"));
+    assert!(RandomizedHadamard::new(96, 1)
+        .unwrap_err()
+        .to_string()
+        .contains("power of two"));
     // Seeded: same seed, same signs; both signs occur; norms preserved.
     let a = RandomizedHadamard::new(128, 42).unwrap();
     assert_eq!(a, RandomizedHadamard::new(128, 42).unwrap());
@@ -248,11 +264,18 @@ fn turboquant_mse_meets_theorem_1() {
             q.encode(x, &mut row);
             let mut out = vec![0f32; d];
             q.decode(&row, &mut out);
-            total += x.iter().zip(&out).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>();
+            total += x
+                .iter()
+                .zip(&out)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum::<f64>();
         }
         let dmse = total / xs.len() as f64;
         assert!(dmse <= bound, "b={b}: {dmse} above the bound {bound}");
-        assert!((dmse - max_mse).abs() / max_mse < 0.04, "b={b}: {dmse} vs {max_mse}");
+        assert!(
+            (dmse - max_mse).abs() / max_mse < 0.04,
+            "b={b}: {dmse} vs {max_mse}"
+        );
     }
 }
 
@@ -339,7 +362,10 @@ fn qjl_estimator_is_unbiased_over_seeds() {
         let m = est.iter().sum::<f64>() / n as f64;
         let sd = (est.iter().map(|e| (e - m).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt();
         let se = sd / (n as f64).sqrt();
-        assert!((m - truth).abs() < 4.0 * se, "bits {bits}: mean {m} vs {truth} (se {se})");
+        assert!(
+            (m - truth).abs() < 4.0 * se,
+            "bits {bits}: mean {m} vs {truth} (se {se})"
+        );
         assert!(sd > 0.0);
     }
 }
@@ -400,7 +426,10 @@ fn uniform_rows_error_bound() {
                 let step = (hi - lo) / ((1 << bits) - 1) as f32;
                 let slack = step * 2e-3 + lo.abs() * 2e-3;
                 for (a, b) in xs.iter().zip(os) {
-                    assert!((a - b).abs() <= step / 2.0 + slack, "bits {bits}: {a} vs {b}");
+                    assert!(
+                        (a - b).abs() <= step / 2.0 + slack,
+                        "bits {bits}: {a} vs {b}"
+                    );
                 }
             }
         }
@@ -413,7 +442,10 @@ fn uniform_rows_error_bound() {
 fn uniform_four_bit_is_int4_group_bytes() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     for group in [32usize, 64] {
-        let (a, b) = (UniformGroupRow::new(4, group).unwrap(), Int4GroupRow { group });
+        let (a, b) = (
+            UniformGroupRow::new(4, group).unwrap(),
+            Int4GroupRow { group },
+        );
         assert_eq!(a.row_bytes(64), b.row_bytes(64));
         for _ in 0..100 {
             let x: Vec<f32> = (0..64).map(|_| rng.random_range(-2.0..2.0)).collect();
@@ -433,7 +465,10 @@ fn uniform_four_bit_is_int4_group_bytes() {
 fn asym_params_two_bits_by_hand() {
     let (s, m) = asym_params(-1.0, 2.0, 2);
     assert_eq!((s.to_f32(), m.to_f32()), (1.0, -1.0));
-    let codes: Vec<u8> = [-1.0f32, 0.5, 2.0].iter().map(|&v| asym_code(v, s, m, 2)).collect();
+    let codes: Vec<u8> = [-1.0f32, 0.5, 2.0]
+        .iter()
+        .map(|&v| asym_code(v, s, m, 2))
+        .collect();
     assert_eq!(codes, [0, 2, 3]);
     // Constant channel: step 0, every code 0, decodes to the minimum.
     let (s, m) = asym_params(0.25, 0.25, 2);
@@ -462,6 +497,12 @@ fn presets_parse_and_count_bytes() {
     );
     assert_eq!(TurboQuantPreset::K3V4Nc.fp8_keys_quant(), None);
     assert_eq!(TurboQuantPreset::ThreeBitNc.value_bits(), 3);
-    let e = "turboquant_2bit".parse::<TurboQuantPreset>().unwrap_err().to_string();
-    assert!(e.contains("turboquant_k8v4") && e.contains("turboquant_3bit_nc"), "{e}");
+    let e = "turboquant_2bit"
+        .parse::<TurboQuantPreset>()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("turboquant_k8v4") && e.contains("turboquant_3bit_nc"),
+        "{e}"
+    );
 }

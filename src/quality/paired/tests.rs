@@ -14,7 +14,11 @@ fn ppl_se_as_llama_cpp_prints_it() {
     let e = ppl_estimate(&[1.0, 2.0, 3.0, 4.0]).unwrap();
     assert_eq!(e.n, 4);
     assert!(close(e.ppl, 12.182_493_960_703_473, 1e-12));
-    assert!(close(e.ppl_se, 7.863_766_037_512_831, 1e-12), "{}", e.ppl_se);
+    assert!(
+        close(e.ppl_se, 7.863_766_037_512_831, 1e-12),
+        "{}",
+        e.ppl_se
+    );
     assert!(ppl_estimate(&[2.0]).unwrap().ppl_se.is_nan());
     assert!(ppl_estimate(&[]).is_err());
     let e = ppl_estimate(&[1.0, f64::NAN]).unwrap_err().to_string();
@@ -34,7 +38,11 @@ fn paired_t_interval_by_hand() {
     assert_eq!(d.n, 4);
     assert!(close(d.mean_diff, 0.1125, 1e-12));
     assert!(close(d.diff_se, 0.031_457_643_480_294_68, 1e-12));
-    assert!(close(d.diff_ci[0], 0.012_387_738_733_186_66, 1e-6), "{:?}", d.diff_ci);
+    assert!(
+        close(d.diff_ci[0], 0.012_387_738_733_186_66, 1e-6),
+        "{:?}",
+        d.diff_ci
+    );
     assert!(close(d.diff_ci[1], 0.212_612_261_266_813_43, 1e-6));
     assert!(close(d.delta_pct, 11.907_225_691_278_068, 1e-10));
     assert!(close(d.delta_pct_ci[0], 1.246_478_458_123_423_4, 1e-5));
@@ -49,7 +57,10 @@ fn paired_t_interval_by_hand() {
     assert!(d.significantly_above(1.0) && !d.significantly_above(2.0));
     assert!(close(d.resolution_pct(), 11.222_008_885_411_617, 1e-6));
     let w = d.too_few_windows(1.0).unwrap();
-    assert!(w.contains("about 504 windows") && w.contains("--ppl-windows"), "{w}");
+    assert!(
+        w.contains("about 504 windows") && w.contains("--ppl-windows"),
+        "{w}"
+    );
     assert!(d.too_few_windows(20.0).is_none());
 }
 
@@ -58,7 +69,9 @@ fn paired_t_interval_by_hand() {
 /// (population moments divided by n − 1), written out here independently.
 #[test]
 fn paired_se_is_llama_cpp_log_ratio_uncertainty() {
-    let q: Vec<f64> = (0..50).map(|i| 2.0 + ((i * 37) % 11) as f64 * 0.3).collect();
+    let q: Vec<f64> = (0..50)
+        .map(|i| 2.0 + ((i * 37) % 11) as f64 * 0.3)
+        .collect();
     let b: Vec<f64> = q
         .iter()
         .enumerate()
@@ -85,7 +98,10 @@ fn paired_se_is_llama_cpp_log_ratio_uncertainty() {
 fn bootstrap_interval_behaves() {
     let r: Vec<f64> = (0..20).map(|i| 3.0 + i as f64 * 0.01).collect();
     let s: Vec<f64> = r.iter().map(|x| x + 0.25).collect();
-    let m = CiMethod::Bootstrap { resamples: 2000, seed: 1 };
+    let m = CiMethod::Bootstrap {
+        resamples: 2000,
+        seed: 1,
+    };
     let d = paired_delta(&s, &r, m).unwrap();
     assert!(close(d.diff_ci[0], 0.25, 1e-12) && close(d.diff_ci[1], 0.25, 1e-12));
 
@@ -96,31 +112,63 @@ fn bootstrap_interval_behaves() {
         .map(|(i, x)| x + 0.02 + ((i * 7919) % 101) as f64 / 100.0 * 0.1 - 0.05)
         .collect();
     let t = paired_delta(&s, &r, CiMethod::StudentT).unwrap();
-    let b = paired_delta(&s, &r, CiMethod::Bootstrap { resamples: 4000, seed: 7 }).unwrap();
+    let b = paired_delta(
+        &s,
+        &r,
+        CiMethod::Bootstrap {
+            resamples: 4000,
+            seed: 7,
+        },
+    )
+    .unwrap();
     let (wt, wb) = (t.diff_ci[1] - t.diff_ci[0], b.diff_ci[1] - b.diff_ci[0]);
     assert!((wb / wt - 1.0).abs() < 0.15, "{wb} vs {wt}");
     assert!(b.diff_ci[0] < b.mean_diff && b.mean_diff < b.diff_ci[1]);
-    let b2 = paired_delta(&s, &r, CiMethod::Bootstrap { resamples: 4000, seed: 7 }).unwrap();
+    let b2 = paired_delta(
+        &s,
+        &r,
+        CiMethod::Bootstrap {
+            resamples: 4000,
+            seed: 7,
+        },
+    )
+    .unwrap();
     assert_eq!(b.diff_ci, b2.diff_ci);
-    let b3 = paired_delta(&s, &r, CiMethod::Bootstrap { resamples: 4000, seed: 8 }).unwrap();
+    let b3 = paired_delta(
+        &s,
+        &r,
+        CiMethod::Bootstrap {
+            resamples: 4000,
+            seed: 8,
+        },
+    )
+    .unwrap();
     assert_ne!(b.diff_ci, b3.diff_ci);
 }
 
 #[test]
 fn paired_rejects_bad_input() {
-    let e = paired_delta(&[1.0, 2.0], &[1.0], CiMethod::StudentT).unwrap_err().to_string();
+    let e = paired_delta(&[1.0, 2.0], &[1.0], CiMethod::StudentT)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("same windows"), "{e}");
     assert!(paired_delta(&[1.0], &[1.0], CiMethod::StudentT).is_err());
     assert!(paired_delta(&[], &[], CiMethod::StudentT).is_err());
     assert!(paired_delta(&[1.0, f64::INFINITY], &[1.0, 1.0], CiMethod::StudentT).is_err());
-    let m = CiMethod::Bootstrap { resamples: 10, seed: 0 };
+    let m = CiMethod::Bootstrap {
+        resamples: 10,
+        seed: 0,
+    };
     assert!(paired_delta(&[1.0, 2.0], &[1.0, 1.5], m).is_err());
 }
 
 /// Window means by hand: (1, 2, 3, 5, 7, 9) in windows of 3 → (2, 7).
 #[test]
 fn window_means_by_hand() {
-    assert_eq!(window_means(&[1.0, 2.0, 3.0, 5.0, 7.0, 9.0], 3).unwrap(), [2.0, 7.0]);
+    assert_eq!(
+        window_means(&[1.0, 2.0, 3.0, 5.0, 7.0, 9.0], 3).unwrap(),
+        [2.0, 7.0]
+    );
     assert!(window_means(&[1.0, 2.0, 3.0], 2).is_err());
     assert!(window_means(&[1.0], 0).is_err());
 }
@@ -172,7 +220,11 @@ fn noise_floor_by_hand() {
     assert!(close(f.mean, 10.033_333_333_333_333, 1e-12));
     assert!(close(f.sd, 0.152_752_523_165_195, 1e-9), "{}", f.sd);
     assert_eq!((f.min, f.max), (9.9, 10.2));
-    assert!(close(f.spread_pct, 2.990_033_222_591_36, 1e-9), "{}", f.spread_pct);
+    assert!(
+        close(f.spread_pct, 2.990_033_222_591_36, 1e-9),
+        "{}",
+        f.spread_pct
+    );
     assert!(noise_floor(&[]).is_err());
 }
 
