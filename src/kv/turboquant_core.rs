@@ -32,9 +32,11 @@
 //! (the layout of [`super::format::Int4GroupRow`] and KIVI's 4-bit channel blocks), and a 3-bit
 //! code may straddle two bytes.
 
+use std::collections::HashMap;
 use std::f64::consts::{FRAC_1_SQRT_2, PI};
 use std::fmt;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use half::f16;
 use statrs::function::erf::erfc;
@@ -186,6 +188,27 @@ impl Codebook {
             return Err(invalid("head_dim", "must be at least 1".into()));
         }
         Self::lloyd_max_gaussian(bits, 1.0 / (head_dim as f64).sqrt())
+    }
+
+    /// [`for_head_dim`](Self::for_head_dim), solved once per `(bits, head_dim)` in the process
+    /// and shared: every stream of a cache (layers × sequences × kv heads) uses the same
+    /// codebook, and Lloyd's iteration at 4 bits takes thousands of steps.
+    pub fn shared(bits: u8, head_dim: usize) -> Result<Arc<Self>> {
+        static CACHE: OnceLock<Mutex<HashMap<(u8, usize), Arc<Codebook>>>> = OnceLock::new();
+        let cache = CACHE.get_or_init(Default::default);
+        if let Some(c) = cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(bits, head_dim))
+        {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(Self::for_head_dim(bits, head_dim)?);
+        cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((bits, head_dim), c.clone());
+        Ok(c)
     }
 
     /// Bits per index.
@@ -409,7 +432,7 @@ fn f16_saturating(v: f32) -> (f16, bool) {
 #[derive(Debug, Clone, PartialEq)]
 pub struct TurboQuantMse {
     rot: RandomizedHadamard,
-    codebook: Codebook,
+    codebook: Arc<Codebook>,
     norm_correction: bool,
 }
 
@@ -428,7 +451,7 @@ impl TurboQuantMse {
     /// As [`new`](Self::new) with a given rotation (tests, or a rotation shared with other
     /// rows). Errors: `bits` outside 1–4.
     pub fn with_rotation(rot: RandomizedHadamard, bits: u8, norm_correction: bool) -> Result<Self> {
-        let codebook = Codebook::for_head_dim(bits, rot.dim())?;
+        let codebook = Codebook::shared(bits, rot.dim())?;
         Ok(Self {
             rot,
             codebook,
@@ -843,6 +866,174 @@ impl RowCodec for UniformGroupRow {
                 *v = m + code_at(&b[4..], self.bits, i) as f32 * s;
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A stream of TurboQuant rows (what the cache's K or V of one head holds)
+// ---------------------------------------------------------------------------------------------
+
+/// Which TurboQuant row format a [`TurboQuantStream`] holds; shared (`Arc`) by every stream of a
+/// layer so the rotation, codebook and QJL matrix exist once.
+#[derive(Debug, Clone)]
+pub enum TqCodec {
+    /// [`TurboQuantMse`] rows (keys or values).
+    Mse(Arc<TurboQuantMse>),
+    /// [`TurboQuantProd`] rows (keys: the estimator targets ⟨q, k⟩).
+    Prod(Arc<TurboQuantProd>),
+}
+
+impl TqCodec {
+    fn head_dim(&self) -> usize {
+        match self {
+            TqCodec::Mse(c) => c.head_dim(),
+            TqCodec::Prod(c) => c.head_dim(),
+        }
+    }
+
+    fn row_bytes(&self) -> usize {
+        match self {
+            TqCodec::Mse(c) => c.row_bytes(),
+            TqCodec::Prod(c) => c.row_bytes(),
+        }
+    }
+}
+
+/// The stored TurboQuant rows of one (sequence, kv head, K or V), read by attention in their
+/// stored form: [`Stream::dot_rows`] rotates the queries once (`R q`) and scores each key on
+/// its centroids (`‖k‖·⟨R q, ŷ⟩`, no inverse rotation per key); [`Stream::axpy_rows`]
+/// accumulates `Σ w·‖v‖ŷ` in the rotated basis and rotates the sum back once. QJL rows score
+/// with the unbiased estimator ([`TurboQuantProd::score`]). `bytes()` = rows × row bytes.
+#[derive(Debug, Clone)]
+pub struct TurboQuantStream {
+    codec: TqCodec,
+    rb: usize,
+    data: Vec<u8>,
+}
+
+impl TurboQuantStream {
+    /// An empty stream of `codec` rows.
+    pub fn new(codec: TqCodec) -> Self {
+        Self {
+            rb: codec.row_bytes(),
+            codec,
+            data: Vec::new(),
+        }
+    }
+
+    fn row(&self, slot: usize) -> &[u8] {
+        &self.data[slot * self.rb..(slot + 1) * self.rb]
+    }
+}
+
+impl super::stream::Stream for TurboQuantStream {
+    fn push(&mut self, rows: &[f32]) -> usize {
+        let d = self.codec.head_dim();
+        let start = self.data.len();
+        self.data.resize(start + rows.len() / d * self.rb, 0);
+        let out = &mut self.data[start..];
+        rows.chunks_exact(d)
+            .zip(out.chunks_exact_mut(self.rb))
+            .map(|(x, o)| match &self.codec {
+                TqCodec::Mse(c) => c.encode(x, o),
+                TqCodec::Prod(c) => c.encode(x, o),
+            })
+            .sum()
+    }
+
+    fn decode(&self, slot: usize, out: &mut [f32]) {
+        match &self.codec {
+            TqCodec::Mse(c) => c.decode(self.row(slot), out),
+            TqCodec::Prod(c) => c.decode(self.row(slot), out),
+        }
+    }
+
+    fn dot_rows(&self, t0: usize, t1: usize, qs: &[f32], out: &mut [f32]) {
+        let d = self.codec.head_dim();
+        let nq = qs.len() / d;
+        match &self.codec {
+            TqCodec::Mse(c) => {
+                let mut rq = qs.to_vec();
+                rq.chunks_exact_mut(d).for_each(|q| c.rotate_query(q));
+                let mut y = vec![0f32; d];
+                for t in t0..t1 {
+                    c.decode_rotated(self.row(t), &mut y);
+                    for (j, q) in rq.chunks_exact(d).enumerate() {
+                        out[(t - t0) * nq + j] = super::attention::dot(&y, q);
+                    }
+                }
+            }
+            TqCodec::Prod(c) => {
+                let pq: Vec<ProdQuery> = qs.chunks_exact(d).map(|q| c.prepare_query(q)).collect();
+                for t in t0..t1 {
+                    for (j, q) in pq.iter().enumerate() {
+                        out[(t - t0) * nq + j] = c.score(q, self.row(t));
+                    }
+                }
+            }
+        }
+    }
+
+    fn axpy_rows(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
+        let d = self.codec.head_dim();
+        let nq = acc.len() / d;
+        let mut y = vec![0f32; d];
+        match &self.codec {
+            TqCodec::Mse(c) => {
+                let mut racc = vec![0f32; nq * d];
+                for t in t0..t1 {
+                    let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
+                    if wt.iter().all(|&x| x == 0.0) {
+                        continue;
+                    }
+                    c.decode_rotated(self.row(t), &mut y);
+                    for (a, &wj) in racc.chunks_exact_mut(d).zip(wt) {
+                        a.iter_mut().zip(&y).for_each(|(a, v)| *a += wj * v);
+                    }
+                }
+                for (a, r) in acc.chunks_exact_mut(d).zip(racc.chunks_exact_mut(d)) {
+                    c.rotation().inverse(r);
+                    a.iter_mut().zip(r.iter()).for_each(|(a, v)| *a += v);
+                }
+            }
+            TqCodec::Prod(c) => {
+                for t in t0..t1 {
+                    let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
+                    if wt.iter().all(|&x| x == 0.0) {
+                        continue;
+                    }
+                    c.decode(self.row(t), &mut y);
+                    for (a, &wj) in acc.chunks_exact_mut(d).zip(wt) {
+                        a.iter_mut().zip(&y).for_each(|(a, v)| *a += wj * v);
+                    }
+                }
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.data.len() / self.rb
+    }
+
+    fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    fn reserved(&self) -> usize {
+        self.data.capacity()
+    }
+
+    fn swap_remove(&mut self, slot: usize) {
+        let last = self.len() - 1;
+        if slot != last {
+            self.data
+                .copy_within(last * self.rb..(last + 1) * self.rb, slot * self.rb);
+        }
+        self.data.truncate(last * self.rb);
+    }
+
+    fn clear(&mut self) {
+        self.data.clear();
     }
 }
 

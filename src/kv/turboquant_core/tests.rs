@@ -506,3 +506,77 @@ fn presets_parse_and_count_bytes() {
         "{e}"
     );
 }
+
+/// The stream reads the stored form: scores on rotated queries equal ⟨q, decode(row)⟩, and the
+/// rotated-basis weighted sum equals Σ w·decode(row) (both recomputed here row by row from
+/// `decode`); a row whose weights are all zero is skipped; bytes are rows × row bytes.
+#[test]
+fn turboquant_stream_scores_and_sums_like_decoded_rows() {
+    use crate::kv::stream::Stream;
+    let (d, n, nq) = (64, 40, 3);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    let rows: Vec<f32> = (0..n * d).map(|_| rng.random_range(-2.0..2.0)).collect();
+    let qs: Vec<f32> = (0..nq * d).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
+    w[5 * nq..6 * nq].fill(0.0);
+    let codecs = [
+        TqCodec::Mse(Arc::new(TurboQuantMse::new(d, 3, true, 1).unwrap())),
+        TqCodec::Mse(Arc::new(TurboQuantMse::new(d, 4, false, 2).unwrap())),
+        TqCodec::Prod(Arc::new(TurboQuantProd::new(d, 3, 3).unwrap())),
+    ];
+    for codec in codecs {
+        let mut s = TurboQuantStream::new(codec.clone());
+        assert_eq!(s.push(&rows[..10 * d]) + s.push(&rows[10 * d..]), 0);
+        assert_eq!(s.len(), n);
+        assert_eq!(s.bytes(), n * codec.row_bytes());
+        let mut dec = vec![0f32; n * d];
+        for t in 0..n {
+            s.decode(t, &mut dec[t * d..(t + 1) * d]);
+        }
+        let (t0, t1) = (3, 37);
+        let mut out = vec![0f32; (t1 - t0) * nq];
+        s.dot_rows(t0, t1, &qs, &mut out);
+        let mut acc = vec![0.5f32; nq * d];
+        s.axpy_rows(t0, t1, &w[t0 * nq..t1 * nq], &mut acc);
+        let mut want_acc = vec![0.5f32; nq * d];
+        for t in t0..t1 {
+            let k = &dec[t * d..(t + 1) * d];
+            for j in 0..nq {
+                let q = &qs[j * d..(j + 1) * d];
+                let want: f32 = k.iter().zip(q).map(|(a, b)| a * b).sum();
+                let got = out[(t - t0) * nq + j];
+                assert!(
+                    (got - want).abs() < 1e-3 * (1.0 + want.abs()),
+                    "{got} vs {want}"
+                );
+                let wj = w[t * nq + j];
+                for c in 0..d {
+                    want_acc[j * d + c] += wj * k[c];
+                }
+            }
+        }
+        for (a, b) in acc.iter().zip(&want_acc) {
+            assert!((a - b).abs() < 1e-3 * (1.0 + b.abs()), "{a} vs {b}");
+        }
+        // Eviction moves the last row into the hole.
+        let mut last = vec![0f32; d];
+        s.decode(n - 1, &mut last);
+        s.swap_remove(2);
+        let mut moved = vec![0f32; d];
+        s.decode(2, &mut moved);
+        assert_eq!(moved, last);
+        assert_eq!(s.len(), n - 1);
+        s.clear();
+        assert_eq!((s.len(), s.bytes()), (0, 0));
+    }
+}
+
+/// One codebook per (bits, head_dim) in the process.
+#[test]
+fn codebooks_are_shared() {
+    let a = Codebook::shared(3, 64).unwrap();
+    let b = Codebook::shared(3, 64).unwrap();
+    assert!(Arc::ptr_eq(&a, &b));
+    assert_eq!(*a, Codebook::for_head_dim(3, 64).unwrap());
+    assert!(Codebook::shared(9, 64).is_err());
+}
