@@ -194,7 +194,8 @@ impl Codebook {
     /// and shared: every stream of a cache (layers × sequences × kv heads) uses the same
     /// codebook, and Lloyd's iteration at 4 bits takes thousands of steps.
     pub fn shared(bits: u8, head_dim: usize) -> Result<Arc<Self>> {
-        static CACHE: OnceLock<Mutex<HashMap<(u8, usize), Arc<Codebook>>>> = OnceLock::new();
+        type Solved = HashMap<(u8, usize), Arc<Codebook>>;
+        static CACHE: OnceLock<Mutex<Solved>> = OnceLock::new();
         let cache = CACHE.get_or_init(Default::default);
         if let Some(c) = cache
             .lock()
