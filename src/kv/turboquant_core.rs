@@ -237,7 +237,7 @@ impl Codebook {
         self.mse_unit * self.sigma * self.sigma
     }
 
-    /// Index of the level nearest to `y` (ties go up; NaN maps to the top level).
+    /// Index of the level nearest to `y` (ties go up; NaN maps to level 0).
     #[inline]
     pub fn index(&self, y: f32) -> u8 {
         self.boundaries.partition_point(|&t| t <= y) as u8
