@@ -34,6 +34,7 @@ pub mod scheme;
 pub mod simd;
 pub mod spec;
 pub mod stream;
+pub mod turboquant_core;
 
 use rayon::prelude::*;
 

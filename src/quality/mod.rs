@@ -2,6 +2,7 @@
 //! [`crate::stats`] and [`crate::report`].
 
 pub mod generate;
+pub mod paired;
 pub mod passkey;
 pub mod perplexity;
 pub mod rouge;
