@@ -41,8 +41,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use half::f16;
 use statrs::function::erf::erfc;
 
-use super::format::{f16_round_down, f16_round_up, RowCodec};
-use super::spec::{Fp8Kind, Fp8Scale, Quant};
+use super::codec::{f16_round_down, f16_round_up, RowCodec};
+use super::{Fp8Kind, Fp8Scale, Quant};
 use crate::error::{Error, Result};
 
 /// Bit widths [`Codebook`] solves (1–4: 2 to 16 levels).

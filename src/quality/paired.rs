@@ -19,7 +19,7 @@ use statrs::distribution::{ContinuousCDF, StudentsT};
 
 use crate::error::{Error, Result};
 use crate::kv::turboquant_core::SplitMix64;
-use crate::measure::stats::percentile;
+use crate::stats::percentile;
 
 /// Two-sided confidence level of every interval here.
 pub const LEVEL: f64 = 0.95;
