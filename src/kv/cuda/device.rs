@@ -491,7 +491,7 @@ impl CudaKvCache {
             fresh: false,
         };
         let DevBuf::U32(lens) = self.buf(at(Kind::Lens))? else {
-            unreachable!("lens are u32")
+            return Err(mistyped(at(Kind::Lens)));
         };
         let lens = self.download(lens, 0..lens.len())?;
         if lens[bh] as usize != n {
@@ -502,7 +502,7 @@ impl CudaKvCache {
         }
         let plane = |k: Kind, per: usize| -> Result<Vec<u8>> {
             let DevBuf::U8(s) = self.buf(at(k))? else {
-                unreachable!("planes are u8")
+                return Err(mistyped(at(k)));
             };
             self.download(s, bh * cap * per..(bh * cap + n) * per)
         };
@@ -518,6 +518,14 @@ impl CudaKvCache {
             _ => (0..n).collect(),
         };
         Ok((rows, pos))
+    }
+}
+
+/// The error for a plan buffer of an unexpected element type (a plan bug).
+fn mistyped(b: Buf) -> Error {
+    Error::InvalidArgument {
+        name: "CUDA launch plan".into(),
+        reason: format!("buffer {b} has an unexpected element type"),
     }
 }
 
