@@ -53,7 +53,7 @@ __device__ __forceinline__ uint16_t f2h(float v) {
     return __half_as_ushort(__float2half_rn(v));
 }
 
-// The smallest f16 >= v (as src/kv/format.rs f16_round_up), saturating at f16's maximum.
+// The smallest f16 >= v (as src/kv/codec.rs f16_round_up), saturating at f16's maximum.
 __device__ __forceinline__ uint16_t f16_round_up(float v) {
     uint16_t h = f2h(v);
     if (h2f(h) < v && h != 0x7bff) {

@@ -11,7 +11,7 @@
 //! - every attention output (a 70-token prefill, then single-token decode steps; a chunked
 //!   prefill after that where the cache grows with rows held) is written (outputs start as NaN)
 //!   and within 2e-3 of the output's largest magnitude;
-//! - the rows the kernels stored are byte for byte the CPU encoders' rows (src/kv/format.rs) of
+//! - the rows the kernels stored are byte for byte the CPU encoders' rows (src/kv/formats/) of
 //!   the input each slot holds, for every per-token format;
 //! - the positions held after eviction (window, H2O) are the CPU cache's, and the device row
 //!   counts equal the host mirror `CudaKvCache` sizes its launches with;

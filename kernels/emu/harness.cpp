@@ -49,9 +49,10 @@ constexpr size_t kGuard = 64;
 constexpr uint8_t kCanary = 0xA5;
 
 struct Buf;
+// Never destroyed: buffers in the global map below are freed at exit, after function statics.
 std::set<Buf *> &live_bufs() {
-    static std::set<Buf *> s;
-    return s;
+    static auto *s = new std::set<Buf *>;
+    return *s;
 }
 
 // `bytes` of "device" memory with kGuard canary bytes before and after.

@@ -240,10 +240,13 @@ impl CudaKvCache {
                 } => {
                     let e = src.kind.elem_bytes();
                     let (a, n, b) = (src_off / e, bytes / e, dst_off / e);
-                    let mut to = self.bufs.remove(dst).ok_or_else(|| Error::InvalidArgument {
-                        name: "CUDA launch plan".into(),
-                        reason: format!("copy into {dst} before it is allocated"),
-                    })?;
+                    let mut to = self
+                        .bufs
+                        .remove(dst)
+                        .ok_or_else(|| Error::InvalidArgument {
+                            name: "CUDA launch plan".into(),
+                            reason: format!("copy into {dst} before it is allocated"),
+                        })?;
                     let from = self.buf(*src)?;
                     let r = match (from, &mut to) {
                         (DevBuf::U8(f), DevBuf::U8(t)) => self
@@ -269,10 +272,13 @@ impl CudaKvCache {
                     self.bufs.insert(*dst, to);
                 }
                 Step::Replace { dst, src } => {
-                    let fresh = self.bufs.remove(src).ok_or_else(|| Error::InvalidArgument {
-                        name: "CUDA launch plan".into(),
-                        reason: format!("{src} replaces {dst} before it is allocated"),
-                    })?;
+                    let fresh = self
+                        .bufs
+                        .remove(src)
+                        .ok_or_else(|| Error::InvalidArgument {
+                            name: "CUDA launch plan".into(),
+                            reason: format!("{src} replaces {dst} before it is allocated"),
+                        })?;
                     self.bufs.insert(*dst, fresh);
                 }
                 Step::Zero(b) => {
@@ -439,10 +445,12 @@ impl CudaKvCache {
         let q = q.contiguous()?;
         let inputs = [(Kind::InQ, f32_ptr(&q, &self.stream)?)];
         let steps = self.plan.attend(layer, n_q);
-        let out = self.run(&steps, &inputs)?.ok_or_else(|| Error::InvalidArgument {
-            name: "CUDA launch plan".into(),
-            reason: "attention handed over no output".into(),
-        })?;
+        let out = self
+            .run(&steps, &inputs)?
+            .ok_or_else(|| Error::InvalidArgument {
+                name: "CUDA launch plan".into(),
+                reason: "attention handed over no output".into(),
+            })?;
         Ok(Tensor::from_storage(
             Storage::Cuda(CudaStorage::wrap_cuda_slice(out, self.dev.clone())),
             (b, hq, n_q, d),
@@ -491,7 +499,7 @@ impl CudaKvCache {
             fresh: false,
         };
         let DevBuf::U32(lens) = self.buf(at(Kind::Lens))? else {
-            unreachable!("lens are u32")
+            return Err(mistyped(at(Kind::Lens)));
         };
         let lens = self.download(lens, 0..lens.len())?;
         if lens[bh] as usize != n {
@@ -502,7 +510,7 @@ impl CudaKvCache {
         }
         let plane = |k: Kind, per: usize| -> Result<Vec<u8>> {
             let DevBuf::U8(s) = self.buf(at(k))? else {
-                unreachable!("planes are u8")
+                return Err(mistyped(at(k)));
             };
             self.download(s, bh * cap * per..(bh * cap + n) * per)
         };
@@ -518,6 +526,14 @@ impl CudaKvCache {
             _ => (0..n).collect(),
         };
         Ok((rows, pos))
+    }
+}
+
+/// The error for a plan buffer of an unexpected element type (a plan bug).
+fn mistyped(b: Buf) -> Error {
+    Error::InvalidArgument {
+        name: "CUDA launch plan".into(),
+        reason: format!("buffer {b} has an unexpected element type"),
     }
 }
 

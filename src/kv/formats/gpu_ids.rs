@@ -39,7 +39,8 @@ pub const EVICT_WINDOW: i32 = 0;
 pub const EVICT_H2O: i32 = 1;
 
 /// Every eviction mode with the name of its `#define` in kv_formats.h.
-pub const GPU_EVICT_MODES: &[(&str, i32)] = &[("EVICT_WINDOW", EVICT_WINDOW), ("EVICT_H2O", EVICT_H2O)];
+pub const GPU_EVICT_MODES: &[(&str, i32)] =
+    &[("EVICT_WINDOW", EVICT_WINDOW), ("EVICT_H2O", EVICT_H2O)];
 
 /// kv_formats.h's text for the two tables above.
 pub fn gpu_header() -> String {
