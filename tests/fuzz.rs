@@ -231,6 +231,8 @@ fn suite_seeds() -> Vec<Vec<u8>> {
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        // serve.toml holds `kvbench serve` settings, not a sweep suite.
+        .filter(|p| p.file_name().is_some_and(|n| n != "serve.toml"))
         .map(|p| std::fs::read(p).unwrap())
         .collect()
 }
