@@ -12,7 +12,8 @@
 //! ```
 //!
 //! A lone policy stores fp16; a lone key-only format (per-channel) implies its value partner
-//! (KIVI's pairing: keys per-channel, values per-token at the same bit width).
+//! (KIVI's pairing: keys per-channel, values per-token at the same bit width). A preset name
+//! ([`PRESETS`]) stands for its K/V pair and is how that pair prints.
 
 use std::fmt;
 use std::str::FromStr;
@@ -29,9 +30,74 @@ pub use super::formats::channel::{DEFAULT_CHANNEL_GROUP, DEFAULT_RESIDUAL};
 pub use super::formats::fp8::{Fp8Kind, Fp8Scale};
 pub use super::formats::int4::DEFAULT_INT4_GROUP;
 
-/// How schemes compose, after the list of formats and policies in [`VALID_SCHEMES`].
+/// How schemes compose, after the list of formats and policies in [`VALID_SCHEMES`], and the
+/// presets ([`PRESETS`], written out by hand; a test checks the two agree).
 const COMPOSE: &str =
-    "; compose as EVICT@K/V+rot, e.g. window:size=1024@int8, int4-channel/int4, q4_0+rot";
+    "; compose as EVICT@K/V+rot, e.g. window:size=1024@int8, int4-channel/int4, q4_0+rot; \
+     presets: k4v2 = int4-channel/int2, k2v4 = int2-channel/int4, \
+     turboquant_k8v4 = fp8:scale=none/int4-row, turboquant_4bit_nc = turboquant-nc/int4-row, \
+     turboquant_k3v4_nc = turboquant-nc:bits=3/int4-row, \
+     turboquant_3bit_nc = turboquant-nc:bits=3/int3:group=row";
+
+/// Named K/V pairs: `(name, keys, values)`. A spec that is only a preset name parses to its
+/// pair, and a scheme storing that pair prints as the name.
+///
+/// - `k4v2`, `k2v4`: KIVI-style per-channel keys with per-token values at different widths
+///   (KV-AdaQuant, arXiv 2502.15075, finds keys need the bits: K4V2 ≫ K2V4).
+/// - `turboquant_*`: vLLM's TurboQuant presets (`--kv-cache-dtype`, vLLM's
+///   `quantization/turboquant/config.py`; [`super::turboquant_core::TurboQuantPreset`]):
+///   FP8 (E4M3, no scale) or TurboQuant_mse keys with norm correction, and uniform values with
+///   one group per row.
+pub const PRESETS: &[(&str, Quant, Quant)] = {
+    use super::formats::turboquant::{TqKind, DEFAULT_TQ_SEED};
+    const fn tq(bits: u8) -> Quant {
+        Quant::TurboQuant {
+            kind: TqKind::MseNc,
+            bits,
+            seed: DEFAULT_TQ_SEED,
+        }
+    }
+    const fn chan(bits: u8) -> Quant {
+        Quant::Channel {
+            bits,
+            group: DEFAULT_CHANNEL_GROUP,
+            residual: DEFAULT_RESIDUAL,
+        }
+    }
+    const ROW4: Quant = Quant::Uniform { bits: 4, group: 0 };
+    &[
+        (
+            "k4v2",
+            chan(4),
+            Quant::Uniform {
+                bits: 2,
+                group: super::formats::uniform::DEFAULT_UNIFORM_GROUP,
+            },
+        ),
+        (
+            "k2v4",
+            chan(2),
+            Quant::Int4 {
+                group: DEFAULT_INT4_GROUP,
+            },
+        ),
+        (
+            "turboquant_k8v4",
+            Quant::Fp8 {
+                kind: Fp8Kind::E4M3,
+                scale: Fp8Scale::None,
+            },
+            ROW4,
+        ),
+        ("turboquant_4bit_nc", tq(4), ROW4),
+        ("turboquant_k3v4_nc", tq(3), ROW4),
+        (
+            "turboquant_3bit_nc",
+            tq(3),
+            Quant::Uniform { bits: 3, group: 0 },
+        ),
+    ]
+};
 
 /// Every accepted spec, for error messages and `--help`: each registered format's and policy's
 /// help entry (from its file), then how they compose.
@@ -100,7 +166,12 @@ impl fmt::Display for KvScheme {
             write!(f, "{e}")?;
         }
         let implied_pair = self.k.per_channel() && self.v == self.k.value_partner();
-        let store = if self.k == self.v || implied_pair {
+        let preset = PRESETS
+            .iter()
+            .find(|&&(_, k, v)| (k, v) == (self.k, self.v));
+        let store = if let Some((name, _, _)) = preset {
+            name.to_string()
+        } else if self.k == self.v || implied_pair {
             self.k.to_string()
         } else {
             format!("{}/{}", self.k, self.v)
@@ -188,7 +259,12 @@ impl Parser<'_> {
                 None => (None, s.clone()),
             },
         };
+        let preset = PRESETS.iter().find(|(name, _, _)| *name == store);
         let (k, v) = match store.split_once('/') {
+            _ if preset.is_some() => {
+                let &(_, k, v) = preset.expect("checked");
+                (k, v)
+            }
             Some((k, v)) => {
                 let (k, v) = (self.quant(k)?, self.quant(v)?);
                 if v.per_channel() {

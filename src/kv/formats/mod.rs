@@ -199,8 +199,8 @@ impl Quant {
         self.with(|f| f.gpu()).ok_or_else(|| Error::InvalidArgument {
             name: "--dtypes".into(),
             reason: format!(
-                "`{self}` has no CUDA kernels yet (fp8 with scale=token, int8-channel and every \
-                 per-token format do); run it with --device cpu"
+                "`{self}` has no CUDA kernels yet (fp16, int8-token, int4, fp8 with scale=token, \
+                 q8_0, q4_0 and int8-channel do); run it with --device cpu"
             ),
         })
     }
@@ -228,6 +228,11 @@ formats! {
     Q8_0 => q8_0::Q8_0;
     /// ggml's Q4_0: blocks of 32 along head_dim, symmetric 4-bit, f16 scale (18 bytes per block).
     Q4_0 => q4_0::Q4_0;
+    /// Asymmetric 2-, 3- or 4-bit along head_dim per group (0: the whole row): KIVI-2 values,
+    /// TurboQuant's values.
+    Uniform { bits: u8, group: usize } => uniform::Uniform;
+    /// TurboQuant rows (arXiv 2504.19874): rotated, Lloyd–Max codebook, optional QJL residual.
+    TurboQuant { kind: turboquant::TqKind, bits: u8, seed: u64 } => turboquant::TurboQuant;
 }
 
 #[cfg(test)]
