@@ -405,4 +405,39 @@ mod tests {
         s.decode(7, &mut out); // residual, exact in f16
         assert_eq!(out, [8.0, -4.0]);
     }
+
+    /// KIVI-2 block by hand: d = 4, group 4, residual 0, so 4 tokens make one block. Channel 0
+    /// holds 0, 1, 2, 3 → min 0, step 3/3 = 1 (exact in f16), codes 0..3, decoded exactly;
+    /// channel 1 holds −1, 0, 0.4, 2 → min −1, step 1, codes 0, 1, 1 (1.4 rounds to 1), 3 →
+    /// −1, 0, 0, 2 (error 0.4 ≤ step/2); channels 2 and 3 are 0 → step 0, code 0. Token 3's
+    /// code byte: channel 0 code 3 in bits 0–1, channel 1 code 3 in bits 2–3 → 0b1111. Bytes:
+    /// 4 channels × (f16 step + f16 min) = 16, plus 4 tokens × 1 code byte = 20.
+    #[test]
+    fn two_bit_channel_block_by_hand() {
+        let mut s = ChannelStream::new(2, 4, 0, 4);
+        let ch1 = [-1.0, 0.0, 0.4, 2.0];
+        for (t, &c1) in ch1.iter().enumerate() {
+            s.push(&[t as f32, c1, 0.0, 0.0]);
+        }
+        assert_eq!(s.n_blocks, 1);
+        assert_eq!(s.bytes(), 20);
+        let fmt = Channel {
+            bits: 2,
+            group: 4,
+            residual: 0,
+        };
+        assert_eq!(fmt.stream_bytes(4, 4), 20);
+        assert_eq!(s.blocks[16 + 3], 0b1111);
+        let mut out = [0f32; 4];
+        for (t, want) in [[0.0, -1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [2.0, 0.0, 0.0, 0.0], [
+            3.0, 2.0, 0.0, 0.0,
+        ]]
+        .iter()
+        .enumerate()
+        {
+            s.decode(t, &mut out);
+            assert_eq!(&out, want, "token {t}");
+        }
+        assert!(Channel { bits: 2, group: 32, residual: 128 }.validate(6).is_err());
+    }
 }

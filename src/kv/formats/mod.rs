@@ -271,6 +271,27 @@ mod tests {
         }
         let e = Quant::Channel { bits: 4, group: 32, residual: 128 }.gpu().unwrap_err();
         assert!(e.to_string().contains("--device cpu"), "{e}");
+        // The new formats have no kernels yet: refused by name, with what to do.
+        for s in [
+            "int2-channel",
+            "int2",
+            "int3:group=row",
+            "int4-row",
+            "turboquant",
+            "turboquant-nc:bits=3",
+            "turboquant-prod",
+        ] {
+            let q: crate::kv::KvScheme = s.parse().unwrap();
+            let e = q.k.gpu().unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("`{}` has no CUDA kernels yet", q.k)) && e.contains("--device cpu"),
+                "{s}: {e}"
+            );
+        }
+        for s in ["k4v2", "k2v4", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_3bit_nc"] {
+            let q: crate::kv::KvScheme = s.parse().unwrap();
+            assert!(q.k.gpu().is_err() || q.v.gpu().is_err(), "{s}");
+        }
         let mut names: Vec<&str> = PARSERS.iter().flat_map(|(n, _)| n.iter().copied()).collect();
         let n = names.len();
         names.sort_unstable();
