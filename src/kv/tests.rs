@@ -393,10 +393,12 @@ fn per_token_formats_are_chunking_invariant() {
 }
 
 /// Attention over TurboQuant and 2-bit rows reads the stored form and stays close to fp16
-/// attention: softmax weights are convex, so each output is within the values' round-trip error
-/// of the exact one when scores move little. Bounds by hand for unit-variance noise rows
-/// (d = 64, |v| ≲ 3): 4-bit MSE (Thm 1: E‖x − x̂‖² ≈ 0.0095‖x‖²) → outputs within 0.25; 2-bit
-/// uniform step ≤ 6/3 = 2 → within s/2 = 1 plus score error: 1.5; and every output finite.
+/// attention. Rows are uniform noise in [−1, 1] (d = 64, ‖x‖² ≈ 21); causal attention makes the
+/// first query's output one decoded value row, so the bound is per element. Bounds by hand:
+/// 2-bit uniform, step ≤ 2/3 → value error ≤ 1/3, plus key-score error → 0.4; 4-bit
+/// TurboQuant_mse, E‖x − x̂‖² ≈ 0.0095‖x‖² (Thm 1) → per-element RMS ≈ 0.058, bound 0.25
+/// (≈ 4.3 σ over 64 × 96 outputs); a wrongly ordered code or a missing inverse rotation moves
+/// outputs by O(1) and fails.
 #[test]
 fn new_formats_attend_close_to_fp16() {
     let d = 64;
@@ -410,9 +412,9 @@ fn new_formats_attend_close_to_fp16() {
         ("turboquant", 0.25),
         ("turboquant-nc", 0.25),
         ("turboquant_4bit_nc", 0.25),
-        ("turboquant-prod:bits=5", 0.5),
-        ("int2", 1.5),
-        ("int2-channel:group=8,residual=8", 1.5),
+        ("turboquant-prod:bits=5", 0.25),
+        ("int2", 0.4),
+        ("int2-channel:group=8,residual=8", 0.4),
     ] {
         let mut c = KvCache::new(spec.parse().unwrap(), g, 1).unwrap();
         c.append(0, &k, &v, n);
@@ -422,7 +424,9 @@ fn new_formats_attend_close_to_fp16() {
             .zip(&want)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
-        eprintln!("{spec}: worst {worst}");
-        assert!(worst.is_finite() && worst <= tol, "{spec}: worst |Δ| {worst} > {tol}");
+        assert!(
+            worst.is_finite() && worst <= tol,
+            "{spec}: worst |Δ| {worst} > {tol}"
+        );
     }
 }

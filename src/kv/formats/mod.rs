@@ -196,13 +196,14 @@ impl Quant {
     /// The CUDA form of this format. Errors: [`Error::InvalidArgument`] naming the formats the
     /// CUDA path implements, for one it does not.
     pub fn gpu(self) -> Result<GpuFormat> {
-        self.with(|f| f.gpu()).ok_or_else(|| Error::InvalidArgument {
-            name: "--dtypes".into(),
-            reason: format!(
+        self.with(|f| f.gpu())
+            .ok_or_else(|| Error::InvalidArgument {
+                name: "--dtypes".into(),
+                reason: format!(
                 "`{self}` has no CUDA kernels yet (fp16, int8-token, int4, fp8 with scale=token, \
                  q8_0, q4_0 and int8-channel do); run it with --device cpu"
             ),
-        })
+            })
     }
 }
 
@@ -263,13 +264,33 @@ mod tests {
             let q: crate::kv::KvScheme = s.parse().unwrap();
             q.k.gpu().is_ok()
         };
-        for s in ["fp16", "int8", "int4:group=16", "fp8", "fp8-e5m2", "q8_0", "q4_0", "int8-channel"] {
+        for s in [
+            "fp16",
+            "int8",
+            "int4:group=16",
+            "fp8",
+            "fp8-e5m2",
+            "q8_0",
+            "q4_0",
+            "int8-channel",
+        ] {
             assert!(on_gpu(s), "{s}");
         }
-        for s in ["fp8:scale=head", "fp8:scale=tensor", "fp8:scale=none", "int4-channel"] {
+        for s in [
+            "fp8:scale=head",
+            "fp8:scale=tensor",
+            "fp8:scale=none",
+            "int4-channel",
+        ] {
             assert!(!on_gpu(s), "{s}");
         }
-        let e = Quant::Channel { bits: 4, group: 32, residual: 128 }.gpu().unwrap_err();
+        let e = Quant::Channel {
+            bits: 4,
+            group: 32,
+            residual: 128,
+        }
+        .gpu()
+        .unwrap_err();
         assert!(e.to_string().contains("--device cpu"), "{e}");
         // The new formats have no kernels yet: refused by name, with what to do.
         for s in [
@@ -284,15 +305,25 @@ mod tests {
             let q: crate::kv::KvScheme = s.parse().unwrap();
             let e = q.k.gpu().unwrap_err().to_string();
             assert!(
-                e.contains(&format!("`{}` has no CUDA kernels yet", q.k)) && e.contains("--device cpu"),
+                e.contains(&format!("`{}` has no CUDA kernels yet", q.k))
+                    && e.contains("--device cpu"),
                 "{s}: {e}"
             );
         }
-        for s in ["k4v2", "k2v4", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_3bit_nc"] {
+        for s in [
+            "k4v2",
+            "k2v4",
+            "turboquant_k8v4",
+            "turboquant_4bit_nc",
+            "turboquant_3bit_nc",
+        ] {
             let q: crate::kv::KvScheme = s.parse().unwrap();
             assert!(q.k.gpu().is_err() || q.v.gpu().is_err(), "{s}");
         }
-        let mut names: Vec<&str> = PARSERS.iter().flat_map(|(n, _)| n.iter().copied()).collect();
+        let mut names: Vec<&str> = PARSERS
+            .iter()
+            .flat_map(|(n, _)| n.iter().copied())
+            .collect();
         let n = names.len();
         names.sort_unstable();
         names.dedup();

@@ -51,7 +51,12 @@ impl FormatSpec for Uniform {
         for &(k, v) in &p.pairs {
             match k {
                 "group" if v == "row" => group = 0,
-                "group" => group = p.num(k, v)?,
+                "group" => {
+                    group = p.num(k, v)?;
+                    if group == 0 {
+                        return Err(format!("{} group must be > 0 (or `row`)", p.name));
+                    }
+                }
                 _ => return Err(p.unknown(k, "group=G|row")),
             }
         }
