@@ -429,15 +429,24 @@ mod tests {
         assert_eq!(fmt.stream_bytes(4, 4), 20);
         assert_eq!(s.blocks[16 + 3], 0b1111);
         let mut out = [0f32; 4];
-        for (t, want) in [[0.0, -1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [2.0, 0.0, 0.0, 0.0], [
-            3.0, 2.0, 0.0, 0.0,
-        ]]
+        for (t, want) in [
+            [0.0, -1.0, 0.0, 0.0],
+            [1.0, 0.0, 0.0, 0.0],
+            [2.0, 0.0, 0.0, 0.0],
+            [3.0, 2.0, 0.0, 0.0],
+        ]
         .iter()
         .enumerate()
         {
             s.decode(t, &mut out);
             assert_eq!(&out, want, "token {t}");
         }
-        assert!(Channel { bits: 2, group: 32, residual: 128 }.validate(6).is_err());
+        assert!(Channel {
+            bits: 2,
+            group: 32,
+            residual: 128
+        }
+        .validate(6)
+        .is_err());
     }
 }

@@ -83,13 +83,10 @@ impl TurboQuant {
             return Ok(c.clone());
         }
         let c = match self.kind {
-            TqKind::Mse | TqKind::MseNc => TurboQuantMse::new(
-                d,
-                self.bits,
-                self.kind == TqKind::MseNc,
-                self.seed,
-            )
-            .map(|c| TqCodec::Mse(Arc::new(c))),
+            TqKind::Mse | TqKind::MseNc => {
+                TurboQuantMse::new(d, self.bits, self.kind == TqKind::MseNc, self.seed)
+                    .map(|c| TqCodec::Mse(Arc::new(c)))
+            }
             TqKind::Prod => {
                 TurboQuantProd::new(d, self.bits, self.seed).map(|c| TqCodec::Prod(Arc::new(c)))
             }
@@ -171,7 +168,6 @@ impl Format for TurboQuant {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::kv::KvScheme;
 
     /// Row bytes by hand (vLLM's `key_packed_size` for MSE): d = 64 at 3 bits: 24 + 2 = 26;
@@ -190,7 +186,11 @@ mod tests {
     /// Bad parameters and head_dims are refused with the reason.
     #[test]
     fn refusals() {
-        for bad in ["turboquant:bits=5", "turboquant-prod:bits=1", "turboquant:group=4"] {
+        for bad in [
+            "turboquant:bits=5",
+            "turboquant-prod:bits=1",
+            "turboquant:group=4",
+        ] {
             assert!(bad.parse::<KvScheme>().is_err(), "{bad}");
         }
         let s: KvScheme = "turboquant".parse().unwrap();

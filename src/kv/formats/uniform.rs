@@ -112,9 +112,17 @@ mod tests {
         assert_eq!(q("int2").row_bytes(64), 24);
         assert_eq!(q("int3:group=row").row_bytes(64), 28);
         assert_eq!(q("int4-row").row_bytes(64), 36);
-        assert_eq!(q("int4-row").row_bytes(64), q("int4:group=64").row_bytes(64));
+        assert_eq!(
+            q("int4-row").row_bytes(64),
+            q("int4:group=64").row_bytes(64)
+        );
         assert_eq!(q("int2:group=16").row_bytes(64), 32);
-        for bad in ["int2:group=6", "int3:group=4", "int4-row:group=8", "int2:group=0"] {
+        for bad in [
+            "int2:group=6",
+            "int3:group=4",
+            "int4-row:group=8",
+            "int2:group=0",
+        ] {
             assert!(bad.parse::<KvScheme>().is_err(), "{bad}");
         }
         let s: KvScheme = "int2:group=32".parse().unwrap();
