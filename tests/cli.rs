@@ -7,10 +7,10 @@ use common::kvbench;
 
 #[test]
 fn unknown_scheme_lists_valid_ones() {
-    let (code, _, err) = kvbench(&["sweep", "--dtypes", "fp16,int3"]);
+    let (code, _, err) = kvbench(&["sweep", "--dtypes", "fp16,int5"]);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("int3") && err.contains("int8-token") && err.contains("int4"),
+        err.contains("int5") && err.contains("int8-token") && err.contains("int4"),
         "{err}"
     );
 }

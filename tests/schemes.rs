@@ -199,3 +199,57 @@ fn codes_path_quality_cost_is_small() {
         }
     }
 }
+
+/// Issue #15: the new schemes (TurboQuant's MSE and QJL rows and vLLM's presets, 2-bit KIVI
+/// and the K≠V presets) run through the real model and give finite perplexity above 1, and the
+/// cache they fill holds exactly their byte formula. Checked against fp16 (the reference): a
+/// 2-bit or 3-bit cache cannot beat it by more than float noise (ppl ≥ 0.99 × fp16), and none of
+/// them may be wildly off (≤ 10× fp16; the paper's 3.5-bit TurboQuant is quality-neutral on
+/// LongBench, 2-bit KIVI within a few percent).
+#[test]
+fn issue_15_new_schemes_run_through_the_model() {
+    let lm = common::smollm_f32();
+    let toks = tokens();
+    let proto = PplProtocol {
+        mode: PplMode::Chunked,
+        batch: 1,
+        ctx: 192,
+        windows: Some(1),
+        scoring: Scoring::Half,
+        bos: false,
+        exact_attention: true,
+    };
+    let run = |spec: &str| {
+        let s: KvScheme = spec.parse().unwrap();
+        perplexity(&lm.model, &toks, s, &proto, None, |_, _| {})
+            .unwrap()
+            .perplexity
+    };
+    let base = run("fp16");
+    for spec in [
+        "turboquant_4bit_nc",
+        "turboquant_k3v4_nc",
+        "turboquant_3bit_nc",
+        "turboquant_k8v4",
+        "turboquant-prod",
+        "int2-channel:group=32,residual=32",
+        "k4v2",
+        "k2v4",
+    ] {
+        let p = run(spec);
+        println!("{spec}: ppl {p:.4} (fp16 {base:.4})");
+        assert!(p.is_finite() && p > 1.0, "{spec}: {p}");
+        assert!(p <= 10.0 * base, "{spec}: {p} vs fp16 {base}");
+        if spec.contains("3bit") || spec.contains("int2") {
+            assert!(p >= 0.99 * base, "{spec}: {p} below fp16 {base}");
+        }
+    }
+    // The cache after a prompt holds exactly the formula.
+    let g = lm.model.config.cache_geometry();
+    for spec in ["turboquant_3bit_nc", "k2v4"] {
+        let s: KvScheme = spec.parse().unwrap();
+        let mut c = KvCache::new(s, g, 1).unwrap();
+        lm.model.forward_last(&toks[..200], 1, &mut c).unwrap();
+        assert_eq!(c.kv_bytes(), s.bytes_for(&g, 1, 200), "{spec}");
+    }
+}

@@ -12,7 +12,8 @@
 //! ```
 //!
 //! A lone policy stores fp16; a lone key-only format (per-channel) implies its value partner
-//! (KIVI's pairing: keys per-channel, values per-token at the same bit width).
+//! (KIVI's pairing: keys per-channel, values per-token at the same bit width). A preset name
+//! ([`PRESETS`]) stands for its K/V pair and is how that pair prints.
 
 use std::fmt;
 use std::str::FromStr;
@@ -29,9 +30,74 @@ pub use super::formats::channel::{DEFAULT_CHANNEL_GROUP, DEFAULT_RESIDUAL};
 pub use super::formats::fp8::{Fp8Kind, Fp8Scale};
 pub use super::formats::int4::DEFAULT_INT4_GROUP;
 
-/// How schemes compose, after the list of formats and policies in [`VALID_SCHEMES`].
+/// How schemes compose, after the list of formats and policies in [`VALID_SCHEMES`], and the
+/// presets ([`PRESETS`], written out by hand; a test checks the two agree).
 const COMPOSE: &str =
-    "; compose as EVICT@K/V+rot, e.g. window:size=1024@int8, int4-channel/int4, q4_0+rot";
+    "; compose as EVICT@K/V+rot, e.g. window:size=1024@int8, int4-channel/int4, q4_0+rot; \
+     presets: k4v2 = int4-channel/int2, k2v4 = int2-channel/int4, \
+     turboquant_k8v4 = fp8:scale=none/int4-row, turboquant_4bit_nc = turboquant-nc/int4-row, \
+     turboquant_k3v4_nc = turboquant-nc:bits=3/int4-row, \
+     turboquant_3bit_nc = turboquant-nc:bits=3/int3:group=row";
+
+/// Named K/V pairs: `(name, keys, values)`. A spec that is only a preset name parses to its
+/// pair, and a scheme storing that pair prints as the name.
+///
+/// - `k4v2`, `k2v4`: KIVI-style per-channel keys with per-token values at different widths
+///   (KV-AdaQuant, arXiv 2502.15075, finds keys need the bits: K4V2 ≫ K2V4).
+/// - `turboquant_*`: vLLM's TurboQuant presets (`--kv-cache-dtype`, vLLM's
+///   `quantization/turboquant/config.py`; [`super::turboquant_core::TurboQuantPreset`]):
+///   FP8 (E4M3, no scale) or TurboQuant_mse keys with norm correction, and uniform values with
+///   one group per row.
+pub const PRESETS: &[(&str, Quant, Quant)] = {
+    use super::formats::turboquant::{TqKind, DEFAULT_TQ_SEED};
+    const fn tq(bits: u8) -> Quant {
+        Quant::TurboQuant {
+            kind: TqKind::MseNc,
+            bits,
+            seed: DEFAULT_TQ_SEED,
+        }
+    }
+    const fn chan(bits: u8) -> Quant {
+        Quant::Channel {
+            bits,
+            group: DEFAULT_CHANNEL_GROUP,
+            residual: DEFAULT_RESIDUAL,
+        }
+    }
+    const ROW4: Quant = Quant::Uniform { bits: 4, group: 0 };
+    &[
+        (
+            "k4v2",
+            chan(4),
+            Quant::Uniform {
+                bits: 2,
+                group: super::formats::uniform::DEFAULT_UNIFORM_GROUP,
+            },
+        ),
+        (
+            "k2v4",
+            chan(2),
+            Quant::Int4 {
+                group: DEFAULT_INT4_GROUP,
+            },
+        ),
+        (
+            "turboquant_k8v4",
+            Quant::Fp8 {
+                kind: Fp8Kind::E4M3,
+                scale: Fp8Scale::None,
+            },
+            ROW4,
+        ),
+        ("turboquant_4bit_nc", tq(4), ROW4),
+        ("turboquant_k3v4_nc", tq(3), ROW4),
+        (
+            "turboquant_3bit_nc",
+            tq(3),
+            Quant::Uniform { bits: 3, group: 0 },
+        ),
+    ]
+};
 
 /// Every accepted spec, for error messages and `--help`: each registered format's and policy's
 /// help entry (from its file), then how they compose.
@@ -100,7 +166,12 @@ impl fmt::Display for KvScheme {
             write!(f, "{e}")?;
         }
         let implied_pair = self.k.per_channel() && self.v == self.k.value_partner();
-        let store = if self.k == self.v || implied_pair {
+        let preset = PRESETS
+            .iter()
+            .find(|&&(_, k, v)| (k, v) == (self.k, self.v));
+        let store = if let Some((name, _, _)) = preset {
+            name.to_string()
+        } else if self.k == self.v || implied_pair {
             self.k.to_string()
         } else {
             format!("{}/{}", self.k, self.v)
@@ -185,7 +256,12 @@ impl Parser<'_> {
                 None => (None, s.clone()),
             },
         };
+        let preset = PRESETS.iter().find(|(name, _, _)| *name == store);
         let (k, v) = match store.split_once('/') {
+            _ if preset.is_some() => {
+                let &(_, k, v) = preset.expect("checked");
+                (k, v)
+            }
             Some((k, v)) => {
                 let (k, v) = (self.quant(k)?, self.quant(v)?);
                 if v.per_channel() {
@@ -280,10 +356,16 @@ mod tests {
         assert_eq!(
             VALID_SCHEMES,
             "fp16, int8-token (alias int8), int4[:group=G], int8-channel[:group=G,residual=R], \
-             int4-channel[:group=G,residual=R], fp8[:scale=token|head|tensor|none], \
-             fp8-e5m2[:scale=...], q8_0, q4_0, h2o[:budget=N|ratio=r,recent=M], \
-             window[:size=W,sinks=S]; compose as EVICT@K/V+rot, e.g. window:size=1024@int8, \
-             int4-channel/int4, q4_0+rot"
+             int4-channel[:group=G,residual=R], int2-channel[:group=G,residual=R], \
+             fp8[:scale=token|head|tensor|none], fp8-e5m2[:scale=...], q8_0, q4_0, \
+             int2[:group=G|row], int3[:group=G|row], int4-row, turboquant[:bits=1..4,seed=S], \
+             turboquant-nc[:bits=1..4,seed=S], turboquant-prod[:bits=2..5,seed=S], \
+             h2o[:budget=N|ratio=r,recent=M], window[:size=W,sinks=S]; compose as \
+             EVICT@K/V+rot, e.g. window:size=1024@int8, int4-channel/int4, q4_0+rot; presets: \
+             k4v2 = int4-channel/int2, k2v4 = int2-channel/int4, \
+             turboquant_k8v4 = fp8:scale=none/int4-row, turboquant_4bit_nc = turboquant-nc/int4-row, \
+             turboquant_k3v4_nc = turboquant-nc:bits=3/int4-row, \
+             turboquant_3bit_nc = turboquant-nc:bits=3/int3:group=row"
         );
     }
 
@@ -306,6 +388,28 @@ mod tests {
             "h2o:budget=128,recent=16@int8-token",
             "window:size=1024,sinks=4@q8_0/q4_0",
             "int4-channel/q4_0+rot",
+            "int2-channel",
+            "int2-channel:group=16,residual=32",
+            "int2",
+            "int2:group=16",
+            "int3:group=row",
+            "int4-row",
+            "int2-channel/int3:group=64",
+            "turboquant",
+            "turboquant:bits=3",
+            "turboquant-nc:bits=3,seed=7",
+            "turboquant-prod",
+            "turboquant-prod:bits=3",
+            "turboquant:bits=3/int4-row",
+            "window:size=64,sinks=4@turboquant-nc",
+            "turboquant+rot",
+            "k4v2",
+            "k2v4",
+            "turboquant_k8v4",
+            "turboquant_4bit_nc",
+            "turboquant_k3v4_nc",
+            "turboquant_3bit_nc",
+            "h2o:ratio=0.2,recent=32@turboquant_3bit_nc",
         ] {
             let k: KvScheme = s.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
             assert_eq!(k.to_string(), s, "display of {s}");
@@ -330,12 +434,107 @@ mod tests {
         );
         let kivi: KvScheme = "int8-channel".parse().unwrap();
         assert_eq!(kivi.v, Quant::Int8Token);
+        // KIVI-2: a lone int2-channel stores int2 values (group 32); the K≠V pairs print as
+        // their preset names.
+        let kivi2: KvScheme = "int2-channel".parse().unwrap();
+        assert_eq!(kivi2.v, Quant::Uniform { bits: 2, group: 32 });
+        assert_eq!(
+            "int2-channel/int2".parse::<KvScheme>().unwrap().to_string(),
+            "int2-channel"
+        );
+        assert_eq!(
+            "int4-channel/int2".parse::<KvScheme>().unwrap().to_string(),
+            "k4v2"
+        );
+        assert_eq!(
+            "int2-channel/int4".parse::<KvScheme>().unwrap().to_string(),
+            "k2v4"
+        );
+        assert_eq!(
+            "turboquant-nc:bits=3/int3:group=row"
+                .parse::<KvScheme>()
+                .unwrap()
+                .to_string(),
+            "turboquant_3bit_nc"
+        );
+        assert_eq!(
+            "turboquant:seed=6085896238561062516"
+                .parse::<KvScheme>()
+                .unwrap()
+                .to_string(),
+            "turboquant"
+        );
+    }
+
+    /// The presets the help text writes out are the ones [`PRESETS`] holds, and the vLLM ones
+    /// match vLLM's table ([`TurboQuantPreset`]: key kind and bits, value bits, and the slot
+    /// size `slot_bytes(d)` — hand values for d = 128 in the core's tests).
+    #[test]
+    fn presets_match_help_and_vllm() {
+        use crate::kv::formats::turboquant::TqKind;
+        use crate::kv::turboquant_core::{TqKeys, TurboQuantPreset};
+        let listed = COMPOSE.split("presets: ").nth(1).unwrap();
+        let pairs: Vec<(&str, &str)> = listed
+            .split(", ")
+            .map(|p| p.split_once(" = ").unwrap())
+            .collect();
+        assert_eq!(pairs.len(), PRESETS.len());
+        for ((name, expansion), &(pname, k, v)) in pairs.iter().zip(PRESETS) {
+            assert_eq!(*name, pname);
+            let s: KvScheme = expansion.parse().unwrap();
+            assert_eq!((s.k, s.v), (k, v), "{name}");
+            assert_eq!(name.parse::<KvScheme>().unwrap(), s, "{name}");
+        }
+        for p in TurboQuantPreset::ALL {
+            let s: KvScheme = p.name().parse().unwrap();
+            match (p.keys(), s.k) {
+                (TqKeys::Fp8, k) => assert_eq!(Some(k), p.fp8_keys_quant()),
+                (
+                    TqKeys::Mse {
+                        bits,
+                        norm_correction: true,
+                    },
+                    Quant::TurboQuant {
+                        kind: TqKind::MseNc,
+                        bits: b,
+                        ..
+                    },
+                ) => assert_eq!(bits, b, "{p}"),
+                other => panic!("{p}: {other:?}"),
+            }
+            assert_eq!(
+                s.v,
+                Quant::Uniform {
+                    bits: p.value_bits(),
+                    group: 0
+                },
+                "{p}"
+            );
+            for d in [64, 128] {
+                assert_eq!(
+                    s.k.row_bytes(d) + s.v.row_bytes(d),
+                    p.slot_bytes(d),
+                    "{p} d={d}"
+                );
+            }
+        }
+        // d = 64 by hand: 4bit_nc K 32 + 2, V 32 + 4 → 70; k3v4_nc K 24 + 2 → 62; 3bit_nc
+        // V 24 + 4 → 54; k8v4 K 64 → 100.
+        for (name, want) in [
+            ("turboquant_4bit_nc", 70),
+            ("turboquant_k3v4_nc", 62),
+            ("turboquant_3bit_nc", 54),
+            ("turboquant_k8v4", 100),
+        ] {
+            let s: KvScheme = name.parse().unwrap();
+            assert_eq!(s.k.row_bytes(64) + s.v.row_bytes(64), want, "{name}");
+        }
     }
 
     #[test]
     fn nonsense_is_rejected_with_the_valid_list() {
         for bad in [
-            "int3",
+            "int5",
             "int4:group=7",
             "int4:size=32",
             "fp16:group=2",
@@ -345,6 +544,11 @@ mod tests {
             "int8/int4-channel",
             "foo@int8",
             "h2o:ratio=1.5",
+            "window:size=64@k4v2",
+            "int4/int2-channel",
+            "turboquant:bits=0",
+            "turboquant_k8v4:bits=3",
+            "int2:group=2",
         ] {
             let e = bad.parse::<KvScheme>().unwrap_err().to_string();
             assert!(e.contains("valid schemes"), "{bad}: {e}");

@@ -222,6 +222,22 @@ fn kv_bytes_match_formula_for_every_scheme() {
         "h2o:budget=40,recent=8@q8_0",
         "window:size=32,sinks=4",
         "window:size=50,sinks=0@int4/int8-token",
+        "int2-channel",
+        "int2-channel:group=8,residual=16",
+        "k4v2",
+        "k2v4",
+        "int2:group=16/int3",
+        "turboquant",
+        "turboquant:bits=3",
+        "turboquant-nc:bits=2",
+        "turboquant-prod",
+        "turboquant-prod:bits=3,seed=5",
+        "turboquant_k8v4",
+        "turboquant_4bit_nc",
+        "turboquant_k3v4_nc",
+        "turboquant_3bit_nc",
+        "h2o:budget=40,recent=8@turboquant_3bit_nc",
+        "window:size=32,sinks=4@turboquant-prod",
     ];
     for spec in specs {
         let s: KvScheme = spec.parse().unwrap();
@@ -267,6 +283,19 @@ fn bytes_per_token_by_hand() {
         ("q4_0", 6480),
         ("int8-channel", 12060),
         ("int4-channel", 7200),
+        // KIVI-2: K 16 codes + 64·4/32 = 8 → 24, V int2 g32 2·(4 + 8) = 24 → 48·90 = 4,320;
+        // k4v2: 40 + 24 = 64 → 5,760; k2v4: 24 + 40 = 64 → 5,760.
+        ("int2-channel", 4320),
+        ("k4v2", 5760),
+        ("k2v4", 5760),
+        // TurboQuant, d = 64: MSE rows 64·b/8 + 2, value rows 64·b/8 + 4, fp8 keys 64:
+        // 4bit_nc 34 + 36 = 70 → 6,300; k3v4_nc 26 + 36 = 62 → 5,580; 3bit_nc 26 + 28 = 54 →
+        // 4,860; k8v4 64 + 36 = 100 → 9,000; prod 4 bits 24 + 4 + 8 = 36 each → 6,480.
+        ("turboquant_4bit_nc", 6300),
+        ("turboquant_k3v4_nc", 5580),
+        ("turboquant_3bit_nc", 4860),
+        ("turboquant_k8v4", 9000),
+        ("turboquant-prod", 6480),
     ] {
         let s: KvScheme = spec.parse().unwrap();
         assert_eq!(s.bytes_per_token(&g), want, "{spec}");
@@ -322,6 +351,14 @@ fn per_token_formats_are_chunking_invariant() {
         "q8_0",
         "q4_0",
         "q4_0+rot",
+        "int2",
+        "int3:group=row",
+        "int4-row",
+        "turboquant",
+        "turboquant-nc:bits=3",
+        "turboquant-prod",
+        "turboquant_k8v4",
+        "turboquant_3bit_nc",
     ] {
         let s: KvScheme = spec.parse().unwrap();
         let n = 40;
@@ -352,5 +389,44 @@ fn per_token_formats_are_chunking_invariant() {
                 );
             }
         }
+    }
+}
+
+/// Attention over TurboQuant and 2-bit rows reads the stored form and stays close to fp16
+/// attention. Rows are uniform noise in [−1, 1] (d = 64, ‖x‖² ≈ 21); causal attention makes the
+/// first query's output one decoded value row, so the bound is per element. Bounds by hand:
+/// 2-bit uniform, step ≤ 2/3 → value error ≤ 1/3, plus key-score error → 0.4; 4-bit
+/// TurboQuant_mse, E‖x − x̂‖² ≈ 0.0095‖x‖² (Thm 1) → per-element RMS ≈ 0.058, bound 0.25
+/// (≈ 4.3 σ over 64 × 96 outputs); a wrongly ordered code or a missing inverse rotation moves
+/// outputs by O(1) and fails.
+#[test]
+fn new_formats_attend_close_to_fp16() {
+    let d = 64;
+    let g = geom(1, 2, d);
+    let n = 48;
+    let (k, v, q) = (noise(1, n * d), noise(2, n * d), noise(3, 2 * n * d));
+    let mut exact = KvCache::new(KvScheme::FP16, g, 1).unwrap();
+    exact.append(0, &k, &v, n);
+    let want = exact.attend(0, &q, n);
+    for (spec, tol) in [
+        ("turboquant", 0.25),
+        ("turboquant-nc", 0.25),
+        ("turboquant_4bit_nc", 0.25),
+        ("turboquant-prod:bits=5", 0.25),
+        ("int2", 0.4),
+        ("int2-channel:group=8,residual=8", 0.4),
+    ] {
+        let mut c = KvCache::new(spec.parse().unwrap(), g, 1).unwrap();
+        c.append(0, &k, &v, n);
+        let got = c.attend(0, &q, n);
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst.is_finite() && worst <= tol,
+            "{spec}: worst |Δ| {worst} > {tol}"
+        );
     }
 }

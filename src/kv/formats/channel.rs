@@ -1,8 +1,8 @@
-//! `int8-channel[:group=G,residual=R]` and `int4-channel[:…]`: KIVI's per-channel keys (Liu et
-//! al. 2024, arXiv 2402.02750, §3.2 and Alg. 1). Keys are quantized per channel over groups of
+//! `int8-channel[:group=G,residual=R]`, `int4-channel[:…]` and `int2-channel[:…]`: KIVI's
+//! per-channel keys (Liu et al. 2024, arXiv 2402.02750, §3.2 and Alg. 1; 2 bits is KIVI-2). Keys are quantized per channel over groups of
 //! `G` tokens; the newest tokens stay f16 until `R` plus a full group have arrived, then the
 //! oldest `G` of them are quantized together. A lone `int8-channel` means KIVI's pairing: keys
-//! per-channel, values per-token at the same bit width (int8-token / int4). Keys only, and no
+//! per-channel, values per-token at the same bit width (int8-token / int4 / int2). Keys only, and no
 //! eviction (evicting single tokens would break the token groups). The CUDA kernels implement
 //! the 8-bit form (`CHAN8`).
 
@@ -10,11 +10,13 @@ use std::fmt;
 
 use super::gpu::{self, GpuFormat};
 use super::int4::DEFAULT_INT4_GROUP;
+use super::uniform::DEFAULT_UNIFORM_GROUP;
 use super::{Format, FormatSpec, Quant};
 use crate::kv::codec::{f16_round_down, f16_round_up, RowCodec};
 use crate::kv::formats::fp16::F16Row;
 use crate::kv::params::Params;
 use crate::kv::stream::{axpy_rows_with, dot_rows_with, Stream};
+use crate::kv::turboquant_core::{asym_code, asym_params};
 
 /// Default token-group size of per-channel key quantization (KIVI §4: G = 32).
 pub const DEFAULT_CHANNEL_GROUP: usize = 32;
@@ -25,8 +27,8 @@ pub const DEFAULT_RESIDUAL: usize = 128;
 /// The per-channel key formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Channel {
-    /// Code width: 8 (symmetric, f16 absmax scale per channel and block) or 4 (asymmetric,
-    /// f16 scale and minimum per channel and block).
+    /// Code width: 8 (symmetric, f16 absmax scale per channel and block) or 4 or 2
+    /// (asymmetric, f16 scale and minimum per channel and block).
     pub bits: u8,
     /// Tokens per quantized group (> 0; even for 4-bit).
     pub group: usize,
@@ -35,11 +37,16 @@ pub struct Channel {
 }
 
 impl FormatSpec for Channel {
-    const NAMES: &'static [&'static str] = &["int8-channel", "int4-channel"];
-    const HELP: &'static str =
-        "int8-channel[:group=G,residual=R], int4-channel[:group=G,residual=R]";
+    const NAMES: &'static [&'static str] = &["int8-channel", "int4-channel", "int2-channel"];
+    const HELP: &'static str = "int8-channel[:group=G,residual=R], \
+                                int4-channel[:group=G,residual=R], \
+                                int2-channel[:group=G,residual=R]";
     fn parse(p: &Params<'_>) -> Result<Self, String> {
-        let bits = if p.name == "int8-channel" { 8 } else { 4 };
+        let bits = match p.name {
+            "int8-channel" => 8,
+            "int4-channel" => 4,
+            _ => 2,
+        };
         let (mut group, mut residual) = (DEFAULT_CHANNEL_GROUP, DEFAULT_RESIDUAL);
         for &(k, v) in &p.pairs {
             match k {
@@ -71,6 +78,11 @@ impl Format for Channel {
         if self.bits == 4 && !d.is_multiple_of(2) {
             return Err(format!("4-bit codes need an even head_dim (model: {d})"));
         }
+        if self.bits == 2 && !d.is_multiple_of(4) {
+            return Err(format!(
+                "2-bit codes need head_dim a multiple of 4 (model: {d}); use int4-channel"
+            ));
+        }
         Ok(())
     }
     /// The residual rows' f16 size; quantized blocks are counted in [`Self::stream_bytes`].
@@ -100,12 +112,15 @@ impl Format for Channel {
         true
     }
     fn value_partner(&self) -> Option<Quant> {
-        Some(if self.bits == 8 {
-            Quant::Int8Token
-        } else {
-            Quant::Int4 {
+        Some(match self.bits {
+            8 => Quant::Int8Token,
+            4 => Quant::Int4 {
                 group: DEFAULT_INT4_GROUP,
-            }
+            },
+            _ => Quant::Uniform {
+                bits: 2,
+                group: DEFAULT_UNIFORM_GROUP,
+            },
         })
     }
     fn new_stream(&self, d: usize) -> Box<dyn Stream> {
@@ -131,6 +146,8 @@ impl Format for Channel {
 /// - 8-bit: symmetric, one f16 absmax scale per channel per block; codes `[group, d]` i8.
 /// - 4-bit: asymmetric, f16 scale and f16 minimum per channel per block; codes `[group, d/2]`
 ///   bytes (channel `2j` low nibble, `2j+1` high nibble).
+/// - 2-bit: as 4-bit with 4 levels ([`asym_params`], [`asym_code`]); codes `[group, d/4]` bytes
+///   packed LSB-first (as [`crate::kv::turboquant_core::pack_bits`]: channel `4j + i` at bits `2i..2i+2` of byte `j`).
 #[derive(Debug, Clone)]
 pub struct ChannelStream {
     bits: u8,
@@ -203,6 +220,17 @@ impl ChannelStream {
                     codes[t * crb + c] =
                         (x[t * d + c] * inv).round().clamp(-127.0, 127.0) as i8 as u8;
                 }
+            } else if self.bits == 2 {
+                let (lo, hi) = col.fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), v| {
+                    (l.min(v), h.max(v))
+                });
+                let (s, m) = asym_params(lo, hi, 2);
+                params[2 * c..2 * c + 2].copy_from_slice(&s.to_le_bytes());
+                params[2 * d + 2 * c..2 * d + 2 * c + 2].copy_from_slice(&m.to_le_bytes());
+                for t in 0..g {
+                    let q = asym_code(x[t * d + c], s, m, 2);
+                    codes[t * crb + c / 4] |= q << (2 * (c % 4));
+                }
             } else {
                 let (lo, hi) = col.fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), v| {
                     (l.min(v), h.max(v))
@@ -253,7 +281,7 @@ impl ChannelStream {
         if params.block != Some(b) {
             params.scale.resize(d, 0.0);
             F16Row.decode(&raw[..2 * d], &mut params.scale);
-            if self.bits == 4 {
+            if self.bits != 8 {
                 params.min.resize(d, 0.0);
                 F16Row.decode(&raw[2 * d..4 * d], &mut params.min);
             }
@@ -264,6 +292,11 @@ impl ChannelStream {
         if self.bits == 8 {
             for ((o, &c), &s) in out.iter_mut().zip(row).zip(&params.scale) {
                 *o = (c as i8) as f32 * s;
+            }
+        } else if self.bits == 2 {
+            for (c, o) in out.iter_mut().enumerate() {
+                let q = (row[c / 4] >> (2 * (c % 4))) & 3;
+                *o = params.min[c] + q as f32 * params.scale[c];
             }
         } else {
             for (c2, (o, (m, s))) in out
@@ -371,5 +404,49 @@ mod tests {
         assert_eq!(out[0], 127.0 * scale);
         s.decode(7, &mut out); // residual, exact in f16
         assert_eq!(out, [8.0, -4.0]);
+    }
+
+    /// KIVI-2 block by hand: d = 4, group 4, residual 0, so 4 tokens make one block. Channel 0
+    /// holds 0, 1, 2, 3 → min 0, step 3/3 = 1 (exact in f16), codes 0..3, decoded exactly;
+    /// channel 1 holds −1, 0, 0.4, 2 → min −1, step 1, codes 0, 1, 1 (1.4 rounds to 1), 3 →
+    /// −1, 0, 0, 2 (error 0.4 ≤ step/2); channels 2 and 3 are 0 → step 0, code 0. Token 3's
+    /// code byte: channel 0 code 3 in bits 0–1, channel 1 code 3 in bits 2–3 → 0b1111. Bytes:
+    /// 4 channels × (f16 step + f16 min) = 16, plus 4 tokens × 1 code byte = 20.
+    #[test]
+    fn two_bit_channel_block_by_hand() {
+        let mut s = ChannelStream::new(2, 4, 0, 4);
+        let ch1 = [-1.0, 0.0, 0.4, 2.0];
+        for (t, &c1) in ch1.iter().enumerate() {
+            s.push(&[t as f32, c1, 0.0, 0.0]);
+        }
+        assert_eq!(s.n_blocks, 1);
+        assert_eq!(s.bytes(), 20);
+        let fmt = Channel {
+            bits: 2,
+            group: 4,
+            residual: 0,
+        };
+        assert_eq!(fmt.stream_bytes(4, 4), 20);
+        assert_eq!(s.blocks[16 + 3], 0b1111);
+        let mut out = [0f32; 4];
+        for (t, want) in [
+            [0.0, -1.0, 0.0, 0.0],
+            [1.0, 0.0, 0.0, 0.0],
+            [2.0, 0.0, 0.0, 0.0],
+            [3.0, 2.0, 0.0, 0.0],
+        ]
+        .iter()
+        .enumerate()
+        {
+            s.decode(t, &mut out);
+            assert_eq!(&out, want, "token {t}");
+        }
+        assert!(Channel {
+            bits: 2,
+            group: 32,
+            residual: 128
+        }
+        .validate(6)
+        .is_err());
     }
 }

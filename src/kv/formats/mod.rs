@@ -200,8 +200,8 @@ impl Quant {
             .ok_or_else(|| Error::InvalidArgument {
                 name: "--dtypes".into(),
                 reason: format!(
-                "`{self}` has no CUDA kernels yet (fp8 with scale=token, int8-channel and every \
-                 per-token format do); run it with --device cpu"
+                "`{self}` has no CUDA kernels yet (fp16, int8-token, int4, fp8 with scale=token, \
+                 q8_0, q4_0 and int8-channel do); run it with --device cpu"
             ),
             })
     }
@@ -229,6 +229,11 @@ formats! {
     Q8_0 => q8_0::Q8_0;
     /// ggml's Q4_0: blocks of 32 along head_dim, symmetric 4-bit, f16 scale (18 bytes per block).
     Q4_0 => q4_0::Q4_0;
+    /// Asymmetric 2-, 3- or 4-bit along head_dim per group (0: the whole row): KIVI-2 values,
+    /// TurboQuant's values.
+    Uniform { bits: u8, group: usize } => uniform::Uniform;
+    /// TurboQuant rows (arXiv 2504.19874): rotated, Lloyd–Max codebook, optional QJL residual.
+    TurboQuant { kind: turboquant::TqKind, bits: u8, seed: u64 } => turboquant::TurboQuant;
 }
 
 #[cfg(test)]
@@ -287,6 +292,34 @@ mod tests {
         .gpu()
         .unwrap_err();
         assert!(e.to_string().contains("--device cpu"), "{e}");
+        // The new formats have no kernels yet: refused by name, with what to do.
+        for s in [
+            "int2-channel",
+            "int2",
+            "int3:group=row",
+            "int4-row",
+            "turboquant",
+            "turboquant-nc:bits=3",
+            "turboquant-prod",
+        ] {
+            let q: crate::kv::KvScheme = s.parse().unwrap();
+            let e = q.k.gpu().unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("`{}` has no CUDA kernels yet", q.k))
+                    && e.contains("--device cpu"),
+                "{s}: {e}"
+            );
+        }
+        for s in [
+            "k4v2",
+            "k2v4",
+            "turboquant_k8v4",
+            "turboquant_4bit_nc",
+            "turboquant_3bit_nc",
+        ] {
+            let q: crate::kv::KvScheme = s.parse().unwrap();
+            assert!(q.k.gpu().is_err() || q.v.gpu().is_err(), "{s}");
+        }
         let mut names: Vec<&str> = PARSERS
             .iter()
             .flat_map(|(n, _)| n.iter().copied())
