@@ -27,4 +27,3 @@ pub trait AttentionCache {
         q: &candle_core::Tensor,
     ) -> Result<candle_core::Tensor>;
 }
-

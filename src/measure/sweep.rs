@@ -26,9 +26,7 @@
 
 use rand::{Rng, SeedableRng};
 
-use crate::util::memory;
 use super::shard::Selection;
-use crate::stats::summarize;
 use crate::error::{Error, Result};
 use crate::kv::{AnyCache, KvScheme};
 use crate::model::tokenizer::TextTokenizer;
@@ -39,6 +37,8 @@ use crate::quality::passkey::{
 };
 use crate::quality::perplexity::{perplexity_vs, PplProtocol, PplResult};
 use crate::quality::xsum::{RougeResult, RougeTask};
+use crate::stats::summarize;
+use crate::util::memory;
 
 /// What to sweep.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -68,6 +68,35 @@ pub struct SweepSpec {
     pub rouge_samples: usize,
     /// Passkey retrieval lengths, depths and trials; `None` skips it.
     pub passkey: Option<PasskeySpec>,
+    /// Perplexity reruns per scheme with rounding-level perturbation for the noise floor
+    /// (`--ppl-noise-floor`; rerun k seeded by `seed + k`); 0: off.
+    pub ppl_noise_floor: usize,
+}
+
+/// `r` with its noise floor when `spec.ppl_noise_floor` ≥ 2: the perplexity of `scheme` rerun K
+/// times (no fp16 lockstep) on a model whose layer inputs are perturbed at rounding level,
+/// rerun k seeded by `spec.seed + k` ([`Model::with_rounding_perturbation`]), summarized by
+/// [`crate::quality::paired::noise_floor`]. The unperturbed result itself is left as it was.
+fn with_noise_floor(
+    mut r: PplResult,
+    spec: &SweepSpec,
+    model: &Model,
+    tokens: &[u32],
+    scheme: KvScheme,
+    proto: &PplProtocol,
+    bos: Option<u32>,
+) -> Result<PplResult> {
+    if spec.ppl_noise_floor < 2 {
+        return Ok(r);
+    }
+    let ppls = (0..spec.ppl_noise_floor as u64)
+        .map(|k| {
+            let m = model.with_rounding_perturbation(spec.seed.wrapping_add(k));
+            perplexity_vs(&m, tokens, scheme, None, proto, bos, |_, _| {}).map(|p| p.perplexity)
+        })
+        .collect::<Result<Vec<f64>>>()?;
+    r.noise_floor = Some(crate::quality::paired::noise_floor(&ppls)?);
+    Ok(r)
 }
 
 /// What a sweep reads: the token stream that supplies the perplexity text and the prompts, the
@@ -126,6 +155,7 @@ impl SweepSpec {
             kl: false,
             rouge_samples: 0,
             passkey: None,
+            ppl_noise_floor: 0,
         }
     }
 
@@ -154,6 +184,12 @@ impl SweepSpec {
             return bad(
                 "--min-time",
                 format!("{} is not a duration ≥ 0 s", self.min_time_s),
+            );
+        }
+        if self.ppl_noise_floor == 1 {
+            return bad(
+                "--ppl-noise-floor",
+                "one rerun has no spread; use 0 (off) or K ≥ 2".into(),
             );
         }
         if self.gen < 2 {
@@ -341,7 +377,9 @@ impl serde::Serialize for PointStatus {
 impl<'de> serde::Deserialize<'de> for PointStatus {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        Ok(text.parse().unwrap_or_else(|e: std::convert::Infallible| match e {}))
+        Ok(text
+            .parse()
+            .unwrap_or_else(|e: std::convert::Infallible| match e {}))
     }
 }
 
@@ -466,7 +504,10 @@ impl Work<'_> {
     /// The earlier quality results of `scheme` (older folders' forms are converted when read,
     /// see `crate::report::read_records`).
     fn earlier_quality(&self, scheme: KvScheme) -> Option<QualityOutcome> {
-        self.done_quality.iter().find(|q| q.scheme == scheme).cloned()
+        self.done_quality
+            .iter()
+            .find(|q| q.scheme == scheme)
+            .cloned()
     }
 }
 
@@ -576,7 +617,15 @@ pub fn run_sweep(
                     bos,
                     |_, _| progress.advance(1),
                 )?;
-                Some(r)
+                Some(with_noise_floor(
+                    r,
+                    spec,
+                    models.quality,
+                    tokens,
+                    scheme,
+                    proto,
+                    bos,
+                )?)
             }
             _ => None,
         };
@@ -691,9 +740,7 @@ pub fn prompts(tokens: &[u32], batch: usize, seq_len: usize, seed: u64) -> Vec<u
 pub fn catch_point<T>(f: impl FnOnce() -> Result<T>) -> std::result::Result<T, PointStatus> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(t)) => Ok(t),
-        Ok(Err(e)) if e.is_out_of_memory() => {
-            Err(PointStatus::Oom(crate::error::first_line(&e)))
-        }
+        Ok(Err(e)) if e.is_out_of_memory() => Err(PointStatus::Oom(crate::error::first_line(&e))),
         Ok(Err(e)) => Err(PointStatus::Error(e.to_string())),
         Err(p) => Err(PointStatus::Error(format!(
             "panicked: {}",
@@ -1002,7 +1049,10 @@ mod oom_tests {
         });
         assert!(matches!(other, Err(PointStatus::Error(_))), "{other:?}");
         let typed = catch_point(|| -> Result<()> {
-            Err(crate::Error::cuda("cuMemAlloc", "DriverError(CUDA_ERROR_OUT_OF_MEMORY)"))
+            Err(crate::Error::cuda(
+                "cuMemAlloc",
+                "DriverError(CUDA_ERROR_OUT_OF_MEMORY)",
+            ))
         });
         assert!(typed.unwrap_err().is_oom());
     }
@@ -1013,8 +1063,14 @@ mod oom_tests {
     fn point_status_text_round_trips() {
         for (text, status) in [
             ("ok", PointStatus::Ok),
-            ("oom: needs ~9.00 GiB", PointStatus::Oom("needs ~9.00 GiB".into())),
-            ("error: panicked: x", PointStatus::Error("panicked: x".into())),
+            (
+                "oom: needs ~9.00 GiB",
+                PointStatus::Oom("needs ~9.00 GiB".into()),
+            ),
+            (
+                "error: panicked: x",
+                PointStatus::Error("panicked: x".into()),
+            ),
         ] {
             assert_eq!(text.parse::<PointStatus>().unwrap(), status);
             assert_eq!(status.to_string(), text);
