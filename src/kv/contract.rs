@@ -27,3 +27,4 @@ pub trait AttentionCache {
         q: &candle_core::Tensor,
     ) -> Result<candle_core::Tensor>;
 }
+

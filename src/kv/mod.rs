@@ -39,11 +39,11 @@ pub mod turboquant_core;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-pub use contract::AttentionCache;
 pub use evict::h2o::{h2o_budget, Budget};
 pub use evict::Eviction;
 pub use formats::fp8::{Fp8Kind, Fp8Scale};
 pub use formats::{GpuFormat, Quant, ScaleScope};
+pub use contract::AttentionCache;
 pub use scheme::{CacheGeometry, KvScheme};
 pub use spec::{parse_scheme_list, split_scheme_list, VALID_SCHEMES};
 use stream::{hadamard, Stream};

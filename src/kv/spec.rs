@@ -177,7 +177,10 @@ impl Parser<'_> {
                         .iter()
                         .flat_map(|(n, _)| n.iter().copied())
                         .collect();
-                    return Err(self.err(format!("`{e}` before `@` is not {}", names.join(" or "))));
+                    return Err(self.err(format!(
+                        "`{e}` before `@` is not {}",
+                        names.join(" or ")
+                    )));
                 }
             },
             None => match self.eviction(&s)? {
@@ -272,10 +275,7 @@ mod tests {
             .map(|(n, _)| n[0])
             .chain(super::super::evict::PARSERS.iter().map(|(n, _)| n[0]));
         for name in firsts {
-            assert!(
-                VALID_SCHEMES.contains(name),
-                "{name} missing from {VALID_SCHEMES}"
-            );
+            assert!(VALID_SCHEMES.contains(name), "{name} missing from {VALID_SCHEMES}");
         }
         assert_eq!(
             VALID_SCHEMES,

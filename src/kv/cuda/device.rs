@@ -240,13 +240,10 @@ impl CudaKvCache {
                 } => {
                     let e = src.kind.elem_bytes();
                     let (a, n, b) = (src_off / e, bytes / e, dst_off / e);
-                    let mut to = self
-                        .bufs
-                        .remove(dst)
-                        .ok_or_else(|| Error::InvalidArgument {
-                            name: "CUDA launch plan".into(),
-                            reason: format!("copy into {dst} before it is allocated"),
-                        })?;
+                    let mut to = self.bufs.remove(dst).ok_or_else(|| Error::InvalidArgument {
+                        name: "CUDA launch plan".into(),
+                        reason: format!("copy into {dst} before it is allocated"),
+                    })?;
                     let from = self.buf(*src)?;
                     let r = match (from, &mut to) {
                         (DevBuf::U8(f), DevBuf::U8(t)) => self
@@ -272,13 +269,10 @@ impl CudaKvCache {
                     self.bufs.insert(*dst, to);
                 }
                 Step::Replace { dst, src } => {
-                    let fresh = self
-                        .bufs
-                        .remove(src)
-                        .ok_or_else(|| Error::InvalidArgument {
-                            name: "CUDA launch plan".into(),
-                            reason: format!("{src} replaces {dst} before it is allocated"),
-                        })?;
+                    let fresh = self.bufs.remove(src).ok_or_else(|| Error::InvalidArgument {
+                        name: "CUDA launch plan".into(),
+                        reason: format!("{src} replaces {dst} before it is allocated"),
+                    })?;
                     self.bufs.insert(*dst, fresh);
                 }
                 Step::Zero(b) => {
@@ -445,12 +439,10 @@ impl CudaKvCache {
         let q = q.contiguous()?;
         let inputs = [(Kind::InQ, f32_ptr(&q, &self.stream)?)];
         let steps = self.plan.attend(layer, n_q);
-        let out = self
-            .run(&steps, &inputs)?
-            .ok_or_else(|| Error::InvalidArgument {
-                name: "CUDA launch plan".into(),
-                reason: "attention handed over no output".into(),
-            })?;
+        let out = self.run(&steps, &inputs)?.ok_or_else(|| Error::InvalidArgument {
+            name: "CUDA launch plan".into(),
+            reason: "attention handed over no output".into(),
+        })?;
         Ok(Tensor::from_storage(
             Storage::Cuda(CudaStorage::wrap_cuda_slice(out, self.dev.clone())),
             (b, hq, n_q, d),

@@ -330,11 +330,7 @@ impl Planner {
                 steps.push(alloc(Buf::at(Kind::Pos, layer), p.bhs() * cap, Fill::Zero));
             }
             if p.h2o() {
-                steps.push(alloc(
-                    Buf::at(Kind::Score, layer),
-                    p.bhs() * cap,
-                    Fill::Zero,
-                ));
+                steps.push(alloc(Buf::at(Kind::Score, layer), p.bhs() * cap, Fill::Zero));
             }
             steps.push(alloc(Buf::at(Kind::Lens, layer), p.bhs(), Fill::Zero));
         }
@@ -462,12 +458,7 @@ impl Planner {
             .map(|bh| self.held[bh / self.geom.kv_heads])
             .collect();
         // Rows 0..n of each bh, `per_row` bytes each, from capacity `from` to `to`.
-        let copy = |steps: &mut Vec<Step>,
-                    b: Buf,
-                    from: usize,
-                    to: usize,
-                    rows: &dyn Fn(usize) -> usize,
-                    per_row: usize| {
+        let copy = |steps: &mut Vec<Step>, b: Buf, from: usize, to: usize, rows: &dyn Fn(usize) -> usize, per_row: usize| {
             for (bh, _) in held.iter().enumerate() {
                 let n = rows(bh);
                 if n == 0 || per_row == 0 {
@@ -487,42 +478,18 @@ impl Planner {
                 let f = self.format(value);
                 self.plane(steps, layer, value, new_cap, true, false);
                 let rows = |bh: usize| held[bh];
-                copy(
-                    steps,
-                    Buf::at(Kind::Codes(value), layer),
-                    old_cap,
-                    new_cap,
-                    &rows,
-                    f.code_bytes(d),
-                );
-                copy(
-                    steps,
-                    Buf::at(Kind::Meta(value), layer),
-                    old_cap,
-                    new_cap,
-                    &rows,
-                    f.meta_bytes(d),
-                );
+                copy(steps, Buf::at(Kind::Codes(value), layer), old_cap, new_cap, &rows, f.code_bytes(d));
+                copy(steps, Buf::at(Kind::Meta(value), layer), old_cap, new_cap, &rows, f.meta_bytes(d));
                 let mut kinds = vec![Kind::Codes(value), Kind::Meta(value)];
                 if f.token_group > 1 {
                     let g = f.group;
                     let groups = |bh: usize| held[bh] / g;
-                    copy(
-                        steps,
-                        Buf::at(Kind::ChanScales(value), layer),
-                        old_cap / g,
-                        new_cap / g,
-                        &groups,
-                        2 * d,
-                    );
+                    copy(steps, Buf::at(Kind::ChanScales(value), layer), old_cap / g, new_cap / g, &groups, 2 * d);
                     kinds.push(Kind::ChanScales(value));
                 }
                 for k in kinds {
                     let b = Buf::at(k, layer);
-                    steps.push(Step::Replace {
-                        dst: b,
-                        src: b.fresh(),
-                    });
+                    steps.push(Step::Replace { dst: b, src: b.fresh() });
                 }
             }
             let rows = |bh: usize| held[bh];
@@ -531,10 +498,7 @@ impl Planner {
                     let b = Buf::at(k, layer);
                     steps.push(alloc(b.fresh(), bhs * new_cap, Fill::Zero));
                     copy(steps, b, old_cap, new_cap, &rows, 4);
-                    steps.push(Step::Replace {
-                        dst: b,
-                        src: b.fresh(),
-                    });
+                    steps.push(Step::Replace { dst: b, src: b.fresh() });
                 }
             }
         }
@@ -607,11 +571,7 @@ impl Planner {
             };
             if f.token_group > 1 {
                 let groups = (n_new / f.group + 2) as u32;
-                steps.push(launch(
-                    "kv_chan_quantize",
-                    (groups, bhs as u32, 1),
-                    d as u32,
-                ));
+                steps.push(launch("kv_chan_quantize", (groups, bhs as u32, 1), d as u32));
                 steps.push(launch("kv_chan_resid", (n_new as u32, bhs as u32, 1), 128));
             } else {
                 steps.push(launch("kv_append", (n_new as u32, bhs as u32, 1), 32));
@@ -805,13 +765,7 @@ fn alloc(buf: Buf, count: usize, fill: Fill) -> Step {
 
 /// The rows of one bh in the CPU row layout of [`crate::kv::format`] (per block: meta, then
 /// codes), from its slice of the codes and meta planes (`n` rows from the bh's start).
-pub fn rows_from_planes(
-    f: GpuFormat,
-    d: usize,
-    codes: &[u8],
-    meta: &[u8],
-    n: usize,
-) -> Vec<Vec<u8>> {
+pub fn rows_from_planes(f: GpuFormat, d: usize, codes: &[u8], meta: &[u8], n: usize) -> Vec<Vec<u8>> {
     let (cb, mb) = (f.code_bytes(d), f.meta_bytes(d));
     let (nb, bm, bc) = f.blocks(d);
     (0..n)
@@ -946,10 +900,7 @@ mod tests {
         assert_eq!(count(b(Kind::Meta(false), 0)), Some(1)); // 0 bytes, allocated as 1
         assert_eq!(count(b(Kind::Meta(true), 0)), Some(2 * 96 * 2)); // int8-token values
         assert_eq!(count(b(Kind::Pos, 0)), None);
-        assert!(p
-            .append(0, 70)
-            .iter()
-            .all(|s| !matches!(s, Step::Copy { .. })));
+        assert!(p.append(0, 70).iter().all(|s| !matches!(s, Step::Copy { .. })));
         p.attend(0, 70);
         assert_eq!((p.held(0), p.seen(1)), (70, 70));
         let steps = p.append(0, 60);
@@ -984,9 +935,9 @@ mod tests {
             ]
         );
         // The KIVI ring keeps its size: no fresh one, and the fresh planes replace the old.
-        assert!(!steps
-            .iter()
-            .any(|s| matches!(s, Step::Alloc { buf, .. } if buf.kind == Kind::Resid(false))));
+        assert!(!steps.iter().any(
+            |s| matches!(s, Step::Alloc { buf, .. } if buf.kind == Kind::Resid(false))
+        ));
         assert!(steps.contains(&Step::Replace {
             dst: kc,
             src: kc.fresh()
@@ -1025,14 +976,7 @@ mod tests {
         let (p, _) = planner("int4:group=16/q4_0", geom(2, 1, 1, 64), 1);
         let k = p.stream_arg(1, false);
         assert_eq!(
-            (
-                k.fmt,
-                k.group,
-                k.residual,
-                k.code_bytes,
-                k.meta_bytes,
-                k.cap
-            ),
+            (k.fmt, k.group, k.residual, k.code_bytes, k.meta_bytes, k.cap),
             (4, 16, 0, 32, 16, 64)
         );
         assert_eq!(k.codes, b(Kind::Codes(false), 1));
@@ -1064,17 +1008,14 @@ mod tests {
             ]
         );
         let ev = launches(&steps)[3];
-        assert_eq!(
-            ev.args[7..13],
-            [
-                Arg::I32(1),
-                Arg::I32(0),
-                Arg::I32(0),
-                Arg::I32(48),
-                Arg::F32(0.0),
-                Arg::I32(16)
-            ]
-        );
+        assert_eq!(ev.args[7..13], [
+            Arg::I32(1),
+            Arg::I32(0),
+            Arg::I32(0),
+            Arg::I32(48),
+            Arg::F32(0.0),
+            Arg::I32(16)
+        ]);
         assert_eq!(p.held(0), 48);
         let (mut w, _) = planner("window:size=40,sinks=4", geom(1, 2, 4, 128), 1);
         w.append(0, 70);

@@ -196,14 +196,13 @@ impl Quant {
     /// The CUDA form of this format. Errors: [`Error::InvalidArgument`] naming the formats the
     /// CUDA path implements, for one it does not.
     pub fn gpu(self) -> Result<GpuFormat> {
-        self.with(|f| f.gpu())
-            .ok_or_else(|| Error::InvalidArgument {
-                name: "--dtypes".into(),
-                reason: format!(
+        self.with(|f| f.gpu()).ok_or_else(|| Error::InvalidArgument {
+            name: "--dtypes".into(),
+            reason: format!(
                 "`{self}` has no CUDA kernels yet (fp8 with scale=token, int8-channel and every \
                  per-token format do); run it with --device cpu"
             ),
-            })
+        })
     }
 }
 
@@ -259,38 +258,15 @@ mod tests {
             let q: crate::kv::KvScheme = s.parse().unwrap();
             q.k.gpu().is_ok()
         };
-        for s in [
-            "fp16",
-            "int8",
-            "int4:group=16",
-            "fp8",
-            "fp8-e5m2",
-            "q8_0",
-            "q4_0",
-            "int8-channel",
-        ] {
+        for s in ["fp16", "int8", "int4:group=16", "fp8", "fp8-e5m2", "q8_0", "q4_0", "int8-channel"] {
             assert!(on_gpu(s), "{s}");
         }
-        for s in [
-            "fp8:scale=head",
-            "fp8:scale=tensor",
-            "fp8:scale=none",
-            "int4-channel",
-        ] {
+        for s in ["fp8:scale=head", "fp8:scale=tensor", "fp8:scale=none", "int4-channel"] {
             assert!(!on_gpu(s), "{s}");
         }
-        let e = Quant::Channel {
-            bits: 4,
-            group: 32,
-            residual: 128,
-        }
-        .gpu()
-        .unwrap_err();
+        let e = Quant::Channel { bits: 4, group: 32, residual: 128 }.gpu().unwrap_err();
         assert!(e.to_string().contains("--device cpu"), "{e}");
-        let mut names: Vec<&str> = PARSERS
-            .iter()
-            .flat_map(|(n, _)| n.iter().copied())
-            .collect();
+        let mut names: Vec<&str> = PARSERS.iter().flat_map(|(n, _)| n.iter().copied()).collect();
         let n = names.len();
         names.sort_unstable();
         names.dedup();
