@@ -30,6 +30,9 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// How the points are drawn.
     pub style: Style,
+    /// Vertical error bars, `(lo, hi)` in y units for each point in order (e.g. a 95 %
+    /// interval); empty: none. Drawn for marker series.
+    pub y_bars: Vec<(f64, f64)>,
 }
 
 /// How a series is drawn.
@@ -50,6 +53,7 @@ impl Series {
             name: name.into(),
             points,
             style: Style::LineMarkers,
+            y_bars: Vec::new(),
         }
     }
 }
@@ -97,7 +101,13 @@ impl Draw for LineChart {
         let ys = self
             .series
             .iter()
-            .flat_map(|s| s.points.iter().map(|p| p.1));
+            .flat_map(|s| {
+                s.points
+                    .iter()
+                    .map(|p| p.1)
+                    .chain(s.y_bars.iter().flat_map(|b| [b.0, b.1]))
+            })
+            .filter(|y| y.is_finite());
         let (x0, x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
             (a.min(x), b.max(x))
         });
@@ -156,6 +166,16 @@ impl Draw for LineChart {
                     .map_err(e)?
                     .label(s.name.as_str())
                     .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
+                chart
+                    .draw_series(
+                        pts.iter()
+                            .zip(&s.y_bars)
+                            .filter(|(_, b)| b.0.is_finite() && b.1.is_finite())
+                            .map(|(&(x, y), &(lo, hi))| {
+                                ErrorBar::new_vertical(x, lo, y, hi, c.stroke_width(2), 10)
+                            }),
+                    )
+                    .map_err(e)?;
             } else if s.style == Style::Guide {
                 let grey = RGBColor(60, 60, 60);
                 chart
