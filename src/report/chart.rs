@@ -166,16 +166,22 @@ impl Draw for LineChart {
                     .map_err(e)?
                     .label(s.name.as_str())
                     .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
-                chart
-                    .draw_series(
-                        pts.iter()
-                            .zip(&s.y_bars)
-                            .filter(|(_, b)| b.0.is_finite() && b.1.is_finite())
-                            .map(|(&(x, y), &(lo, hi))| {
-                                ErrorBar::new_vertical(x, lo, y, hi, c.stroke_width(2), 10)
-                            }),
-                    )
-                    .map_err(e)?;
+                // Error bars: a vertical stroke lo..hi with caps 1 % of the x span wide
+                // (plotters' ErrorBar needs a feature this build leaves out).
+                let cap = 0.01 * (x1 - x0);
+                for (&(x, _), &(lo, hi)) in pts.iter().zip(&s.y_bars) {
+                    if !(lo.is_finite() && hi.is_finite()) {
+                        continue;
+                    }
+                    let paths = [
+                        vec![(x, lo), (x, hi)],
+                        vec![(x - cap, lo), (x + cap, lo)],
+                        vec![(x - cap, hi), (x + cap, hi)],
+                    ];
+                    chart
+                        .draw_series(paths.into_iter().map(|p| PathElement::new(p, c.stroke_width(2))))
+                        .map_err(e)?;
+                }
             } else if s.style == Style::Guide {
                 let grey = RGBColor(60, 60, 60);
                 chart
