@@ -246,6 +246,7 @@ fn read_gate(bytes: &[u8], base: &kvbench::report::gate::Results) {
         max_ppl_delta_pct: Some(1.0),
         max_kl: Some(0.01),
         max_tpot_regression_pct: Some(5.0),
+        significant: false,
     };
     for (b, c) in [(base, &cur), (&cur, base), (&cur, &cur)] {
         if let Ok(v) = compare(b, c, &limits) {

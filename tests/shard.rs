@@ -73,6 +73,14 @@ const QUALITY: &[&str] = &[
     "rouge_l_vs_fp16",
     "passkey_trials",
     "passkey_accuracy_pct",
+    // The paired statistics (issue #15) survive the merge.
+    "ppl_se",
+    "delta_ppl_pct_lo",
+    "delta_ppl_pct_hi",
+    "ci_method",
+    "kl_p99_9",
+    "kl_max",
+    "same_top_p_se",
     "ppl_mode",
 ];
 

@@ -27,6 +27,12 @@ pub struct GateArgs {
     /// Largest allowed TPOT increase per point, % (timings are noisy: use on a quiet machine).
     #[arg(long, value_parser = parse_pct)]
     pub max_tpot_regression: Option<f64>,
+
+    /// Fail a perplexity regression only when it lies outside the current run's paired 95 %
+    /// ΔPPL interval (needs `delta_ppl_pct_lo/_hi` in the current results: a sweep with
+    /// --ppl-windows ≥ 2). Too few windows for the limit are warned about either way.
+    #[arg(long)]
+    pub significant: bool,
 }
 
 /// `"0.01"` → 0.01 (nats); refuses NaN, infinities and negative numbers, which would pass or
@@ -62,6 +68,7 @@ pub fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
         max_ppl_delta_pct: a.max_ppl_delta,
         max_kl: a.max_kl,
         max_tpot_regression_pct: a.max_tpot_regression,
+        significant: a.significant,
     };
     if limits == Limits::default() {
         return Err(crate::Error::InvalidArgument {

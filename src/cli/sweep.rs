@@ -276,6 +276,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
             trials: args.settings.passkey.passkey_trials,
             seed: args.settings.timing.seed,
         }),
+        ppl_noise_floor: args.settings.perplexity.ppl_noise_floor,
     };
     spec.validate(cfg.max_ctx, tokens.len())?;
     for s in &spec.schemes {
@@ -343,6 +344,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         decode_weight_dtype: args.settings.weights.weights.to_string(),
         ppl_weight_dtype: args.settings.weights.ppl_weights.to_string(),
         ppl_ctx: ppl.as_ref().map(|p| p.ctx),
+        ppl_ci: args.settings.perplexity.ppl_ci,
         geometry: geom,
         decode_weight_bytes: Some(loaded[&args.settings.weights.weights].model.weight_bytes()),
     };
@@ -690,6 +692,7 @@ fn run_synthetic(
         decode_weight_dtype: "none".into(),
         ppl_weight_dtype: "none".into(),
         ppl_ctx: None,
+        ppl_ci: Default::default(),
         geometry: geom,
         decode_weight_bytes: None,
     };

@@ -14,6 +14,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::kv::KvScheme;
 use crate::model::{hub, DeviceSpec, WeightDtype};
+use crate::quality::paired::CiMethod;
 use crate::quality::perplexity::{PplMode, Scoring};
 
 /// A parsed `--dtypes` list. In a suite or `meta.json`: a list of spec strings or one
@@ -132,6 +133,19 @@ pub struct PerplexityArgs {
     /// doubles perplexity time for every other scheme.
     #[arg(long)]
     pub no_kl: bool,
+    /// Paired 95 % interval of ΔPPL against the fp16 cache over per-window NLL differences:
+    /// `t` (Student t) or `bootstrap[:B[:seed]]` (percentile bootstrap, B resamples, default
+    /// 10000, seed 0). Recorded in the `ci_method` column.
+    #[arg(long, default_value = "t", value_name = "t|bootstrap[:B[:SEED]]")]
+    #[serde(default)]
+    pub ppl_ci: CiMethod,
+    /// Rerun each scheme's perplexity K more times with every layer's input hidden state moved
+    /// one ulp up or down at random (seeded by `--seed` + k) and report the spread
+    /// (`noise_floor_*` columns): below it two schemes cannot be told apart. 0: off; K ≥ 2
+    /// otherwise. Costs K extra perplexity runs per scheme.
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    #[serde(default)]
+    pub ppl_noise_floor: usize,
 }
 
 /// ROUGE on XSum summaries.

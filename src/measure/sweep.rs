@@ -68,6 +68,35 @@ pub struct SweepSpec {
     pub rouge_samples: usize,
     /// Passkey retrieval lengths, depths and trials; `None` skips it.
     pub passkey: Option<PasskeySpec>,
+    /// Perplexity reruns per scheme with rounding-level perturbation for the noise floor
+    /// (`--ppl-noise-floor`; rerun k seeded by `seed + k`); 0: off.
+    pub ppl_noise_floor: usize,
+}
+
+/// `r` with its noise floor when `spec.ppl_noise_floor` ≥ 2: the perplexity of `scheme` rerun K
+/// times (no fp16 lockstep) on a model whose layer inputs are perturbed at rounding level,
+/// rerun k seeded by `spec.seed + k` ([`Model::with_rounding_perturbation`]), summarized by
+/// [`crate::quality::paired::noise_floor`]. The unperturbed result itself is left as it was.
+fn with_noise_floor(
+    mut r: PplResult,
+    spec: &SweepSpec,
+    model: &Model,
+    tokens: &[u32],
+    scheme: KvScheme,
+    proto: &PplProtocol,
+    bos: Option<u32>,
+) -> Result<PplResult> {
+    if spec.ppl_noise_floor < 2 {
+        return Ok(r);
+    }
+    let ppls = (0..spec.ppl_noise_floor as u64)
+        .map(|k| {
+            let m = model.with_rounding_perturbation(spec.seed.wrapping_add(k));
+            perplexity_vs(&m, tokens, scheme, None, proto, bos, |_, _| {}).map(|p| p.perplexity)
+        })
+        .collect::<Result<Vec<f64>>>()?;
+    r.noise_floor = Some(crate::quality::paired::noise_floor(&ppls)?);
+    Ok(r)
 }
 
 /// What a sweep reads: the token stream that supplies the perplexity text and the prompts, the
@@ -126,6 +155,7 @@ impl SweepSpec {
             kl: false,
             rouge_samples: 0,
             passkey: None,
+            ppl_noise_floor: 0,
         }
     }
 
@@ -154,6 +184,12 @@ impl SweepSpec {
             return bad(
                 "--min-time",
                 format!("{} is not a duration ≥ 0 s", self.min_time_s),
+            );
+        }
+        if self.ppl_noise_floor == 1 {
+            return bad(
+                "--ppl-noise-floor",
+                "one rerun has no spread; use 0 (off) or K ≥ 2".into(),
             );
         }
         if self.gen < 2 {
@@ -576,7 +612,15 @@ pub fn run_sweep(
                     bos,
                     |_, _| progress.advance(1),
                 )?;
-                Some(r)
+                Some(with_noise_floor(
+                    r,
+                    spec,
+                    models.quality,
+                    tokens,
+                    scheme,
+                    proto,
+                    bos,
+                )?)
             }
             _ => None,
         };

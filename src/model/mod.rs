@@ -26,7 +26,9 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor, D};
 
 use crate::error::{Error, Result};
+use crate::kv::turboquant_core::SplitMix64;
 use crate::kv::{AttentionCache, CacheGeometry};
+use crate::quality::paired::perturb_rounding;
 pub use device::DeviceSpec;
 pub use tokenizer::TextTokenizer;
 
@@ -295,6 +297,9 @@ pub struct Model {
     lm_head: Linear,
     cos: Tensor,
     sin: Tensor,
+    /// Rounding-level perturbation of each layer's input hidden state (noise-floor reruns,
+    /// [`Model::with_rounding_perturbation`]); `None` — the default — leaves the forward alone.
+    perturb: Option<std::sync::Arc<std::sync::Mutex<SplitMix64>>>,
 }
 
 impl Model {
@@ -321,7 +326,38 @@ impl Model {
             lm_head,
             cos,
             sin,
+            perturb: None,
         })
+    }
+
+    /// A copy of this model (weights shared, not copied) whose forward moves every element of
+    /// each decoder layer's input hidden state (`[batch, n, hidden]` f32, before the attention
+    /// norm) one ulp up or down at random ([`crate::quality::paired::perturb_rounding`]), the
+    /// stream seeded by `seed` and advancing with every call: a rerun that differs from the
+    /// plain one only by float-rounding-level noise, for the perplexity noise floor
+    /// (`--ppl-noise-floor`). The same seed and calls give the same numbers. The plain model is
+    /// unaffected.
+    pub fn with_rounding_perturbation(&self, seed: u64) -> Model {
+        let mut m = self.clone();
+        m.perturb = Some(std::sync::Arc::new(std::sync::Mutex::new(SplitMix64::new(
+            seed,
+        ))));
+        m
+    }
+
+    /// [`Self::with_rounding_perturbation`]'s step on one layer input; the identity when off.
+    fn perturbed(&self, x: Tensor) -> Result<Tensor> {
+        let Some(rng) = &self.perturb else {
+            return Ok(x);
+        };
+        let shape = x.shape().clone();
+        let mut v = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        {
+            // A poisoned lock only means another thread panicked mid-stream; the state is plain.
+            let mut g = rng.lock().unwrap_or_else(|e| e.into_inner());
+            perturb_rounding(&mut v, &mut *g);
+        }
+        Ok(Tensor::from_vec(v, shape, &self.device)?.to_dtype(x.dtype())?)
     }
 
     /// The device the weights live on and the forward pass runs on.
@@ -415,6 +451,7 @@ impl Model {
                 .contiguous()?)
         };
         for (layer, blk) in self.blocks.iter().enumerate() {
+            x = self.perturbed(x)?;
             let h = candle_nn::ops::rms_norm(&x, &blk.attn_norm, c.rms_eps as f32)?;
             let q = rope(heads(blk.q.forward(&h)?, c.q_heads)?)?;
             let k = rope(heads(blk.k.forward(&h)?, c.kv_heads)?)?;

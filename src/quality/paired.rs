@@ -100,9 +100,11 @@ pub fn ppl_estimate(nll: &[f64]) -> Result<PplEstimate> {
     })
 }
 
-/// How the paired interval is computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case", tag = "method")]
+/// How the paired interval is computed. Written (CLI `--ppl-ci`, suites, `meta.json`, the
+/// `ci_method` column) as `t` or `bootstrap:B:seed` ([`FromStr`](std::str::FromStr) also takes
+/// `bootstrap` and `bootstrap:B`, with B = 10000 resamples and seed 0 by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum CiMethod {
     /// `d̄ ± t₀.₉₇₅,ₙ₋₁ · s_d/√n` on the paired differences (Student 1908; statrs's t quantile).
     /// Needs n ≥ 2.
@@ -110,6 +112,74 @@ pub enum CiMethod {
     /// Percentile bootstrap (Efron & Tibshirani 1993, §13.3): `resamples` means of n pairs drawn
     /// with replacement (SplitMix64 from `seed`), the 2.5th and 97.5th percentiles (type 7).
     Bootstrap { resamples: usize, seed: u64 },
+}
+
+impl Default for CiMethod {
+    fn default() -> Self {
+        CiMethod::StudentT
+    }
+}
+
+impl std::fmt::Display for CiMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CiMethod::StudentT => f.write_str("t"),
+            CiMethod::Bootstrap { resamples, seed } => write!(f, "bootstrap:{resamples}:{seed}"),
+        }
+    }
+}
+
+impl std::str::FromStr for CiMethod {
+    type Err = Error;
+
+    /// `t`, `bootstrap`, `bootstrap:B` or `bootstrap:B:seed`. Errors:
+    /// [`Error::InvalidArgument`] naming `--ppl-ci` and the accepted forms.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || {
+            invalid(
+                "--ppl-ci",
+                format!("`{s}` is not an interval method; use `t`, `bootstrap`, `bootstrap:B` or `bootstrap:B:seed`"),
+            )
+        };
+        let mut parts = s.trim().split(':');
+        match parts.next() {
+            Some("t") if parts.next().is_none() => Ok(CiMethod::StudentT),
+            Some("bootstrap") => {
+                let resamples = match parts.next() {
+                    Some(b) => b.parse().map_err(|_| bad())?,
+                    None => 10_000,
+                };
+                let seed = match parts.next() {
+                    Some(x) => x.parse().map_err(|_| bad())?,
+                    None => 0,
+                };
+                if parts.next().is_some() {
+                    return Err(bad());
+                }
+                if resamples < 100 {
+                    return Err(invalid(
+                        "--ppl-ci",
+                        format!("{resamples} bootstrap resamples are too few; use ≥ 1000"),
+                    ));
+                }
+                Ok(CiMethod::Bootstrap { resamples, seed })
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl TryFrom<String> for CiMethod {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Self> {
+        s.parse()
+    }
+}
+
+impl From<CiMethod> for String {
+    fn from(m: CiMethod) -> String {
+        m.to_string()
+    }
 }
 
 /// A scheme's perplexity change against the reference on the same windows, with its paired 95 %
@@ -372,7 +442,7 @@ pub fn perturb_rounding(x: &mut [f32], rng: &mut SplitMix64) {
 /// The spread of one scheme's perplexity over K reruns with activations perturbed at rounding
 /// level ([`perturb_rounding`], a different seed per rerun): the noise floor below which two
 /// schemes cannot be told apart.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NoiseFloor {
     /// Reruns.
     pub runs: usize,

@@ -24,6 +24,7 @@ use candle_core::Tensor;
 use crate::error::{Error, Result};
 use crate::kv::{AnyCache, KvScheme};
 use crate::model::Model;
+use crate::quality::paired::{self, NoiseFloor};
 
 /// Which targets of a window are scored.
 #[derive(
@@ -158,6 +159,22 @@ pub struct Agreement {
     pub mean_abs_dp_top: f64,
     /// Mean KL per quarter of the scored span (early → late positions), nats.
     pub kl_by_quarter: [f64; 4],
+    /// 99.9th percentile of per-token KL, nats (type 7, [`crate::quality::paired::kl_stats`];
+    /// llama.cpp's `--kl-divergence` "99.9%"). Absent in runs made before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_p99_9: Option<f64>,
+    /// Largest per-token KL, nats (llama.cpp's "Maximum KLD").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_max: Option<f64>,
+    /// Standard error of `kl_mean` over tokens, nats (llama.cpp's "Mean KLD ±"; tokens are
+    /// correlated, so it understates the uncertainty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_se: Option<f64>,
+    /// Standard error of the same-top share `top1_agree_pct`, percentage points
+    /// (`100·sqrt(p(1−p)/(n−1))`, llama.cpp's "Same top p ±";
+    /// [`crate::quality::paired::same_top`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_top_p_se: Option<f64>,
 }
 
 /// Per-token comparison of two `[n, vocab]` logit rows sets: (KL(P‖Q), top-1 equal, |Δp| of P's
@@ -200,7 +217,7 @@ fn log_softmax(row: &[f32]) -> Vec<f64> {
     row.iter().map(|&x| x as f64 - lse).collect()
 }
 
-fn summarize_agreement(per_token: &[(f64, bool, f64)], span: usize) -> Agreement {
+fn summarize_agreement(per_token: &[(f64, bool, f64)], span: usize) -> Result<Agreement> {
     let n = per_token.len().max(1) as f64;
     let mut kls: Vec<f64> = per_token.iter().map(|t| t.0).collect();
     let mut quarters = [0f64; 4];
@@ -212,13 +229,22 @@ fn summarize_agreement(per_token: &[(f64, bool, f64)], span: usize) -> Agreement
     }
     let kl_mean = kls.iter().sum::<f64>() / n;
     let kl_p99 = crate::stats::percentile(&mut kls, 99.0);
-    Agreement {
+    let ks = paired::kl_stats(&kls)?;
+    // same_top compares top tokens; the flags already say which matched (1 vs 1) or not (0 vs 1).
+    let flags: Vec<u32> = per_token.iter().map(|t| t.1 as u32).collect();
+    let st = paired::same_top(&flags, &vec![1; flags.len()])?;
+    let finite = |x: f64| x.is_finite().then_some(x);
+    Ok(Agreement {
         kl_mean,
         kl_p99,
         top1_agree_pct: 100.0 * per_token.iter().filter(|t| t.1).count() as f64 / n,
         mean_abs_dp_top: per_token.iter().map(|t| t.2).sum::<f64>() / n,
         kl_by_quarter: std::array::from_fn(|q| quarters[q] / counts[q].max(1) as f64),
-    }
+        kl_p99_9: finite(ks.p99_9),
+        kl_max: finite(ks.max),
+        kl_se: finite(ks.mean_se),
+        same_top_p_se: finite(100.0 * st.se),
+    })
 }
 
 /// Result of a perplexity run.
@@ -234,6 +260,14 @@ pub struct PplResult {
     pub windows: usize,
     /// Mean NLL of each window, nats (for per-window comparison and confidence intervals).
     pub window_nll: Vec<f64>,
+    /// llama.cpp's `Final estimate: PPL = … +/- ppl_se` over every scored token
+    /// ([`crate::quality::paired::ppl_estimate`]); absent in older runs or with one token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ppl_se: Option<f64>,
+    /// Spread of this scheme's perplexity over `--ppl-noise-floor K` reruns with activations
+    /// perturbed at float rounding level; absent when not asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise_floor: Option<NoiseFloor>,
     /// KV bytes held at the end of one window (codes, scales, zero-points).
     pub kv_bytes_per_window: usize,
     /// The mode actually used.
@@ -286,6 +320,7 @@ pub fn perplexity_vs(
     let geom = model.config.cache_geometry();
     let first = proto.first_scored();
     let mut window_nll = Vec::with_capacity(n_windows);
+    let mut all_nll: Vec<f64> = Vec::with_capacity(n_windows * (proto.ctx - 1 - first));
     let mut kv_bytes = 0;
     match mode {
         PplMode::Decode => {
@@ -314,6 +349,7 @@ pub fn perplexity_vs(
                         let targets: Vec<u32> = group.iter().map(|w| w[t + 1]).collect();
                         for (s, nll) in sums.iter_mut().zip(token_nll(&logits, &targets)?) {
                             *s += nll;
+                            all_nll.push(nll);
                         }
                         if let Some(h) = base_hidden {
                             let bl = model.logits(&h.squeeze(1)?)?;
@@ -356,21 +392,29 @@ pub fn perplexity_vs(
                     agree.extend(compare_logits(&model.logits(&bh)?, &logits)?);
                 }
                 let nll = token_nll(&logits, &win[first + 1..])?;
+                all_nll.extend_from_slice(&nll);
                 window_nll.push(nll.iter().sum::<f64>() / nll.len() as f64);
                 on_window(window_nll.len(), n_windows);
             }
         }
     }
     let mean_nll = finite_mean(&window_nll, &scheme)?;
+    let ppl_se = paired::ppl_estimate(&all_nll)?.ppl_se;
+    let agreement = match baseline {
+        Some(_) => Some(summarize_agreement(&agree, proto.ctx - 1 - first)?),
+        None => None,
+    };
     Ok(PplResult {
         perplexity: mean_nll.exp(),
         mean_nll,
         scored_tokens: n_windows * (proto.ctx - 1 - first),
         windows: n_windows,
         window_nll,
+        ppl_se: ppl_se.is_finite().then_some(ppl_se),
+        noise_floor: None,
         kv_bytes_per_window: kv_bytes,
         mode,
-        agreement: baseline.map(|_| summarize_agreement(&agree, proto.ctx - 1 - first)),
+        agreement,
     })
 }
 

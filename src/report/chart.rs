@@ -30,6 +30,9 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// How the points are drawn.
     pub style: Style,
+    /// Vertical error bars, `(lo, hi)` in y units for each point in order (e.g. a 95 %
+    /// interval); empty: none. Drawn for marker series.
+    pub y_bars: Vec<(f64, f64)>,
 }
 
 /// How a series is drawn.
@@ -50,6 +53,7 @@ impl Series {
             name: name.into(),
             points,
             style: Style::LineMarkers,
+            y_bars: Vec::new(),
         }
     }
 }
@@ -97,7 +101,13 @@ impl Draw for LineChart {
         let ys = self
             .series
             .iter()
-            .flat_map(|s| s.points.iter().map(|p| p.1));
+            .flat_map(|s| {
+                s.points
+                    .iter()
+                    .map(|p| p.1)
+                    .chain(s.y_bars.iter().flat_map(|b| [b.0, b.1]))
+            })
+            .filter(|y| y.is_finite());
         let (x0, x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
             (a.min(x), b.max(x))
         });
@@ -156,6 +166,22 @@ impl Draw for LineChart {
                     .map_err(e)?
                     .label(s.name.as_str())
                     .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
+                // Error bars: a vertical stroke lo..hi with caps 1 % of the x span wide
+                // (plotters' ErrorBar needs a feature this build leaves out).
+                let cap = 0.01 * (x1 - x0);
+                for (&(x, _), &(lo, hi)) in pts.iter().zip(&s.y_bars) {
+                    if !(lo.is_finite() && hi.is_finite()) {
+                        continue;
+                    }
+                    let paths = [
+                        vec![(x, lo), (x, hi)],
+                        vec![(x - cap, lo), (x + cap, lo)],
+                        vec![(x - cap, hi), (x + cap, hi)],
+                    ];
+                    chart
+                        .draw_series(paths.into_iter().map(|p| PathElement::new(p, c.stroke_width(2))))
+                        .map_err(e)?;
+                }
             } else if s.style == Style::Guide {
                 let grey = RGBColor(60, 60, 60);
                 chart

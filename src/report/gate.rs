@@ -18,6 +18,13 @@ pub struct Limits {
     pub max_kl: Option<f64>,
     /// Largest allowed TPOT increase against the baseline's, % (relative).
     pub max_tpot_regression_pct: Option<f64>,
+    /// `--significant`: a perplexity regression fails only when it lies outside the current
+    /// run's paired 95 % interval — the lower end of the scheme's ΔPPL-vs-fp16 interval
+    /// (`delta_ppl_pct_lo`) minus the baseline's ΔPPL (`ppl_delta_pct`) exceeds the limit
+    /// (the baseline treated as fixed; [`crate::quality::paired::PairedDelta::significantly_above`]
+    /// on the shifted interval). The fp16 rows pair with themselves (a zero-width interval), so
+    /// they keep the plain check.
+    pub significant: bool,
 }
 
 /// One results file read by column name.
@@ -128,6 +135,10 @@ impl Results {
                 ("ppl", (|v: f64| v >= 1.0) as fn(f64) -> bool, "≥ 1"),
                 ("kl_mean", |v: f64| v >= 0.0, "≥ 0"),
                 ("tpot_ms_mean", |v: f64| v > 0.0, "> 0"),
+                ("ppl_delta_pct", |_| true, "(any sign)"),
+                ("delta_ppl_pct_lo", |_| true, "(any sign)"),
+                ("delta_ppl_pct_hi", |_| true, "(any sign)"),
+                ("ppl_windows", |v: f64| v >= 1.0, "≥ 1"),
             ] {
                 let Some(text) = self.col(c).and_then(|j| row.get(j)) else {
                     continue;
@@ -172,6 +183,9 @@ pub struct Verdict {
     pub tpot: (Option<f64>, Option<f64>),
     /// Why this point fails; empty when it passes.
     pub failures: Vec<String>,
+    /// What makes the verdict weak without failing it (too few perplexity windows for the
+    /// limit: the interval is wider than the threshold).
+    pub warnings: Vec<String>,
 }
 
 impl Verdict {
@@ -197,6 +211,25 @@ pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result
     }
     baseline.require(&cols)?;
     current.require(&cols)?;
+    if limits.significant {
+        if limits.max_ppl_delta_pct.is_none() {
+            return Err(Error::InvalidArgument {
+                name: "--significant".into(),
+                reason: "it qualifies the perplexity limit; pass --max-ppl-delta too".into(),
+            });
+        }
+        baseline.require(&["ppl_delta_pct"])?;
+        current
+            .require(&["delta_ppl_pct_lo", "delta_ppl_pct_hi"])
+            .map_err(|e| Error::InvalidArgument {
+                name: "--significant".into(),
+                reason: format!(
+                    "{e}; the current results have no paired ΔPPL interval (written by a \
+                     kvbench before it, or with fewer than 2 perplexity windows): re-run the sweep \
+                     with --ppl-windows 2 or more, or drop --significant"
+                ),
+            })?;
+    }
     let base = baseline.points()?;
     let cur = current.points()?;
     let name = |k: &Key| format!("{} b{} s{}", k.0, k.1, k.2);
@@ -230,6 +263,7 @@ pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result
             kl: (b.get("kl_mean").copied(), get(c, "kl_mean")),
             tpot: (b.get("tpot_ms_mean").copied(), get(c, "tpot_ms_mean")),
             failures: Vec::new(),
+            warnings: Vec::new(),
         };
         if c.is_none() {
             v.failures.push("missing from the current results".into());
@@ -259,9 +293,51 @@ pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result
         check("perplexity", v.ppl, limits.max_ppl_delta_pct, rel, "%");
         check("KL", v.kl, limits.max_kl, abs, " nats");
         check("TPOT", v.tpot, limits.max_tpot_regression_pct, rel, "%");
+        let interval = get(c, "delta_ppl_pct_lo").zip(get(c, "delta_ppl_pct_hi"));
+        if let (Some(max), Some((lo, hi))) = (limits.max_ppl_delta_pct, interval) {
+            if let Some(w) = too_few_windows(lo, hi, get(c, "ppl_windows"), max) {
+                v.warnings.push(w);
+            }
+            let zero_width = hi - lo <= 0.0;
+            let is_ppl = |f: &String| f.starts_with("perplexity ") && !f.ends_with("not measured");
+            if limits.significant && !zero_width && v.failures.iter().any(is_ppl) {
+                // Keep the perplexity failure only beyond doubt.
+                let base_delta = b.get("ppl_delta_pct").copied().unwrap_or(0.0);
+                let lower = lo - base_delta;
+                if lower <= max {
+                    v.warnings.push(format!(
+                        "perplexity change not significant: ΔPPL vs fp16 interval [{lo:+.2}, \
+                         {hi:+.2}] % against the baseline's {base_delta:+.2} % reaches only \
+                         {lower:+.2} points at its lower end (limit {max})"
+                    ));
+                    v.failures.retain(|f| !is_ppl(f));
+                }
+            }
+        }
         out.push(v);
     }
     Ok(out)
+}
+
+/// A warning when the paired interval `[lo, hi]` (%, over `windows` windows) is wider than the
+/// `max_pct` limit — a pass or fail then says nothing — with the windows that would resolve it,
+/// `n·(half-width/limit)²` rounded up (the SE shrinks as 1/√n); the CSV form of
+/// [`crate::quality::paired::PairedDelta::too_few_windows`].
+fn too_few_windows(lo: f64, hi: f64, windows: Option<f64>, max_pct: f64) -> Option<String> {
+    let r = 0.5 * (hi - lo);
+    if r.is_nan() || r <= max_pct {
+        return None;
+    }
+    let n = windows.unwrap_or(f64::NAN);
+    let need = if max_pct > 0.0 && n.is_finite() {
+        format!("about {}", (n * (r / max_pct).powi(2)).ceil())
+    } else {
+        "more".to_string()
+    };
+    Some(format!(
+        "{n} windows give a ±{r:.2} % interval on ΔPPL, wider than the {max_pct} % threshold: the \
+         gate cannot tell a pass from noise; score {need} windows (--ppl-windows)"
+    ))
 }
 
 /// The verdicts as a Markdown table (fit for a CI step summary), with a one-line result.
@@ -295,6 +371,17 @@ pub fn markdown(verdicts: &[Verdict], limits: &Limits) -> String {
                 format!("**FAIL**: {}", v.failures.join("; "))
             }
         ));
+    }
+    for v in verdicts {
+        for w in &v.warnings {
+            s.push_str(&format!(
+                "\nwarning: {} b{} s{}: {w}",
+                v.scheme, v.batch, v.seq_len
+            ));
+        }
+    }
+    if verdicts.iter().any(|v| !v.warnings.is_empty()) {
+        s.push('\n');
     }
     let failed = verdicts.iter().filter(|v| !v.passed()).count();
     let lim = |x: Option<f64>, u: &str| x.map_or("unchecked".into(), |v| format!("+{v}{u}"));
@@ -337,6 +424,7 @@ mod tests {
             max_ppl_delta_pct: Some(1.0),
             max_kl: Some(0.01),
             max_tpot_regression_pct: None,
+            significant: false,
         };
         let base = results("base", BASE);
         let same = compare(&base, &results("same", BASE), &limits).unwrap();
@@ -376,5 +464,65 @@ mod tests {
             e.contains("fp16 b1 s64") && e.contains("fp16 b4 s512"),
             "{e}"
         );
+    }
+
+    const SIG_BASE: &str = "scheme,batch_size,seq_len,ppl,ppl_delta_pct\n\
+                            fp16,1,64,20.0,0.0\n\
+                            q4_0,1,64,21.0,5.0\n\
+                            int8,1,64,20.1,0.5\n";
+
+    /// `--significant` by hand. Current: q4_0 21.0 → 21.63 is +3 % (limit 1 %) with its ΔPPL-vs-
+    /// fp16 interval [7.5, 8.7] %: lower end 7.5 − baseline 5.0 = 2.5 > 1 → fails. int8 20.1 →
+    /// 20.502 is +2 % but its interval [−1.0, 4.0] gives −1.0 − 0.5 = −1.5 ≤ 1 → passes with a
+    /// note, and its half-width 2.5 % > 1 % warns: 8 windows · (2.5/1)² = 50 windows. Without
+    /// `--significant` both fail.
+    #[test]
+    fn significant_fails_only_beyond_the_interval() {
+        let base = results("sigb", SIG_BASE);
+        let cur = results(
+            "sigc",
+            "scheme,batch_size,seq_len,ppl,ppl_delta_pct,delta_ppl_pct_lo,delta_ppl_pct_hi,ppl_windows\n\
+             fp16,1,64,20.0,0.0,0.0,0.0,8\n\
+             q4_0,1,64,21.63,8.15,7.5,8.7,8\n\
+             int8,1,64,20.502,2.51,-1.0,4.0,8\n",
+        );
+        let mut limits = Limits {
+            max_ppl_delta_pct: Some(1.0),
+            significant: true,
+            ..Default::default()
+        };
+        let v = compare(&base, &cur, &limits).unwrap();
+        assert!(v[0].passed());
+        assert!(!v[1].passed(), "q4_0's regression is beyond its interval");
+        assert!(v[2].passed(), "int8's is inside: {:?}", v[2].failures);
+        assert!(v[2].warnings.iter().any(|w| w.contains("about 50 windows")), "{:?}", v[2].warnings);
+        assert!(v[1].warnings.is_empty(), "±0.6 % resolves a 1 % limit: {:?}", v[1].warnings);
+        assert!(markdown(&v, &limits).contains("warning: int8 b1 s64"));
+        limits.significant = false;
+        let v = compare(&base, &cur, &limits).unwrap();
+        assert!(!v[1].passed() && !v[2].passed());
+        // Still warned without --significant.
+        assert!(v[2].warnings.iter().any(|w| w.contains("about 50 windows")));
+    }
+
+    /// `--significant` on results without the interval (an old run) is a clear error.
+    #[test]
+    fn significant_without_interval_columns_is_named() {
+        let limits = Limits {
+            max_ppl_delta_pct: Some(1.0),
+            significant: true,
+            ..Default::default()
+        };
+        let base = results("sigold", SIG_BASE);
+        let e = compare(&base, &results("sigold2", SIG_BASE), &limits)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--significant") && e.contains("delta_ppl_pct_lo"), "{e}");
+        // The baseline itself need not have the interval (suites/baselines CSVs predate it).
+        let only_limit = Limits {
+            significant: false,
+            ..limits
+        };
+        assert!(compare(&base, &results("sigold3", SIG_BASE), &only_limit).is_ok());
     }
 }

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::kv::{CacheGeometry, KvScheme};
 use crate::stats::summarize;
 use crate::measure::sweep::{PointOutcome, PointSink, PointStatus, QualityOutcome};
+use crate::quality::paired::{paired_delta, CiMethod};
 use crate::quality::passkey::PasskeyResult;
 use crate::quality::perplexity::PplResult;
 use crate::quality::xsum::RougeResult;
@@ -137,6 +138,56 @@ pub struct ResultRow {
     pub top1_agree_pct: Option<f64>,
     /// Mean |Δp| of the fp16 cache's top token.
     pub mean_abs_dp_top: Option<f64>,
+    /// llama.cpp's `PPL = … +/- ppl_se` over all scored tokens (tokens are correlated, so it is
+    /// narrower than the truth; prefer the paired interval below for comparisons).
+    #[serde(default)]
+    pub ppl_se: Option<f64>,
+    /// ΔPPL against the fp16 cache on the same windows, % (`100·(e^d̄ − 1)`, d̄ the mean
+    /// per-window NLL difference; equals `ppl_delta_pct` up to rounding).
+    #[serde(default)]
+    pub delta_ppl_pct: Option<f64>,
+    /// Lower end of its paired 95 % interval, %.
+    #[serde(default)]
+    pub delta_ppl_pct_lo: Option<f64>,
+    /// Upper end, %.
+    #[serde(default)]
+    pub delta_ppl_pct_hi: Option<f64>,
+    /// Absolute ΔPPL, `ppl_fp16·(e^d̄ − 1)`.
+    #[serde(default)]
+    pub delta_ppl: Option<f64>,
+    /// Lower end of its paired 95 % interval.
+    #[serde(default)]
+    pub delta_ppl_lo: Option<f64>,
+    /// Upper end.
+    #[serde(default)]
+    pub delta_ppl_hi: Option<f64>,
+    /// How the interval was computed: `t` (Student t) or `bootstrap:B:seed`.
+    #[serde(default)]
+    pub ci_method: Option<String>,
+    /// What one pair is: `window` (per-window mean NLLs).
+    #[serde(default)]
+    pub ci_unit: Option<String>,
+    /// 99.9th percentile of per-token KL, nats.
+    #[serde(default)]
+    pub kl_p99_9: Option<f64>,
+    /// Largest per-token KL, nats.
+    #[serde(default)]
+    pub kl_max: Option<f64>,
+    /// Standard error of `kl_mean` over tokens, nats (llama.cpp's ±).
+    #[serde(default)]
+    pub kl_se: Option<f64>,
+    /// Standard error of `top1_agree_pct` (llama.cpp's "same top p" ±), percentage points.
+    #[serde(default)]
+    pub same_top_p_se: Option<f64>,
+    /// Perturbed perplexity reruns behind the noise floor (`--ppl-noise-floor`).
+    #[serde(default)]
+    pub noise_floor_runs: Option<usize>,
+    /// Standard deviation of the reruns' perplexities.
+    #[serde(default)]
+    pub noise_floor_sd: Option<f64>,
+    /// `100·(max − min)/mean` of the reruns' perplexities, %.
+    #[serde(default)]
+    pub noise_floor_spread_pct: Option<f64>,
     /// XSum articles summarized (greedy, chat template) for the ROUGE columns.
     pub rouge_samples: Option<usize>,
     /// Mean ROUGE-1 F1 against the XSum references (rouge-score, Porter stemmer).
@@ -219,6 +270,22 @@ pub const CSV_COLUMNS: &[&str] = &[
     "kl_q4",
     "top1_agree_pct",
     "mean_abs_dp_top",
+    "ppl_se",
+    "delta_ppl_pct",
+    "delta_ppl_pct_lo",
+    "delta_ppl_pct_hi",
+    "delta_ppl",
+    "delta_ppl_lo",
+    "delta_ppl_hi",
+    "ci_method",
+    "ci_unit",
+    "kl_p99_9",
+    "kl_max",
+    "kl_se",
+    "same_top_p_se",
+    "noise_floor_runs",
+    "noise_floor_sd",
+    "noise_floor_spread_pct",
     "rouge_samples",
     "rouge1_f1",
     "rouge2_f1",
@@ -249,6 +316,9 @@ pub struct RowContext {
     pub ppl_weight_dtype: String,
     /// Perplexity window length.
     pub ppl_ctx: Option<usize>,
+    /// Method of the paired ΔPPL interval (`--ppl-ci`); `t` for runs made before it existed.
+    #[serde(default)]
+    pub ppl_ci: CiMethod,
     /// Geometry, for the fp16 ratio.
     pub geometry: CacheGeometry,
     /// Bytes the decode model's weights occupy as stored (`Model::weight_bytes`), for the
@@ -259,18 +329,25 @@ pub struct RowContext {
 
 impl ResultRow {
     /// Builds the row for a finished point, joined with its scheme's quality results (`q`,
-    /// if measured) and the fp16 cache's perplexity (`baseline_ppl`, for `ppl_delta_pct`).
+    /// if measured) and the fp16 cache's perplexity result (`baseline`: its perplexity for
+    /// `ppl_delta_pct`, its per-window NLLs for the paired interval of `delta_ppl_pct_*`,
+    /// computed with `ctx.ppl_ci` by [`paired_delta`]; the interval is left empty when the
+    /// windows differ in number or are fewer than 2).
     pub fn new(
         ctx: &RowContext,
         o: &PointOutcome,
         q: Option<&QualityOutcome>,
-        baseline_ppl: Option<f64>,
+        baseline: Option<&PplResult>,
     ) -> Self {
         let t = o.timing.as_ref().ok();
         let (ppl, rouge, passkey): (Option<&PplResult>, Option<&RougeResult>, Option<&PasskeyResult>) =
             (q.and_then(|q| q.ppl.as_ref()), q.and_then(|q| q.rouge.as_ref()), q.and_then(|q| q.passkey.as_ref()));
         // The delta needs both sides.
-        let baseline_ppl = baseline_ppl.filter(|_| ppl.is_some());
+        let baseline_ppl = baseline.map(|b| b.perplexity).filter(|_| ppl.is_some());
+        let paired = ppl
+            .zip(baseline)
+            .and_then(|(p, b)| paired_delta(&p.window_nll, &b.window_nll, ctx.ppl_ci).ok());
+        let noise = ppl.and_then(|p| p.noise_floor.as_ref());
         let ttft = t.and_then(|t| summarize(&t.ttft_ms));
         let tpot = t.and_then(|t| summarize(&t.tpot_ms()));
         let itl = t.and_then(|t| summarize(&t.itl_all_ms()));
@@ -340,6 +417,22 @@ impl ResultRow {
             kl_q4: agreement.map(|a| a.kl_by_quarter[3]),
             top1_agree_pct: agreement.map(|a| a.top1_agree_pct),
             mean_abs_dp_top: agreement.map(|a| a.mean_abs_dp_top),
+            ppl_se: ppl.and_then(|p| p.ppl_se),
+            delta_ppl_pct: paired.map(|d| d.delta_pct),
+            delta_ppl_pct_lo: paired.and_then(|d| finite(d.delta_pct_ci[0])),
+            delta_ppl_pct_hi: paired.and_then(|d| finite(d.delta_pct_ci[1])),
+            delta_ppl: paired.map(|d| d.delta_ppl),
+            delta_ppl_lo: paired.and_then(|d| finite(d.delta_ppl_ci[0])),
+            delta_ppl_hi: paired.and_then(|d| finite(d.delta_ppl_ci[1])),
+            ci_method: paired.map(|d| d.method.to_string()),
+            ci_unit: paired.map(|_| "window".to_string()),
+            kl_p99_9: agreement.and_then(|a| a.kl_p99_9),
+            kl_max: agreement.and_then(|a| a.kl_max),
+            kl_se: agreement.and_then(|a| a.kl_se),
+            same_top_p_se: agreement.and_then(|a| a.same_top_p_se),
+            noise_floor_runs: noise.map(|n| n.runs),
+            noise_floor_sd: noise.and_then(|n| finite(n.sd)),
+            noise_floor_spread_pct: noise.map(|n| n.spread_pct),
             rouge_samples: rouge.map(|r| r.scores.len()),
             rouge1_f1: rouge_f1.map(|m| m[0]),
             rouge2_f1: rouge_f1.map(|m| m[1]),
@@ -382,13 +475,17 @@ impl RawRecords {
 
     /// The fp16 cache's perplexity, the baseline of `ppl_delta_pct`.
     pub fn baseline_ppl(&self) -> Option<f64> {
-        self.quality_of(KvScheme::FP16)
-            .and_then(|q| q.ppl.as_ref().map(|p| p.perplexity))
+        self.baseline().map(|p| p.perplexity)
+    }
+
+    /// The fp16 cache's perplexity result, the reference of the paired ΔPPL interval.
+    pub fn baseline(&self) -> Option<&PplResult> {
+        self.quality_of(KvScheme::FP16).and_then(|q| q.ppl.as_ref())
     }
 
     /// The rows of `results.csv`: each point joined with its scheme's quality results.
     pub fn rows(&self, ctx: &RowContext) -> Vec<ResultRow> {
-        let base = self.baseline_ppl();
+        let base = self.baseline();
         self.points
             .iter()
             .map(|o| ResultRow::new(ctx, o, self.quality_of(o.scheme), base))
@@ -587,7 +684,7 @@ impl PointSink for RunSink {
             .quality
             .iter()
             .find(|q| q.scheme == KvScheme::FP16)
-            .and_then(|q| q.ppl.as_ref().map(|p| p.perplexity));
+            .and_then(|q| q.ppl.as_ref());
         let q = self.quality.iter().find(|q| q.scheme == outcome.scheme);
         let row = ResultRow::new(&self.ctx, outcome, q, base);
         self.write_csv_row(&row)?;
@@ -780,6 +877,7 @@ mod tests {
             decode_weight_dtype: "q8_0".into(),
             ppl_weight_dtype: "f32".into(),
             ppl_ctx: Some(64),
+            ppl_ci: CiMethod::StudentT,
             geometry: CacheGeometry {
                 layers: 1,
                 kv_heads: 1,
@@ -794,6 +892,8 @@ mod tests {
             scored_tokens: 1,
             windows: 1,
             window_nll: vec![p.ln()],
+            ppl_se: None,
+            noise_floor: None,
             kv_bytes_per_window: 0,
             mode: crate::quality::perplexity::PplMode::Chunked,
             agreement: None,
@@ -817,5 +917,97 @@ mod tests {
         assert!((rows[1].ppl_delta_pct.unwrap() - 10.0).abs() < 1e-12);
         assert_eq!((rows[2].ppl, rows[2].ppl_delta_pct), (None, None));
         assert_eq!(rows[1].status.to_string(), "oom: x");
+        // One window: no interval (and no error).
+        assert_eq!(
+            (rows[1].delta_ppl_pct_lo, rows[1].ci_method.as_deref()),
+            (None, None)
+        );
+    }
+
+    /// The paired interval joined from the two schemes' per-window NLLs, by hand: differences
+    /// d = (0.10, 0.05, 0.15), d̄ = 0.1, s_d = 0.05, SE = 0.05/√3 = 0.0288675,
+    /// t₀.₉₇₅,₂ = 4.3026527 → d ∈ [−0.0242109, 0.2242109] → ΔPPL % = 100·(e^d − 1) ∈
+    /// [−2.3916249, 25.1329875], point 10.5170918; an fp16 row pairs with itself (0, [0, 0]).
+    #[test]
+    fn rows_carry_the_paired_interval() {
+        let ctx = RowContext {
+            run_id: "r".into(),
+            model: "m".into(),
+            prefill_weight_dtype: "f32".into(),
+            decode_weight_dtype: "f32".into(),
+            ppl_weight_dtype: "f32".into(),
+            ppl_ctx: Some(64),
+            ppl_ci: CiMethod::StudentT,
+            geometry: CacheGeometry {
+                layers: 1,
+                kv_heads: 1,
+                q_heads: 1,
+                head_dim: 64,
+            },
+            decode_weight_bytes: None,
+        };
+        let ppl = |w: Vec<f64>| {
+            let m = w.iter().sum::<f64>() / w.len() as f64;
+            PplResult {
+                perplexity: m.exp(),
+                mean_nll: m,
+                scored_tokens: 3,
+                windows: w.len(),
+                window_nll: w,
+                ppl_se: Some(0.5),
+                noise_floor: None,
+                kv_bytes_per_window: 0,
+                mode: crate::quality::perplexity::PplMode::Chunked,
+                agreement: None,
+            }
+        };
+        let q4: KvScheme = "q4_0".parse().unwrap();
+        let point = |scheme| PointOutcome {
+            scheme,
+            batch: 1,
+            seq_len: 8,
+            timing: Err(PointStatus::Oom("x".into())),
+        };
+        let records = RawRecords {
+            points: vec![point(KvScheme::FP16), point(q4)],
+            quality: vec![
+                QualityOutcome {
+                    scheme: KvScheme::FP16,
+                    ppl: Some(ppl(vec![1.0, 1.2, 0.8])),
+                    rouge: None,
+                    passkey: None,
+                },
+                QualityOutcome {
+                    scheme: q4,
+                    ppl: Some(ppl(vec![1.1, 1.25, 0.95])),
+                    rouge: None,
+                    passkey: None,
+                },
+            ],
+        };
+        let rows = records.rows(&ctx);
+        let r = &rows[1];
+        assert!((r.delta_ppl_pct.unwrap() - 10.5170918).abs() < 1e-6);
+        assert!(
+            (r.delta_ppl_pct_lo.unwrap() - -2.3916249).abs() < 1e-6,
+            "{:?}",
+            r.delta_ppl_pct_lo
+        );
+        assert!(
+            (r.delta_ppl_pct_hi.unwrap() - 25.1329875).abs() < 1e-6,
+            "{:?}",
+            r.delta_ppl_pct_hi
+        );
+        // Absolute: ppl_fp16 = e^1 times the relative change.
+        assert!((r.delta_ppl_hi.unwrap() - 1f64.exp() * 0.251329875).abs() < 1e-6);
+        assert_eq!(
+            (r.ci_method.as_deref(), r.ci_unit.as_deref()),
+            (Some("t"), Some("window"))
+        );
+        assert_eq!(r.ppl_se, Some(0.5));
+        assert_eq!(
+            (rows[0].delta_ppl_pct_lo, rows[0].delta_ppl_pct_hi),
+            (Some(0.0), Some(0.0))
+        );
     }
 }

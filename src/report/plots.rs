@@ -140,27 +140,30 @@ pub fn charts(rows: &[ResultRow], caption: &Caption) -> Vec<(&'static str, LineC
         ),
     ];
     // Quality vs memory: one point per scheme (perplexity does not depend on the timing point).
-    let mut quality: Vec<(String, f64, f64)> = Vec::new();
+    // Error bars: the paired 95 % interval of ΔPPL (runs made before it have none).
+    let mut quality: Vec<(String, f64, f64, Option<(f64, f64)>)> = Vec::new();
     for (name, rs) in by_scheme(&ok) {
         if let Some(r) = rs.iter().find(|r| r.ppl_delta_pct.is_some()) {
             if let (Some(b), Some(d)) = (r.kv_bytes_per_token, r.ppl_delta_pct) {
-                quality.push((name, b, d));
+                quality.push((name, b, d, r.delta_ppl_pct_lo.zip(r.delta_ppl_pct_hi)));
             }
         }
     }
     if !quality.is_empty() {
         let mut s: Vec<Series> = quality
             .iter()
-            .map(|(n, b, d)| Series {
+            .map(|(n, b, d, ci)| Series {
                 name: n.clone(),
                 points: vec![(*b, *d)],
                 style: Style::Markers,
+                y_bars: ci.iter().copied().collect(),
             })
             .collect();
         s.push(Series {
             name: "Pareto frontier".into(),
             points: pareto_frontier(quality.iter().map(|q| (q.1, q.2)).collect()),
             style: Style::Guide,
+            y_bars: Vec::new(),
         });
         out.push((
             CHARTS[3],
@@ -168,7 +171,11 @@ pub fn charts(rows: &[ResultRow], caption: &Caption) -> Vec<(&'static str, LineC
                 title: "Quality vs memory: perplexity change vs KV bytes per token".into(),
                 caption: cap,
                 x_label: "KV bytes per token (all layers and kv heads, bytes)".into(),
-                y_label: "perplexity change vs fp16 (%)".into(),
+                y_label: if quality.iter().any(|q| q.3.is_some()) {
+                    "perplexity change vs fp16 (%, bars: paired 95 % CI)".into()
+                } else {
+                    "perplexity change vs fp16 (%)".into()
+                },
                 log_x: false,
                 series: s,
             },
@@ -291,6 +298,9 @@ mod tests {
                         kv_bytes: Some((bpt as usize) * batch * (seq + 31)),
                         kv_bytes_per_token: Some(bpt),
                         ppl_delta_pct: Some(dppl),
+                        // int4 carries a paired interval; the others are an older run's rows.
+                        delta_ppl_pct_lo: (scheme == "int4").then_some(5.0),
+                        delta_ppl_pct_hi: (scheme == "int4").then_some(8.25),
                         ..Default::default()
                     });
                 }
@@ -319,6 +329,11 @@ mod tests {
         assert_eq!(charts[3].1.series.len(), 4);
         // fp16 (46080 B, 0 %) is on the frontier, as are int8 and int4.
         assert_eq!(charts[3].1.series[3].points.len(), 3);
+        // Error bars only where the rows have the interval.
+        let bars: Vec<&Vec<(f64, f64)>> = charts[3].1.series.iter().map(|s| &s.y_bars).collect();
+        assert_eq!(bars[2], &vec![(5.0, 8.25)], "int4's interval");
+        assert!(bars[0].is_empty() && bars[1].is_empty() && bars[3].is_empty());
+        assert!(charts[3].1.y_label.contains("95 % CI"));
 
         let dir = std::env::temp_dir().join(format!("kvbench-plots-{}", std::process::id()));
         let pngs = render_all(&rows, &Caption::default(), &dir).unwrap();

@@ -78,7 +78,11 @@ pub fn cells(rows: &[ResultRow]) -> Vec<Vec<String>> {
             r.kv_ratio_vs_fp16
                 .map_or("-".into(), |x| format!("{x:.3}×")),
             f(r.ppl, 4),
-            r.ppl_delta_pct.map_or("-".into(), |x| format!("{x:+.2}")),
+            match (r.ppl_delta_pct, r.delta_ppl_pct_lo.zip(r.delta_ppl_pct_hi)) {
+                (Some(x), Some((lo, hi))) => format!("{x:+.2} [{lo:+.2}, {hi:+.2}]"),
+                (Some(x), None) => format!("{x:+.2}"),
+                _ => "-".into(),
+            },
             r.kl_mean.map_or("-".into(), |x| format!("{x:.4}")),
         ]);
         let row = out.last_mut().expect("just pushed");
