@@ -279,9 +279,9 @@ fn noise_floor_rerun_is_seeded_and_nonzero() {
             .perplexity
     };
     let plain = ppl(&lm.model);
-    let a = ppl(&lm.model.with_rounding_perturbation(7));
-    let a2 = ppl(&lm.model.with_rounding_perturbation(7));
-    let b = ppl(&lm.model.with_rounding_perturbation(8));
+    let a = ppl(&kvbench::measure::sweep::rounding_perturbed(&lm.model, 7));
+    let a2 = ppl(&kvbench::measure::sweep::rounding_perturbed(&lm.model, 7));
+    let b = ppl(&kvbench::measure::sweep::rounding_perturbed(&lm.model, 8));
     assert_eq!(a.to_bits(), a2.to_bits(), "same seed, same numbers");
     assert_ne!(a.to_bits(), b.to_bits(), "another seed moves the perplexity");
     let nf = noise_floor(&[a, b]).unwrap();

@@ -75,7 +75,7 @@ pub struct SweepSpec {
 
 /// `r` with its noise floor when `spec.ppl_noise_floor` ≥ 2: the perplexity of `scheme` rerun K
 /// times (no fp16 lockstep) on a model whose layer inputs are perturbed at rounding level,
-/// rerun k seeded by `spec.seed + k` ([`Model::with_rounding_perturbation`]), summarized by
+/// rerun k seeded by `spec.seed + k` ([`rounding_perturbed`]), summarized by
 /// [`crate::quality::paired::noise_floor`]. The unperturbed result itself is left as it was.
 fn with_noise_floor(
     mut r: PplResult,
@@ -91,12 +91,26 @@ fn with_noise_floor(
     }
     let ppls = (0..spec.ppl_noise_floor as u64)
         .map(|k| {
-            let m = model.with_rounding_perturbation(spec.seed.wrapping_add(k));
+            let m = rounding_perturbed(model, spec.seed.wrapping_add(k));
             perplexity_vs(&m, tokens, scheme, None, proto, bos, |_, _| {}).map(|p| p.perplexity)
         })
         .collect::<Result<Vec<f64>>>()?;
     r.noise_floor = Some(crate::quality::paired::noise_floor(&ppls)?);
     Ok(r)
+}
+
+/// `model` with every layer input moved one ulp up or down at random
+/// ([`crate::quality::paired::perturb_rounding`]), the SplitMix64 stream seeded by `seed` and
+/// advancing with every forward call: the same seed and calls give the same numbers.
+pub fn rounding_perturbed(model: &Model, seed: u64) -> Model {
+    let rng = std::sync::Mutex::new(crate::kv::turboquant_core::SplitMix64::new(seed));
+    model.with_layer_input_hook(crate::model::LayerInputHook(std::sync::Arc::new(
+        move |x: &mut [f32]| {
+            // A poisoned lock only means another thread panicked mid-stream; the state is plain.
+            let mut g = rng.lock().unwrap_or_else(|e| e.into_inner());
+            crate::quality::paired::perturb_rounding(x, &mut g);
+        },
+    )))
 }
 
 /// What a sweep reads: the token stream that supplies the perplexity text and the prompts, the

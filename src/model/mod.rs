@@ -26,9 +26,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor, D};
 
 use crate::error::{Error, Result};
-use crate::kv::turboquant_core::SplitMix64;
 use crate::kv::{AttentionCache, CacheGeometry};
-use crate::quality::paired::perturb_rounding;
 pub use device::DeviceSpec;
 pub use tokenizer::TextTokenizer;
 
@@ -282,6 +280,17 @@ pub struct ModelSource {
     pub repo: Option<String>,
 }
 
+/// A function applied in place to every decoder layer's input hidden state
+/// ([`Model::with_layer_input_hook`]).
+#[derive(Clone)]
+pub struct LayerInputHook(pub std::sync::Arc<dyn Fn(&mut [f32]) + Send + Sync>);
+
+impl std::fmt::Debug for LayerInputHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LayerInputHook")
+    }
+}
+
 /// A loaded Llama-family decoder.
 #[derive(Debug, Clone)]
 pub struct Model {
@@ -297,9 +306,9 @@ pub struct Model {
     lm_head: Linear,
     cos: Tensor,
     sin: Tensor,
-    /// Rounding-level perturbation of each layer's input hidden state (noise-floor reruns,
-    /// [`Model::with_rounding_perturbation`]); `None` — the default — leaves the forward alone.
-    perturb: Option<std::sync::Arc<std::sync::Mutex<SplitMix64>>>,
+    /// A hook applied to each layer's input hidden state (noise-floor reruns,
+    /// [`Model::with_layer_input_hook`]); `None` — the default — leaves the forward alone.
+    perturb: Option<LayerInputHook>,
 }
 
 impl Model {
@@ -330,33 +339,26 @@ impl Model {
         })
     }
 
-    /// A copy of this model (weights shared, not copied) whose forward moves every element of
-    /// each decoder layer's input hidden state (`[batch, n, hidden]` f32, before the attention
-    /// norm) one ulp up or down at random ([`crate::quality::paired::perturb_rounding`]), the
-    /// stream seeded by `seed` and advancing with every call: a rerun that differs from the
-    /// plain one only by float-rounding-level noise, for the perplexity noise floor
-    /// (`--ppl-noise-floor`). The same seed and calls give the same numbers. The plain model is
-    /// unaffected.
-    pub fn with_rounding_perturbation(&self, seed: u64) -> Model {
+    /// A copy of this model (weights shared, not copied) whose forward passes each decoder
+    /// layer's input hidden state (`[batch, n, hidden]`, flattened row-major to f32, before the
+    /// attention norm) through `hook` in place — the perplexity noise floor
+    /// (`--ppl-noise-floor`) moves every element one ulp at random with
+    /// `crate::quality::paired::perturb_rounding`. Calls run in layer order, so a seeded hook
+    /// gives the same numbers every time. The plain model is unaffected.
+    pub fn with_layer_input_hook(&self, hook: LayerInputHook) -> Model {
         let mut m = self.clone();
-        m.perturb = Some(std::sync::Arc::new(std::sync::Mutex::new(SplitMix64::new(
-            seed,
-        ))));
+        m.perturb = Some(hook);
         m
     }
 
-    /// [`Self::with_rounding_perturbation`]'s step on one layer input; the identity when off.
+    /// [`Self::with_layer_input_hook`]'s step on one layer input; the identity when off.
     fn perturbed(&self, x: Tensor) -> Result<Tensor> {
-        let Some(rng) = &self.perturb else {
+        let Some(hook) = &self.perturb else {
             return Ok(x);
         };
         let shape = x.shape().clone();
         let mut v = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-        {
-            // A poisoned lock only means another thread panicked mid-stream; the state is plain.
-            let mut g = rng.lock().unwrap_or_else(|e| e.into_inner());
-            perturb_rounding(&mut v, &mut *g);
-        }
+        (hook.0)(&mut v);
         Ok(Tensor::from_vec(v, shape, &self.device)?.to_dtype(x.dtype())?)
     }
 
