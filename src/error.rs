@@ -122,7 +122,9 @@ impl Error {
             Error::Cuda { out_of_memory, .. } => *out_of_memory,
             Error::Candle(e) => {
                 let m = e.to_string().to_ascii_lowercase();
-                m.contains("out_of_memory") || m.contains("out of memory") || m.contains("alloc_failed")
+                m.contains("out_of_memory")
+                    || m.contains("out of memory")
+                    || m.contains("alloc_failed")
             }
             _ => false,
         }

@@ -276,8 +276,11 @@ fn fuzz_seeds_are_valid_files() {
     f.tensor("blk.1.ffn_down.weight").unwrap();
     assert!(!gate_seeds().is_empty() && !suite_seeds().is_empty());
     for s in suite_seeds() {
-        kvbench::measure::settings::SweepSettings::parse_suite(std::str::from_utf8(&s).unwrap(), Path::new("s.toml"))
-            .unwrap();
+        kvbench::measure::settings::SweepSettings::parse_suite(
+            std::str::from_utf8(&s).unwrap(),
+            Path::new("s.toml"),
+        )
+        .unwrap();
     }
 }
 

@@ -114,7 +114,12 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for f in files {
         let rel = f.strip_prefix(src).unwrap();
-        let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
         let module = first.trim_end_matches(".rs").to_string();
         if module == "lib" || module == "main" {
             continue;
@@ -124,7 +129,11 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         let entry = g.entry(module.clone()).or_default();
         // `Error`, `Result` re-exported at the root are the error module's.
         for r in refs {
-            let r = if r == "Error" || r == "Result" { "error".to_string() } else { r };
+            let r = if r == "Error" || r == "Result" {
+                "error".to_string()
+            } else {
+                r
+            };
             if r != module {
                 entry.insert(r);
             }
@@ -151,11 +160,16 @@ fn no_reference_reaches_up_and_no_cycle() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let g = graph(&src);
     // The scan sees the references it must (a scanner finding nothing would pass vacuously).
-    assert!(g["cli"].contains("report") && g["measure"].contains("quality"), "{g:?}");
+    assert!(
+        g["cli"].contains("report") && g["measure"].contains("quality"),
+        "{g:?}"
+    );
     let mut problems = Vec::new();
     for (m, refs) in &g {
         let Some(fm) = floor(m) else {
-            problems.push(format!("src/{m} is on no floor: add it to FLOORS in tests/layers.rs"));
+            problems.push(format!(
+                "src/{m} is on no floor: add it to FLOORS in tests/layers.rs"
+            ));
             continue;
         };
         for r in refs {

@@ -135,7 +135,8 @@ fn suite_resume_and_report() {
     let (h, rows) = csv_table(&cut.join("results.csv"));
     let mean = h.iter().position(|c| c == "ttft_ms_mean").unwrap();
     assert!(
-        rows.iter().any(|r| r[mean].parse::<f64>().unwrap() > 4000.0),
+        rows.iter()
+            .any(|r| r[mean].parse::<f64>().unwrap() > 4000.0),
         "the finished point was kept, not re-run: {rows:?}"
     );
     assert_eq!(
@@ -235,7 +236,9 @@ fn gate_exit_codes() {
 
 /// Copies a committed fixture folder to a fresh temporary one.
 fn fixture_copy(name: &str) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
     let dst = tmp(name);
     for e in std::fs::read_dir(&src).unwrap() {
         let p = e.unwrap().path();
@@ -300,9 +303,21 @@ fn old_run_folders_rerender_as_written() {
     let (code, _, err) = kvbench(&["report", dir.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     let (h, rows) = csv_table(&dir.join("results.csv"));
-    let col = |c: &str| rows[0][h.iter().position(|x| x == c).unwrap()].parse::<f64>().unwrap();
-    assert!((col("itl_ms_p95") - 16.250_625_1).abs() < 1e-9, "{}", col("itl_ms_p95"));
-    assert!((col("itl_ms_p99") - 16.253_564_22).abs() < 1e-9, "{}", col("itl_ms_p99"));
+    let col = |c: &str| {
+        rows[0][h.iter().position(|x| x == c).unwrap()]
+            .parse::<f64>()
+            .unwrap()
+    };
+    assert!(
+        (col("itl_ms_p95") - 16.250_625_1).abs() < 1e-9,
+        "{}",
+        col("itl_ms_p95")
+    );
+    assert!(
+        (col("itl_ms_p99") - 16.253_564_22).abs() < 1e-9,
+        "{}",
+        col("itl_ms_p99")
+    );
     // The quality repeated on old points is one scheme's, read once: ppl of fp16 and int8.
     assert!((col("ppl") - 25.869_277_333_264_51).abs() < 1e-12);
     std::fs::remove_dir_all(&dir).ok();
@@ -316,20 +331,43 @@ fn raw_jsonl_holds_each_schemes_quality_once() {
     let d = tmp("quality-once");
     let out = d.join("run");
     let (code, _, err) = kvbench(&[
-        "sweep", "--dtypes", "fp16,int8", "--batch-sizes", "1", "--seq-lens", "16,24", "--gen",
-        "3", "--repeats", "1", "--warmup", "0", "--ppl-windows", "1", "--ctx", "64", "--threads",
-        "1", "--out", out.to_str().unwrap(),
+        "sweep",
+        "--dtypes",
+        "fp16,int8",
+        "--batch-sizes",
+        "1",
+        "--seq-lens",
+        "16,24",
+        "--gen",
+        "3",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--ppl-windows",
+        "1",
+        "--ctx",
+        "64",
+        "--threads",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{err}");
     let raw = std::fs::read_to_string(out.join("raw.jsonl")).unwrap();
-    let lines: Vec<serde_json::Value> =
-        raw.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = raw
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let quality: Vec<&serde_json::Value> =
         lines.iter().filter(|v| v["record"] == "quality").collect();
     assert_eq!(quality.len(), 2, "{raw}");
     assert_eq!(quality[0]["scheme"], "fp16", "fp16 first");
     assert_eq!(lines.len(), 2 + 4, "2 quality records and 4 points");
-    assert!(lines.iter().filter(|v| v["record"].is_null()).all(|v| v.get("ppl").is_none()));
+    assert!(lines
+        .iter()
+        .filter(|v| v["record"].is_null())
+        .all(|v| v.get("ppl").is_none()));
     assert!(!out.join("quality.jsonl").exists());
     // Every row still carries its scheme's perplexity (joined at render).
     let (h, rows) = csv_table(&out.join("results.csv"));
@@ -351,6 +389,9 @@ fn newer_meta_format_is_refused_naming_the_version() {
     std::fs::write(&p, serde_json::to_string(&m).unwrap()).unwrap();
     let (code, _, err) = kvbench(&["report", dir.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("format 99") && err.contains("9.9.9 (abcdef)"), "{err}");
+    assert!(
+        err.contains("format 99") && err.contains("9.9.9 (abcdef)"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -433,6 +433,11 @@ fn quality_lines(dir: &Path) -> Vec<serde_json::Value> {
     let mut schemes: Vec<&str> = q.iter().map(|v| v["scheme"].as_str().unwrap()).collect();
     schemes.sort();
     schemes.dedup();
-    assert_eq!(schemes.len(), q.len(), "a scheme's quality twice in {}", dir.display());
+    assert_eq!(
+        schemes.len(),
+        q.len(),
+        "a scheme's quality twice in {}",
+        dir.display()
+    );
     q
 }

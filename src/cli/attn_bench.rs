@@ -6,10 +6,10 @@
 use candle_core::Device;
 
 use crate::kv::AnyCache;
-use crate::stats::summarize;
 use crate::measure::{bandwidth, device, floors, synthetic};
 use crate::model::device::DeviceSpec;
 use crate::model::hub;
+use crate::stats::summarize;
 
 /// Arguments of `kvbench attn-bench`.
 #[derive(Debug, clap::Args)]
@@ -23,7 +23,12 @@ pub struct AttnBenchArgs {
           value_parser = crate::measure::settings::parse_schemes)]
     pub schemes: crate::measure::settings::SchemeList,
     /// Context lengths the cache is filled to before timing, comma-separated (one table each).
-    #[arg(long = "seq-lens", visible_alias = "seq-len", value_delimiter = ',', default_value = "8192")]
+    #[arg(
+        long = "seq-lens",
+        visible_alias = "seq-len",
+        value_delimiter = ',',
+        default_value = "8192"
+    )]
     pub seq_lens: Vec<usize>,
     /// Sequences decoded together (one batch size; `kvbench sweep --batch-sizes` takes a list).
     #[arg(long = "batch-size", visible_alias = "batch", default_value_t = 1)]

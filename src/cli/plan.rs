@@ -22,7 +22,12 @@ pub struct PlanArgs {
     pub schemes: crate::measure::settings::SchemeList,
     /// Context lengths per sequence (tokens held: prompt + generated), comma-separated
     /// (k = 1024 tokens). Old spelling: `--ctx`.
-    #[arg(long = "seq-lens", visible_alias = "ctx", value_delimiter = ',', default_value = "4k,32k,128k")]
+    #[arg(
+        long = "seq-lens",
+        visible_alias = "ctx",
+        value_delimiter = ',',
+        default_value = "4k,32k,128k"
+    )]
     pub ctx: Vec<String>,
     /// Weight dtype (default: the checkpoint's, bf16 for shipped aliases).
     #[arg(long)]
@@ -164,11 +169,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     }
     let dir = a.out.clone().unwrap_or_else(|| {
         let t = crate::util::time::now_compact();
-        PathBuf::from("reports").join(format!(
-            "plan-{}-{}",
-            t,
-            model.name.replace('/', "_")
-        ))
+        PathBuf::from("reports").join(format!("plan-{}-{}", t, model.name.replace('/', "_")))
     });
     std::fs::create_dir_all(&dir)?;
     let mut w = csv::Writer::from_path(dir.join("plan.csv"))?;

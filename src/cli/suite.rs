@@ -45,10 +45,16 @@ mod tests {
         std::fs::write(&p, "gen = 8\nrepeats = 2\nseq-lens = [64]\n").unwrap();
         let mut s = SweepSettings::default();
         apply(&mut s, &p, |id| id == "repeats").unwrap();
-        assert_eq!((s.grid.gen, s.timing.repeats, s.grid.seq_lens.clone()), (8, 3, vec![64]));
+        assert_eq!(
+            (s.grid.gen, s.timing.repeats, s.grid.seq_lens.clone()),
+            (8, 3, vec![64])
+        );
         std::fs::write(&p, "gen = 8\nbatch-size = [1]\n").unwrap();
         let msg = apply(&mut s, &p, |_| false).unwrap_err().to_string();
-        assert!(msg.contains("batch-size") && msg.contains("s.toml"), "{msg}");
+        assert!(
+            msg.contains("batch-size") && msg.contains("s.toml"),
+            "{msg}"
+        );
         assert!(msg.contains("batch-sizes"), "lists the allowed keys: {msg}");
         std::fs::write(&p, "gen = \"eight\"\n").unwrap();
         let msg = apply(&mut s, &p, |_| false).unwrap_err().to_string();

@@ -9,8 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::kv::KvScheme;
 use crate::measure::shard::{self, Selection, Shard, ShardRecord, TaskLoad};
 use crate::measure::sweep::{
-    run_sweep, work_units, PhaseModels, Progress, QualityTasks,
-    SweepSpec, SweepText, Work,
+    run_sweep, work_units, PhaseModels, Progress, QualityTasks, SweepSpec, SweepText, Work,
 };
 use crate::model::{self, hub, DeviceSpec, ModelLocation, WeightDtype};
 use crate::quality::passkey::{self, PasskeySpec};
@@ -150,12 +149,13 @@ fn resolve_settings(
             }
         }
         let run = crate::report::summary::Run::read(&dir)?;
-        let recorded = run.meta["settings"].as_object().ok_or_else(|| {
-            crate::Error::InvalidArgument {
-                name: "--resume".into(),
-                reason: format!("{}/meta.json has no `settings`", dir.display()),
-            }
-        })?;
+        let recorded =
+            run.meta["settings"]
+                .as_object()
+                .ok_or_else(|| crate::Error::InvalidArgument {
+                    name: "--resume".into(),
+                    reason: format!("{}/meta.json has no `settings`", dir.display()),
+                })?;
         args.settings = args
             .settings
             .overlay(
@@ -216,16 +216,19 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
     }
     // One load per distinct weight dtype; phases that share a dtype share the model.
     let mut loaded: HashMap<WeightDtype, model::LoadedModel> = HashMap::new();
-    for dtype in [args.settings.weights.weights, args.settings.weights.prefill_weights, args.settings.weights.ppl_weights] {
+    for dtype in [
+        args.settings.weights.weights,
+        args.settings.weights.prefill_weights,
+        args.settings.weights.ppl_weights,
+    ] {
         if let std::collections::hash_map::Entry::Vacant(e) = loaded.entry(dtype) {
-            let m = model::load_location_on(&args.settings.model.model, &location, dtype, &device).with_context(
-                || {
+            let m = model::load_location_on(&args.settings.model.model, &location, dtype, &device)
+                .with_context(|| {
                     format!(
                         "loading model `{}` with {dtype} weights on {}",
                         args.settings.model.model, args.settings.device.device
                     )
-                },
-            )?;
+                })?;
             e.insert(m);
         }
     }
@@ -427,8 +430,8 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         sharding.0.units(),
         args.settings.perplexity.ppl_windows + tasks.units(),
     ));
-    let mut sink = RunSink::create(&folder.dir, row_ctx.clone(), done.clone())?
-        .on_row(print_row(bar.clone()));
+    let mut sink =
+        RunSink::create(&folder.dir, row_ctx.clone(), done.clone())?.on_row(print_row(bar.clone()));
     let result = run_sweep(
         models,
         SweepText {
@@ -505,8 +508,15 @@ fn check_args(args: &mut SweepArgs) -> anyhow::Result<()> {
     checks::dedup_with_note("--batch-sizes", &mut args.settings.grid.batch_sizes);
     checks::dedup_with_note("--seq-lens", &mut args.settings.grid.seq_lens);
     checks::dedup_with_note("--dtypes", &mut args.settings.schemes.dtypes.0);
-    let points = args.settings.schemes.dtypes.0.len() * args.settings.grid.batch_sizes.len() * args.settings.grid.seq_lens.len();
-    checks::check_repeats(args.settings.timing.warmup, args.settings.timing.repeats, points, args.settings.grid.gen)?;
+    let points = args.settings.schemes.dtypes.0.len()
+        * args.settings.grid.batch_sizes.len()
+        * args.settings.grid.seq_lens.len();
+    checks::check_repeats(
+        args.settings.timing.warmup,
+        args.settings.timing.repeats,
+        points,
+        args.settings.grid.gen,
+    )?;
     Ok(())
 }
 

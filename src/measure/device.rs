@@ -3,9 +3,9 @@
 
 use candle_core::Device;
 
-use crate::error::Result;
 #[cfg(feature = "cuda")]
 use crate::error::Error;
+use crate::error::Result;
 
 /// Runs `f` and returns its result and duration in ms. On the CPU: wall clock around `f`. On
 /// CUDA: events recorded on the device's stream before and after `f`, the host synchronized on
@@ -26,7 +26,9 @@ pub fn time_ms<R>(device: &Device, f: impl FnOnce() -> Result<R>) -> Result<(R, 
             .record_event(flags)
             .map_err(|e| Error::cuda("event", e))?;
         end.synchronize().map_err(|e| Error::cuda("event", e))?;
-        let ms = start.elapsed_ms(&end).map_err(|e| Error::cuda("event", e))?;
+        let ms = start
+            .elapsed_ms(&end)
+            .map_err(|e| Error::cuda("event", e))?;
         return Ok((r, ms as f64));
     }
     let _ = device;

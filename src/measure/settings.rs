@@ -78,10 +78,20 @@ pub struct SchemeArgs {
 #[serde(rename_all = "kebab-case")]
 pub struct GridArgs {
     /// Batch sizes (sequences decoded together), comma-separated.
-    #[arg(long, visible_alias = "batch", value_delimiter = ',', default_value = "1,4")]
+    #[arg(
+        long,
+        visible_alias = "batch",
+        value_delimiter = ',',
+        default_value = "1,4"
+    )]
     pub batch_sizes: Vec<usize>,
     /// Prompt lengths in tokens, comma-separated.
-    #[arg(long, visible_alias = "seq-len", value_delimiter = ',', default_value = "128,512")]
+    #[arg(
+        long,
+        visible_alias = "seq-len",
+        value_delimiter = ',',
+        default_value = "128,512"
+    )]
     pub seq_lens: Vec<usize>,
     /// Tokens generated per sequence (greedy); TPOT is measured over the last gen−1.
     #[arg(long, default_value_t = 32)]
@@ -369,7 +379,10 @@ impl SweepSettings {
 
     /// A suite's text as a table (`path` names it in errors). Errors: as
     /// [`SweepSettings::read_suite`].
-    pub fn suite_table(text: &str, path: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {
+    pub fn suite_table(
+        text: &str,
+        path: &Path,
+    ) -> Result<serde_json::Map<String, serde_json::Value>> {
         let table: toml::Table = toml::from_str(text).map_err(|e| Error::InvalidArgument {
             name: format!("--suite {}", path.display()),
             reason: format!("{}: {}", path.display(), e.to_string().trim_end()),
@@ -428,7 +441,11 @@ mod tests {
     #[test]
     fn unknown_key_names_key_and_source() {
         let e = SweepSettings::default()
-            .overlay(&table("gen = 8\nbatch-size = [1]\n"), "--suite bad.toml", |_| false)
+            .overlay(
+                &table("gen = 8\nbatch-size = [1]\n"),
+                "--suite bad.toml",
+                |_| false,
+            )
             .unwrap_err()
             .to_string();
         assert!(e.contains("batch-size") && e.contains("bad.toml"), "{e}");
@@ -446,15 +463,27 @@ mod tests {
     fn overlay_applies_aliases_and_keeps_cli() {
         let d = SweepSettings::default();
         let a = d
-            .overlay(&table("dtypes = [\"fp16\", \"int8-channel:group=32,residual=64\"]"), "a", |_| false)
+            .overlay(
+                &table("dtypes = [\"fp16\", \"int8-channel:group=32,residual=64\"]"),
+                "a",
+                |_| false,
+            )
             .unwrap();
         let b = d
-            .overlay(&table("schemes = \"fp16,int8-channel:group=32,residual=64\""), "b", |_| false)
+            .overlay(
+                &table("schemes = \"fp16,int8-channel:group=32,residual=64\""),
+                "b",
+                |_| false,
+            )
             .unwrap();
         assert_eq!(a.schemes, b.schemes);
         assert_eq!(a.schemes.dtypes.0.len(), 2);
         let c = d
-            .overlay(&table("gen = 8\nrepeats = 2\ndescription = \"x\""), "c", |id| id == "gen")
+            .overlay(
+                &table("gen = 8\nrepeats = 2\ndescription = \"x\""),
+                "c",
+                |id| id == "gen",
+            )
             .unwrap();
         assert_eq!((c.grid.gen, c.timing.repeats), (32, 2));
     }

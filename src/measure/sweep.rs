@@ -26,9 +26,7 @@
 
 use rand::{Rng, SeedableRng};
 
-use crate::util::memory;
 use super::shard::Selection;
-use crate::stats::summarize;
 use crate::error::{Error, Result};
 use crate::kv::{AnyCache, KvScheme};
 use crate::model::tokenizer::TextTokenizer;
@@ -39,6 +37,8 @@ use crate::quality::passkey::{
 };
 use crate::quality::perplexity::{perplexity_vs, PplProtocol, PplResult};
 use crate::quality::xsum::{RougeResult, RougeTask};
+use crate::stats::summarize;
+use crate::util::memory;
 
 /// What to sweep.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -391,7 +391,9 @@ impl serde::Serialize for PointStatus {
 impl<'de> serde::Deserialize<'de> for PointStatus {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        Ok(text.parse().unwrap_or_else(|e: std::convert::Infallible| match e {}))
+        Ok(text
+            .parse()
+            .unwrap_or_else(|e: std::convert::Infallible| match e {}))
     }
 }
 
@@ -516,7 +518,10 @@ impl Work<'_> {
     /// The earlier quality results of `scheme` (older folders' forms are converted when read,
     /// see `crate::report::read_records`).
     fn earlier_quality(&self, scheme: KvScheme) -> Option<QualityOutcome> {
-        self.done_quality.iter().find(|q| q.scheme == scheme).cloned()
+        self.done_quality
+            .iter()
+            .find(|q| q.scheme == scheme)
+            .cloned()
     }
 }
 
@@ -749,9 +754,7 @@ pub fn prompts(tokens: &[u32], batch: usize, seq_len: usize, seed: u64) -> Vec<u
 pub fn catch_point<T>(f: impl FnOnce() -> Result<T>) -> std::result::Result<T, PointStatus> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(t)) => Ok(t),
-        Ok(Err(e)) if e.is_out_of_memory() => {
-            Err(PointStatus::Oom(crate::error::first_line(&e)))
-        }
+        Ok(Err(e)) if e.is_out_of_memory() => Err(PointStatus::Oom(crate::error::first_line(&e))),
         Ok(Err(e)) => Err(PointStatus::Error(e.to_string())),
         Err(p) => Err(PointStatus::Error(format!(
             "panicked: {}",
@@ -1060,7 +1063,10 @@ mod oom_tests {
         });
         assert!(matches!(other, Err(PointStatus::Error(_))), "{other:?}");
         let typed = catch_point(|| -> Result<()> {
-            Err(crate::Error::cuda("cuMemAlloc", "DriverError(CUDA_ERROR_OUT_OF_MEMORY)"))
+            Err(crate::Error::cuda(
+                "cuMemAlloc",
+                "DriverError(CUDA_ERROR_OUT_OF_MEMORY)",
+            ))
         });
         assert!(typed.unwrap_err().is_oom());
     }
@@ -1071,8 +1077,14 @@ mod oom_tests {
     fn point_status_text_round_trips() {
         for (text, status) in [
             ("ok", PointStatus::Ok),
-            ("oom: needs ~9.00 GiB", PointStatus::Oom("needs ~9.00 GiB".into())),
-            ("error: panicked: x", PointStatus::Error("panicked: x".into())),
+            (
+                "oom: needs ~9.00 GiB",
+                PointStatus::Oom("needs ~9.00 GiB".into()),
+            ),
+            (
+                "error: panicked: x",
+                PointStatus::Error("panicked: x".into()),
+            ),
         ] {
             assert_eq!(text.parse::<PointStatus>().unwrap(), status);
             assert_eq!(status.to_string(), text);

@@ -112,7 +112,6 @@ fn settings_over_defaults<'de, D: serde::Deserializer<'de>>(
         .map_err(serde::de::Error::custom)
 }
 
-
 impl RunMeta {
     /// Reads a run folder's `meta.json` (`path`). Errors: [`Error::InvalidArgument`] naming the
     /// file: unreadable or not JSON; written by a newer kvbench (a `format` above
@@ -128,7 +127,10 @@ impl RunMeta {
                 name: path.display().to_string(),
                 reason: format!("not valid JSON: {e}"),
             })?;
-        let writer = value["kvbench"].as_str().unwrap_or("an unknown version").to_string();
+        let writer = value["kvbench"]
+            .as_str()
+            .unwrap_or("an unknown version")
+            .to_string();
         let format = value["format"].as_u64().unwrap_or(0);
         if format > META_FORMAT as u64 {
             return Err(Error::InvalidArgument {
@@ -223,7 +225,6 @@ impl Machine {
         }
     }
 }
-
 
 /// Writes `value` as pretty JSON to `path` (atomically: temp file, then rename).
 pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {

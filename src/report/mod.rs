@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::kv::{CacheGeometry, KvScheme};
-use crate::stats::summarize;
 use crate::measure::sweep::{PointOutcome, PointSink, PointStatus, QualityOutcome};
 use crate::quality::paired::{paired_delta, CiMethod};
 use crate::quality::passkey::PasskeyResult;
 use crate::quality::perplexity::PplResult;
 use crate::quality::xsum::RougeResult;
+use crate::stats::summarize;
 
 /// One row of `results.csv`: the output schema. Units are in the field names; every column is
 /// documented in the README.
@@ -340,8 +340,15 @@ impl ResultRow {
         baseline: Option<&PplResult>,
     ) -> Self {
         let t = o.timing.as_ref().ok();
-        let (ppl, rouge, passkey): (Option<&PplResult>, Option<&RougeResult>, Option<&PasskeyResult>) =
-            (q.and_then(|q| q.ppl.as_ref()), q.and_then(|q| q.rouge.as_ref()), q.and_then(|q| q.passkey.as_ref()));
+        let (ppl, rouge, passkey): (
+            Option<&PplResult>,
+            Option<&RougeResult>,
+            Option<&PasskeyResult>,
+        ) = (
+            q.and_then(|q| q.ppl.as_ref()),
+            q.and_then(|q| q.rouge.as_ref()),
+            q.and_then(|q| q.passkey.as_ref()),
+        );
         // The delta needs both sides.
         let baseline_ppl = baseline.map(|b| b.perplexity).filter(|_| ppl.is_some());
         let paired = ppl
@@ -746,13 +753,14 @@ impl<'de> serde::Deserialize<'de> for RawLine {
         let legacy: LegacyPointQuality =
             serde_json::from_value(v.clone()).map_err(D::Error::custom)?;
         let point: PointOutcome = serde_json::from_value(v).map_err(D::Error::custom)?;
-        let q = (legacy.ppl.is_some() || legacy.rouge.is_some() || legacy.passkey.is_some())
-            .then(|| QualityOutcome {
+        let q = (legacy.ppl.is_some() || legacy.rouge.is_some() || legacy.passkey.is_some()).then(
+            || QualityOutcome {
                 scheme: point.scheme,
                 ppl: legacy.ppl,
                 rouge: legacy.rouge,
                 passkey: legacy.passkey,
-            });
+            },
+        );
         Ok(RawLine::Point(point, q))
     }
 }
@@ -906,10 +914,24 @@ mod tests {
         };
         let int8: KvScheme = "int8".parse().unwrap();
         let records = RawRecords {
-            points: vec![point(KvScheme::FP16), point(int8), point("int4".parse().unwrap())],
+            points: vec![
+                point(KvScheme::FP16),
+                point(int8),
+                point("int4".parse().unwrap()),
+            ],
             quality: vec![
-                QualityOutcome { scheme: KvScheme::FP16, ppl: Some(ppl(10.0)), rouge: None, passkey: None },
-                QualityOutcome { scheme: int8, ppl: Some(ppl(11.0)), rouge: None, passkey: None },
+                QualityOutcome {
+                    scheme: KvScheme::FP16,
+                    ppl: Some(ppl(10.0)),
+                    rouge: None,
+                    passkey: None,
+                },
+                QualityOutcome {
+                    scheme: int8,
+                    ppl: Some(ppl(11.0)),
+                    rouge: None,
+                    passkey: None,
+                },
             ],
         };
         let rows = records.rows(&ctx);

@@ -33,7 +33,10 @@ impl Run {
         if !meta_path.exists() {
             return Err(Error::InvalidArgument {
                 name: dir.display().to_string(),
-                reason: format!("not a kvbench run folder ({} is missing)", meta_path.display()),
+                reason: format!(
+                    "not a kvbench run folder ({} is missing)",
+                    meta_path.display()
+                ),
             });
         }
         let (run_meta, meta) = super::meta::RunMeta::read(&meta_path)?;

@@ -46,7 +46,10 @@ mod tests {
         assert!(xs.iter().all(|&x| (-1.0..1.0).contains(&x)));
         let mean = xs.iter().map(|&x| x as f64).sum::<f64>() / xs.len() as f64;
         let var = xs.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / xs.len() as f64;
-        assert!(mean.abs() < 0.02 && (var - 1.0 / 3.0).abs() < 0.02, "{mean} {var}");
+        assert!(
+            mean.abs() < 0.02 && (var - 1.0 / 3.0).abs() < 0.02,
+            "{mean} {var}"
+        );
         let g: Vec<f64> = (0..20_000).map(|_| a.gauss() as f64).collect();
         let gm = g.iter().sum::<f64>() / g.len() as f64;
         let gv = g.iter().map(|x| (x - gm).powi(2)).sum::<f64>() / g.len() as f64;
