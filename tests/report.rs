@@ -274,13 +274,29 @@ fn old_run_folders_rerender_as_written() {
         // Issue #15 added the paired-statistics columns; the old ones keep their order and
         // the new ones are empty for a folder that predates them.
         let added = [
-            "ppl_se", "delta_ppl_pct", "delta_ppl_pct_lo", "delta_ppl_pct_hi", "delta_ppl",
-            "delta_ppl_lo", "delta_ppl_hi", "ci_method", "ci_unit", "kl_p99_9", "kl_max",
-            "kl_se", "same_top_p_se", "noise_floor_runs", "noise_floor_sd",
+            "ppl_se",
+            "delta_ppl_pct",
+            "delta_ppl_pct_lo",
+            "delta_ppl_pct_hi",
+            "delta_ppl",
+            "delta_ppl_lo",
+            "delta_ppl_hi",
+            "ci_method",
+            "ci_unit",
+            "kl_p99_9",
+            "kl_max",
+            "kl_se",
+            "same_top_p_se",
+            "noise_floor_runs",
+            "noise_floor_sd",
             "noise_floor_spread_pct",
         ];
         let old_cols: Vec<&String> = h2.iter().filter(|c| !added.contains(&c.as_str())).collect();
-        assert_eq!(old_cols, h.iter().collect::<Vec<_>>(), "{name}: the CSV header");
+        assert_eq!(
+            old_cols,
+            h.iter().collect::<Vec<_>>(),
+            "{name}: the CSV header"
+        );
         assert_eq!(got.len(), want.len(), "{name}");
         let changed = ["itl_ms_p95", "itl_ms_p99"];
         for (g, w) in got.iter().zip(&want) {

@@ -283,11 +283,22 @@ fn noise_floor_rerun_is_seeded_and_nonzero() {
     let a2 = ppl(&kvbench::measure::sweep::rounding_perturbed(&lm.model, 7));
     let b = ppl(&kvbench::measure::sweep::rounding_perturbed(&lm.model, 8));
     assert_eq!(a.to_bits(), a2.to_bits(), "same seed, same numbers");
-    assert_ne!(a.to_bits(), b.to_bits(), "another seed moves the perplexity");
+    assert_ne!(
+        a.to_bits(),
+        b.to_bits(),
+        "another seed moves the perplexity"
+    );
     let nf = noise_floor(&[a, b]).unwrap();
     assert!(nf.spread_pct > 0.0 && nf.sd > 0.0, "{nf:?}");
     for p in [a, b] {
-        assert!((p / plain - 1.0).abs() < 0.01, "perturbed {p} vs plain {plain}");
+        assert!(
+            (p / plain - 1.0).abs() < 0.01,
+            "perturbed {p} vs plain {plain}"
+        );
     }
-    assert_eq!(ppl(&lm.model).to_bits(), plain.to_bits(), "the plain model is unaffected");
+    assert_eq!(
+        ppl(&lm.model).to_bits(),
+        plain.to_bits(),
+        "the plain model is unaffected"
+    );
 }

@@ -179,7 +179,11 @@ impl Draw for LineChart {
                         vec![(x - cap, hi), (x + cap, hi)],
                     ];
                     chart
-                        .draw_series(paths.into_iter().map(|p| PathElement::new(p, c.stroke_width(2))))
+                        .draw_series(
+                            paths
+                                .into_iter()
+                                .map(|p| PathElement::new(p, c.stroke_width(2))),
+                        )
                         .map_err(e)?;
                 }
             } else if s.style == Style::Guide {

@@ -495,8 +495,16 @@ mod tests {
         assert!(v[0].passed());
         assert!(!v[1].passed(), "q4_0's regression is beyond its interval");
         assert!(v[2].passed(), "int8's is inside: {:?}", v[2].failures);
-        assert!(v[2].warnings.iter().any(|w| w.contains("about 50 windows")), "{:?}", v[2].warnings);
-        assert!(v[1].warnings.is_empty(), "±0.6 % resolves a 1 % limit: {:?}", v[1].warnings);
+        assert!(
+            v[2].warnings.iter().any(|w| w.contains("about 50 windows")),
+            "{:?}",
+            v[2].warnings
+        );
+        assert!(
+            v[1].warnings.is_empty(),
+            "±0.6 % resolves a 1 % limit: {:?}",
+            v[1].warnings
+        );
         assert!(markdown(&v, &limits).contains("warning: int8 b1 s64"));
         limits.significant = false;
         let v = compare(&base, &cur, &limits).unwrap();
@@ -517,7 +525,10 @@ mod tests {
         let e = compare(&base, &results("sigold2", SIG_BASE), &limits)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("--significant") && e.contains("delta_ppl_pct_lo"), "{e}");
+        assert!(
+            e.contains("--significant") && e.contains("delta_ppl_pct_lo"),
+            "{e}"
+        );
         // The baseline itself need not have the interval (suites/baselines CSVs predate it).
         let only_limit = Limits {
             significant: false,
