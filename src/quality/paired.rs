@@ -229,20 +229,53 @@ impl PairedDelta {
 
     /// A warning when the interval is too wide for a `max_pct` threshold (its half-width
     /// exceeds the threshold, so a pass or fail says nothing), with the window count that
-    /// would resolve it: `n·(half-width/threshold)²`, rounded up (the SE shrinks as 1/√n).
-    /// `None` when the windows suffice.
+    /// would resolve it ([`windows_needed`]). `None` when the windows suffice.
     pub fn too_few_windows(&self, max_pct: f64) -> Option<String> {
-        let r = self.resolution_pct();
-        if r.is_nan() || r <= max_pct {
-            return None;
-        }
-        let need = (self.n as f64 * (r / max_pct).powi(2)).ceil() as usize;
-        Some(format!(
-            "{} windows give a ±{r:.2} % interval on ΔPPL, wider than the {max_pct} % threshold: \
-             the gate cannot tell a pass from noise; score about {need} windows (--ppl-windows)",
-            self.n
-        ))
+        too_few_windows(self.n, self.resolution_pct(), max_pct)
     }
+}
+
+/// The windows a Student-t interval needs for its half-width to reach `target_pct`, given that
+/// `n` windows gave a half-width of `half_width_pct` (both percentage points of ΔPPL). The
+/// per-window SD is recovered as `half_width·√n / t₀.₉₇₅(n−1)` and the answer is the smallest
+/// `m ≥ 2` with `t₀.₉₇₅(m−1)·SD/√m ≤ target` — scaling the half-width by `√(n/m)` alone would
+/// keep the small-sample t quantile (12.7 at n = 2) and ask for ~40× too many windows.
+/// `None` for `n < 2`, a non-positive target or a non-finite half-width.
+pub fn windows_needed(n: usize, half_width_pct: f64, target_pct: f64) -> Option<usize> {
+    if n < 2 || !(target_pct > 0.0) || !half_width_pct.is_finite() {
+        return None;
+    }
+    let t = |df: usize| {
+        StudentsT::new(0.0, 1.0, df as f64)
+            .map(|d| d.inverse_cdf(0.5 + LEVEL / 2.0))
+            .ok()
+    };
+    let sd = half_width_pct * (n as f64).sqrt() / t(n - 1)?;
+    // Start from the normal approximation, then step to the exact t answer (a few steps).
+    let z = 1.959_963_984_540_054;
+    let fits = |m: usize| t(m - 1).is_some_and(|q| q * sd / (m as f64).sqrt() <= target_pct);
+    let mut m = ((z * sd / target_pct).powi(2).floor() as usize).max(2);
+    while m > 2 && fits(m - 1) {
+        m -= 1;
+    }
+    while !fits(m) {
+        m += 1;
+    }
+    Some(m)
+}
+
+/// The gate's warning text when `n` windows give a ΔPPL interval of half-width `half_width_pct`
+/// wider than `max_pct`; `None` when they suffice or the width is unknown.
+pub fn too_few_windows(n: usize, half_width_pct: f64, max_pct: f64) -> Option<String> {
+    if half_width_pct.is_nan() || half_width_pct <= max_pct {
+        return None;
+    }
+    let need = windows_needed(n, half_width_pct, max_pct)
+        .map_or_else(|| "more".to_string(), |m| format!("about {m}"));
+    Some(format!(
+        "{n} windows give a ±{half_width_pct:.2} % interval on ΔPPL, wider than the {max_pct} % \
+         threshold: the gate cannot tell a pass from noise; score {need} windows (--ppl-windows)"
+    ))
 }
 
 /// Pairs `scheme` and `reference` NLLs (nats; one per window, or per token, in the same order

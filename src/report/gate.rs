@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::quality::paired;
 
 /// The limits; `None` leaves a metric unchecked.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -295,7 +296,8 @@ pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result
         check("TPOT", v.tpot, limits.max_tpot_regression_pct, rel, "%");
         let interval = get(c, "delta_ppl_pct_lo").zip(get(c, "delta_ppl_pct_hi"));
         if let (Some(max), Some((lo, hi))) = (limits.max_ppl_delta_pct, interval) {
-            if let Some(w) = too_few_windows(lo, hi, get(c, "ppl_windows"), max) {
+            let n = get(c, "ppl_windows").map_or(0, |n| n as usize);
+            if let Some(w) = paired::too_few_windows(n, 0.5 * (hi - lo), max) {
                 v.warnings.push(w);
             }
             let zero_width = hi - lo <= 0.0;
@@ -317,27 +319,6 @@ pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result
         out.push(v);
     }
     Ok(out)
-}
-
-/// A warning when the paired interval `[lo, hi]` (%, over `windows` windows) is wider than the
-/// `max_pct` limit — a pass or fail then says nothing — with the windows that would resolve it,
-/// `n·(half-width/limit)²` rounded up (the SE shrinks as 1/√n); the CSV form of
-/// [`crate::quality::paired::PairedDelta::too_few_windows`].
-fn too_few_windows(lo: f64, hi: f64, windows: Option<f64>, max_pct: f64) -> Option<String> {
-    let r = 0.5 * (hi - lo);
-    if r.is_nan() || r <= max_pct {
-        return None;
-    }
-    let n = windows.unwrap_or(f64::NAN);
-    let need = if max_pct > 0.0 && n.is_finite() {
-        format!("about {}", (n * (r / max_pct).powi(2)).ceil())
-    } else {
-        "more".to_string()
-    };
-    Some(format!(
-        "{n} windows give a ±{r:.2} % interval on ΔPPL, wider than the {max_pct} % threshold: the \
-         gate cannot tell a pass from noise; score {need} windows (--ppl-windows)"
-    ))
 }
 
 /// The verdicts as a Markdown table (fit for a CI step summary), with a one-line result.
@@ -474,7 +455,9 @@ mod tests {
     /// `--significant` by hand. Current: q4_0 21.0 → 21.63 is +3 % (limit 1 %) with its ΔPPL-vs-
     /// fp16 interval [7.5, 8.7] %: lower end 7.5 − baseline 5.0 = 2.5 > 1 → fails. int8 20.1 →
     /// 20.502 is +2 % but its interval [−1.0, 4.0] gives −1.0 − 0.5 = −1.5 ≤ 1 → passes with a
-    /// note, and its half-width 2.5 % > 1 % warns: 8 windows · (2.5/1)² = 50 windows. Without
+    /// note, and its half-width 2.5 % > 1 % warns: per-window SD 2.5·√8 / t₀.₉₇₅(7) = 2.5·2.828 /
+    /// 2.3646 = 2.990 %, and the smallest m with t₀.₉₇₅(m−1)·2.990/√m ≤ 1 is 37 (t quantiles by
+    /// Simpson integration of the t density in Python, independent of statrs). Without
     /// `--significant` both fail.
     #[test]
     fn significant_fails_only_beyond_the_interval() {
@@ -496,7 +479,7 @@ mod tests {
         assert!(!v[1].passed(), "q4_0's regression is beyond its interval");
         assert!(v[2].passed(), "int8's is inside: {:?}", v[2].failures);
         assert!(
-            v[2].warnings.iter().any(|w| w.contains("about 50 windows")),
+            v[2].warnings.iter().any(|w| w.contains("about 37 windows")),
             "{:?}",
             v[2].warnings
         );
@@ -510,7 +493,7 @@ mod tests {
         let v = compare(&base, &cur, &limits).unwrap();
         assert!(!v[1].passed() && !v[2].passed());
         // Still warned without --significant.
-        assert!(v[2].warnings.iter().any(|w| w.contains("about 50 windows")));
+        assert!(v[2].warnings.iter().any(|w| w.contains("about 37 windows")));
     }
 
     /// `--significant` on results without the interval (an old run) is a clear error.

@@ -53,15 +53,33 @@ fn paired_t_interval_by_hand() {
     assert!(close(d.delta_ppl_ci[0], 0.259_928_718_792_187_8, 1e-5));
     assert!(close(d.delta_ppl_ci[1], 4.940_189_934_458_96, 1e-6));
     // The gate: the interval lies above 1 % but not above 2 %; its half-width (11.2 pp) dwarfs
-    // a 1 % threshold: about 4·11.22² ≈ 504 windows would resolve it.
+    // a 1 % threshold. Per-window SD = 11.222·√4 / t₀.₉₇₅(3) = 11.222·2 / 3.18245 = 7.0524 pp;
+    // the smallest m with t₀.₉₇₅(m−1)·7.0524/√m ≤ 1 is 194 (t quantiles by Simpson integration
+    // of the t density in Python, independent of statrs): about 194 windows.
     assert!(d.significantly_above(1.0) && !d.significantly_above(2.0));
     assert!(close(d.resolution_pct(), 11.222_008_885_411_617, 1e-6));
     let w = d.too_few_windows(1.0).unwrap();
     assert!(
-        w.contains("about 504 windows") && w.contains("--ppl-windows"),
+        w.contains("about 194 windows") && w.contains("--ppl-windows"),
         "{w}"
     );
     assert!(d.too_few_windows(20.0).is_none());
+}
+
+/// [`windows_needed`] against t quantiles computed independently (Simpson integration of the
+/// Student-t density and bisection, in Python): the CI suite's 2-window intervals (±36.40 % →
+/// 66 windows for 1 %, ±1.21 % → 3) and the degenerate inputs.
+#[test]
+fn windows_needed_by_hand() {
+    assert_eq!(windows_needed(2, 36.40, 1.0), Some(66));
+    assert_eq!(windows_needed(2, 53.61, 1.0), Some(140));
+    assert_eq!(windows_needed(2, 1.21, 1.0), Some(3));
+    assert_eq!(windows_needed(8, 2.5, 1.0), Some(37));
+    // Already narrow enough: the answer never exceeds n.
+    assert!(windows_needed(32, 0.5, 1.0).unwrap() <= 32);
+    assert_eq!(windows_needed(1, 3.0, 1.0), None);
+    assert_eq!(windows_needed(4, f64::NAN, 1.0), None);
+    assert_eq!(windows_needed(4, 3.0, 0.0), None);
 }
 
 /// For per-token input the paired SE equals llama.cpp's `ln(PPL(Q)/PPL(base))` uncertainty,
