@@ -152,6 +152,7 @@ pub fn markdown(title: &str, about: &[String], rows: &[ResultRow], charts: &[Pat
          length. ITL: one decode step. KV MiB: bytes held (codes, scales, zero-points) at \
          the end of the point. All columns, with units, are in `results.csv`.\n",
     );
+    md.push_str(&quality_table(rows));
     let w = warnings(rows);
     if !w.is_empty() {
         md.push_str("\n## Warnings\n\n");
@@ -169,6 +170,63 @@ pub fn markdown(title: &str, about: &[String], rows: &[ResultRow], charts: &[Pat
         }
     }
     md
+}
+
+/// The per-scheme quality statistics the main table has no room for (issue #15): perplexity ±
+/// llama.cpp's SE, ΔPPL against the fp16 cache with its paired 95 % interval, KL mean / p99.9 /
+/// max (nats), llama.cpp's "same top p" (%, ± SE) and, with `--ppl-noise-floor`, the spread of
+/// the perturbed reruns. One line per scheme (quality is measured once per scheme); empty when
+/// no row has a perplexity.
+pub fn quality_table(rows: &[ResultRow]) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    let mut lines = String::new();
+    let f = |x: Option<f64>, p: usize| x.map_or("-".to_string(), |v| format!("{v:.p$}"));
+    for r in rows.iter().filter(|r| r.ppl.is_some()) {
+        if seen.contains(&r.scheme.as_str()) {
+            continue;
+        }
+        seen.push(&r.scheme);
+        let ppl = match (r.ppl, r.ppl_se) {
+            (Some(p), Some(se)) => format!("{p:.4} ± {se:.4}"),
+            (p, _) => f(p, 4),
+        };
+        let delta = match (r.delta_ppl_pct, r.delta_ppl_pct_lo, r.delta_ppl_pct_hi) {
+            (Some(d), Some(lo), Some(hi)) => format!("{d:+.2} [{lo:+.2}, {hi:+.2}]"),
+            (d, _, _) => d.map_or("-".into(), |d| format!("{d:+.2}")),
+        };
+        let same = match (r.top1_agree_pct, r.same_top_p_se) {
+            (Some(a), Some(se)) => format!("{a:.2} ± {se:.2}"),
+            (a, _) => f(a, 2),
+        };
+        let noise = match (r.noise_floor_spread_pct, r.noise_floor_runs) {
+            (Some(sp), Some(k)) => format!("{sp:.3} ({k} runs)"),
+            _ => "-".into(),
+        };
+        lines.push_str(&format!(
+            "| {} | {} | {ppl} | {delta} | {} | {} | {} | {same} | {noise} |\n",
+            r.scheme,
+            r.ppl_windows.map_or("-".into(), |n| n.to_string()),
+            f(r.kl_mean, 4),
+            f(r.kl_p99_9, 4),
+            f(r.kl_max, 4),
+        ));
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    let method = rows
+        .iter()
+        .find_map(|r| r.ci_method.clone())
+        .unwrap_or_else(|| "t".into());
+    format!(
+        "\n## Quality\n\n| scheme | windows | PPL ± SE | ΔPPL % [95 % CI] | KL mean | KL p99.9 | \
+         KL max | same top p % | noise floor spread % |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n{lines}\n\
+         ΔPPL against the fp16 cache run in lockstep on the same windows; the interval is paired \
+         ({method}) over per-window NLL differences. KL in nats per scored token. Noise floor: \
+         100·(max − min)/mean of the perplexity over the one-ulp-perturbed reruns; ΔPPLs inside \
+         it cannot be told apart.\n"
+    )
 }
 
 /// Writes `results.csv`, `summary.md` and `plots/` for `rows` into `dir`; returns the path of
@@ -218,4 +276,63 @@ pub fn about(run: &Run) -> Vec<String> {
         ));
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// By hand: two points of q4_0 (quality is per scheme: one line), one fp16, one timing-only
+    /// scheme (no line); the cells are the row's numbers at the stated precision.
+    #[test]
+    fn quality_table_one_line_per_scheme() {
+        let q4 = ResultRow {
+            scheme: "q4_0".into(),
+            ppl: Some(28.298),
+            ppl_se: Some(1.91349),
+            delta_ppl_pct: Some(15.5098),
+            delta_ppl_pct_lo: Some(10.6432),
+            delta_ppl_pct_hi: Some(20.5906),
+            ci_method: Some("t".into()),
+            kl_mean: Some(0.12646),
+            kl_p99_9: Some(1.08878),
+            kl_max: Some(1.91948),
+            top1_agree_pct: Some(79.2157),
+            same_top_p_se: Some(0.8),
+            noise_floor_runs: Some(3),
+            noise_floor_spread_pct: Some(0.21817),
+            ppl_windows: Some(8),
+            ..Default::default()
+        };
+        let rows = vec![
+            ResultRow {
+                scheme: "fp16".into(),
+                ppl: Some(24.4983),
+                ppl_windows: Some(8),
+                ..Default::default()
+            },
+            q4.clone(),
+            ResultRow {
+                batch_size: 4,
+                ..q4
+            },
+            ResultRow {
+                scheme: "int8".into(),
+                ..Default::default()
+            },
+        ];
+        let t = quality_table(&rows);
+        assert!(t.contains("## Quality"), "{t}");
+        assert!(
+            t.contains(
+                "| q4_0 | 8 | 28.2980 ± 1.9135 | +15.51 [+10.64, +20.59] | 0.1265 | 1.0888 | \
+                 1.9195 | 79.22 ± 0.80 | 0.218 (3 runs) |"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("| fp16 | 8 | 24.4983 | - |"), "{t}");
+        assert_eq!(t.matches("| q4_0 |").count(), 1, "{t}");
+        assert!(!t.contains("| int8 |"), "{t}");
+        assert!(quality_table(&rows[3..]).is_empty());
+    }
 }
