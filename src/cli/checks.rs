@@ -98,7 +98,7 @@ pub fn dedup_with_note<T: PartialEq + Clone + std::fmt::Display>(flag: &str, v: 
 }
 
 /// Whether `dir` exists and holds anything.
-fn non_empty(dir: &Path) -> bool {
+pub fn non_empty(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
 }
 

@@ -806,7 +806,20 @@ fn run_folder(
     let dir = out
         .clone()
         .unwrap_or_else(|| PathBuf::from("reports").join(&run_id));
-    // `--out` was checked at start; this catches a default folder taken meanwhile.
+    // `--out` was checked (and with --force emptied) at start; files there now were written
+    // by another process meanwhile: two runs must not share a folder.
+    if out.is_some() && checks::non_empty(&dir) {
+        return Err(crate::Error::InvalidArgument {
+            name: "--out".into(),
+            reason: format!(
+                "{} received files after this run checked it at start: another kvbench run is \
+                 writing there; give each run its own --out",
+                dir.display()
+            ),
+        }
+        .into());
+    }
+    // A default folder taken meanwhile.
     checks::prepare_out(&dir, false)?;
     checks::create_out(&dir)?;
     Ok((run_id, dir))
@@ -890,5 +903,27 @@ impl Progress for BarProgress {
                 self.plain_line(&self.0.message());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `--out` folder that another process filled after this run's start-up check (two runs
+    /// given the same folder) is refused with that cause, not with advice to pass `--force`.
+    #[test]
+    fn out_filled_after_the_start_check_is_refused() {
+        let dir = std::env::temp_dir().join(format!("kvbench-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("raw.jsonl"), "{}\n").unwrap();
+        let e = run_folder("2026-12-01T00:00:00Z", "m", &Some(dir.clone()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("another kvbench run") && !e.contains("--force"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -740,6 +740,42 @@ impl TurboQuantProd {
     }
 }
 
+impl TurboQuantProd {
+    /// Adds `w · x̃` of one stored row to a weighted sum kept in two parts, so the d×d QJL
+    /// matrix is applied once per sum instead of once per row: `racc` (`[d]`) gathers
+    /// `w·‖x‖·ŷ` in the rotated basis and `zacc` (`[d]`) gathers `w·‖x‖·γ·√(π/2)/d·z` in the
+    /// sketch basis. [`finish_sum`](Self::finish_sum) turns them into `Σ w·x̃` — the same
+    /// value as summing [`decode`](Self::decode)d rows, by linearity (up to float rounding).
+    pub fn accumulate(&self, row: &[u8], w: f32, racc: &mut [f32], zacc: &mut [f32]) {
+        let d = self.head_dim();
+        let m = self.mse.row_bytes();
+        let wn = w * self.mse.norm(row);
+        let (bits, c) = (self.mse.bits(), self.mse.codebook.centroids());
+        for (i, a) in racc.iter_mut().enumerate() {
+            *a += wn * c[code_at(&row[2..m], bits, i)];
+        }
+        let gamma = f16::from_le_bytes([row[m], row[m + 1]]).to_f32();
+        let cz = wn * gamma * (PI / 2.0).sqrt() as f32 / d as f32;
+        let z = &row[m + 2..];
+        for (i, a) in zacc.iter_mut().enumerate() {
+            *a += if code_at(z, 1, i) == 1 { cz } else { -cz };
+        }
+    }
+
+    /// Adds the sum gathered by [`accumulate`](Self::accumulate) to `out` (`[d]`):
+    /// `R⁻¹·racc + Sᵀ·zacc`. `racc` is rotated in place (scratch afterwards).
+    pub fn finish_sum(&self, racc: &mut [f32], zacc: &[f32], out: &mut [f32]) {
+        let d = self.head_dim();
+        self.mse.rot.inverse(racc);
+        out.iter_mut().zip(racc.iter()).for_each(|(o, r)| *o += r);
+        for (srow, &zi) in self.s.chunks_exact(d).zip(zacc) {
+            if zi != 0.0 {
+                out.iter_mut().zip(srow).for_each(|(o, s)| *o += zi * s);
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // b-bit asymmetric uniform rows (TurboQuant values, 2-bit KIVI values)
 // ---------------------------------------------------------------------------------------------
@@ -998,15 +1034,27 @@ impl super::stream::Stream for TurboQuantStream {
                 }
             }
             TqCodec::Prod(c) => {
+                // Two running sums per query head; the QJL matrix is applied once at the end
+                // (O(d) per row instead of O(d²)).
+                let (mut racc, mut zacc) = (vec![0f32; nq * d], vec![0f32; nq * d]);
                 for t in t0..t1 {
                     let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
-                    if wt.iter().all(|&x| x == 0.0) {
-                        continue;
+                    for ((r, z), &wj) in racc
+                        .chunks_exact_mut(d)
+                        .zip(zacc.chunks_exact_mut(d))
+                        .zip(wt)
+                    {
+                        if wj != 0.0 {
+                            c.accumulate(self.row(t), wj, r, z);
+                        }
                     }
-                    c.decode(self.row(t), &mut y);
-                    for (a, &wj) in acc.chunks_exact_mut(d).zip(wt) {
-                        a.iter_mut().zip(&y).for_each(|(a, v)| *a += wj * v);
-                    }
+                }
+                for ((a, r), z) in acc
+                    .chunks_exact_mut(d)
+                    .zip(racc.chunks_exact_mut(d))
+                    .zip(zacc.chunks_exact(d))
+                {
+                    c.finish_sum(r, z, a);
                 }
             }
         }
