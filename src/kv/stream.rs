@@ -229,12 +229,7 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
     }
 
     fn swap_remove(&mut self, slot: usize) {
-        let last = self.len() - 1;
-        if slot != last {
-            self.data
-                .copy_within(last * self.rb..(last + 1) * self.rb, slot * self.rb);
-        }
-        self.data.truncate(last * self.rb);
+        swap_remove_row(&mut self.data, self.rb, slot);
     }
 
     fn clear(&mut self) {
@@ -293,4 +288,16 @@ mod tests {
         hadamard(&mut y, 4);
         assert_eq!(y, [1.0, 2.0, 3.0, 4.0]);
     }
+}
+
+/// Removes row `slot` from `data` (rows of `row_bytes` bytes) by moving the last row into its
+/// place (eviction's O(1) removal; row order is not kept). Panics on an empty buffer or a slot
+/// out of range (a caller's bookkeeping bug).
+pub(crate) fn swap_remove_row(data: &mut Vec<u8>, row_bytes: usize, slot: usize) {
+    let last = data.len() / row_bytes - 1;
+    assert!(slot <= last, "slot {slot} of {} rows", last + 1);
+    if slot != last {
+        data.copy_within(last * row_bytes..(last + 1) * row_bytes, slot * row_bytes);
+    }
+    data.truncate(last * row_bytes);
 }

@@ -1073,12 +1073,7 @@ impl super::stream::Stream for TurboQuantStream {
     }
 
     fn swap_remove(&mut self, slot: usize) {
-        let last = self.len() - 1;
-        if slot != last {
-            self.data
-                .copy_within(last * self.rb..(last + 1) * self.rb, slot * self.rb);
-        }
-        self.data.truncate(last * self.rb);
+        super::stream::swap_remove_row(&mut self.data, self.rb, slot);
     }
 
     fn clear(&mut self) {

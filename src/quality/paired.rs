@@ -15,8 +15,6 @@
 //! window lengths (kvbench scores the same number of targets in every window) the mean of the
 //! window means is the token mean, so `exp` of it is the usual perplexity.
 
-use statrs::distribution::{ContinuousCDF, StudentsT};
-
 use crate::error::{Error, Result};
 use crate::kv::turboquant_core::SplitMix64;
 use crate::stats::percentile;
@@ -245,11 +243,7 @@ pub fn windows_needed(n: usize, half_width_pct: f64, target_pct: f64) -> Option<
     if n < 2 || !(target_pct > 0.0) || !half_width_pct.is_finite() {
         return None;
     }
-    let t = |df: usize| {
-        StudentsT::new(0.0, 1.0, df as f64)
-            .map(|d| d.inverse_cdf(0.5 + LEVEL / 2.0))
-            .ok()
-    };
+    let t = |df: usize| crate::stats::t_quantile(0.5 + LEVEL / 2.0, df);
     let sd = half_width_pct * (n as f64).sqrt() / t(n - 1)?;
     // Start from the normal approximation, then step to the exact t answer (a few steps).
     let z = 1.959_963_984_540_054;
@@ -307,9 +301,8 @@ pub fn paired_delta(scheme: &[f64], reference: &[f64], method: CiMethod) -> Resu
     let se = sem(&d);
     let diff_ci = match method {
         CiMethod::StudentT => {
-            let t = StudentsT::new(0.0, 1.0, (n - 1) as f64)
-                .map_err(|e| invalid("paired NLL", e.to_string()))?
-                .inverse_cdf(0.5 + LEVEL / 2.0);
+            let t = crate::stats::t_quantile(0.5 + LEVEL / 2.0, n - 1)
+                .ok_or_else(|| invalid("paired NLL", "no degrees of freedom".into()))?;
             [md - t * se, md + t * se]
         }
         CiMethod::Bootstrap { resamples, seed } => {

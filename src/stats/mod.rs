@@ -36,6 +36,16 @@ pub struct Summary {
     pub outliers: usize,
 }
 
+/// The `p` quantile of Student's t with `df` degrees of freedom (statrs' inverse CDF), e.g.
+/// `t_quantile(0.975, n − 1)` for a two-sided 95 % interval of a mean of `n` samples. `None`
+/// for `df = 0`.
+pub fn t_quantile(p: f64, df: usize) -> Option<f64> {
+    StudentsT::new(0.0, 1.0, df as f64)
+        .ok()
+        .filter(|_| df > 0)
+        .map(|d| d.inverse_cdf(p))
+}
+
 /// Summarizes `xs` (any unit; the summary keeps it). Returns `None` for an empty sample.
 pub fn summarize(xs: &[f64]) -> Option<Summary> {
     if xs.is_empty() {
@@ -47,10 +57,7 @@ pub fn summarize(xs: &[f64]) -> Option<Summary> {
     let q = |p: f64| percentile_sorted(&sorted, p);
     let std = if n > 1 { xs.std_dev() } else { f64::NAN };
     let ci95 = if n > 1 {
-        let t = StudentsT::new(0.0, 1.0, (n - 1) as f64)
-            .expect("n − 1 ≥ 1 degrees of freedom")
-            .inverse_cdf(0.975);
-        t * std / (n as f64).sqrt()
+        t_quantile(0.975, n - 1).expect("n − 1 ≥ 1 degrees of freedom") * std / (n as f64).sqrt()
     } else {
         f64::NAN
     };
@@ -95,6 +102,17 @@ fn percentile_sorted(xs: &[f64], p: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Published two-sided 95 % t table values (e.g. NIST/SEMATECH e-Handbook, Table 1.4.2.7.6):
+    /// df 1 → 12.706, 3 → 3.182, 31 → 2.040; no degrees of freedom → None.
+    #[test]
+    fn t_quantile_matches_the_table() {
+        for (df, want) in [(1, 12.706), (3, 3.182), (31, 2.040)] {
+            let got = t_quantile(0.975, df).unwrap();
+            assert!((got - want).abs() < 5e-4, "df {df}: {got}");
+        }
+        assert_eq!(t_quantile(0.975, 0), None);
+    }
 
     /// Hand computation with type 7: for n = 10 the 95th percentile sits at 0-based rank
     /// h = 9·0.95 = 8.55, between 9 and 10: 9 + 0.55 = 9.55; the median is (5 + 6) / 2.
