@@ -140,9 +140,16 @@ pub struct PlanRow {
     pub total_concurrency: u64,
 }
 
+/// Most tokens per KV block `--block-size` takes (2^16): engines use 16 to 256, and past this
+/// the block arithmetic (tokens × bytes per token) could overflow (issue #25: a block size of
+/// 10^16 wrapped to 512-byte blocks).
+pub const MAX_BLOCK_TOKENS: usize = 1 << 16;
+
 /// Max concurrency for every scheme × context, on one replica (tensor-parallel group); see
 /// [`plan_gpus`] for several replicas. Errors: [`PlanInput::validate_tp`]'s and
-/// [`PlanInput::kv_budget`]'s.
+/// [`PlanInput::kv_budget`]'s, and [`Error::InvalidArgument`] naming `--block-size` outside
+/// 1 to [`MAX_BLOCK_TOKENS`].
+
 pub fn plan(input: &PlanInput, schemes: &[KvScheme], ctxs: &[usize]) -> Result<Vec<PlanRow>> {
     plan_gpus(input, schemes, ctxs, input.tensor_parallel.max(1))
 }
@@ -157,6 +164,15 @@ pub fn plan_gpus(
     gpus: usize,
 ) -> Result<Vec<PlanRow>> {
     input.validate_tp()?;
+    if input.block == 0 || input.block > MAX_BLOCK_TOKENS {
+        return Err(Error::InvalidArgument {
+            name: "--block-size".into(),
+            reason: format!(
+                "{} tokens per block: give 1 to {MAX_BLOCK_TOKENS} (vLLM uses 16)",
+                input.block
+            ),
+        });
+    }
     let tp = input.tensor_parallel;
     if gpus == 0 || !gpus.is_multiple_of(tp) {
         return Err(Error::InvalidArgument {

@@ -253,6 +253,484 @@ fn nan_logits_fail_the_point_and_an_all_failed_sweep_exits_1() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+// Issue 25: serve as hardened as sweep. Each case reproduces one defect of the issue's list.
+
+/// A small serve run's flags: 2 requests of 16 + 2 tokens, all at once, into `out`; a flag in
+/// `extra` replaces its default here.
+fn serve_args<'a>(out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["serve", "--out", out];
+    for (flag, value) in [
+        ("--kv-budget", "4MiB"),
+        ("--num-requests", "2"),
+        ("--input-len", "16"),
+        ("--output-len", "2"),
+        ("--rate", "inf"),
+    ] {
+        if !extra.contains(&flag) {
+            a.extend([flag, value]);
+        }
+    }
+    a.extend_from_slice(extra);
+    a
+}
+
+/// The same model with NaN logits (as `nan_logits_fail_the_point_…`): every serve point
+/// fails, and a run in which every point failed exits 1, not 0.
+#[test]
+fn serve_every_point_failed_exits_1() {
+    let dir = tmp("serve-nan");
+    let mut g = default_gguf();
+    let t = g
+        .tensors
+        .iter()
+        .find(|t| t.name == "blk.0.ffn_down.weight")
+        .unwrap()
+        .clone();
+    let at = t.offset as usize;
+    g.data[at..at + 2].copy_from_slice(&half::f16::INFINITY.to_le_bytes());
+    let p = dir.join("inf.gguf");
+    g.write(&p);
+    let out = dir.join("run");
+    let (code, _, err) = kvbench(&serve_args(
+        out.to_str().unwrap(),
+        &["--model", p.to_str().unwrap(), "--schemes", "fp16"],
+    ));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("every point failed"), "{err}");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();
+    assert_eq!(meta["status"], "failed");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `--schemes ''` names no scheme: exit 2, not a run that measures nothing and exits 0.
+#[test]
+fn serve_empty_schemes_is_a_usage_error() {
+    let dir = tmp("serve-empty");
+    let out = dir.join("run");
+    let (code, _, err) = kvbench(&serve_args(out.to_str().unwrap(), &["--schemes", ""]));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--schemes") && err.contains("names no scheme"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Sizes past what any run can mean are refused before anything is allocated, naming the
+/// flag (each once panicked, aborted on an allocation, or decoded without end).
+#[test]
+fn serve_unbounded_sizes_are_usage_errors() {
+    let dir = tmp("serve-sizes");
+    let out = dir.join("run");
+    let o = out.to_str().unwrap();
+    for (extra, flag) in [
+        (vec!["--rate", "1e-30"], "--rate"),
+        (vec!["--rate", "1e-12"], "--rate"),
+        (vec!["--kv-budget", "1024TiB"], "--kv-budget"),
+        (vec!["--num-requests", "100000000"], "--num-requests"),
+        (
+            vec!["--num-requests", "18446744073709551615"],
+            "--num-requests",
+        ),
+        (vec!["--output-len", "18446744073709551606"], "--output-len"),
+        (
+            vec!["--input-len", "1..18446744073709551615"],
+            "--input-len",
+        ),
+        (
+            vec!["--shared-prefix", "18446744073709551615"],
+            "--shared-prefix",
+        ),
+        (vec!["--block-size", "10408319138811813"], "--block-size"),
+    ] {
+        let mut extra = extra.clone();
+        extra.extend(["--schemes", "fp16"]);
+        let (code, _, err) = kvbench(&serve_args(o, &extra));
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains(flag), "{extra:?}: {err}");
+        assert!(!out.join("raw.jsonl").exists(), "{extra:?} wrote results");
+    }
+    // The output reaching past the model's context (8,192 tokens) is blamed on the lengths,
+    // not on the KV budget.
+    let (code, _, err) = kvbench(&serve_args(
+        o,
+        &["--schemes", "fp16", "--output-len", "9000"],
+    ));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--output-len") && err.contains("context"),
+        "{err}"
+    );
+    assert!(!err.contains("--kv-budget"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `--rate inf,inf --schemes fp16,fp16` measures one point once, with a note, not two rows
+/// with the same key.
+#[test]
+fn serve_duplicate_rates_and_schemes_run_once() {
+    let dir = tmp("serve-dup");
+    let out = dir.join("run");
+    let (code, _, err) = kvbench(&serve_args(
+        out.to_str().unwrap(),
+        &["--schemes", "fp16,fp16", "--rate", "inf,inf"],
+    ));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("--schemes lists fp16 more than once"), "{err}");
+    assert!(err.contains("--rate lists"), "{err}");
+    assert_eq!(csv_rows(&out).len(), 1);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Issue 25's exact case: int8-channel keys keep up to 128 + 31 full-precision rows before a
+/// group of 32 is quantized, so a 160-token request needs 15 blocks of 192,960 bytes at 159
+/// tokens but 14 at its end (hand computation in `serve::pool`'s unit test). 2,701,440 bytes
+/// hold exactly 14: the old check passed at the final length and the request then failed
+/// mid-run with exit 0; now the run is refused up front (exit 2), naming --kv-budget.
+#[test]
+fn serve_int8_channel_budget_counts_the_residual_window() {
+    let dir = tmp("serve-chan");
+    let out = dir.join("run");
+    let (code, _, err) = kvbench(&[
+        "serve",
+        "--schemes",
+        "int8-channel",
+        "--rate",
+        "inf",
+        "--num-requests",
+        "1",
+        "--input-len",
+        "100",
+        "--output-len",
+        "60",
+        "--kv-budget",
+        "2701440",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--kv-budget"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Two serve runs started at once into one empty `--out`: one runs, the other is refused
+/// (exit 2) before it writes a line, so raw.jsonl holds one run's rows only.
+#[test]
+fn serve_two_runs_into_one_out_one_is_refused() {
+    let dir = tmp("serve-two");
+    let out = dir.join("run");
+    let o = out.to_str().unwrap();
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_kvbench"))
+            .args(serve_args(o, &["--schemes", "fp16"]))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let mut codes = [a.status.code(), b.status.code()];
+    codes.sort();
+    let errs = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&a.stderr),
+        String::from_utf8_lossy(&b.stderr)
+    );
+    assert_eq!(codes, [Some(0), Some(2)], "{errs}");
+    assert!(errs.contains("--out"), "{errs}");
+    let raw = std::fs::read_to_string(out.join("raw.jsonl")).unwrap();
+    assert_eq!(raw.matches("\"kind\":\"request\"").count(), 2, "{raw}");
+    assert_eq!(raw.matches("\"kind\":\"point\"").count(), 1, "{raw}");
+    assert!(
+        !out.join(".kvbench.lock").exists(),
+        "the lock outlived the run"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `serve --resume` after a kill -9 mid-write: the torn last line is dropped (its point runs
+/// again), not an `EOF while parsing` error; flags beside `--resume` are refused, as are a
+/// meta.json cut short (named) and one from a newer kvbench.
+#[test]
+fn serve_resume_survives_a_torn_line_and_refuses_what_it_cannot_keep() {
+    let dir = tmp("serve-resume");
+    let out = dir.join("run");
+    let o = out.to_str().unwrap();
+    let (code, _, err) = kvbench(&serve_args(o, &["--schemes", "fp16,int4"]));
+    assert_eq!(code, 0, "{err}");
+    let raw_path = out.join("raw.jsonl");
+    let raw = std::fs::read_to_string(&raw_path).unwrap();
+    // Cut the last line (int4's point) in the middle, as a kill -9 during its write would.
+    let cut = raw.trim_end().len() - 40;
+    std::fs::write(&raw_path, &raw[..cut]).unwrap();
+    for (flags, named) in [
+        (vec!["--schemes", "int8"], "--schemes"),
+        (vec!["--rate", "1"], "--rate"),
+        (vec!["--num-requests", "9"], "--num-requests"),
+        (vec!["--force"], "--force"),
+    ] {
+        let mut a = vec!["serve", "--resume", o];
+        a.extend(flags.iter().copied());
+        let (code, _, err) = kvbench(&a);
+        assert_eq!(code, 2, "{flags:?}: {err}");
+        assert!(
+            err.contains(named) && err.contains("drop"),
+            "{flags:?}: {err}"
+        );
+    }
+    let (code, _, err) = kvbench(&["serve", "--resume", o]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("cut short"), "{err}");
+    assert!(err.contains("1 points done, 1 to run"), "{err}");
+    let rows = csv_rows(&out);
+    assert_eq!(rows.len(), 2);
+    let raw = std::fs::read_to_string(&raw_path).unwrap();
+    for l in raw.lines() {
+        serde_json::from_str::<serde_json::Value>(l).unwrap();
+    }
+    assert_eq!(raw.matches("\"kind\":\"point\"").count(), 2);
+    let meta_path = out.join("meta.json");
+    let meta = std::fs::read_to_string(&meta_path).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&meta).unwrap();
+    assert_eq!(v["status"], "finished");
+    assert_eq!(v["resumed_at"].as_array().unwrap().len(), 1);
+    std::fs::write(&meta_path, &meta[..meta.len() / 2]).unwrap();
+    let (code, _, err) = kvbench(&["serve", "--resume", o]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("meta.json") && err.contains("not valid JSON"),
+        "{err}"
+    );
+    let mut future = v.clone();
+    future["format"] = 99.into();
+    std::fs::write(&meta_path, future.to_string()).unwrap();
+    let (code, _, err) = kvbench(&["serve", "--resume", o]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("format 99"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A `--suite` that is a FIFO is refused at once (it blocked forever), and a serve suite
+/// value of the wrong type is named by its key, not printed in Rust debug form.
+#[test]
+fn suite_fifo_and_wrong_typed_serve_values_are_refused() {
+    let dir = tmp("suite-fifo");
+    let fifo = dir.join("suite.toml");
+    let ok = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(ok.success());
+    let out = dir.join("run");
+    for cmd in ["sweep", "serve"] {
+        let (code, _, err) = kvbench(&[
+            cmd,
+            "--suite",
+            fifo.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 2, "{cmd}: {err}");
+        assert!(err.contains("not a regular file"), "{cmd}: {err}");
+    }
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "input-len = true\n").unwrap();
+    let (code, _, err) = kvbench(&[
+        "serve",
+        "--suite",
+        bad.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("`input-len` is a boolean"), "{err}");
+    assert!(!err.contains("Boolean(true)"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `kvbench plan | head -1` and `kvbench rouge … | head -1`: a closed pipe ends the process
+/// quietly (SIGPIPE), never a panic (exit 101, "failed printing to stdout").
+#[test]
+fn closed_pipe_ends_quietly() {
+    let dir = tmp("pipe");
+    let refs = dir.join("r.txt");
+    std::fs::write(&refs, "the cat sat on the mat\n".repeat(5000)).unwrap();
+    let out_dir = dir.join("plan");
+    for args in [
+        vec![
+            "plan".to_string(),
+            "--model".into(),
+            "llama-3-8b".into(),
+            "--memory".into(),
+            "80GiB".into(),
+            "--ctx".into(),
+            "1k,2k,4k,8k,16k,32k,64k,128k".into(),
+            "--dtypes".into(),
+            "fp16,int8,int4,q8_0,q4_0,fp8".into(),
+            "--out".into(),
+            out_dir.to_str().unwrap().into(),
+        ],
+        vec![
+            "rouge".to_string(),
+            "--predictions".into(),
+            refs.to_str().unwrap().into(),
+            "--references".into(),
+            refs.to_str().unwrap().into(),
+            "--format".into(),
+            "jsonl".into(),
+        ],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Read one line, then close the pipe, as `head -1` does.
+        let mut stdout = child.stdout.take().unwrap();
+        let mut first = [0u8; 64];
+        let _ = std::io::Read::read(&mut stdout, &mut first).unwrap();
+        drop(stdout);
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{}: {err}", args[0]);
+        assert_ne!(out.status.code(), Some(101), "{}: {err}", args[0]);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Ctrl-C during a sweep: exit 130 with one line saying where the results are and how to
+/// resume, meta.json marked `interrupted` (not left `running`), the lock released; the
+/// folder then resumes.
+#[test]
+fn ctrl_c_exits_130_and_marks_the_run_interrupted() {
+    let dir = tmp("sigint");
+    let out = dir.join("run");
+    let child = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args([
+            "sweep",
+            "--synthetic",
+            "--dtypes",
+            "fp16,int8,int4,q8_0,q4_0",
+            "--batch-sizes",
+            "1,2,4",
+            "--seq-lens",
+            "1024,2048,4096",
+            "--gen",
+            "64",
+            "--repeats",
+            "5",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .env_remove("SLURM_ARRAY_TASK_ID")
+        .env_remove("SLURM_ARRAY_TASK_COUNT")
+        .env_remove("JOB_COMPLETION_INDEX")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the run has written its meta.json, then interrupt it.
+    let t = Instant::now();
+    while !out.join("meta.json").exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no meta.json after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let ok = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let outp = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&outp.stderr);
+    assert_eq!(outp.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("interrupted") && err.contains("--resume"),
+        "{err}"
+    );
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();
+    assert_eq!(meta["status"], "interrupted", "{meta}");
+    assert!(!out.join(".kvbench.lock").exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A hub that sends one byte every half second never trips a "nothing received" timeout; the
+/// stall rule (64 KiB per KVBENCH_HUB_TIMEOUT) ends it: exit 2 naming the bytes received.
+#[test]
+fn hub_that_trickles_bytes_times_out() {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in listener.incoming().take(16).flatten() {
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let mut head = String::new();
+                loop {
+                    let mut l = String::new();
+                    if r.read_line(&mut l).unwrap_or(0) == 0 || l == "\r\n" {
+                        break;
+                    }
+                    head.push_str(&l.to_ascii_lowercase());
+                }
+                let mut s = s;
+                if head.contains("range: bytes=0-0") {
+                    let _ = s.write_all(
+                        b"HTTP/1.1 206 Partial Content\r\netag: \"e1\"\r\nx-repo-commit: \
+                          0123456789abcdef\r\ncontent-range: bytes 0-0/100000\r\n\
+                          content-length: 1\r\n\r\nx",
+                    );
+                } else {
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n");
+                    for _ in 0..240 {
+                        if s.write_all(b"x").is_err() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                }
+            });
+        }
+    });
+    let home = tmp("hub-trickle");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args(["sweep", "--model", "some-org/some-model"])
+        .env("HF_HOME", &home)
+        .env("HF_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("KVBENCH_HUB_TIMEOUT", "2")
+        .env_remove("HF_HUB_OFFLINE")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .env_remove("ALL_PROXY")
+        .env_remove("all_proxy")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            child.kill().ok();
+            panic!("kvbench still fetching from a trickling hub after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("sent only") && err.contains("in 2 s"), "{err}");
+    std::fs::remove_dir_all(&home).ok();
+}
+
 #[test]
 fn out_folder_with_existing_run_is_refused() {
     let dir = tmp("out");

@@ -255,15 +255,16 @@ fn table(
         .zip(before)
         .and_then(|(b, a)| crate::measure::contention::Contention::between(&a, &b));
     let mut fp16_ms = None;
+    let mut first_failure: Option<String> = None;
+    let total = caches.len();
+    let failed = caches.iter().filter(|c| c.is_err()).count();
     for ((scheme, cache), ms) in a.schemes.0.iter().zip(caches).zip(times) {
         let cache = match cache {
             Ok(c) => c,
             Err(e) => {
-                println!(
-                    "{:<28} {}",
-                    scheme.to_string(),
-                    crate::error::first_line(&e)
-                );
+                let line = crate::error::first_line(&e);
+                println!("{:<28} {line}", scheme.to_string());
+                first_failure.get_or_insert(format!("{scheme}: {line}"));
                 continue;
             }
         };
@@ -299,6 +300,13 @@ fn table(
             "warning: other processes used {:.2} cores while this table was timed (load {:.1}); \
              the step times describe a shared machine — stop them and rerun",
             c.other_cores, c.load_1m
+        );
+    }
+    // A table in which no scheme ran measured nothing: exit 1, as a sweep whose every point failed.
+    if failed == total {
+        anyhow::bail!(
+            "every scheme failed at {seq_len} tokens ({failed} of {total}); the first: {}",
+            first_failure.unwrap_or_default()
         );
     }
     Ok(())

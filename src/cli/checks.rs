@@ -183,6 +183,17 @@ pub struct ResumeIdentity {
     pub cpu: String,
 }
 
+/// What a resumed run must share with the folder's first run, probed now (the thread pool must
+/// be built first): the model files' sha256, the worker threads and the CPU.
+pub fn resume_identity(model_sha256: Vec<String>) -> ResumeIdentity {
+    let machine = crate::report::meta::Machine::probe();
+    ResumeIdentity {
+        model_sha256,
+        threads: machine.threads,
+        cpu: machine.cpu,
+    }
+}
+
 /// Compares `now` with what the folder's `meta.json` recorded. A value meta.json lacks (a run
 /// folder from an older kvbench) is not checked. Errors: [`Error::InvalidArgument`] (`--resume`)
 /// naming the value that differs, both values, and what to do.

@@ -64,6 +64,7 @@ pub enum Command {
 
 /// Parses the command line, runs it and returns the exit code.
 pub fn main() -> ExitCode {
+    crate::util::interrupt::install();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);

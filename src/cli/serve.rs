@@ -23,6 +23,7 @@ use crate::serve::engine::{serve, RequestRecord, SchedConfig, ServeOutcome, Step
 use crate::serve::metrics::{summarize, ServeStats, Slo};
 use crate::serve::pool::BlockSizer;
 use crate::serve::workload::{self, Arrival, LenDist};
+use crate::util::folder_lock::FolderLock;
 
 use super::checks;
 
@@ -137,16 +138,6 @@ enum StrOrList {
     List(Vec<String>),
 }
 
-fn value_str(v: &toml::Value) -> String {
-    match v {
-        toml::Value::String(s) => s.clone(),
-        toml::Value::Integer(i) => i.to_string(),
-        toml::Value::Float(f) if f.is_infinite() => "inf".into(),
-        toml::Value::Float(f) => f.to_string(),
-        other => format!("{other:?}"),
-    }
-}
-
 impl ServeSuite {
     fn apply(self, a: &mut ServeArgs, m: Option<&clap::ArgMatches>) -> anyhow::Result<()> {
         let cli = |id: &str| {
@@ -174,17 +165,20 @@ impl ServeSuite {
         }));
         set!(kv_budget, "kv_budget", id);
         set!(block_size, "block_size", id);
-        set!(rate, "rate", |v: Vec<toml::Value>| anyhow::Ok(
-            v.iter().map(value_str).collect()
-        ));
+        set!(rate, "rate", |v: Vec<toml::Value>| v
+            .iter()
+            .map(|x| value_str("rate", x))
+            .collect::<anyhow::Result<Vec<_>>>());
         set!(arrival, "arrival", id);
         set!(concurrency, "concurrency", id);
         set!(num_requests, "num_requests", id);
-        set!(input_len, "input_len", |v: toml::Value| anyhow::Ok(
-            value_str(&v)
+        set!(input_len, "input_len", |v: toml::Value| value_str(
+            "input-len",
+            &v
         ));
-        set!(output_len, "output_len", |v: toml::Value| anyhow::Ok(
-            value_str(&v)
+        set!(output_len, "output_len", |v: toml::Value| value_str(
+            "output-len",
+            &v
         ));
         set!(shared_prefix, "shared_prefix", id);
         set!(max_num_seqs, "max_num_seqs", id);
@@ -223,24 +217,87 @@ fn usage(name: &str, reason: String) -> crate::Error {
     }
 }
 
+/// Most requests per point: the prompts are built before the first arrival, and 100,000
+/// requests at 2 req/s already take 14 hours.
+pub const MAX_NUM_REQUESTS: usize = 100_000;
+
+/// Longest expected arrival span of an open-loop point, seconds (one day): `--num-requests /
+/// --rate` past it is a typo (`--rate 1e-12` would wait 10^12 s for its first request).
+pub const MAX_ARRIVAL_SPAN_S: f64 = 86_400.0;
+
 fn validate(a: &ServeArgs) -> anyhow::Result<Plan> {
-    let schemes = crate::kv::parse_scheme_list(&a.schemes)?;
+    let mut schemes = crate::kv::parse_scheme_list(&a.schemes)?;
+    if schemes.is_empty() {
+        anyhow::bail!(usage(
+            "--schemes",
+            format!(
+                "`{}` names no scheme; give one or more, e.g. fp16,int8,int4",
+                a.schemes
+            )
+        ));
+    }
+    checks::dedup_with_note("--schemes", &mut schemes);
     let budget = crate::plan::parse_bytes(&a.kv_budget).map_err(|_| {
         usage(
             "--kv-budget",
             format!("`{}` is not a size like 24MiB or 64MB", a.kv_budget),
         )
     })?;
+    // On the CPU the cache lives in RAM: a budget past the machine's memory cannot be held,
+    // and its block table alone would exhaust memory before the first request.
+    if let Some(mem) = crate::util::memory::total_bytes() {
+        if budget > mem {
+            anyhow::bail!(usage(
+                "--kv-budget",
+                format!(
+                    "{} ({budget} bytes) is more than this machine's {mem} bytes of memory, where \
+                     the KV cache is held; give at most {}MiB",
+                    a.kv_budget,
+                    mem >> 20
+                )
+            ));
+        }
+    }
     if a.block_size == 0 {
         anyhow::bail!(usage("--block-size", "must be at least 1".into()));
+    }
+    if a.block_size > crate::plan::MAX_BLOCK_TOKENS {
+        anyhow::bail!(usage(
+            "--block-size",
+            format!(
+                "{} tokens per block is past any context; give at most {} (vLLM uses 16)",
+                a.block_size,
+                crate::plan::MAX_BLOCK_TOKENS
+            )
+        ));
     }
     if a.num_requests == 0 {
         anyhow::bail!(usage("--num-requests", "must be at least 1".into()));
     }
+    if a.num_requests > MAX_NUM_REQUESTS {
+        anyhow::bail!(usage(
+            "--num-requests",
+            format!(
+                "{} requests per point is more than {MAX_NUM_REQUESTS} (at 2 req/s those take \
+                 14 hours); give at most {MAX_NUM_REQUESTS}",
+                a.num_requests
+            )
+        ));
+    }
+    if a.shared_prefix > workload::MAX_LEN_TOKENS {
+        anyhow::bail!(usage(
+            "--shared-prefix",
+            format!(
+                "{} tokens is past any model's context; give at most {}",
+                a.shared_prefix,
+                workload::MAX_LEN_TOKENS
+            )
+        ));
+    }
     if a.max_num_seqs == 0 {
         anyhow::bail!(usage("--max-num-seqs", "must be at least 1".into()));
     }
-    let loads: Vec<Arrival> = if !a.concurrency.is_empty() {
+    let mut loads: Vec<Arrival> = if !a.concurrency.is_empty() {
         if a.concurrency.contains(&0) {
             anyhow::bail!(usage("--concurrency", "clients must be at least 1".into()));
         }
@@ -275,6 +332,30 @@ fn validate(a: &ServeArgs) -> anyhow::Result<Plan> {
             "give at least one rate or --concurrency".into()
         ));
     }
+    for l in &loads {
+        if let Arrival::Poisson { rate } | Arrival::Constant { rate } = *l {
+            let span = a.num_requests as f64 / rate;
+            if span > MAX_ARRIVAL_SPAN_S {
+                anyhow::bail!(usage(
+                    "--rate",
+                    format!(
+                        "{rate} req/s spreads {} requests over {span:.3e} s, more than a day; \
+                         give at least {:.3e} req/s (or fewer --num-requests)",
+                        a.num_requests,
+                        a.num_requests as f64 / MAX_ARRIVAL_SPAN_S
+                    )
+                ));
+            }
+        }
+    }
+    checks::dedup_with_note(
+        if a.concurrency.is_empty() {
+            "--rate"
+        } else {
+            "--concurrency"
+        },
+        &mut loads,
+    );
     let len = |name: &str, s: &str| {
         s.parse::<LenDist>().map_err(|e| match e {
             crate::Error::InvalidArgument { reason, .. } => usage(name, reason),
@@ -305,8 +386,8 @@ pub struct ServeRow {
     pub scheme: String,
     /// Arrival process and load, e.g. `poisson 2 req/s`.
     pub arrival: String,
-    /// Request rate (req/s) or closed-loop clients.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    /// Request rate (req/s; `inf`: every request at once) or closed-loop clients.
+    #[serde(with = "crate::serve::workload::load_serde")]
     pub load: f64,
     /// Whether the shared prefix was cached (stored once, prefilled once).
     pub prefix_caching: bool,
@@ -481,22 +562,151 @@ enum RawLine {
 /// Raw file name (one JSON object a line).
 const RAW: &str = crate::report::RAW_FILE;
 
+/// `meta.json` format `serve` writes: 0 for folders written before it was recorded (no
+/// `format` field), 1 with `format`, `status` and the model's sha256 under `model`.
+pub const SERVE_META_FORMAT: u64 = 1;
+
+/// `--resume DIR`: the settings recorded in `DIR/meta.json` (every flag but `--threads`, which
+/// must then equal the recorded count, is refused beside it, as `sweep --resume` does) and the
+/// earlier meta. Errors: [`crate::Error::InvalidArgument`] (`--resume`) naming the file: missing,
+/// unreadable, cut short, written by a newer kvbench, or without usable settings; or naming
+/// the flags given with `--resume`.
+fn resume_settings(
+    dir: &Path,
+    a: &ServeArgs,
+    matches: Option<&clap::ArgMatches>,
+) -> anyhow::Result<(ServeArgs, serde_json::Value)> {
+    let extra: Vec<String> = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"))
+        .get_arguments()
+        .map(|x| x.get_id().as_str().to_string())
+        .filter(|id| !["resume", "threads"].contains(&id.as_str()))
+        .filter(|id| super::suite::given_on_cli(matches, id))
+        .map(|id| format!("--{}", id.replace('_', "-")))
+        .collect();
+    if !extra.is_empty() {
+        anyhow::bail!(usage(
+            "--resume",
+            format!(
+                "a resumed run keeps the settings it started with (in {}/meta.json); drop {}",
+                dir.display(),
+                extra.join(", ")
+            )
+        ));
+    }
+    let path = dir.join(crate::report::META_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        usage(
+            "--resume",
+            format!(
+                "{} cannot be read ({e}): not a serve run folder",
+                path.display()
+            ),
+        )
+    })?;
+    let m: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        usage(
+            "--resume",
+            format!(
+                "{} is not valid JSON ({e}); it was cut short or edited: start a new run",
+                path.display()
+            ),
+        )
+    })?;
+    if m["command"] != "serve" {
+        anyhow::bail!(usage(
+            "--resume",
+            format!(
+                "{} is not a `kvbench serve` run (resume a sweep with `kvbench sweep --resume`)",
+                path.display()
+            )
+        ));
+    }
+    let format = m["format"].as_u64().unwrap_or(0);
+    if format > SERVE_META_FORMAT {
+        anyhow::bail!(usage(
+            "--resume",
+            format!(
+                "{} has format {format}, written by kvbench {}; this kvbench {} reads formats 0 \
+                 to {SERVE_META_FORMAT}: resume it with that kvbench or newer",
+                path.display(),
+                m["kvbench"].as_str().unwrap_or("(unknown)"),
+                meta::version()
+            )
+        ));
+    }
+    let mut s: ServeArgs = serde_json::from_value(m["settings"].clone()).map_err(|e| {
+        usage(
+            "--resume",
+            format!("{}: its settings cannot be read ({e})", path.display()),
+        )
+    })?;
+    s.resume = Some(dir.to_path_buf());
+    s.out = Some(dir.to_path_buf());
+    if a.threads.is_some() {
+        s.threads = a.threads;
+    }
+    Ok((s, m))
+}
+
+/// Reads raw.jsonl's lines. A last line that does not parse was cut short (kill -9, a full
+/// disk) and is dropped with a note; any other line that does not parse is an error naming the
+/// file and the line. Errors: [`crate::Error::Io`] (unreadable), [`crate::Error::InvalidArgument`]
+/// (`--resume`) for a damaged line.
+fn read_raw(path: &Path) -> anyhow::Result<Vec<RawLine>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(crate::Error::io(path, e).into()),
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::with_capacity(lines.len());
+    for (i, l) in lines.iter().enumerate() {
+        if l.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<RawLine>(l) {
+            Ok(r) => out.push(r),
+            Err(_) if i + 1 == lines.len() => eprintln!(
+                "note: {} ends in a line cut short (an interrupted write); it is dropped and \
+                 its point runs again",
+                path.display()
+            ),
+            Err(e) => anyhow::bail!(usage(
+                "--resume",
+                format!(
+                    "{} line {} is damaged ({e}); start a new run",
+                    path.display(),
+                    i + 1
+                )
+            )),
+        }
+    }
+    Ok(out)
+}
+
+/// A serve suite's value as the flag's text. Errors: [`crate::Error::InvalidArgument`] naming
+/// the key for a value that is neither a string nor a number (a table, a boolean…).
+fn value_str(key: &str, v: &toml::Value) -> anyhow::Result<String> {
+    Ok(match v {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Integer(i) => i.to_string(),
+        toml::Value::Float(f) if f.is_infinite() => "inf".into(),
+        toml::Value::Float(f) => f.to_string(),
+        other => anyhow::bail!(usage(
+            "--suite",
+            format!(
+                "`{key}` is a {}, not a number or a string (e.g. {key} = \"128..384\")",
+                other.type_str()
+            )
+        )),
+    })
+}
+
 /// Runs `kvbench serve`.
 pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Result<()> {
-    let earlier: Option<serde_json::Value> = match &a.resume {
+    let earlier: Option<serde_json::Value> = match a.resume.clone() {
         Some(dir) => {
-            let text =
-                std::fs::read_to_string(dir.join(crate::report::META_FILE)).map_err(|e| {
-                    usage(
-                        "--resume",
-                        format!("{} has no readable meta.json ({e})", dir.display()),
-                    )
-                })?;
-            let m: serde_json::Value = serde_json::from_str(&text)?;
-            let mut s: ServeArgs = serde_json::from_value(m["settings"].clone())
-                .map_err(|e| usage("--resume", format!("meta.json's settings: {e}")))?;
-            s.resume = a.resume.clone();
-            s.out = a.resume.clone();
+            let (s, m) = resume_settings(&dir, &a, matches)?;
             a = s;
             Some(m)
         }
@@ -504,8 +714,7 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
     };
     if earlier.is_none() {
         if let Some(path) = &a.suite {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading suite {}", path.display()))?;
+            let text = crate::measure::settings::read_suite_file(path)?;
             let suite: ServeSuite = toml::from_str(&text)
                 .map_err(|e| usage("--suite", format!("{}: {e}", path.display())))?;
             suite.apply(&mut a, matches)?;
@@ -530,6 +739,11 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
         checks::prepare_out(&dir, a.force)?;
     }
     checks::create_out(&dir)?;
+    // One writer per folder: a second run given the same --out is refused, not interleaved.
+    let _lock = match &earlier {
+        Some(_) => FolderLock::acquire(&dir, "--resume")?,
+        None => FolderLock::acquire_empty(&dir, "--out")?,
+    };
 
     let location = hub::resolve(&a.model)?;
     let files = match &location {
@@ -541,15 +755,12 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
         .map(|f| model::fetch::sha256_file(f))
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(m) = &earlier {
-        let was: Vec<String> =
-            serde_json::from_value(m["model_sha256"].clone()).unwrap_or_default();
-        if !was.is_empty() && was != sha256 {
-            anyhow::bail!(usage(
-                "--resume",
-                "the model files differ from the ones this run started with; start a new run"
-                    .into()
-            ));
+        // Format 0 kept the sha256 at the top level; format 1 under `model` as `sweep` does.
+        let mut m = m.clone();
+        if m["model"]["sha256"].is_null() && !m["model_sha256"].is_null() {
+            m["model"]["sha256"] = m["model_sha256"].clone();
         }
+        checks::check_resume(&dir, &m, &checks::resume_identity(sha256.clone()))?;
     }
     let load = |dtype: WeightDtype| {
         model::load_location(&a.model, &location, dtype)
@@ -564,6 +775,25 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
     let prefill_model = prefill.as_ref().map_or(&decode.model, |m| &m.model);
     let cfg = decode.model.config.clone();
     let geom = cfg.cache_geometry();
+    // Lengths are bounded by workload::MAX_LEN_TOKENS, so the sum cannot overflow.
+    let longest = a.shared_prefix + plan.input.max() + plan.output.max();
+    if longest > cfg.max_ctx {
+        anyhow::bail!(usage(
+            if plan.output.max() > cfg.max_ctx {
+                "--output-len"
+            } else {
+                "--input-len"
+            },
+            format!(
+                "prefix {} + prompt {} + output {} reach {longest} tokens, past the model's \
+                 context of {}; give shorter --input-len/--output-len/--shared-prefix",
+                a.shared_prefix,
+                plan.input.max(),
+                plan.output.max(),
+                cfg.max_ctx
+            )
+        ));
+    }
     for s in &plan.schemes {
         s.validate(geom.head_dim)?;
         let sizer = BlockSizer {
@@ -571,8 +801,9 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
             geom,
             block_tokens: a.block_size,
         };
-        // A pool without room for one whole request would reject every request.
-        let one = sizer.blocks_for(a.shared_prefix + plan.input.max() + plan.output.max());
+        // A pool without room for one whole request, at its largest (a per-channel format's
+        // residual rows peak before each group is quantized), would reject every request.
+        let one = sizer.peak_blocks(longest);
         if plan.budget / sizer.block_bytes() < one as u64 {
             anyhow::bail!(usage(
                 "--kv-budget",
@@ -611,16 +842,6 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
         (&trace_in, &trace_out),
         a.seed,
     )?;
-    let longest = a.shared_prefix + plan.input.max() + plan.output.max();
-    if longest > cfg.max_ctx {
-        anyhow::bail!(usage(
-            "--input-len",
-            format!(
-                "prefix + prompt + output reach {longest} tokens, past the model's context of {}",
-                cfg.max_ctx
-            )
-        ));
-    }
     let mean_ctx = a.shared_prefix
         + (plan.input.mean(&trace_in) + plan.output.mean(&trace_out)).round() as usize;
     let predicted = |s: &KvScheme| -> anyhow::Result<u64> {
@@ -650,13 +871,7 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
     let raw_path = dir.join(RAW);
     let mut done: Vec<RawLine> = Vec::new();
     if earlier.is_some() && raw_path.exists() {
-        let text = std::fs::read_to_string(&raw_path)?;
-        let lines: Vec<RawLine> = text
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(serde_json::from_str)
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("reading {}", raw_path.display()))?;
+        let lines = read_raw(&raw_path)?;
         let finished: Vec<PointKey> = lines
             .iter()
             .filter_map(|l| match l {
@@ -672,21 +887,35 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
                 }
             })
             .collect();
-        let mut f = std::fs::File::create(&raw_path)?;
+        // Rewritten through a temporary file: an interruption now loses nothing.
+        let tmp = raw_path.with_extension("jsonl.tmp");
+        let mut text = String::new();
         for l in &done {
-            writeln!(f, "{}", serde_json::to_string(l)?)?;
+            text.push_str(&serde_json::to_string(l)?);
+            text.push('\n');
         }
+        std::fs::write(&tmp, text).map_err(|e| crate::Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, &raw_path).map_err(|e| crate::Error::io(&raw_path, e))?;
     }
     let machine = Machine::probe();
     let started_at = crate::util::time::now_rfc3339();
-    meta::write_json(
-        &dir.join(crate::report::META_FILE),
-        &serde_json::json!({
+    let mut resumed_at: Vec<serde_json::Value> = earlier
+        .as_ref()
+        .and_then(|m| m["resumed_at"].as_array().cloned())
+        .unwrap_or_default();
+    if earlier.is_some() {
+        resumed_at.push(started_at.clone().into());
+    }
+    let meta_path = dir.join(crate::report::META_FILE);
+    let mut meta_json = serde_json::json!({
+            "format": SERVE_META_FORMAT,
             "kvbench": meta::version(),
             "command": "serve",
+            "status": "running",
             "started_at": earlier.as_ref().map_or(serde_json::Value::from(started_at.clone()), |m| m["started_at"].clone()),
+            "resumed_at": resumed_at,
             "settings": a,
-            "model": { "spec": a.model, "files": files, "config": cfg },
+            "model": { "spec": a.model, "files": files, "config": cfg, "sha256": sha256 },
             "model_sha256": sha256,
             "machine": machine,
             "dataset": wikitext::DATASET_NAME,
@@ -694,8 +923,8 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
             "mean_context_tokens": mean_ctx,
             "scheduler": "continuous batching; whole-prompt prefill one request at a time, then one decode step for the running batch; FCFS admission when the prompt's blocks are free; recompute preemption, newest first",
             "prefix_sharing": "prefix caching shares whole blocks of the prefix by reference in the pool; the CPU cache copies the prefix rows into each sequence (no model forward); eviction schemes never share (their blocks are not immutable)",
-        }),
-    )?;
+    });
+    meta::write_json(&meta_path, &meta_json)?;
 
     let mut points: Vec<PointKey> = Vec::new();
     for &arrival in &plan.loads {
@@ -862,18 +1091,42 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
         )?;
     }
     bar.finish_and_clear();
-    render(&dir, &a, &plan, mean_ctx)
+    let rows = read_raw(&raw_path)?;
+    let points: Vec<&ServeRow> = rows
+        .iter()
+        .filter_map(|l| match l {
+            RawLine::Point { row, .. } => Some(row),
+            RawLine::Request { .. } => None,
+        })
+        .collect();
+    let failed: Vec<&&ServeRow> = points.iter().filter(|r| r.status != "ok").collect();
+    let all_failed = !points.is_empty() && failed.len() == points.len();
+    meta_json["status"] = if all_failed { "failed" } else { "finished" }.into();
+    meta_json["finished_at"] = crate::util::time::now_rfc3339().into();
+    meta::write_json(&meta_path, &meta_json)?;
+    render(&dir, &a, &plan, mean_ctx)?;
+    if all_failed {
+        let first = failed[0];
+        anyhow::bail!(
+            "every point failed ({} of {}); the first: {} {}: {}",
+            failed.len(),
+            points.len(),
+            first.scheme,
+            first.arrival,
+            first.status
+        );
+    }
+    Ok(())
 }
 
 /// Writes results.csv, summary.md and the charts from raw.jsonl.
 fn render(dir: &Path, a: &ServeArgs, plan: &Plan, mean_ctx: usize) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(dir.join(RAW))?;
     let mut rows: Vec<ServeRow> = Vec::new();
     let mut traces: Vec<(PointKey, Vec<StepSample>)> = Vec::new();
-    for l in text.lines().filter(|l| !l.trim().is_empty()) {
+    for l in read_raw(&dir.join(RAW))? {
         if let RawLine::Point {
             point, row, steps, ..
-        } = serde_json::from_str(l)?
+        } = l
         {
             rows.push(row);
             traces.push((point, steps));

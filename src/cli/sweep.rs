@@ -212,7 +212,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
         .map(|f| model::fetch::sha256_file(f))
         .collect::<Result<Vec<_>, _>>()?;
     if let (Some(m), Some(dir)) = (&earlier_meta, &args.resume) {
-        checks::check_resume(dir, m, &resume_identity(sha256.clone()))?;
+        checks::check_resume(dir, m, &checks::resume_identity(sha256.clone()))?;
     }
     // One load per distinct weight dtype; phases that share a dtype share the model.
     let mut loaded: HashMap<WeightDtype, model::LoadedModel> = HashMap::new();
@@ -475,16 +475,6 @@ fn every_point_failed(tally: &crate::report::Tally) -> anyhow::Result<()> {
     }
 }
 
-/// What a resumed run must share with the folder's first run (see [`checks::check_resume`]).
-fn resume_identity(model_sha256: Vec<String>) -> checks::ResumeIdentity {
-    let machine = Machine::probe();
-    checks::ResumeIdentity {
-        model_sha256,
-        threads: machine.threads,
-        cpu: machine.cpu,
-    }
-}
-
 /// Checks and normalizes the flags before anything slow: `--threads` bounded, `--memory-limit`
 /// only with `--synthetic`, repeated list entries merged with a note, warm-up and repeat counts
 /// bounded. Errors: [`crate::Error::InvalidArgument`] naming the flag.
@@ -668,7 +658,7 @@ fn run_synthetic(
     let model = crate::model::geometry::for_model_arg(&args.settings.model.model)?;
     let geom = model.cache();
     if let (Some(m), Some(dir)) = (&earlier_meta, &args.resume) {
-        checks::check_resume(dir, m, &resume_identity(Vec::new()))?;
+        checks::check_resume(dir, m, &checks::resume_identity(Vec::new()))?;
     }
     let memory_limit = match &args.settings.device.memory_limit {
         Some(m) => crate::plan::parse_bytes(m)?,
@@ -763,6 +753,8 @@ struct RunFolder {
     started_at: String,
     resumed_at: Vec<String>,
     dir: PathBuf,
+    /// This process's claim on the folder, released when the sweep ends.
+    _lock: crate::util::folder_lock::FolderLock,
 }
 
 impl RunFolder {
@@ -783,14 +775,17 @@ impl RunFolder {
                 started_at: m["started_at"].as_str().unwrap_or(now).to_string(),
                 resumed_at,
                 dir: dir.clone(),
+                _lock: crate::util::folder_lock::FolderLock::acquire(dir, "--resume")?,
             });
         }
         let (run_id, dir) = run_folder(now, label, out)?;
+        let lock = crate::util::folder_lock::FolderLock::acquire_empty(&dir, "--out")?;
         Ok(RunFolder {
             run_id,
             started_at: now.to_string(),
             resumed_at: Vec::new(),
             dir,
+            _lock: lock,
         })
     }
 }

@@ -27,6 +27,8 @@ pub struct CpuSample {
     machine_busy: u64,
     /// Ticks this process has used (all its threads).
     own: u64,
+    /// CPUs the machine counters cover (`cpuN` lines of `/proc/stat`).
+    cpus: usize,
 }
 
 /// Ticks per second of `/proc` counters (`USER_HZ`): 100 on every Linux ABI kvbench runs on.
@@ -41,6 +43,7 @@ impl CpuSample {
             at: Instant::now(),
             machine_busy: parse_machine_busy(&stat)?,
             own: parse_own_ticks(&own)?,
+            cpus: stat.lines().filter(|l| is_cpu_n(l)).count().max(1),
         })
     }
 }
@@ -57,8 +60,12 @@ pub struct Contention {
 }
 
 impl Contention {
-    /// Other processes' share between two samples (`None` for an empty span). Tick counters
-    /// are coarse (10 ms), so spans under ~0.2 s are noisy; callers add spans up.
+    /// Other processes' share between two samples: `None` for an empty span, and `None` —
+    /// cannot tell — when the counters claim more busy cores than the machine has (other
+    /// processes cannot occupy more than the counters' CPUs; issue #25 saw 13.67 and 19.53
+    /// "other cores" on a 2-CPU machine, where a hypervisor's counters jumped). Within the
+    /// bound, rounding of the 10 ms ticks is clamped to `[0, cpus]`. Tick counters are coarse,
+    /// so spans under ~0.2 s are noisy; callers add spans up.
     pub fn between(a: &CpuSample, b: &CpuSample) -> Option<Self> {
         let span_s = b.at.duration_since(a.at).as_secs_f64();
         if span_s <= 0.0 {
@@ -66,8 +73,8 @@ impl Contention {
         }
         let machine = b.machine_busy.saturating_sub(a.machine_busy) as f64;
         let own = b.own.saturating_sub(a.own) as f64;
-        Some(Self {
-            other_cores: ((machine - own).max(0.0) / TICKS_PER_S) / span_s,
+        other_cores(machine, own, span_s, a.cpus.max(b.cpus)).map(|other_cores| Self {
+            other_cores,
             load_1m: load_average().unwrap_or(0.0),
             span_s,
         })
@@ -87,6 +94,21 @@ impl Contention {
     pub fn contended(&self) -> bool {
         self.other_cores > CONTENDED_CORES
     }
+}
+
+/// Cores other processes occupied: `(machine − own) / ticks per s / span`, for `cpus` CPUs.
+/// `None` when that is more than `cpus` plus one tick's rounding over the span (the counters
+/// are inconsistent: cannot tell); otherwise clamped to `[0, cpus]`.
+fn other_cores(machine_ticks: f64, own_ticks: f64, span_s: f64, cpus: usize) -> Option<f64> {
+    let cores = ((machine_ticks - own_ticks).max(0.0) / TICKS_PER_S) / span_s;
+    let slack = cpus as f64 / (TICKS_PER_S * span_s);
+    (cores <= cpus as f64 + slack).then(|| cores.min(cpus as f64))
+}
+
+/// Whether a `/proc/stat` line is a per-CPU line (`cpu0 …`, not the `cpu ` total).
+fn is_cpu_n(line: &str) -> bool {
+    line.strip_prefix("cpu")
+        .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
 }
 
 /// The 1-minute load average from `/proc/loadavg`.
@@ -139,6 +161,19 @@ mod tests {
     fn own_ticks_by_hand() {
         let stat = "4242 (my (odd) cmd) R 1 4242 4242 0 -1 4194304 100 0 0 0 1234 56 0 0 20 0 3 0";
         assert_eq!(parse_own_ticks(stat), Some(1290));
+    }
+
+    /// Issue 25: on 2 CPUs over 1 s, 1,500 busy ticks of which 100 ours would be 14 other
+    /// cores: impossible, so cannot tell (`None`); 250 − 100 ticks is 1.5 cores; 201 ticks of
+    /// others over 1 s is 2.01 cores, within one tick per CPU of 2 and clamped to 2.
+    #[test]
+    fn other_cores_are_bounded_by_the_cpu_count() {
+        assert_eq!(other_cores(1500.0, 100.0, 1.0, 2), None);
+        assert_eq!(other_cores(250.0, 100.0, 1.0, 2), Some(1.5));
+        assert_eq!(other_cores(301.0, 100.0, 1.0, 2), Some(2.0));
+        assert_eq!(other_cores(305.0, 100.0, 1.0, 2), None);
+        assert_eq!(other_cores(50.0, 100.0, 1.0, 2), Some(0.0));
+        assert!(is_cpu_n("cpu0 1 2 3") && is_cpu_n("cpu15 1") && !is_cpu_n("cpu  1 2"));
     }
 
     #[test]

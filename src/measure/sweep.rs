@@ -206,6 +206,16 @@ impl SweepSpec {
                 "one rerun has no spread; use 0 (off) or K ≥ 2".into(),
             );
         }
+        if self.ppl_noise_floor > MAX_PPL_NOISE_FLOOR {
+            return bad(
+                "--ppl-noise-floor",
+                format!(
+                    "{} reruns of every scheme's perplexity would run for days; give at most \
+                     {MAX_PPL_NOISE_FLOOR} (3 to 5 show the spread)",
+                    self.ppl_noise_floor
+                ),
+            );
+        }
         if self.gen < 2 {
             return bad(
                 "--gen",
@@ -251,6 +261,9 @@ impl SweepSpec {
 /// Most tokens one point may hold (`batch × (seq_len + gen)`, 2^40): a bound that keeps every
 /// size computed from the flags far from overflow; what fits is decided per point by memory.
 pub const MAX_POINT_TOKENS: usize = 1 << 40;
+
+/// Most perplexity reruns `--ppl-noise-floor` takes: each is a full perplexity pass per scheme.
+pub const MAX_PPL_NOISE_FLOOR: usize = 100;
 
 /// Raw samples and memory of one sweep point. Summaries are computed from these when a report
 /// is rendered, so `raw.jsonl` holds everything needed to re-render.

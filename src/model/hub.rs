@@ -141,12 +141,24 @@ fn from_hub(spec: &str, repo_id: &str) -> Result<ModelLocation> {
         .build()
         .map_err(|e| not_found(format!("the hub client could not start ({e})")))?;
     let stall = stall_timeout()?;
+    let deadline = fetch_deadline()?;
     let fetch = |f: &str| {
-        fetch_watched(&api, repo_id, &cached, f, stall).map_err(|e| match e {
-            Fetched::Stalled => not_found(format!(
+        fetch_watched(&api, repo_id, &cached, f, stall, deadline).map_err(|e| match e {
+            Fetched::Stalled(0) => not_found(format!(
                 "the hub sent nothing for {} s while fetching `{f}` (set KVBENCH_HUB_TIMEOUT \
                  to wait longer)",
                 stall.as_secs()
+            )),
+            Fetched::Stalled(n) => not_found(format!(
+                "the hub sent only {n} bytes in {} s while fetching `{f}`, under the {} bytes a \
+                 live transfer moves (set KVBENCH_HUB_TIMEOUT to wait longer)",
+                stall.as_secs(),
+                MIN_PROGRESS_BYTES
+            )),
+            Fetched::Deadline => not_found(format!(
+                "fetching `{f}` took more than KVBENCH_HUB_DEADLINE = {} s (set it higher for \
+                 a slow link)",
+                deadline.as_secs()
             )),
             Fetched::Failed(e) => {
                 not_found(format!("the hub is unreachable or refused `{f}` ({e})"))
@@ -198,18 +210,43 @@ pub fn stall_timeout() -> Result<std::time::Duration> {
     }
 }
 
+/// The most time one file's download may take: `KVBENCH_HUB_DEADLINE` seconds, default 86,400
+/// (a day: 140 GB at 2 MB/s). With the stall rule ([`MIN_PROGRESS_BYTES`] per
+/// [`stall_timeout`]) it bounds a server that trickles bytes (issue #25: one byte every 2 s
+/// never tripped the stall timeout). Errors: [`Error::InvalidArgument`] when the variable is
+/// not a whole number of seconds ≥ 1.
+pub fn fetch_deadline() -> Result<std::time::Duration> {
+    match std::env::var("KVBENCH_HUB_DEADLINE") {
+        Err(_) => Ok(std::time::Duration::from_secs(86_400)),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(s) if s >= 1 => Ok(std::time::Duration::from_secs(s)),
+            _ => Err(Error::InvalidArgument {
+                name: "KVBENCH_HUB_DEADLINE".into(),
+                reason: format!("`{v}` is not a whole number of seconds ≥ 1"),
+            }),
+        },
+    }
+}
+
+/// Bytes a download must receive within each stall timeout to count as alive (64 KiB: a link
+/// of ~1 KiB/s over the default 60 s); a file that arrives whole sooner is never stalled.
+pub const MIN_PROGRESS_BYTES: u64 = 64 << 10;
+
 /// Why a watched fetch failed.
 enum Fetched {
-    /// No byte arrived for the stall timeout.
-    Stalled,
+    /// Fewer than [`MIN_PROGRESS_BYTES`] arrived within the stall timeout (how many did).
+    Stalled(u64),
+    /// The whole download took longer than [`fetch_deadline`].
+    Deadline,
     /// hf-hub's error.
     Failed(String),
 }
 
-/// Bytes received by a download, and when the last arrived (for the stall watchdog).
+/// When a download last made progress ([`MIN_PROGRESS_BYTES`] since the mark before) and the
+/// bytes received since (for the stall watchdog).
 #[derive(Clone)]
 struct Watch {
-    last: std::sync::Arc<std::sync::Mutex<std::time::Instant>>,
+    last: std::sync::Arc<std::sync::Mutex<(std::time::Instant, u64)>>,
     bar: indicatif::ProgressBar,
 }
 
@@ -218,13 +255,16 @@ impl hf_hub::api::Progress for Watch {
         self.bar.set_length(size as u64);
         self.bar.set_message(filename.to_string());
         if let Ok(mut t) = self.last.lock() {
-            *t = std::time::Instant::now();
+            *t = (std::time::Instant::now(), 0);
         }
     }
     fn update(&mut self, size: usize) {
         self.bar.inc(size as u64);
         if let Ok(mut t) = self.last.lock() {
-            *t = std::time::Instant::now();
+            t.1 += size as u64;
+            if t.1 >= MIN_PROGRESS_BYTES {
+                *t = (std::time::Instant::now(), 0);
+            }
         }
     }
     fn finish(&mut self) {
@@ -233,8 +273,9 @@ impl hf_hub::api::Progress for Watch {
 }
 
 /// `repo`'s file `f` from the cache, else downloaded on a worker thread while this one watches:
-/// if no byte arrives for `stall` (the request is not answered, or the transfer stops), the
-/// fetch fails with [`Fetched::Stalled`] (the worker is left blocked on its socket; the process
+/// if fewer than [`MIN_PROGRESS_BYTES`] arrive within `stall` (the request is not answered, the
+/// transfer stops or trickles), the fetch fails with [`Fetched::Stalled`], and past `deadline`
+/// in all with [`Fetched::Deadline`] (the worker is left blocked on its socket; the process
 /// exits with the error soon after).
 fn fetch_watched(
     api: &hf_hub::api::sync::Api,
@@ -242,12 +283,14 @@ fn fetch_watched(
     cached: &hf_hub::CacheRepo,
     f: &str,
     stall: std::time::Duration,
+    deadline: std::time::Duration,
 ) -> std::result::Result<std::path::PathBuf, Fetched> {
     if let Some(p) = cached.get(f) {
         return Ok(p);
     }
+    let started = std::time::Instant::now();
     let watch = Watch {
-        last: std::sync::Arc::new(std::sync::Mutex::new(std::time::Instant::now())),
+        last: std::sync::Arc::new(std::sync::Mutex::new((started, 0))),
         bar: indicatif::ProgressBar::new(0).with_style(
             indicatif::ProgressStyle::with_template("{msg} {bytes}/{total_bytes} {bar:30}")
                 .expect("static template"),
@@ -274,10 +317,18 @@ fn fetch_watched(
                 return Err(Fetched::Failed("the download thread ended".into()))
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                let idle = watch.last.lock().map(|t| t.elapsed()).unwrap_or_default();
+                let (idle, got) = watch
+                    .last
+                    .lock()
+                    .map(|t| (t.0.elapsed(), t.1))
+                    .unwrap_or_default();
                 if idle >= stall {
                     watch.bar.finish_and_clear();
-                    return Err(Fetched::Stalled);
+                    return Err(Fetched::Stalled(got));
+                }
+                if started.elapsed() >= deadline {
+                    watch.bar.finish_and_clear();
+                    return Err(Fetched::Deadline);
                 }
             }
         }

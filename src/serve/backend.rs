@@ -89,7 +89,10 @@ impl Backend for ModelBackend<'_> {
     fn wait_until(&mut self, t: f64) {
         let dt = t - self.now();
         if dt > 0.0 {
-            std::thread::sleep(std::time::Duration::from_secs_f64(dt));
+            // `--rate` bounds the arrival span; an out-of-range wait still must not panic.
+            std::thread::sleep(
+                std::time::Duration::try_from_secs_f64(dt).unwrap_or(std::time::Duration::MAX),
+            );
         }
     }
 

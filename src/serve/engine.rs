@@ -239,7 +239,7 @@ pub fn serve(
             let total = cfg.prefix_tokens + req.prompt.len() + st.generated.len();
             let need = sizer.blocks_for(total);
             // A request whose whole life cannot fit an empty pool would wait forever.
-            let lifetime = sizer.blocks_for(cfg.prefix_tokens + req.prompt.len() + req.output_len);
+            let lifetime = sizer.peak_blocks(cfg.prefix_tokens + req.prompt.len() + req.output_len);
             if lifetime.saturating_sub(shared) + shared > pool.total() {
                 waiting.pop_front();
                 st.record.status = format!(

@@ -48,6 +48,22 @@ impl BlockSizer {
     pub fn blocks_for(&self, seen: usize) -> usize {
         self.seq_bytes(seen).div_ceil(self.block_bytes().max(1)) as usize
     }
+
+    /// The most blocks one sequence holds at any point of a life of `seen` tokens:
+    /// `max_{s ≤ seen} blocks_for(s)`. For the row formats that is `blocks_for(seen)`; the
+    /// per-channel formats (KIVI) hold up to `residual + group − 1` full-precision rows just
+    /// before each group is quantized, so a sequence can need more blocks in mid-life than at
+    /// its end (issue #25: an `int8-channel` request passed the budget check at its final
+    /// length, then failed for want of a block). Within one period of the formats' token
+    /// groups the bytes only grow, and each period's peak exceeds the one before, so the maximum
+    /// is in the last `k group × v group` tokens: those are the only ones evaluated.
+    pub fn peak_blocks(&self, seen: usize) -> usize {
+        let period = self.scheme.k.token_group() * self.scheme.v.token_group();
+        (seen.saturating_sub(period)..=seen)
+            .map(|s| self.blocks_for(s))
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// Identifies a sequence in the pool (the scheduler's request id).
@@ -260,6 +276,34 @@ mod tests {
             q_heads: 9,
             head_dim: 64,
         }
+    }
+
+    /// Issue 25, by hand: int8-channel keys (groups of 32, 128 residual rows) with int8-token
+    /// values on SmolLM2-135M. Long run per (layer, kv head) and token: keys 32 · 64 codes +
+    /// 64 f16 scales per 32 tokens = 68 bytes, values 64 + 2 = 66: a 16-token block is
+    /// 16 · 90 · 134 = 192,960 bytes. At 160 tokens one group is quantized: keys 2,176 +
+    /// 128 · 128 = 18,560, values 160 · 66 = 10,560, × 90 = 2,620,800 bytes = 13.6 → 14 blocks;
+    /// at 159 none is: keys 159 · 128 = 20,352, values 10,494, × 90 = 2,776,140 = 14.4 → 15.
+    /// A 160-token life peaks at 15 blocks, one more than its end needs.
+    #[test]
+    fn per_channel_residual_peaks_before_its_end() {
+        let s = BlockSizer {
+            scheme: "int8-channel".parse().unwrap(),
+            geom: smollm(),
+            block_tokens: 16,
+        };
+        assert_eq!(s.block_bytes(), 192_960);
+        assert_eq!(s.seq_bytes(160), 2_620_800);
+        assert_eq!(s.seq_bytes(159), 2_776_140);
+        assert_eq!(s.blocks_for(160), 14);
+        assert_eq!(s.peak_blocks(160), 15);
+        // Row formats only grow: the peak is the end.
+        let f = BlockSizer {
+            scheme: "fp16".parse().unwrap(),
+            ..s
+        };
+        assert_eq!(f.peak_blocks(160), f.blocks_for(160));
+        assert_eq!(f.blocks_for(160), 10);
     }
 
     /// Block bytes by hand for SmolLM2-135M, 16 tokens: fp16 rows are 128 bytes, int8-token

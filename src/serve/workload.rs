@@ -33,6 +33,11 @@ impl std::fmt::Display for LenDist {
     }
 }
 
+/// Longest prompt or output length `--input-len`/`--output-len` accept, tokens (2^24, past
+/// every model's context): sums of lengths then never overflow, and a typo is refused before
+/// anything is allocated.
+pub const MAX_LEN_TOKENS: usize = 1 << 24;
+
 impl FromStr for LenDist {
     type Err = Error;
     /// `256` (fixed), `128..512` (uniform, inclusive) or `xsum:32..512` (the shipped trace,
@@ -45,14 +50,24 @@ impl FromStr for LenDist {
                  (the XSum trace, clamped); lengths are at least 1 token"
             ),
         };
+        let too_long = |n: usize| Error::InvalidArgument {
+            name: "length".into(),
+            reason: format!(
+                "`{s}`: {n} tokens is past any model's context; lengths are at most \
+                 {MAX_LEN_TOKENS} tokens"
+            ),
+        };
         let range = |t: &str| -> Result<(usize, usize)> {
             let (a, b) = t.split_once("..").ok_or_else(bad)?;
-            let (a, b) = (
+            let (a, b): (usize, usize) = (
                 a.trim().parse().map_err(|_| bad())?,
                 b.trim().parse().map_err(|_| bad())?,
             );
             if a == 0 || b < a {
                 return Err(bad());
+            }
+            if b > MAX_LEN_TOKENS {
+                return Err(too_long(b));
             }
             Ok((a, b))
         };
@@ -66,6 +81,7 @@ impl FromStr for LenDist {
             return Ok(Self::Uniform(a, b));
         }
         match t.parse::<usize>() {
+            Ok(n) if n > MAX_LEN_TOKENS => Err(too_long(n)),
             Ok(n) if n > 0 => Ok(Self::Fixed(n)),
             _ => Err(bad()),
         }
@@ -181,6 +197,42 @@ impl Arrival {
             Self::Constant { rate } => Some((0..n).map(|i| i as f64 / rate).collect()),
             Self::Closed { .. } => None,
         }
+    }
+}
+
+/// A rate or load as JSON: a number, or `"inf"` for ∞ (JSON has no infinity; `serde_json`
+/// would write `null`, read back as NaN). Reads numbers, `"inf"` and `null` (NaN: folders
+/// written before this form).
+pub mod load_serde {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes `r`, `"inf"` for +∞.
+    pub fn serialize<S: Serializer>(r: &f64, s: S) -> Result<S::Ok, S::Error> {
+        super::rate_serde::serialize(r, s)
+    }
+
+    /// Reads a number, `"inf"`, or `null` (NaN).
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum R {
+            N(f64),
+            S(String),
+            Null(()),
+        }
+        match R::deserialize(d)? {
+            R::N(x) => Ok(x),
+            R::S(s) if s.trim().eq_ignore_ascii_case("inf") => Ok(f64::INFINITY),
+            R::S(s) => s.trim().parse().map_err(serde::de::Error::custom),
+            R::Null(()) => Ok(f64::NAN),
+        }
+    }
+}
+
+impl std::fmt::Display for Arrival {
+    /// The [`Arrival::label`].
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.label())
     }
 }
 
