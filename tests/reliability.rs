@@ -1213,3 +1213,144 @@ fn hub_that_never_answers_times_out() {
     assert!(err.contains("sent nothing for 2 s"), "{err}");
     std::fs::remove_dir_all(&home).ok();
 }
+
+// Issue 25: slurm and shards
+
+/// `kvbench slurm --dry-run --shards 2 --dtypes fp16` with `extra` (and an `--out` unless
+/// given): (exit code, stdout, stderr).
+fn slurm_dry_run(extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec!["slurm", "--dry-run", "--shards", "2", "--dtypes", "fp16"];
+    if !extra.contains(&"--out") {
+        args.extend_from_slice(&["--out", "/nonexistent/kvbench-slurm"]);
+    }
+    args.extend_from_slice(extra);
+    kvbench(&args)
+}
+
+/// Defect 1: a newline in `--partition` (or any other value written into the batch scripts)
+/// ended the `#SBATCH` line, and the next line ran as a command. Refused with exit 2, naming
+/// the flag and the value escaped; nothing is printed.
+#[test]
+fn slurm_newline_in_partition_is_refused() {
+    for (flag, value) in [
+        ("--partition", "gpu\ntouch /tmp/x"),
+        ("--account", "acct\ntouch /tmp/x"),
+        ("--time", "1:00:00\ntouch /tmp/x"),
+        ("--mem", "16G\rtouch /tmp/x"),
+        ("--job-name", "kv\ntouch /tmp/x"),
+        ("--sbatch-arg", "--qos=high\ntouch /tmp/x"),
+        ("--out", "/nonexistent/a\ntouch /tmp/x"),
+    ] {
+        let (code, out, err) = slurm_dry_run(&[flag, value]);
+        assert_eq!(code, 2, "{flag}: {err}");
+        assert!(err.contains(flag), "{flag}: {err}");
+        assert!(err.contains(&format!("{value:?}")), "{flag}: {err}");
+        assert!(!out.contains("touch"), "{flag}: {out}");
+    }
+}
+
+/// Defect 1: `--sbatch-arg='-p gpu'` was written `#SBATCH --p gpu` and an empty one
+/// `#SBATCH --`; it is written verbatim, and an empty one is refused.
+#[test]
+fn slurm_sbatch_arg_is_written_verbatim() {
+    let (code, out, err) = slurm_dry_run(&["--sbatch-arg=-p gpu", "--sbatch-arg=--qos=high"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().any(|l| l == "#SBATCH -p gpu"), "{out}");
+    assert!(out.lines().any(|l| l == "#SBATCH --qos=high"), "{out}");
+    let (code, _, err) = slurm_dry_run(&["--sbatch-arg="]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--sbatch-arg"), "{err}");
+}
+
+/// Defect 1: values with spaces or `%` went unquoted into `#SBATCH` lines.
+#[test]
+fn slurm_values_with_spaces_and_percent_are_quoted_for_sbatch() {
+    let (code, out, err) = kvbench(&[
+        "slurm",
+        "--dry-run",
+        "--shards",
+        "2",
+        "--dtypes",
+        "fp16",
+        "--partition",
+        "gpu a",
+        "--out",
+        "/nonexistent/run 50%",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for line in [
+        "#SBATCH --partition=\"gpu a\"",
+        "#SBATCH --output=\"/nonexistent/run 50%%/slurm/shard-%a.log\"",
+        "dir='/nonexistent/run 50%'/shard-\"$SLURM_ARRAY_TASK_ID\"",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line}\n{out}");
+    }
+}
+
+/// Defect 4: `slurm --shards 10^12` aborted on a multi-TB allocation; more tasks than Slurm's
+/// default MaxArraySize (1001) are refused, naming the flag and the bound.
+#[test]
+fn slurm_shards_10_pow_12_is_refused() {
+    for n in ["1000000000000", "1002"] {
+        let mut args = vec!["slurm", "--dry-run", "--dtypes", "fp16", "--shards", n];
+        args.extend_from_slice(&["--out", "/nonexistent/kvbench-slurm"]);
+        let (code, _, err) = kvbench(&args);
+        assert_eq!(code, 2, "{n}: {err}");
+        assert!(
+            err.contains("--shards") && err.contains("give at most 1001"),
+            "{n}: {err}"
+        );
+    }
+}
+
+/// Defect 4: `sweep --shard 0/10^12` (and `--shards 10^12`) aborted on a multi-TB allocation;
+/// refused with exit 2 naming the flag and the largest count accepted (100000).
+#[test]
+fn sweep_shard_0_of_10_pow_12_is_refused() {
+    let d = tmp("shard-huge");
+    for (extra, flag) in [
+        (["--shard", "0/1000000000000"], "--shard"),
+        (["--shards", "1000000000000"], "--shards"),
+    ] {
+        let (code, _, err) = synthetic(&d.join("out"), &extra);
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(
+            err.contains(flag) && err.contains("give at most 100000"),
+            "{err}"
+        );
+    }
+}
+
+/// Defect 7: `slurm` accepted settings every task's sweep refuses; it checks them as the sweep
+/// does, before writing or submitting anything (exit 2, the folder not created).
+#[test]
+fn slurm_refuses_what_every_task_would_refuse_before_writing() {
+    let d = tmp("slurm-check");
+    for (extra, flag) in [
+        (&["--ppl-noise-floor", "1"][..], "--ppl-noise-floor"),
+        (&["--cpus-per-task", "0"][..], "--cpus-per-task"),
+        (&["--gen", "1"][..], "--gen"),
+        (&["--threads", "0"][..], "--threads"),
+    ] {
+        let out = d.join("job");
+        let mut args = vec!["slurm", "--shards", "2", "--dtypes", "fp16"];
+        args.extend_from_slice(&["--out", out.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        let (code, _, err) = kvbench(&args);
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains(flag), "{extra:?}: {err}");
+        assert!(!out.exists(), "{extra:?}: {} was written", out.display());
+    }
+}
+
+/// Defect 10: `--shards 0` suggested `--shard I/0`.
+#[test]
+fn shards_0_does_not_suggest_shard_i_of_0() {
+    let d = tmp("shards-0");
+    let (code, _, err) = synthetic(&d.join("out"), &["--shards", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--shards") && !err.contains("I/0"), "{err}");
+    let (code, _, err) = kvbench(&["slurm", "--dry-run", "--dtypes", "fp16", "--shards", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--shards") && !err.contains("I/0"), "{err}");
+}

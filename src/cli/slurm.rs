@@ -7,7 +7,6 @@ use std::process::Command;
 use anyhow::Context;
 
 use super::sweep::SweepArgs;
-use crate::measure::settings::SweepSettings;
 
 /// Arguments of `kvbench slurm`: the sweep's own flags plus how to submit it.
 #[derive(Debug, Clone, clap::Args)]
@@ -41,8 +40,10 @@ pub struct SlurmArgs {
     #[arg(long, help_heading = "Slurm")]
     pub mem: Option<String>,
 
-    /// Any other `sbatch` option for the shards, verbatim (repeatable), e.g.
-    /// `--sbatch-arg=--qos=high`.
+    /// Any other `sbatch` option for the shards (repeatable), written verbatim on its own
+    /// `#SBATCH` line, where sbatch splits it on whitespace as in a script of your own:
+    /// `--sbatch-arg=--qos=high`, `--sbatch-arg='-p gpu'`; quote a value with spaces for
+    /// sbatch: `--sbatch-arg='--comment="two words"'`.
     #[arg(
         long = "sbatch-arg",
         value_name = "OPTION",
@@ -89,10 +90,14 @@ pub struct JobSpec {
     pub sweep_flags: Vec<String>,
     /// `--threads` for the shards (resumed ones included), if any.
     pub threads: Option<u32>,
-    /// `#SBATCH` options of the shards (without the leading `--`), e.g. `partition=gpu`.
-    pub shard_options: Vec<String>,
-    /// `#SBATCH` options of the merge job.
-    pub merge_options: Vec<String>,
+    /// `#SBATCH --<name>=<value>` options of the shards, e.g. `("partition", "gpu")`; each
+    /// value reaches sbatch as one argument, whatever it holds ([`sbatch_quote`]).
+    pub shard_options: Vec<(String, String)>,
+    /// Further options of the shards (`--sbatch-arg`), each written verbatim on its own
+    /// `#SBATCH` line (sbatch splits it into words; [`sbatch_words`]).
+    pub sbatch_args: Vec<String>,
+    /// `#SBATCH --<name>=<value>` options of the merge job.
+    pub merge_options: Vec<(String, String)>,
     /// Job name prefix.
     pub job_name: String,
 }
@@ -109,26 +114,236 @@ pub fn sh_quote(s: &str) -> String {
     }
 }
 
+/// Most array tasks `kvbench slurm` submits: Slurm's default `MaxArraySize` is 1001 (task
+/// ids 0 to 1000), and a larger `--array` is refused at submit time on such a cluster. Where
+/// the site raised it, run `kvbench sweep --shards N` inside an array of your own.
+pub const MAX_ARRAY_TASKS: usize = 1001;
+
+/// Why [`sbatch_words`] could not read an `#SBATCH` line whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutShort {
+    /// A quote (this character) that is never closed: sbatch stops with "Unmatched".
+    UnmatchedQuote(char),
+    /// An unquoted `#`: sbatch takes the rest of the line as a comment.
+    Comment,
+    /// A word with no characters (`""`): sbatch ignores it and the rest of the line.
+    EmptyWord,
+}
+
+/// How sbatch reads an `#SBATCH` line (the text after `#SBATCH`) into words, as
+/// `_get_argument` in Slurm's `src/sbatch/opt.c` does: words are separated by whitespace;
+/// `'…'` and `"…"` group characters (whitespace included) and are dropped; `\` makes the next
+/// character literal, inside quotes too. Errors: [`CutShort`] where sbatch would fail or read
+/// less than the whole line.
+pub fn sbatch_words(line: &str) -> Result<Vec<String>, CutShort> {
+    let mut words = Vec::new();
+    // The word being read: None between words; Some("") once a quote opened it.
+    let mut word: Option<String> = None;
+    let mut quote: Option<char> = None;
+    let mut end_word = |word: &mut Option<String>| match word.take() {
+        Some(w) if w.is_empty() => Err(CutShort::EmptyWord),
+        Some(w) => {
+            words.push(w);
+            Ok(())
+        }
+        None => Ok(()),
+    };
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (_, '\\') => {
+                if let Some(next) = chars.next() {
+                    word.get_or_insert_with(String::new).push(next);
+                }
+            }
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.get_or_insert_with(String::new).push(c),
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                word.get_or_insert_with(String::new);
+            }
+            (None, '#') => return Err(CutShort::Comment),
+            (None, c) if c.is_whitespace() => end_word(&mut word)?,
+            (None, c) => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    if let Some(q) = quote {
+        return Err(CutShort::UnmatchedQuote(q));
+    }
+    end_word(&mut word)?;
+    Ok(words)
+}
+
+/// Writes `s` so that sbatch reads it as one word of an `#SBATCH` line ([`sbatch_words`]):
+/// as it is when it holds only `[A-Za-z0-9_./:=,@%+-]`, else in double quotes with `\` and `"`
+/// escaped by a `\`.
+pub fn sbatch_quote(s: &str) -> String {
+    let safe = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_./:=,@%+-".contains(c));
+    if safe {
+        s.to_string()
+    } else {
+        format!("\"{}\"", s.replace('\\', r"\\").replace('"', "\\\""))
+    }
+}
+
+/// A usage error for `value` of `flag` when it holds a control character (a newline would end
+/// the `#SBATCH` line and run the rest as a command) or is empty.
+fn plain_value(flag: &str, value: &str) -> Result<(), crate::Error> {
+    let bad = |reason: String| crate::Error::InvalidArgument {
+        name: flag.into(),
+        reason,
+    };
+    if value.chars().any(char::is_control) {
+        return Err(bad(format!(
+            "{value:?} holds a control character (newline, tab, …), which would end or split a \
+             line of the batch scripts; give the value on one line without them"
+        )));
+    }
+    if value.trim().is_empty() {
+        return Err(bad(format!(
+            "{value:?} is empty; give a value or drop {flag}"
+        )));
+    }
+    Ok(())
+}
+
+/// A path written into the scripts, as UTF-8 without control characters. Errors:
+/// [`crate::Error::InvalidArgument`] naming `flag`.
+fn plain_path<'a>(flag: &str, p: &'a Path) -> Result<&'a str, crate::Error> {
+    let s = p.to_str().ok_or_else(|| crate::Error::InvalidArgument {
+        name: flag.into(),
+        reason: format!(
+            "{} is not valid UTF-8, which the batch scripts cannot hold; give another folder",
+            p.display()
+        ),
+    })?;
+    plain_value(flag, s)?;
+    Ok(s)
+}
+
+/// `--shards` of `kvbench slurm`: 1 to [`MAX_ARRAY_TASKS`]. Errors:
+/// [`crate::Error::InvalidArgument`] naming `--shards` and the largest value accepted.
+fn check_shards(shards: usize) -> Result<(), crate::Error> {
+    if shards > MAX_ARRAY_TASKS {
+        return Err(crate::Error::InvalidArgument {
+            name: "--shards".into(),
+            reason: format!(
+                "{shards} array tasks are more than a Slurm job array holds by default \
+                 (MaxArraySize 1001); give at most {MAX_ARRAY_TASKS}"
+            ),
+        });
+    }
+    crate::measure::shard::Shard::check_count(shards, "--shards")
+}
+
+impl JobSpec {
+    /// Checks every value the scripts hold. Errors: [`crate::Error::InvalidArgument`] naming the
+    /// flag: `--shards` outside 1 to [`MAX_ARRAY_TASKS`]; a control character (or an empty
+    /// value) in `--job-name`, an option's value (`--partition`, `--account`, `--time`, `--mem`,
+    /// …), a `--sbatch-arg`, a sweep flag's value, `--out` or the working directory; a `\` in
+    /// `--out` (sbatch takes a `\` in `--output` to mean "expand no `%` pattern", so the
+    /// per-task logs could not be named); a `--sbatch-arg` that is not an option (`-…`), has an
+    /// unmatched quote, or an unquoted `#` (sbatch would drop the rest).
+    pub fn check(&self) -> Result<(), crate::Error> {
+        check_shards(self.shards)?;
+        plain_value("--job-name", &self.job_name)?;
+        let out = plain_path("--out", &self.out)?;
+        if out.contains('\\') {
+            return Err(crate::Error::InvalidArgument {
+                name: "--out".into(),
+                reason: format!(
+                    "{out:?} holds a `\\`: sbatch reads a `\\` in --output as \"expand no % \
+                     pattern\", so the per-task logs could not be named; give a folder without \
+                     `\\`"
+                ),
+            });
+        }
+        plain_path("working directory", &self.workdir)?;
+        for (k, v) in self.shard_options.iter().chain(&self.merge_options) {
+            plain_value(&format!("--{k}"), v)?;
+        }
+        for a in &self.sbatch_args {
+            plain_value("--sbatch-arg", a)?;
+            let bad = |reason: String| crate::Error::InvalidArgument {
+                name: "--sbatch-arg".into(),
+                reason,
+            };
+            match sbatch_words(a) {
+                Err(CutShort::Comment) => {
+                    return Err(bad(format!(
+                        "{a:?}: sbatch takes an unquoted `#` as the start of a comment and \
+                         would drop the rest; quote it: --sbatch-arg='--comment=\"a#b\"'"
+                    )))
+                }
+                Err(CutShort::UnmatchedQuote(q)) => {
+                    return Err(bad(format!(
+                        "{a:?} has an unmatched {q}; close it, or escape it as \\{q}"
+                    )))
+                }
+                Err(CutShort::EmptyWord) => {
+                    return Err(bad(format!(
+                        "{a:?} holds an empty quoted word, at which sbatch stops reading the \
+                         line; drop it"
+                    )))
+                }
+                Ok(words) if words.first().is_none_or(|w| !w.starts_with('-')) => {
+                    return Err(bad(format!(
+                        "{a:?} is not an sbatch option; give one such as --qos=high or '-p gpu'"
+                    )))
+                }
+                Ok(_) => {}
+            }
+        }
+        let mut flag = "sweep flag";
+        for w in &self.sweep_flags {
+            if w.starts_with("--") {
+                flag = w;
+            }
+            if w.chars().any(char::is_control) {
+                plain_value(flag, w)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Writes the array and merge scripts for `job`. Shard folders are `out/shard-<i>`, the merged
 /// run `out/merged`, logs `out/slurm/shard-<i>.log` and `out/slurm/merge.log`.
-pub fn scripts(job: &JobSpec) -> Scripts {
+///
+/// `#SBATCH` values are written as sbatch reads them ([`sbatch_quote`]); a `%` of `out` is
+/// written `%%` in `--output` (sbatch's filename patterns: `%%` is a literal `%`, `%a` the
+/// array task id), so the logs land in `out` itself. The shell lines quote every value for
+/// bash ([`sh_quote`]). Errors: those of [`JobSpec::check`], before anything is written.
+pub fn scripts(job: &JobSpec) -> Result<Scripts, crate::Error> {
+    job.check()?;
     let q = |p: &Path| sh_quote(&p.display().to_string());
     let exe = q(&job.exe);
     let out = &job.out;
     let logs = out.join("slurm");
+    let log = |name: &str| {
+        let dir = logs.display().to_string().replace('%', "%%");
+        sbatch_quote(&format!("{dir}/{name}"))
+    };
+    let chdir = sbatch_quote(&job.workdir.display().to_string());
+    let option = |(k, v): &(String, String)| format!("#SBATCH --{k}={}\n", sbatch_quote(v));
     let threads = job
         .threads
         .map_or(String::new(), |t| format!(" --threads {t}"));
     let mut sweep = String::from("#!/bin/bash\n");
-    sweep.push_str(&format!("#SBATCH --job-name={}-sweep\n", job.job_name));
-    sweep.push_str(&format!("#SBATCH --array=0-{}\n", job.shards - 1));
     sweep.push_str(&format!(
-        "#SBATCH --output={}\n",
-        logs.join("shard-%a.log").display()
+        "#SBATCH --job-name={}\n",
+        sbatch_quote(&format!("{}-sweep", job.job_name))
     ));
-    sweep.push_str(&format!("#SBATCH --chdir={}\n", job.workdir.display()));
+    sweep.push_str(&format!("#SBATCH --array=0-{}\n", job.shards - 1));
+    sweep.push_str(&format!("#SBATCH --output={}\n", log("shard-%a.log")));
+    sweep.push_str(&format!("#SBATCH --chdir={chdir}\n"));
     for o in &job.shard_options {
-        sweep.push_str(&format!("#SBATCH --{o}\n"));
+        sweep.push_str(&option(o));
+    }
+    for a in &job.sbatch_args {
+        sweep.push_str(&format!("#SBATCH {a}\n"));
     }
     sweep.push_str(&format!(
         "# Written by `kvbench slurm`: array task i runs shard i/{n} of the sweep into \
@@ -151,14 +366,14 @@ pub fn scripts(job: &JobSpec) -> Scripts {
     ));
     sweep.push_str(&format!("exec {}\n", words.join(" ")));
     let mut merge = String::from("#!/bin/bash\n");
-    merge.push_str(&format!("#SBATCH --job-name={}-merge\n", job.job_name));
     merge.push_str(&format!(
-        "#SBATCH --output={}\n",
-        logs.join("merge.log").display()
+        "#SBATCH --job-name={}\n",
+        sbatch_quote(&format!("{}-merge", job.job_name))
     ));
-    merge.push_str(&format!("#SBATCH --chdir={}\n", job.workdir.display()));
+    merge.push_str(&format!("#SBATCH --output={}\n", log("merge.log")));
+    merge.push_str(&format!("#SBATCH --chdir={chdir}\n"));
     for o in &job.merge_options {
-        merge.push_str(&format!("#SBATCH --{o}\n"));
+        merge.push_str(&option(o));
     }
     merge.push_str(
         "# Written by `kvbench slurm`: joins the shards once every array task succeeded.\n\
@@ -172,7 +387,7 @@ pub fn scripts(job: &JobSpec) -> Scripts {
         dirs.join(" "),
         q(&out.join("merged"))
     ));
-    Scripts { sweep, merge }
+    Ok(Scripts { sweep, merge })
 }
 
 /// The sweep flags given on the command line, re-emitted for the shards (minus `--out`,
@@ -223,7 +438,7 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
             "give the number of shards (array tasks), e.g. --shards 4".into(),
         )
     })?;
-    crate::measure::shard::Shard::new(0, shards)?;
+    check_shards(shards)?;
     if args.sweep.shard.is_some() || args.sweep.resume.is_some() {
         return Err(usage(
             if args.sweep.shard.is_some() {
@@ -236,8 +451,21 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
                 .into(),
         ));
     }
+    // Every task's sweep checks its settings before it starts; check them once here, before
+    // anything is written or submitted (the suite applied as the sweep applies it).
+    let mut check = args.sweep.clone();
     if let Some(suite) = &args.sweep.suite {
-        super::suite::apply(&mut SweepSettings::default(), suite, |_| false)?;
+        super::suite::apply(&mut check.settings, suite, |id| {
+            super::suite::given_on_cli(matches, id)
+        })?;
+    }
+    super::sweep::check_settings(&mut check)?;
+    if args.cpus_per_task == Some(0) {
+        return Err(usage(
+            "--cpus-per-task",
+            "0 CPUs cannot run a shard (it would be each sweep's --threads 0); give 1 or more"
+                .into(),
+        ));
     }
     let workdir = std::env::current_dir().context("reading the working directory")?;
     let out = args.sweep.out.clone().unwrap_or_else(|| {
@@ -257,8 +485,8 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
         ("account", args.account.clone()),
     ] {
         if let Some(v) = v {
-            shard_options.push(format!("{k}={v}"));
-            merge_options.push(format!("{k}={v}"));
+            shard_options.push((k.to_string(), v.clone()));
+            merge_options.push((k.to_string(), v));
         }
     }
     let extra = [
@@ -269,14 +497,9 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
     ];
     for (k, v) in extra {
         if let Some(v) = v {
-            shard_options.push(format!("{k}={v}"));
+            shard_options.push((k.to_string(), v));
         }
     }
-    shard_options.extend(
-        args.sbatch_args
-            .iter()
-            .map(|a| a.trim_start_matches('-').to_string()),
-    );
     let threads = match (args.sweep.settings.device.threads, args.cpus_per_task) {
         (Some(_), _) => None, // given among the sweep flags
         (None, c) => c,
@@ -289,10 +512,11 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
         sweep_flags: matches.map(sweep_flags).unwrap_or_default(),
         threads,
         shard_options,
+        sbatch_args: args.sbatch_args.clone(),
         merge_options,
         job_name: args.job_name.clone(),
     };
-    let s = scripts(&job);
+    let s = scripts(&job)?;
     let dir = out.join("slurm");
     let (sweep_path, merge_path) = (dir.join("sweep.sbatch"), dir.join("merge.sbatch"));
     let merge_submit = |array_id: &str| -> Vec<String> {
@@ -431,6 +655,346 @@ mod tests {
         assert_eq!(sh_quote("$HOME;rm"), "'$HOME;rm'");
     }
 
+    /// A job of 3 shards with plain values, for tests to change one field of.
+    fn job() -> JobSpec {
+        JobSpec {
+            exe: "/opt/kvbench".into(),
+            workdir: "/home/me".into(),
+            out: "/scratch/run".into(),
+            shards: 3,
+            sweep_flags: vec!["--suite".into(), "suites/ci.toml".into()],
+            threads: None,
+            shard_options: vec![("partition".into(), "gpu".into())],
+            sbatch_args: Vec::new(),
+            merge_options: vec![("partition".into(), "gpu".into())],
+            job_name: "kvbench".into(),
+        }
+    }
+
+    /// The (flag, reason) of a usage error.
+    fn usage(e: crate::Error) -> (String, String) {
+        match e {
+            crate::Error::InvalidArgument { name, reason } => (name, reason),
+            other => panic!("not a usage error: {other}"),
+        }
+    }
+
+    /// The words sbatch reads from a script's directives (`#SBATCH` lines up to the first line
+    /// that is neither blank nor a comment, as `_opt_batch_script` in Slurm's src/sbatch/opt.c),
+    /// the number of `#SBATCH` lines read so, and the number in the whole script.
+    fn directives(script: &str) -> (Vec<String>, usize, usize) {
+        let (mut words, mut read) = (Vec::new(), 0);
+        for line in script.lines() {
+            if let Some(rest) = line.strip_prefix("#SBATCH") {
+                words.extend(sbatch_words(rest).unwrap());
+                read += 1;
+            } else if !(line.trim().is_empty() || line.trim_start().starts_with('#')) {
+                break;
+            }
+        }
+        let all = script.lines().filter(|l| l.starts_with("#SBATCH")).count();
+        (words, read, all)
+    }
+
+    /// Slurm's reading of `#SBATCH` lines, cases worked out by hand from `_get_argument`.
+    #[test]
+    fn sbatch_words_read_lines_as_sbatch_does() {
+        let ok =
+            |line: &str, want: &[&str]| assert_eq!(sbatch_words(line).unwrap(), want, "{line}");
+        ok(" --a=b  c", &["--a=b", "c"]);
+        ok(r#" --p="a b""#, &["--p=a b"]);
+        ok(r#" 'a"b' "c'd""#, &["a\"b", "c'd"]);
+        ok(r#" a\ b "x\"y" "\\""#, &["a b", "x\"y", "\\"]);
+        ok(r#" "a#b""#, &["a#b"]);
+        ok("", &[]);
+        assert_eq!(sbatch_words(" --qos=high # note"), Err(CutShort::Comment));
+        assert_eq!(sbatch_words(r#" "abc"#), Err(CutShort::UnmatchedQuote('"')));
+        assert_eq!(sbatch_words(r#" -p "" x"#), Err(CutShort::EmptyWord));
+        // What sbatch_quote writes, by hand, and that sbatch reads each back as one word.
+        assert_eq!(sbatch_quote("gpu"), "gpu");
+        assert_eq!(sbatch_quote("2:00:00"), "2:00:00");
+        assert_eq!(sbatch_quote("gpu a"), r#""gpu a""#);
+        assert_eq!(sbatch_quote(r#"a"b\c"#), r#""a\"b\\c""#);
+        for v in [
+            "gpu a",
+            r#"a"b\c"#,
+            "x#y",
+            "it's",
+            "50%",
+            "$HOME",
+            "a  b\u{e9}",
+        ] {
+            assert_eq!(sbatch_words(&sbatch_quote(v)).unwrap(), [v], "{v}");
+        }
+    }
+
+    /// Issue 25, defect 1: a newline in `--partition` ended the `#SBATCH` line and ran the next
+    /// as a command. Every value the scripts hold is refused with a control character, naming
+    /// its flag and showing the value escaped.
+    #[test]
+    fn slurm_newline_in_partition_is_refused() {
+        let mut j = job();
+        j.shard_options = vec![("partition".into(), "gpu\ntouch /tmp/x".into())];
+        let (name, reason) = usage(scripts(&j).unwrap_err());
+        assert_eq!(name, "--partition");
+        assert!(reason.contains(r#""gpu\ntouch /tmp/x""#), "{reason}");
+        let cases: Vec<(&str, Box<dyn Fn(&mut JobSpec)>)> = vec![
+            (
+                "--account",
+                Box::new(|j| j.shard_options = vec![("account".into(), "a\rb".into())]),
+            ),
+            (
+                "--time",
+                Box::new(|j| j.shard_options = vec![("time".into(), "1:00\n".into())]),
+            ),
+            (
+                "--mem",
+                Box::new(|j| j.shard_options = vec![("mem".into(), "16G\t".into())]),
+            ),
+            (
+                "--partition",
+                Box::new(|j| j.merge_options = vec![("partition".into(), "\0".into())]),
+            ),
+            (
+                "--job-name",
+                Box::new(|j| j.job_name = "kv\nrm -rf ~".into()),
+            ),
+            (
+                "--sbatch-arg",
+                Box::new(|j| j.sbatch_args = vec!["--qos=high\ntouch x".into()]),
+            ),
+            ("--out", Box::new(|j| j.out = "/scratch/a\nb".into())),
+            (
+                "working directory",
+                Box::new(|j| j.workdir = "/home/a\nb".into()),
+            ),
+            (
+                "--model",
+                Box::new(|j| j.sweep_flags = vec!["--model".into(), "m\nx".into()]),
+            ),
+        ];
+        for (flag, set) in cases {
+            let mut j = job();
+            set(&mut j);
+            let (name, reason) = usage(scripts(&j).unwrap_err());
+            assert_eq!(name, flag, "{reason}");
+            assert!(reason.contains("control character"), "{flag}: {reason}");
+        }
+    }
+
+    /// Issue 25, defect 1: `--sbatch-arg='-p gpu'` was written `#SBATCH --p gpu` and an empty
+    /// one `#SBATCH --`. It is written verbatim; what sbatch would misread is refused.
+    #[test]
+    fn slurm_sbatch_arg_is_written_verbatim() {
+        let mut j = job();
+        j.sbatch_args = vec![
+            "-p gpu".into(),
+            "--qos=high".into(),
+            r#"--comment="a b""#.into(),
+        ];
+        let s = scripts(&j).unwrap();
+        for line in [
+            "#SBATCH -p gpu",
+            "#SBATCH --qos=high",
+            r#"#SBATCH --comment="a b""#,
+        ] {
+            assert!(s.sweep.lines().any(|l| l == line), "{line}\n{}", s.sweep);
+        }
+        assert!(!s.sweep.contains("#SBATCH --p "), "{}", s.sweep);
+        assert!(!s.merge.contains("qos"), "{}", s.merge);
+        for bad in [
+            "",
+            "  ",
+            "gpu",
+            "--comment=a#b",
+            r#"--comment="a"#,
+            r#"-p "" gpu"#,
+            "\\",
+        ] {
+            let mut j = job();
+            j.sbatch_args = vec![bad.into()];
+            let (name, reason) = usage(scripts(&j).unwrap_err());
+            assert_eq!(name, "--sbatch-arg", "{bad:?}: {reason}");
+            assert!(reason.contains(&format!("{bad:?}")), "{bad:?}: {reason}");
+        }
+    }
+
+    /// Issue 25, defect 1: values with spaces or `%` went unquoted into `#SBATCH` lines. Each
+    /// is one sbatch word; a `%` of `--out` is `%%` in `--output` (a literal `%` in Slurm's
+    /// filename patterns), and a `\` (which turns the patterns off) is refused.
+    #[test]
+    fn slurm_values_with_spaces_and_percent_are_quoted_for_sbatch() {
+        let mut j = job();
+        j.out = "/scratch/run 1%x".into();
+        j.workdir = "/home/me too".into();
+        j.job_name = "my job".into();
+        j.shard_options = vec![("partition".into(), "gpu a".into())];
+        let s = scripts(&j).unwrap();
+        for line in [
+            r#"#SBATCH --job-name="my job-sweep""#,
+            r#"#SBATCH --output="/scratch/run 1%%x/slurm/shard-%a.log""#,
+            r#"#SBATCH --chdir="/home/me too""#,
+            r#"#SBATCH --partition="gpu a""#,
+        ] {
+            assert!(s.sweep.lines().any(|l| l == line), "{line}\n{}", s.sweep);
+        }
+        assert!(
+            s.merge
+                .lines()
+                .any(|l| l == r#"#SBATCH --output="/scratch/run 1%%x/slurm/merge.log""#),
+            "{}",
+            s.merge
+        );
+        let mut j = job();
+        j.out = r"/scratch/a\b".into();
+        let (name, reason) = usage(scripts(&j).unwrap_err());
+        assert_eq!(name, "--out", "{reason}");
+    }
+
+    /// Issue 25, defect 4: `--shards 10^12` aborted on a multi-TB allocation. Slurm's default
+    /// MaxArraySize (1001 tasks) bounds it; 0 is refused without suggesting `--shard I/0`.
+    #[test]
+    fn slurm_shards_above_max_array_size_are_refused() {
+        let mut j = job();
+        for n in [1002, 1_000_000_000_000] {
+            j.shards = n;
+            let (name, reason) = usage(scripts(&j).unwrap_err());
+            assert_eq!(name, "--shards");
+            assert!(reason.contains("give at most 1001"), "{reason}");
+        }
+        j.shards = 0;
+        let (name, reason) = usage(scripts(&j).unwrap_err());
+        assert_eq!(name, "--shards");
+        assert!(
+            !reason.contains("I/0") && reason.contains("1 or more"),
+            "{reason}"
+        );
+        j.shards = 1001;
+        let s = scripts(&j).unwrap();
+        assert!(s.sweep.lines().any(|l| l == "#SBATCH --array=0-1000"));
+    }
+
+    /// Issue 25, defect 1: the generated scripts, run with bash and a stub kvbench that records
+    /// its arguments, pass every value verbatim (spaces, quotes, `%`, `$`, backquotes), resume a
+    /// task's folder, merge every shard, and run no injected command; sbatch reads every
+    /// `#SBATCH` line, each value as one word.
+    #[test]
+    fn slurm_scripts_run_with_a_stub_kvbench() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("kvbench-slurm-stub-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let bin = d.join("bin dir");
+        std::fs::create_dir_all(&bin).unwrap();
+        let exe = bin.join("kv'bench");
+        std::fs::write(
+            &exe,
+            "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done > \"$STUB_ARGV\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let root = d.display().to_string();
+        let out = format!("{root}/out 1 $HOME %a 'q' \"dq\"");
+        let injected = format!("{root}/injected");
+        let model = format!("my model's `touch {injected}` $(touch {injected}) %a \"q\" $HOME");
+        let seq = format!("1; touch {injected}");
+        let j = JobSpec {
+            exe: exe.clone(),
+            workdir: d.join("work dir"),
+            out: out.clone().into(),
+            shards: 3,
+            sweep_flags: vec![
+                "--model".into(),
+                model.clone(),
+                "--dtypes".into(),
+                "fp16,int4".into(),
+                "--seq-lens".into(),
+                seq.clone(),
+            ],
+            threads: Some(4),
+            shard_options: vec![
+                ("partition".into(), "gpu a".into()),
+                ("time".into(), "1:00:00".into()),
+            ],
+            sbatch_args: vec!["-p gpu".into(), r#"--comment="two words""#.into()],
+            merge_options: vec![("partition".into(), "gpu a".into())],
+            job_name: "my job".into(),
+        };
+        let s = scripts(&j).unwrap();
+        let run = |script: &str, name: &str| -> Vec<String> {
+            let path = d.join(format!("{name}.sbatch"));
+            std::fs::write(&path, script).unwrap();
+            let argv = d.join(format!("{name}.argv"));
+            let st = Command::new("bash")
+                .arg(&path)
+                .env("SLURM_ARRAY_TASK_ID", "1")
+                .env("STUB_ARGV", &argv)
+                .status()
+                .unwrap();
+            assert!(st.success(), "{name}: {st}\n{script}");
+            let text = std::fs::read_to_string(&argv).unwrap();
+            text.lines().map(str::to_string).collect()
+        };
+        let shard1 = format!("{out}/shard-1");
+        let want: Vec<String> = [
+            "sweep",
+            "--model",
+            &model,
+            "--dtypes",
+            "fp16,int4",
+            "--seq-lens",
+            &seq,
+            "--threads",
+            "4",
+            "--shard",
+            "1/3",
+            "--out",
+            &shard1,
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        assert_eq!(run(&s.sweep, "sweep"), want);
+        // A task run again resumes its folder.
+        std::fs::create_dir_all(&shard1).unwrap();
+        std::fs::write(format!("{shard1}/meta.json"), "{}").unwrap();
+        assert_eq!(
+            run(&s.sweep, "sweep-again"),
+            ["sweep", "--resume", &shard1, "--threads", "4"]
+        );
+        let merged = format!("{out}/merged");
+        let (s0, s2) = (format!("{out}/shard-0"), format!("{out}/shard-2"));
+        assert_eq!(
+            run(&s.merge, "merge"),
+            ["merge", &s0, &shard1, &s2, "--out", &merged]
+        );
+        assert!(!Path::new(&injected).exists(), "an injected command ran");
+        // What sbatch reads: every #SBATCH line, before the first command.
+        let (words, read, all) = directives(&s.sweep);
+        let want = [
+            "--job-name=my job-sweep".to_string(),
+            "--array=0-2".into(),
+            format!("--output={root}/out 1 $HOME %%a 'q' \"dq\"/slurm/shard-%a.log"),
+            format!("--chdir={root}/work dir"),
+            "--partition=gpu a".into(),
+            "--time=1:00:00".into(),
+            "-p".into(),
+            "gpu".into(),
+            "--comment=two words".into(),
+        ];
+        assert_eq!(words, want);
+        assert_eq!((read, all), (8, 8));
+        let (words, read, all) = directives(&s.merge);
+        let want = [
+            "--job-name=my job-merge".to_string(),
+            format!("--output={root}/out 1 $HOME %%a 'q' \"dq\"/slurm/merge.log"),
+            format!("--chdir={root}/work dir"),
+            "--partition=gpu a".into(),
+        ];
+        assert_eq!(words, want);
+        assert_eq!((read, all), (4, 4));
+        std::fs::remove_dir_all(&d).ok();
+    }
+
     #[test]
     fn scripts_run_each_shard_and_merge_all() {
         let job = JobSpec {
@@ -440,14 +1004,18 @@ mod tests {
             shards: 3,
             sweep_flags: vec!["--suite".into(), "suites/ci.toml".into()],
             threads: Some(4),
-            shard_options: vec!["partition=gpu".into(), "gpus-per-task=1".into()],
-            merge_options: vec!["partition=gpu".into()],
+            shard_options: vec![
+                ("partition".into(), "gpu".into()),
+                ("gpus-per-task".into(), "1".into()),
+            ],
+            sbatch_args: Vec::new(),
+            merge_options: vec![("partition".into(), "gpu".into())],
             job_name: "kvbench".into(),
         };
-        let s = scripts(&job);
+        let s = scripts(&job).unwrap();
         for line in [
             "#SBATCH --array=0-2",
-            "#SBATCH --output=/scratch/run 1/slurm/shard-%a.log",
+            "#SBATCH --output=\"/scratch/run 1/slurm/shard-%a.log\"",
             "#SBATCH --partition=gpu",
             "#SBATCH --gpus-per-task=1",
             "dir='/scratch/run 1'/shard-\"$SLURM_ARRAY_TASK_ID\"",

@@ -181,7 +181,7 @@ fn resolve_settings(
 /// `summary.md` and `plots/` are written and the table printed.
 pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Result<()> {
     let (done, earlier_meta) = resolve_settings(&mut args, matches)?;
-    check_args(&mut args)?;
+    check_settings(&mut args)?;
     if earlier_meta.is_none() {
         if let Some(out) = &args.out {
             checks::prepare_out(out, args.force)?;
@@ -195,8 +195,6 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
             .build_global()
             .ok();
     }
-    // Before anything slow (fetching, loading): a device this build cannot open fails here.
-    kv_caches_on(&args.settings.device.device, args.settings.device.synthetic)?;
     let device = args.settings.device.device.open()?;
     if args.settings.device.synthetic {
         return run_synthetic(args, done, earlier_meta);
@@ -473,6 +471,34 @@ fn every_point_failed(tally: &crate::report::Tally) -> anyhow::Result<()> {
         ),
         _ => Ok(()),
     }
+}
+
+/// The checks `kvbench sweep` makes on its settings before anything slow (fetching, loading):
+/// [`check_args`], whether this build can hold the caches on the device ([`kv_caches_on`]),
+/// and the sweep spec's bounds ([`SweepSpec::validate`] without a model; the model's context
+/// and the text's length are checked once it is loaded). `kvbench slurm` runs the same checks
+/// before it writes or submits anything. Errors: [`crate::Error::InvalidArgument`] naming the
+/// flag.
+pub(crate) fn check_settings(args: &mut SweepArgs) -> anyhow::Result<()> {
+    check_args(args)?;
+    let s = &args.settings;
+    kv_caches_on(&s.device.device, s.device.synthetic)?;
+    let mut spec = SweepSpec::timing_only(
+        s.schemes.dtypes.0.clone(),
+        s.grid.batch_sizes.clone(),
+        s.grid.seq_lens.clone(),
+        s.grid.gen,
+        s.timing.seed,
+    );
+    if !s.device.synthetic {
+        // What a model sweep's spec adds (a synthetic sweep's is timing-only).
+        spec.warmup = s.timing.warmup;
+        spec.repeats = s.timing.repeats;
+        spec.min_time_s = s.timing.min_time;
+        spec.ppl_noise_floor = s.perplexity.ppl_noise_floor;
+    }
+    spec.validate(usize::MAX, usize::MAX)?;
+    Ok(())
 }
 
 /// Checks and normalizes the flags before anything slow: `--threads` bounded, `--memory-limit`

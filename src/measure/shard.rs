@@ -34,16 +34,40 @@ pub struct Shard {
     pub count: usize,
 }
 
+/// Most shards a sweep may be split into. Kubernetes caps an Indexed Job at 100 000
+/// completions, and a Slurm job array is far smaller (`MaxArraySize`, 1001 tasks by default;
+/// `kvbench slurm` checks that bound); the cap keeps the per-shard loads [`split`] holds small
+/// however large a number is given.
+pub const MAX_SHARDS: usize = 100_000;
+
 impl Shard {
-    /// Shard `index` of `count`. Errors: [`Error::InvalidArgument`] (`--shard`) when `count` is 0
-    /// or `index ≥ count`.
-    pub fn new(index: usize, count: usize) -> Result<Shard> {
+    /// Checks a shard count given as `flag` (`--shard` for `I/N`, `--shards`): 1 to
+    /// [`MAX_SHARDS`]. Called before anything is sized by the count. Errors:
+    /// [`Error::InvalidArgument`] naming `flag`, the value and the accepted range.
+    pub fn check_count(count: usize, flag: &str) -> Result<()> {
         if count == 0 {
             return Err(Error::InvalidArgument {
-                name: "--shard".into(),
-                reason: "the number of shards must be ≥ 1".into(),
+                name: flag.into(),
+                reason: "0 shards cannot run anything: the number of shards must be 1 or more"
+                    .into(),
             });
         }
+        if count > MAX_SHARDS {
+            return Err(Error::InvalidArgument {
+                name: flag.into(),
+                reason: format!(
+                    "{count} shards is more than any scheduler runs at once; give at most \
+                     {MAX_SHARDS}"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Shard `index` of `count`. Errors: [`Error::InvalidArgument`] (`--shard`) when `count` is 0
+    /// or above [`MAX_SHARDS`], or `index ≥ count`.
+    pub fn new(index: usize, count: usize) -> Result<Shard> {
+        Shard::check_count(count, "--shard")?;
         if index >= count {
             return Err(Error::InvalidArgument {
                 name: "--shard".into(),
@@ -67,8 +91,9 @@ impl Shard {
     ///
     /// Subtracting `SLURM_ARRAY_TASK_MIN` (0 when unset) makes `--array=1-4` work as well as
     /// `--array=0-3`; a sparse array (`--array=0,2,5`) is not supported.
-    /// Errors: [`Error::InvalidArgument`] for `--shards` without an index in the environment, a
-    /// variable that is not a number, or an index out of range.
+    /// Errors: [`Error::InvalidArgument`] for `--shards` outside 1 to [`MAX_SHARDS`] (checked
+    /// first), `--shards` without an index in the environment, a variable that is not a number,
+    /// `SLURM_ARRAY_TASK_ID` below `SLURM_ARRAY_TASK_MIN`, or an index out of range.
     pub fn resolve(
         given: Option<Shard>,
         shards: Option<usize>,
@@ -94,10 +119,20 @@ impl Shard {
         };
         let slurm_index = || -> Result<Option<usize>> {
             let min = num("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
-            Ok(num("SLURM_ARRAY_TASK_ID")?.map(|id| id.saturating_sub(min)))
+            match num("SLURM_ARRAY_TASK_ID")? {
+                Some(id) if id < min => Err(Error::InvalidArgument {
+                    name: "SLURM_ARRAY_TASK_ID".into(),
+                    reason: format!(
+                        "SLURM_ARRAY_TASK_ID {id} is below SLURM_ARRAY_TASK_MIN {min}: no task \
+                         of the array has that index; unset both or give --shard I/N"
+                    ),
+                }),
+                id => Ok(id.map(|id| id - min)),
+            }
         };
         match shards {
             Some(n) => {
+                Shard::check_count(n, "--shards")?;
                 let index = match num("JOB_COMPLETION_INDEX")? {
                     Some(i) => i,
                     None => slurm_index()?.ok_or_else(|| Error::InvalidArgument {
@@ -112,7 +147,10 @@ impl Shard {
                 Shard::new(index, n).map(Some)
             }
             None => match (slurm_index()?, num("SLURM_ARRAY_TASK_COUNT")?) {
-                (Some(i), Some(n)) => Shard::new(i, n).map(Some),
+                (Some(i), Some(n)) => {
+                    Shard::check_count(n, "SLURM_ARRAY_TASK_COUNT")?;
+                    Shard::new(i, n).map(Some)
+                }
                 _ => Ok(None),
             },
         }
@@ -258,9 +296,10 @@ pub fn cost(unit: &Unit, spec: &SweepSpec, tasks: TaskLoad) -> f64 {
 /// the earlier unit first), each to the shard with the least cost so far (ties: the lower
 /// index). Returns the shard index of each unit. Deterministic; the busiest shard carries at
 /// most the mean load plus the largest unit (Graham's list-scheduling bound). Errors:
-/// [`Error::InvalidArgument`] when `count` is 0 or a cost is negative or not finite.
+/// [`Error::InvalidArgument`] when `count` is 0 or above [`MAX_SHARDS`] (checked before the
+/// loads are allocated) or a cost is negative or not finite.
 pub fn split(costs: &[f64], count: usize) -> Result<Vec<usize>> {
-    Shard::new(0, count)?;
+    Shard::check_count(count, "--shard")?;
     if let Some(c) = costs.iter().find(|c| !(c.is_finite() && **c >= 0.0)) {
         return Err(Error::InvalidArgument {
             name: "unit cost".into(),
@@ -492,6 +531,78 @@ mod tests {
         assert!(e.to_string().contains("2 of 2"), "{e}");
         let e = Shard::resolve(None, Some(2), env(&[("JOB_COMPLETION_INDEX", "x")])).unwrap_err();
         assert!(e.to_string().contains("JOB_COMPLETION_INDEX"), "{e}");
+    }
+
+    /// Issue 25, defect 4: `--shard 0/10^12` and `--shards 10^12` aborted on a multi-TB
+    /// allocation of per-shard loads. Every count is bounded by MAX_SHARDS before anything is
+    /// sized by it, the message naming the flag and the largest value accepted.
+    #[test]
+    fn shard_count_of_10_pow_12_is_refused_before_allocating() {
+        let huge = 1_000_000_000_000usize;
+        let reason = |e: Error| match e {
+            Error::InvalidArgument { name, reason } => (name, reason),
+            other => panic!("not a usage error: {other}"),
+        };
+        let (name, r) = reason("0/1000000000000".parse::<Shard>().unwrap_err());
+        assert_eq!(name, "--shard");
+        assert!(r.contains("give at most 100000"), "{r}");
+        let k8s = |k: &str| (k == "JOB_COMPLETION_INDEX").then(|| "0".to_string());
+        let (name, r) = reason(Shard::resolve(None, Some(huge), k8s).unwrap_err());
+        assert_eq!(name, "--shards");
+        assert!(r.contains("give at most 100000"), "{r}");
+        let slurm = |k: &str| match k {
+            "SLURM_ARRAY_TASK_ID" => Some("0".to_string()),
+            "SLURM_ARRAY_TASK_COUNT" => Some(huge.to_string()),
+            _ => None,
+        };
+        let (name, _) = reason(Shard::resolve(None, None, slurm).unwrap_err());
+        assert_eq!(name, "SLURM_ARRAY_TASK_COUNT");
+        assert!(split(&[1.0], huge).is_err());
+        assert!(split(&[1.0], 100_001).is_err());
+        // The bound itself is accepted (a load per shard, then empty shards).
+        assert_eq!(
+            Shard::new(99_999, 100_000).unwrap().to_string(),
+            "99999/100000"
+        );
+        assert_eq!(split(&[1.0, 2.0], 100_000).unwrap(), vec![1, 0]);
+    }
+
+    /// Issue 25, defect 7: SLURM_ARRAY_TASK_ID below SLURM_ARRAY_TASK_MIN silently became
+    /// shard 0; it is an error naming both variables.
+    #[test]
+    fn slurm_array_task_id_below_task_min_is_refused() {
+        let env = |k: &str| match k {
+            "SLURM_ARRAY_TASK_ID" => Some("0".to_string()),
+            "SLURM_ARRAY_TASK_MIN" => Some("1".to_string()),
+            "SLURM_ARRAY_TASK_COUNT" => Some("4".to_string()),
+            _ => None,
+        };
+        for shards in [None, Some(4)] {
+            match Shard::resolve(None, shards, env).unwrap_err() {
+                Error::InvalidArgument { name, reason } => {
+                    assert_eq!(name, "SLURM_ARRAY_TASK_ID");
+                    assert!(
+                        reason.contains("SLURM_ARRAY_TASK_ID 0 is below SLURM_ARRAY_TASK_MIN 1"),
+                        "{reason}"
+                    );
+                }
+                other => panic!("{other}"),
+            }
+        }
+    }
+
+    /// Issue 25, defect 10: `--shards 0` suggested `--shard I/0`; it says the count must be 1
+    /// or more, naming `--shards`.
+    #[test]
+    fn shards_0_does_not_suggest_shard_i_of_0() {
+        match Shard::resolve(None, Some(0), |_| None).unwrap_err() {
+            Error::InvalidArgument { name, reason } => {
+                assert_eq!(name, "--shards");
+                assert!(!reason.contains("I/0"), "{reason}");
+                assert!(reason.contains("1 or more"), "{reason}");
+            }
+            other => panic!("{other}"),
+        }
     }
 
     #[test]
