@@ -806,3 +806,22 @@ fn eviction_over_store_sweep_reads_back() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A parameter given twice used to let the last one win; `--dtypes` refuses it naming it
+/// (exit 2).
+#[test]
+fn repeated_scheme_parameter_is_refused_on_the_command_line() {
+    let dir = tmp("dup-param");
+    for (dtypes, want) in [
+        (
+            "int4:group=32,group=64",
+            "parameter `group` of `int4` is given twice",
+        ),
+        ("fp16,h2o:budget=64,ratio=0.2@int8", "not both"),
+    ] {
+        let (code, err) = synthetic_with(&dir.join("run"), dtypes);
+        assert_eq!(code, 2, "{dtypes}: {err}");
+        assert!(err.contains(want), "{dtypes}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

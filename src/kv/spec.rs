@@ -207,7 +207,7 @@ impl Parser<'_> {
             Some((n, p)) => (n, p),
             None => (s, ""),
         };
-        let pairs = params
+        let pairs: Vec<(&str, &str)> = params
             .split(',')
             .filter(|p| !p.is_empty())
             .map(|kv| {
@@ -215,6 +215,15 @@ impl Parser<'_> {
                     .ok_or_else(|| self.err(format!("parameter `{kv}` is not key=value")))
             })
             .collect::<Result<_>>()?;
+        // A repeated key would silently let the last one win: refuse it here, once, for every
+        // format and policy.
+        for (i, &(key, _)) in pairs.iter().enumerate() {
+            if pairs[..i].iter().any(|&(k, _)| k == key) {
+                return Err(self.err(format!(
+                    "parameter `{key}` of `{name}` is given twice; give it once"
+                )));
+            }
+        }
         Ok(Params { name, pairs })
     }
 
@@ -230,7 +239,16 @@ impl Parser<'_> {
         }
     }
 
+    /// `Ok(None)` when `s` does not name a policy; its parameters are read only when it does
+    /// (a whole K/V store such as `turboquant:seed=7/turboquant-nc:seed=7` is not one part).
     fn eviction(&self, s: &str) -> Result<Option<Eviction>> {
+        let name = s.split_once(':').map_or(s, |(n, _)| n);
+        let known = super::evict::PARSERS
+            .iter()
+            .any(|(names, _)| names.contains(&name));
+        if !known {
+            return Ok(None);
+        }
         Eviction::parse(&self.split(s)?).map_err(|reason| self.err(reason))
     }
 
@@ -781,5 +799,49 @@ mod tests {
         // One comma-joined string (a suite's form) reads the same.
         let one: SchemeList = serde_json::from_value(serde_json::Value::String(joined)).unwrap();
         same(&one.0, &all);
+    }
+
+    /// Defect 10: a parameter given twice is refused naming it (it used to let the last one
+    /// win), and so is h2o's budget given both as tokens and as a ratio.
+    #[test]
+    fn repeated_parameters_are_refused() {
+        for (bad, names) in [
+            (
+                "int4:group=32,group=64",
+                "parameter `group` of `int4` is given twice",
+            ),
+            (
+                "window:size=8,size=16@int8",
+                "parameter `size` of `window` is given twice",
+            ),
+            (
+                "fp8:scale=head,scale=none",
+                "parameter `scale` of `fp8` is given twice",
+            ),
+            (
+                "h2o:recent=8,ratio=0.2,recent=16",
+                "parameter `recent` of `h2o` is given twice",
+            ),
+            (
+                "h2o:budget=64,ratio=0.2",
+                "h2o takes `budget=N` (tokens) or `ratio=r` (share of tokens seen), not both",
+            ),
+            (
+                "h2o:ratio=0.5,budget=64@int8",
+                "h2o takes `budget=N` (tokens) or `ratio=r` (share of tokens seen), not both",
+            ),
+        ] {
+            let e = bad.parse::<KvScheme>().unwrap_err();
+            assert!(e.is_usage(), "{bad}: {e}");
+            match &e {
+                Error::UnknownScheme { input, reason, .. } => {
+                    assert_eq!(input, bad);
+                    assert!(reason.starts_with(names), "{bad}: {reason}");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+            // The same through a list, where the repeat is a continuation.
+            assert!(parse_scheme_list(&format!("fp16,{bad}")).is_err(), "{bad}");
+        }
     }
 }
