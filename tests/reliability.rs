@@ -1354,3 +1354,93 @@ fn shards_0_does_not_suggest_shard_i_of_0() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--shards") && !err.contains("I/0"), "{err}");
 }
+
+// Issue 25: scheme names
+
+/// A synthetic sweep of `dtypes` into `out`: (exit code, stderr).
+fn synthetic_with(out: &Path, dtypes: &str) -> (i32, String) {
+    let (code, _, err) = kvbench(&[
+        "sweep",
+        "--synthetic",
+        "--dtypes",
+        dtypes,
+        "--batch-sizes",
+        "1",
+        "--seq-lens",
+        "16",
+        "--gen",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    (code, err)
+}
+
+/// The schemes meta.json records (`settings.dtypes`).
+fn recorded_dtypes(out: &Path) -> Vec<String> {
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("meta.json")).unwrap()).unwrap();
+    meta["settings"]["dtypes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("settings.dtypes: {meta}"))
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Eviction-over-store schemes (the README's `window:size=…@int8` form) measured every point,
+/// then exited 2: meta.json's printed name `window:size=16,sinks=4@int8-token` was split at its
+/// comma when read back, so no summary.md, and `report` and `--resume` refused the folder. The
+/// printed names are also accepted by `--dtypes` as they are.
+#[test]
+fn eviction_over_store_sweep_reads_back() {
+    let dir = tmp("evict-names");
+    let out = dir.join("run");
+    let (code, err) = synthetic_with(&out, "window:size=16@int8,h2o@int8,h2o:ratio=0.2@q4_0");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.join("summary.md").is_file(), "no summary.md: {err}");
+    let printed = recorded_dtypes(&out);
+    assert_eq!(
+        printed,
+        [
+            "window:size=16,sinks=4@int8-token",
+            "h2o:ratio=0.2,recent=32@int8-token",
+            "h2o:ratio=0.2,recent=32@q4_0"
+        ]
+    );
+    let (code, _, err) = kvbench(&["report", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "report: {err}");
+    let (code, _, err) = kvbench(&["sweep", "--resume", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "--resume: {err}");
+    // The printed form, comma-joined, is a valid `--dtypes` naming the same schemes.
+    let again = dir.join("again");
+    let (code, err) = synthetic_with(&again, &printed.join(","));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(recorded_dtypes(&again), printed);
+    let (code, err) = synthetic_with(&dir.join("two"), "window:size=16,sinks=2@int8");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        recorded_dtypes(&dir.join("two")),
+        ["window:size=16,sinks=2@int8-token"]
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A parameter given twice used to let the last one win; `--dtypes` refuses it naming it
+/// (exit 2).
+#[test]
+fn repeated_scheme_parameter_is_refused_on_the_command_line() {
+    let dir = tmp("dup-param");
+    for (dtypes, want) in [
+        (
+            "int4:group=32,group=64",
+            "parameter `group` of `int4` is given twice",
+        ),
+        ("fp16,h2o:budget=64,ratio=0.2@int8", "not both"),
+    ] {
+        let (code, err) = synthetic_with(&dir.join("run"), dtypes);
+        assert_eq!(code, 2, "{dtypes}: {err}");
+        assert!(err.contains(want), "{dtypes}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

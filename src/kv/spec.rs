@@ -207,7 +207,7 @@ impl Parser<'_> {
             Some((n, p)) => (n, p),
             None => (s, ""),
         };
-        let pairs = params
+        let pairs: Vec<(&str, &str)> = params
             .split(',')
             .filter(|p| !p.is_empty())
             .map(|kv| {
@@ -215,6 +215,15 @@ impl Parser<'_> {
                     .ok_or_else(|| self.err(format!("parameter `{kv}` is not key=value")))
             })
             .collect::<Result<_>>()?;
+        // A repeated key would silently let the last one win: refuse it here, once, for every
+        // format and policy.
+        for (i, &(key, _)) in pairs.iter().enumerate() {
+            if pairs[..i].iter().any(|&(k, _)| k == key) {
+                return Err(self.err(format!(
+                    "parameter `{key}` of `{name}` is given twice; give it once"
+                )));
+            }
+        }
         Ok(Params { name, pairs })
     }
 
@@ -230,7 +239,16 @@ impl Parser<'_> {
         }
     }
 
+    /// `Ok(None)` when `s` does not name a policy; its parameters are read only when it does
+    /// (a whole K/V store such as `turboquant:seed=7/turboquant-nc:seed=7` is not one part).
     fn eviction(&self, s: &str) -> Result<Option<Eviction>> {
+        let name = s.split_once(':').map_or(s, |(n, _)| n);
+        let known = super::evict::PARSERS
+            .iter()
+            .any(|(names, _)| names.contains(&name));
+        if !known {
+            return Ok(None);
+        }
         Eviction::parse(&self.split(s)?).map_err(|reason| self.err(reason))
     }
 
@@ -313,14 +331,17 @@ impl<'de> serde::Deserialize<'de> for KvScheme {
     }
 }
 
-/// Splits a `--dtypes` list: commas separate schemes, except before `key=value` parameters of
-/// the previous scheme (`int8-channel:group=32,residual=64,fp16` → two schemes).
+/// Splits a `--dtypes` list: commas separate schemes, except before the `key=value`
+/// parameters of the previous scheme. A scheme always starts with a name (a format, a policy
+/// or a preset), never with `key=`; a part that does continues the one before, whatever follows
+/// its value: `window:size=16,sinks=4@int8-channel:group=32,residual=64,fp16` → two schemes,
+/// `window:size=16,sinks=4@int8-channel:group=32,residual=64` and `fp16`. Every printed scheme
+/// name therefore splits back as one entry. Empty parts are dropped.
 pub fn split_scheme_list(list: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for part in list.split(',') {
-        let is_param = part.contains('=') && !part.contains(':') && !part.contains('@');
         match out.last_mut() {
-            Some(prev) if is_param => {
+            Some(prev) if starts_with_key(part) => {
                 prev.push(',');
                 prev.push_str(part);
             }
@@ -328,6 +349,21 @@ pub fn split_scheme_list(list: &str) -> Vec<String> {
         }
     }
     out.into_iter().filter(|s| !s.trim().is_empty()).collect()
+}
+
+/// Whether a comma-part of a list begins with `key=` (a bare word, then `=`): a parameter of the
+/// scheme before it. `sinks=4@int8` does; `int8-channel:group=32` and `fp16` do not.
+fn starts_with_key(part: &str) -> bool {
+    match part.split_once('=') {
+        Some((key, _)) => {
+            let key = key.trim();
+            !key.is_empty()
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        }
+        None => false,
+    }
 }
 
 /// Parses a `--dtypes` list. Errors: [`Error::UnknownScheme`] for the first bad entry.
@@ -566,5 +602,246 @@ mod tests {
                 "int4"
             ]
         );
+        // Issue 25: a part starting with `key=` continues the scheme before it, even when a
+        // store follows its value (`sinks=4@int8-token`).
+        assert_eq!(
+            split_scheme_list(
+                "window:size=16,sinks=4@int8-channel:group=32,residual=64,fp16,\
+                 h2o:ratio=0.2,recent=32@q4_0,window:size=16,sinks=2@int8,\
+                 turboquant-nc:bits=3,seed=7+rot,h2o:budget=64,recent=8@q8_0/q4_0"
+            ),
+            vec![
+                "window:size=16,sinks=4@int8-channel:group=32,residual=64",
+                "fp16",
+                "h2o:ratio=0.2,recent=32@q4_0",
+                "window:size=16,sinks=2@int8",
+                "turboquant-nc:bits=3,seed=7+rot",
+                "h2o:budget=64,recent=8@q8_0/q4_0",
+            ]
+        );
+        // A list cannot start with a parameter: it stays its own (refused) entry.
+        assert_eq!(split_scheme_list("sinks=4,fp16"), vec!["sinks=4", "fp16"]);
+        assert!(parse_scheme_list("sinks=4,fp16").is_err());
+    }
+
+    /// Issue 25: the printed names of eviction-over-store schemes, by hand (defaults from
+    /// h2o.rs: ratio 0.2, recent 32; window.rs: size 256, sinks 4), and each parses back, alone
+    /// and in a list.
+    #[test]
+    fn eviction_over_store_names_by_hand() {
+        for (given, printed) in [
+            ("h2o@int8", "h2o:ratio=0.2,recent=32@int8-token"),
+            ("h2o:ratio=0.2@q4_0", "h2o:ratio=0.2,recent=32@q4_0"),
+            ("window:size=16@int8", "window:size=16,sinks=4@int8-token"),
+            (
+                "window:size=16,sinks=2@int8",
+                "window:size=16,sinks=2@int8-token",
+            ),
+            (
+                "window@turboquant_k8v4",
+                "window:size=256,sinks=4@turboquant_k8v4",
+            ),
+            ("h2o:budget=64+rot", "h2o:budget=64,recent=32+rot"),
+            (
+                "window:sinks=0@int4:group=16/q8_0+rot",
+                "window:size=256,sinks=0@int4:group=16/q8_0+rot",
+            ),
+        ] {
+            let s: KvScheme = given.parse().unwrap_or_else(|e| panic!("{given}: {e}"));
+            assert_eq!(s.to_string(), printed, "{given}");
+            assert_eq!(printed.parse::<KvScheme>().unwrap(), s, "{printed}");
+        }
+        let list = parse_scheme_list(
+            "window:size=16,sinks=4@int8-token,h2o:ratio=0.2,recent=32@int8-token,\
+             h2o:ratio=0.2,recent=32@q4_0",
+        )
+        .unwrap();
+        let want = parse_scheme_list("window:size=16@int8,h2o@int8,h2o:ratio=0.2@q4_0").unwrap();
+        assert_eq!(list, want);
+        assert_eq!(list.len(), 3);
+    }
+
+    /// Every format (each registered name bare, and with every parameter set from a shared
+    /// table that it accepts), every policy likewise, every preset; K/V pairs, `+rot` and
+    /// eviction@store compositions built from those registries, so a new format or policy is
+    /// covered without editing this test.
+    fn every_scheme() -> Vec<KvScheme> {
+        // Tried on every name; each name keeps the ones it accepts.
+        const FORMAT_PARAMS: &[&str] = &[
+            "",
+            ":group=16",
+            ":group=64",
+            ":group=row",
+            ":group=16,residual=64",
+            ":residual=32",
+            ":scale=head",
+            ":scale=tensor",
+            ":scale=none",
+            ":bits=3",
+            ":bits=2,seed=7",
+            ":seed=7",
+        ];
+        const POLICY_PARAMS: &[&str] = &[
+            "",
+            ":size=16",
+            ":size=16,sinks=2",
+            ":sinks=0",
+            ":budget=64",
+            ":budget=100,recent=8",
+            ":ratio=0.5",
+            ":ratio=0.25,recent=4",
+        ];
+        // `help`: the registry entry's help text; a name it shows with `[` takes parameters.
+        let expand = |names: &[&str], params: &[&str], help: &str| -> Vec<String> {
+            let mut out = Vec::new();
+            for name in names {
+                let takes_params = help.contains(&format!("{name}["));
+                let ok: Vec<String> = params
+                    .iter()
+                    .map(|p| format!("{name}{p}"))
+                    .filter(|s| s.parse::<KvScheme>().is_ok())
+                    .collect();
+                assert!(ok.contains(&name.to_string()), "{name} bare is refused");
+                if takes_params {
+                    assert!(ok.len() > 1, "no parameter set in the table fits {name}");
+                }
+                out.extend(ok);
+            }
+            out
+        };
+        let mut quants: Vec<Quant> = Vec::new();
+        let formats = super::super::formats::PARSERS.iter();
+        for ((names, _), help) in formats.zip(super::super::formats::HELP) {
+            for s in expand(names, FORMAT_PARAMS, help) {
+                let q = s.parse::<KvScheme>().unwrap().k;
+                if !quants.contains(&q) {
+                    quants.push(q);
+                }
+            }
+        }
+        let mut policies: Vec<Eviction> = Vec::new();
+        let evicts = super::super::evict::PARSERS.iter();
+        for ((names, _), help) in evicts.zip(super::super::evict::HELP) {
+            for s in expand(names, POLICY_PARAMS, help) {
+                let e = s.parse::<KvScheme>().unwrap().evict.unwrap();
+                if !policies.contains(&e) {
+                    policies.push(e);
+                }
+            }
+        }
+        // Stores: every (K, V) with per-token values, the presets' pairs among them.
+        let mut stores: Vec<(Quant, Quant)> = Vec::new();
+        for &k in &quants {
+            for &v in quants.iter().filter(|v| !v.per_channel()) {
+                stores.push((k, v));
+            }
+        }
+        for &(name, k, v) in PRESETS {
+            assert!(stores.contains(&(k, v)), "preset {name} outside the grid");
+        }
+        let mut out = Vec::new();
+        for &(k, v) in &stores {
+            let evicts = std::iter::once(None).chain(
+                policies
+                    .iter()
+                    .copied()
+                    .map(Some)
+                    .filter(|_| !k.per_channel()),
+            );
+            for evict in evicts {
+                for rotate in [false, true] {
+                    out.push(KvScheme {
+                        evict,
+                        k,
+                        v,
+                        rotate,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Issue 25: every scheme's printed name parses back to the same scheme, alone, in the
+    /// whole list joined with commas, and through meta.json's `SchemeList`.
+    #[test]
+    fn every_printed_name_parses_back() {
+        let all = every_scheme();
+        assert!(all.len() > 1000, "{}", all.len());
+        let names: Vec<String> = all.iter().map(|s| s.to_string()).collect();
+        for (s, name) in all.iter().zip(&names) {
+            let back: KvScheme = name.parse().unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(&back, s, "{name}");
+        }
+        // The first entry that differs, so a failure names one scheme, not thousands.
+        fn same<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T]) {
+            if let Some(i) = (0..got.len().max(want.len())).find(|&i| got.get(i) != want.get(i)) {
+                panic!("entry {i}: got {:?}, want {:?}", got.get(i), want.get(i));
+            }
+        }
+        let joined = names.join(",");
+        same(&split_scheme_list(&joined), &names);
+        same(&parse_scheme_list(&joined).unwrap(), &all);
+        // Every preset name appears as printed.
+        for (name, _, _) in PRESETS {
+            assert!(names.iter().any(|n| n == name), "{name}");
+        }
+        use crate::measure::settings::SchemeList;
+        let list = SchemeList(all.clone());
+        let json = serde_json::to_string(&list).unwrap();
+        assert!(
+            json.starts_with("[\"fp16\",\"fp16+rot\","),
+            "{}",
+            &json[..40]
+        );
+        let back: SchemeList = serde_json::from_str(&json).unwrap();
+        same(&back.0, &all);
+        // One comma-joined string (a suite's form) reads the same.
+        let one: SchemeList = serde_json::from_value(serde_json::Value::String(joined)).unwrap();
+        same(&one.0, &all);
+    }
+
+    /// Defect 10: a parameter given twice is refused naming it (it used to let the last one
+    /// win), and so is h2o's budget given both as tokens and as a ratio.
+    #[test]
+    fn repeated_parameters_are_refused() {
+        for (bad, names) in [
+            (
+                "int4:group=32,group=64",
+                "parameter `group` of `int4` is given twice",
+            ),
+            (
+                "window:size=8,size=16@int8",
+                "parameter `size` of `window` is given twice",
+            ),
+            (
+                "fp8:scale=head,scale=none",
+                "parameter `scale` of `fp8` is given twice",
+            ),
+            (
+                "h2o:recent=8,ratio=0.2,recent=16",
+                "parameter `recent` of `h2o` is given twice",
+            ),
+            (
+                "h2o:budget=64,ratio=0.2",
+                "h2o takes `budget=N` (tokens) or `ratio=r` (share of tokens seen), not both",
+            ),
+            (
+                "h2o:ratio=0.5,budget=64@int8",
+                "h2o takes `budget=N` (tokens) or `ratio=r` (share of tokens seen), not both",
+            ),
+        ] {
+            let e = bad.parse::<KvScheme>().unwrap_err();
+            assert!(e.is_usage(), "{bad}: {e}");
+            match &e {
+                Error::UnknownScheme { input, reason, .. } => {
+                    assert_eq!(input, bad);
+                    assert!(reason.starts_with(names), "{bad}: {reason}");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+            // The same through a list, where the repeat is a continuation.
+            assert!(parse_scheme_list(&format!("fp16,{bad}")).is_err(), "{bad}");
+        }
     }
 }

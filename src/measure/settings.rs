@@ -17,8 +17,11 @@ use crate::model::{hub, DeviceSpec, WeightDtype};
 use crate::quality::paired::CiMethod;
 use crate::quality::perplexity::{PplMode, Scoring};
 
-/// A parsed `--dtypes` list. In a suite or `meta.json`: a list of spec strings or one
-/// comma-separated string.
+/// A parsed `--dtypes` list. Serialized (meta.json's `settings.dtypes`) as a list of spec
+/// strings, each a scheme's printed name. Read back from a list of strings (each entry parsed on
+/// its own, never joined with its neighbours, so a name's own commas stay its parameters; an
+/// entry may itself be a comma-separated list) or from one comma-separated string (a suite's
+/// `dtypes = "fp16,int8"`). Errors: the first bad entry's [`Error::UnknownScheme`] text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchemeList(pub Vec<KvScheme>);
 
@@ -36,11 +39,16 @@ impl<'de> serde::Deserialize<'de> for SchemeList {
             One(String),
             Many(Vec<String>),
         }
-        let joined = match Form::deserialize(d)? {
-            Form::One(s) => s,
-            Form::Many(v) => v.join(","),
+        let entries = match Form::deserialize(d)? {
+            Form::One(s) => vec![s],
+            Form::Many(v) => v,
         };
-        parse_schemes(&joined).map_err(serde::de::Error::custom)
+        let mut schemes = Vec::new();
+        for entry in &entries {
+            let parsed = crate::kv::parse_scheme_list(entry).map_err(serde::de::Error::custom)?;
+            schemes.extend(parsed);
+        }
+        Ok(SchemeList(schemes))
     }
 }
 
@@ -510,6 +518,28 @@ mod tests {
             )
             .unwrap();
         assert_eq!((c.grid.gen, c.timing.repeats), (32, 2));
+    }
+
+    /// Issue 25: meta.json's `settings.dtypes` lists printed names whose own commas are
+    /// parameters (`window:size=16,sinks=4@int8-token`); each entry reads on its own, so they
+    /// read back as the schemes written, and an entry never merges into its neighbour.
+    #[test]
+    fn scheme_list_entries_read_on_their_own() {
+        let list: SchemeList = serde_json::from_str(
+            r#"["window:size=16,sinks=4@int8-token", "h2o:ratio=0.2,recent=32@q4_0", "fp16,int4"]"#,
+        )
+        .unwrap();
+        let want = parse_schemes("window:size=16@int8,h2o:ratio=0.2@q4_0,fp16,int4").unwrap();
+        assert_eq!(list, want);
+        assert_eq!(
+            serde_json::to_string(&list).unwrap(),
+            r#"["window:size=16,sinks=4@int8-token","h2o:ratio=0.2,recent=32@q4_0","fp16","int4"]"#
+        );
+        // A bare parameter as its own entry used to be glued onto the entry before it.
+        let e = serde_json::from_str::<SchemeList>(r#"["window:size=16", "sinks=2@int8"]"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sinks=2@int8"), "{e}");
     }
 
     /// What `meta.json` records reads back to the same settings (the `--resume` path), and the

@@ -47,6 +47,15 @@ impl PolicySpec for H2o {
     const HELP: &'static str = "h2o[:budget=N|ratio=r,recent=M]";
     fn parse(p: &Params<'_>) -> Result<Self, String> {
         let (mut budget, mut recent) = (Budget::Ratio(DEFAULT_H2O_RATIO), DEFAULT_H2O_RECENT);
+        // budget and ratio are two spellings of one setting: with both, one would silently win.
+        let keys = |k: &str| p.pairs.iter().any(|&(key, _)| key == k);
+        if keys("budget") && keys("ratio") {
+            return Err(
+                "h2o takes `budget=N` (tokens) or `ratio=r` (share of tokens seen), not both; \
+                 give one"
+                    .into(),
+            );
+        }
         for &(k, v) in &p.pairs {
             match k {
                 "budget" => budget = Budget::Tokens(p.num(k, v)?),

@@ -147,6 +147,32 @@ impl Quant {
         }
     }
 
+    /// Per-token formats smaller than fp16 that store rows of `d` elements: every registered
+    /// name with its default parameters that passes its own [`Format::validate`] at `d`, the
+    /// registry entry named `skip` left out (the format asking, which must not recurse from its
+    /// own check), aliases counted once. Ordered by how far their row (bytes) is from `near`
+    /// bytes, registry order on ties; at most `n`. What a format refusing `d` suggests instead,
+    /// so the advice is always valid at that head_dim.
+    pub(crate) fn valid_at(d: usize, skip: &[&str], near: usize, n: usize) -> Vec<Quant> {
+        let mut found: Vec<Quant> = Vec::new();
+        for &(names, parse) in PARSERS.iter().filter(|(names, _)| *names != skip) {
+            for &name in names {
+                let bare = Params {
+                    name,
+                    pairs: Vec::new(),
+                };
+                let Ok(q) = parse(&bare) else { continue };
+                let fits = !q.per_channel() && q.check(d).is_ok() && q.row_bytes(d) < 2 * d;
+                if fits && !found.contains(&q) {
+                    found.push(q);
+                }
+            }
+        }
+        found.sort_by_key(|q| q.row_bytes(d).abs_diff(near));
+        found.truncate(n);
+        found
+    }
+
     /// Bytes one stored row of `d` elements takes (see [`Format::row_bytes`]).
     pub fn row_bytes(self, d: usize) -> usize {
         self.with(|f| f.row_bytes(d))

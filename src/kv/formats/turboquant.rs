@@ -143,9 +143,19 @@ impl Format for TurboQuant {
     }
     fn validate(&self, d: usize) -> Result<(), String> {
         if !d.is_power_of_two() {
+            // Suggest only what stores this head_dim (int4's default group and q4_0's blocks of
+            // 32 do not divide 80, say): the formats that validate at `d`, nearest in size.
+            let names: Vec<String> = super::Quant::valid_at(d, Self::NAMES, self.row_bytes(d), 3)
+                .iter()
+                .map(|q| format!("`{q}`"))
+                .collect();
+            let advice = match names.as_slice() {
+                [] => String::new(),
+                [one] => format!("; use {one} for this model"),
+                [rest @ .., last] => format!("; use {} or {last} for this model", rest.join(", ")),
+            };
             return Err(format!(
-                "TurboQuant's Hadamard rotation needs head_dim a power of two (model: {d}); use \
-                 int4 or q4_0 for this model"
+                "TurboQuant's Hadamard rotation needs head_dim a power of two (model: {d}){advice}"
             ));
         }
         Ok(())
@@ -196,5 +206,39 @@ mod tests {
         let s: KvScheme = "turboquant".parse().unwrap();
         let e = s.validate(96).unwrap_err().to_string();
         assert!(e.contains("power of two"), "{e}");
+    }
+
+    /// Issue 25: at head_dim 80 the advice used to be int4 or q4_0, both refused there (int4's
+    /// group 32 and q4_0's blocks of 32 do not divide 80). It now names formats that validate:
+    /// by hand at d = 80, TurboQuant 4-bit rows take 40 + 2 = 42 bytes; int4-row 40 + 4 = 44,
+    /// int8-token 80 + 2 = 82, fp8 82 (int2/int3 groups of 32 do not divide 80 either).
+    #[test]
+    fn head_dim_80_suggests_schemes_valid_there() {
+        for old in ["int4", "q4_0"] {
+            let s: KvScheme = old.parse().unwrap();
+            assert!(s.validate(80).is_err(), "{old} at 80");
+        }
+        let s: KvScheme = "turboquant".parse().unwrap();
+        let e = s.validate(80).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "needs head_dim a power of two (model: 80); use `int4-row`, `int8-token` or \
+                 `fp8` for this model"
+            ),
+            "{e}"
+        );
+        // At any head_dim TurboQuant refuses, every scheme the advice names validates there.
+        for d in [40, 48, 80, 96, 100, 112, 160, 200] {
+            for spec in ["turboquant", "turboquant-prod:bits=2", "turboquant_4bit_nc"] {
+                let s: KvScheme = spec.parse().unwrap();
+                let e = s.validate(d).unwrap_err().to_string();
+                let named: Vec<&str> = e.split('`').skip(1).step_by(2).collect();
+                assert!(!named.is_empty(), "{spec} at {d}: {e}");
+                for n in named {
+                    let q: KvScheme = n.parse().unwrap_or_else(|x| panic!("{n}: {x}"));
+                    assert!(q.validate(d).is_ok(), "{spec} at {d} advises {n}: {e}");
+                }
+            }
+        }
     }
 }
