@@ -271,11 +271,11 @@ impl std::fmt::Display for WindowsNeeded {
 /// `m ≥ 2` with `t₀.₉₇₅(m−1)·SD/√m ≤ target` — scaling the half-width by `√(n/m)` alone would
 /// keep the small-sample t quantile (12.7 at n = 2) and ask for ~40× too many windows.
 ///
-/// The left side falls as m grows, so m is found by bisection on `[2, MAX_WINDOWS_NEEDED]`
+/// The left side falls as m grows, so m is found by bisection from 2 to [`MAX_WINDOWS_NEEDED`]
 /// (about 20 quantile evaluations, whatever the input); beyond the cap the answer is
-/// [`WindowsNeeded::MoreThan`]. Quantiles past [`MAX_T_DF`] degrees of freedom use that
-/// many (see there). `None` for `n < 2`, a non-positive or non-finite target, or a non-finite
-/// or negative half-width.
+/// [`WindowsNeeded::MoreThan`]. Quantiles past 10⁴ degrees of freedom use 10⁴ (conservative by
+/// at most 1.2·10⁻⁴ relative; statrs is unreliable past ~10⁵). `None` for `n < 2`, a
+/// non-positive or non-finite target, or a non-finite or negative half-width.
 pub fn windows_needed(n: usize, half_width_pct: f64, target_pct: f64) -> Option<WindowsNeeded> {
     if n < 2
         || !(target_pct > 0.0 && target_pct.is_finite())

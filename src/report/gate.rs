@@ -281,7 +281,8 @@ impl Verdict {
 /// Compares `current` with `baseline` under `limits`: one [`Verdict`] per baseline point (a
 /// baseline point missing from the current results fails). Errors: [`Error::InvalidArgument`]
 /// when a file lacks a column a limit needs, when no point matches (naming both files' points),
-/// or when a limit has no compared point with its value in both files (naming the limit, the file without it and how to measure it).
+/// or when a limit has no compared point with its value in both files (naming the limit, the
+/// file without it and how to measure it).
 pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result<Vec<Verdict>> {
     let mut cols = vec!["scheme", "batch_size", "seq_len"];
     if limits.max_ppl_delta_pct.is_some() {

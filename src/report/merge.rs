@@ -406,9 +406,10 @@ fn with_fp16_rouge(
 mod tests {
     use super::*;
 
-    /// Issue 25: a shard whose meta.json has a format newer than [`super::super::meta::META_FORMAT`]
-    /// is refused when read, naming that shard's meta.json and the format, before any merged
-    /// folder is written (it used to fail after writing, naming the output).
+    /// Issue 25: a shard whose meta.json has a format newer than
+    /// [`super::super::meta::META_FORMAT`] is refused when read, naming that shard's meta.json
+    /// and the format, before any merged folder is written (it used to fail after writing,
+    /// naming the output).
     #[test]
     fn merge_refuses_a_shard_with_a_future_format() {
         let dir = std::env::temp_dir().join(format!("kvbench-merge-future-{}", std::process::id()));
