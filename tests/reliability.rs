@@ -1444,3 +1444,337 @@ fn repeated_scheme_parameter_is_refused_on_the_command_line() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+// Issue 25: gate, merge, report
+
+/// Runs kvbench with `args` and a deadline: (exit code, stdout, stderr). A run still going after
+/// `secs` is killed and fails the test, so a hang is a failure, not a stuck CI job.
+fn kvbench_within(args: &[&str], secs: u64) -> (i32, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args(args)
+        .env_remove("SLURM_ARRAY_TASK_ID")
+        .env_remove("SLURM_ARRAY_TASK_COUNT")
+        .env_remove("JOB_COMPLETION_INDEX")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Drained while it runs, so a full pipe cannot stall it.
+    let drain = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            r.read_to_string(&mut s).ok();
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(secs) {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("kvbench {} still running after {secs} s", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    assert!(!err.contains("panicked"), "{err}");
+    (status.code().unwrap_or(-1), out, err)
+}
+
+/// A results file with a real 2-window ΔPPL interval: int4 at ±36.40 % (the CI suite's
+/// 2-window int4 interval), fp16 pairing with itself.
+const TWO_WINDOWS: &str = "scheme,batch_size,seq_len,ppl,ppl_delta_pct,delta_ppl_pct_lo,\
+                           delta_ppl_pct_hi,ppl_windows\n\
+                           fp16,1,64,21.374968,0.0,0.0,0.0,2\n\
+                           int4,1,64,22.268494,4.18,-32.22,40.58,2\n";
+
+fn gate_files(dir: &Path, base: &str, cur: &str) -> (PathBuf, PathBuf) {
+    let (b, c) = (dir.join("base.csv"), dir.join("cur.csv"));
+    std::fs::write(&b, base).unwrap();
+    std::fs::write(&c, cur).unwrap();
+    (b, c)
+}
+
+/// `--max-ppl-delta 0.0001%` on a 2-window result hung; `0.001%` answered. Both answer now,
+/// passing (the files are equal: +0 %) and warning that more than the cap of 10⁶ windows would
+/// be needed — by hand: per-window SD = 36.40·√2/12.706 = 4.051 %, so 0.001 % needs
+/// m ≈ (1.96·4.051/0.001)² = 6.3·10⁷ windows and 0.0001 % 6.3·10⁹.
+#[test]
+fn gate_tiny_ppl_delta_answers_at_once() {
+    let dir = tmp("gate-tiny");
+    let (b, c) = gate_files(&dir, TWO_WINDOWS, TWO_WINDOWS);
+    for limit in ["0.0001%", "0.001%", "1e-300"] {
+        let (code, out, err) = kvbench_within(
+            &[
+                "gate",
+                "--baseline",
+                b.to_str().unwrap(),
+                "--current",
+                c.to_str().unwrap(),
+                "--max-ppl-delta",
+                limit,
+            ],
+            60,
+        );
+        assert_eq!(code, 0, "{limit}: {out}{err}");
+        assert!(out.contains("All 2 points pass"), "{limit}: {out}");
+        assert!(
+            out.contains("warning: int4 b1 s64") && out.contains("more than 1000000 windows"),
+            "{limit}: {out}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// An interval of ±1e300, or `ppl_windows` of 1e18, hung the same advice; both answer with a
+/// "more than" warning, and a limit past its bound (10⁶ %, 10³ nats) is refused.
+#[test]
+fn gate_huge_interval_or_window_count_answers() {
+    let dir = tmp("gate-huge");
+    let base = "scheme,batch_size,seq_len,ppl\nint4,1,64,21.0\n";
+    for (lo, hi, n) in [("-1e300", "1e300", "2"), ("-3.0", "3.0", "1e18")] {
+        let cur = format!(
+            "scheme,batch_size,seq_len,ppl,delta_ppl_pct_lo,delta_ppl_pct_hi,ppl_windows\n\
+             int4,1,64,21.0,{lo},{hi},{n}\n"
+        );
+        let (b, c) = gate_files(&dir, base, &cur);
+        let (code, out, err) = kvbench_within(
+            &[
+                "gate",
+                "--baseline",
+                b.to_str().unwrap(),
+                "--current",
+                c.to_str().unwrap(),
+                "--max-ppl-delta",
+                "1%",
+            ],
+            60,
+        );
+        assert_eq!(code, 0, "±{hi} over {n}: {out}{err}");
+        assert!(out.contains("more than 1000000 windows"), "{out}");
+    }
+    for (flag, value) in [
+        ("--max-ppl-delta", "1e7%"),
+        ("--max-tpot-regression", "2000000"),
+        ("--max-kl", "1e4"),
+    ] {
+        let (code, _, err) = kvbench(&["gate", "--baseline", "x", "--current", "y", flag, value]);
+        assert_eq!(code, 2, "{flag} {value}: {err}");
+        assert!(
+            err.contains(value) && err.contains("checks nothing"),
+            "{err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Two synthetic runs have no perplexity or KL at all: `--max-ppl-delta` said "All points
+/// pass". It is unusable input now (exit 2) naming both files, the column and `--ppl-windows`.
+#[test]
+fn gate_without_perplexity_in_either_file_is_unusable() {
+    let dir = tmp("gate-noppl");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    for d in [&a, &b] {
+        let (code, _, err) = synthetic(d, &[]);
+        assert_eq!(code, 0, "{err}");
+    }
+    for (flag, value, col) in [
+        ("--max-ppl-delta", "1%", "`ppl`"),
+        ("--max-kl", "0.01", "`kl_mean`"),
+    ] {
+        let (code, out, err) = kvbench(&[
+            "gate",
+            "--baseline",
+            a.to_str().unwrap(),
+            "--current",
+            b.to_str().unwrap(),
+            flag,
+            value,
+        ]);
+        assert_eq!(code, 2, "{flag}: {out}{err}");
+        assert!(!out.contains("pass"), "{out}");
+        assert!(
+            err.contains(flag)
+                && err.contains(col)
+                && err.contains("neither")
+                && err.contains(a.join("results.csv").to_str().unwrap())
+                && err.contains(b.join("results.csv").to_str().unwrap())
+                && err.contains("--ppl-windows"),
+            "{err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Shard `i` of 2 of a 4-point synthetic sweep (fp16 and int4 at 16 and 24 tokens) into `out`.
+fn synthetic_shard(out: &Path, i: usize) -> (i32, String) {
+    let shard = format!("{i}/2");
+    let (code, _, err) = kvbench(&[
+        "sweep",
+        "--synthetic",
+        "--dtypes",
+        "fp16,int4",
+        "--batch-sizes",
+        "1",
+        "--seq-lens",
+        "16,24",
+        "--gen",
+        "2",
+        "--shard",
+        &shard,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    (code, err)
+}
+
+/// `sweep --resume` on a partial merge ran the missing units as a sweep of its own and dropped
+/// `merged_from` and `missing`. It is refused (exit 2) saying to resume the shards and merge
+/// again, and the merged folder is left as it was.
+#[test]
+fn resume_of_a_partial_merge_is_refused() {
+    let dir = tmp("resume-merged");
+    let s0 = dir.join("shard-0");
+    assert_eq!(synthetic_shard(&s0, 0).0, 0);
+    let merged = dir.join("merged");
+    let (code, _, err) = kvbench(&[
+        "merge",
+        s0.to_str().unwrap(),
+        "--out",
+        merged.to_str().unwrap(),
+        "--allow-partial",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let before = std::fs::read_to_string(merged.join("meta.json")).unwrap();
+    let m: serde_json::Value = serde_json::from_str(&before).unwrap();
+    assert_eq!(m["status"], "partial");
+    let rows = csv_rows(&merged).len();
+    let (code, _, err) = kvbench(&["sweep", "--resume", merged.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--resume")
+            && err.contains("kvbench merge")
+            && err.contains("shard 1/2 is missing")
+            && err.contains(s0.to_str().unwrap()),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(merged.join("meta.json")).unwrap(),
+        before
+    );
+    assert_eq!(csv_rows(&merged).len(), rows);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A shard whose meta.json has a future format was merged, the merged folder written, and the
+/// error then named the output. Now it is refused first (exit 2), naming that shard's
+/// meta.json, and no --out is created.
+#[test]
+fn merge_refuses_a_shard_with_a_future_format() {
+    let dir = tmp("merge-future");
+    let (s0, s1) = (dir.join("shard-0"), dir.join("shard-1"));
+    assert_eq!(synthetic_shard(&s0, 0).0, 0);
+    assert_eq!(synthetic_shard(&s1, 1).0, 0);
+    let meta_path = s1.join("meta.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&meta_path).unwrap()).unwrap();
+    let future = kvbench::report::meta::META_FORMAT + 1;
+    m["format"] = future.into();
+    std::fs::write(&meta_path, m.to_string()).unwrap();
+    let out = dir.join("merged");
+    let (code, _, err) = kvbench(&[
+        "merge",
+        s0.to_str().unwrap(),
+        s1.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(meta_path.to_str().unwrap()) && err.contains(&format!("format {future}")),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing is written");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `merge --out` silently overwrote an existing folder (sweep refuses). It is refused (exit 2)
+/// naming --force, which moves the earlier folder aside; an --out that holds a shard is refused
+/// even with --force (moving it would take the shard along).
+#[test]
+fn merge_refuses_existing_out() {
+    let dir = tmp("merge-out");
+    let (s0, s1) = (dir.join("shard-0"), dir.join("shard-1"));
+    assert_eq!(synthetic_shard(&s0, 0).0, 0);
+    assert_eq!(synthetic_shard(&s1, 1).0, 0);
+    let out = dir.join("merged");
+    let merge = |out: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "merge",
+            s0.to_str().unwrap(),
+            s1.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        a.extend_from_slice(extra);
+        kvbench(&a)
+    };
+    let (code, _, err) = merge(&out, &[]);
+    assert_eq!(code, 0, "{err}");
+    let first = std::fs::read_to_string(out.join("meta.json")).unwrap();
+    let (code, _, err) = merge(&out, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--out") && err.contains("--force"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("meta.json")).unwrap(),
+        first,
+        "the earlier merge is untouched"
+    );
+    let (code, _, err) = merge(&out, &["--force"]);
+    assert_eq!(code, 0, "{err}");
+    let aside: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("merged.old-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the earlier merge moved aside");
+    assert_eq!(
+        std::fs::read_to_string(aside[0].path().join("meta.json")).unwrap(),
+        first
+    );
+    assert_eq!(csv_rows(&out).len(), 4, "2 schemes × 2 lengths");
+    let (code, _, err) = merge(&dir, &["--force"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("holds the shard"), "{err}");
+    assert!(s0.join("meta.json").exists() && s1.join("meta.json").exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `report A A` doubled every row. The same folder given twice (here once as `A/.`) is
+/// reported once with a note: one synthetic point, one row.
+#[test]
+fn report_same_folder_twice_is_not_doubled() {
+    let dir = tmp("report-twice");
+    let a = dir.join("a");
+    let (code, _, err) = synthetic(&a, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(csv_rows(&a).len(), 1);
+    let out = dir.join("cmp");
+    let again = a.join(".");
+    let (code, _, err) = kvbench(&[
+        "report",
+        a.to_str().unwrap(),
+        again.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("more than once"), "{err}");
+    assert_eq!(csv_rows(&out).len(), 1);
+    std::fs::remove_dir_all(&dir).ok();
+}

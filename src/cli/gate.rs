@@ -35,11 +35,23 @@ pub struct GateArgs {
     pub significant: bool,
 }
 
+/// Largest `--max-ppl-delta` / `--max-tpot-regression`, %: a 10 000-fold rise. A limit past it
+/// checks nothing (likely a typo for a smaller one).
+pub const MAX_PCT_LIMIT: f64 = 1e6;
+
+/// Largest `--max-kl`, nats: a mean KL that large means the distributions share nothing (the
+/// entropy of a 128 k-token vocabulary is 11.8 nats), so a limit past it checks nothing.
+pub const MAX_KL_LIMIT: f64 = 1e3;
+
 /// `"0.01"` → 0.01 (nats); refuses NaN, infinities and negative numbers, which would pass or
-/// fail every point.
+/// fail every point, and values above [`MAX_KL_LIMIT`].
 fn parse_nats(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(v) if v.is_finite() && (0.0..=MAX_KL_LIMIT).contains(&v) => Ok(v),
+        Ok(v) if v.is_finite() && v > MAX_KL_LIMIT => Err(format!(
+            "`{s}` nats is above {MAX_KL_LIMIT}: a mean KL limit that large checks nothing; \
+             give one like 0.01"
+        )),
         Ok(_) => Err(format!(
             "`{s}` must be a finite number of nats ≥ 0, e.g. 0.01"
         )),
@@ -47,17 +59,23 @@ fn parse_nats(s: &str) -> Result<f64, String> {
     }
 }
 
-/// `"1%"`, `"1"` → 1.0 (percent).
+/// `"1%"`, `"1"` → 1.0 (percent); refuses NaN, infinities, negative numbers and values above
+/// [`MAX_PCT_LIMIT`]. A tiny limit (`0.0001%`) is accepted: the gate then warns that the windows
+/// cannot resolve it.
 fn parse_pct(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .trim()
         .trim_end_matches('%')
         .parse()
         .map_err(|_| format!("`{s}` is not a percentage like 1% or 0.5"))?;
-    if v.is_finite() && v >= 0.0 {
-        Ok(v)
-    } else {
+    if !(v.is_finite() && v >= 0.0) {
         Err(format!("`{s}` must be a finite percentage ≥ 0"))
+    } else if v > MAX_PCT_LIMIT {
+        Err(format!(
+            "`{s}` is above {MAX_PCT_LIMIT}%: a limit that large checks nothing; give one like 1%"
+        ))
+    } else {
+        Ok(v)
     }
 }
 

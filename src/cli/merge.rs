@@ -7,6 +7,8 @@ use anyhow::Context;
 use crate::report::merge::{merge, ShardFolder};
 use crate::report::{meta, RowContext, RunSink};
 
+use super::checks;
+
 /// Arguments of `kvbench merge`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MergeArgs {
@@ -23,9 +25,17 @@ pub struct MergeArgs {
     /// (meta.json `status: partial`, `missing`).
     #[arg(long)]
     pub allow_partial: bool,
+
+    /// Move an existing, non-empty --out (an earlier merge) aside to `<out>.old-<time>` and
+    /// merge into a fresh folder; without it such an --out is refused.
+    #[arg(long)]
+    pub force: bool,
 }
 
-/// Reads the shards, checks they form one sweep, writes the merged folder and renders it.
+/// Reads the shards, checks they form one sweep (every shard's `meta.json` format included),
+/// and only then writes the merged folder and renders it. Errors: a usage error (exit 2) for an
+/// `--out` that is one of the shards, or already holds files without `--force`; those of
+/// [`ShardFolder::read`] and [`merge`], naming the shard or field.
 pub fn run(args: MergeArgs) -> anyhow::Result<()> {
     for d in &args.dirs {
         if same_dir(d, &args.out) {
@@ -38,21 +48,39 @@ pub fn run(args: MergeArgs) -> anyhow::Result<()> {
             }
             .into());
         }
-    }
-    let existing = args.out.join(crate::report::META_FILE);
-    if let Ok(text) = std::fs::read_to_string(&existing) {
-        let m: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-        if m.get("merged_from").is_none() {
+        if within(d, &args.out) {
+            // --force would move the shard aside with it.
             return Err(crate::Error::InvalidArgument {
                 name: "--out".into(),
                 reason: format!(
-                    "{} holds a sweep's run folder; give a new folder (an earlier merge's \
-                     folder may be overwritten)",
-                    args.out.display()
+                    "{} holds the shard {}; give a folder beside the shards (e.g. {})",
+                    args.out.display(),
+                    d.display(),
+                    args.out.join("merged").display()
                 ),
             }
             .into());
         }
+    }
+    // Refused before anything is read; moved aside (--force) only once the merge has succeeded.
+    if args.out.exists() && !args.out.is_dir() {
+        return Err(crate::Error::InvalidArgument {
+            name: "--out".into(),
+            reason: format!("{} exists and is not a folder", args.out.display()),
+        }
+        .into());
+    }
+    if !args.force && checks::non_empty(&args.out) {
+        return Err(crate::Error::InvalidArgument {
+            name: "--out".into(),
+            reason: format!(
+                "{} already holds files (an earlier merge or run?); pass --force to move it \
+                 aside to {}.old-<time>, or another --out",
+                args.out.display(),
+                args.out.display()
+            ),
+        }
+        .into());
     }
     let shards = args
         .dirs
@@ -72,14 +100,9 @@ pub fn run(args: MergeArgs) -> anyhow::Result<()> {
         );
         m.insert("merged_at".into(), crate::util::time::now_rfc3339().into());
     }
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    for f in [crate::report::RAW_FILE, crate::report::LEGACY_QUALITY_FILE] {
-        let p = args.out.join(f);
-        if p.exists() {
-            std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
-        }
-    }
+    // Every shard has been read and checked: now the earlier --out may go aside.
+    checks::prepare_out(&args.out, args.force)?;
+    checks::create_out(&args.out)?;
     meta::write_json(&args.out.join(crate::report::META_FILE), &merged.meta)?;
     let points = merged.points.len();
     let records = crate::report::RawRecords {
@@ -100,6 +123,14 @@ pub fn run(args: MergeArgs) -> anyhow::Result<()> {
         }
     );
     Ok(())
+}
+
+/// Whether `dir` lies inside `parent` (both resolved when they exist).
+fn within(dir: &std::path::Path, parent: &std::path::Path) -> bool {
+    match (dir.canonicalize(), parent.canonicalize()) {
+        (Ok(d), Ok(p)) => d != p && d.starts_with(p),
+        _ => false,
+    }
 }
 
 fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {

@@ -18,12 +18,12 @@ pub struct ReportArgs {
     pub out: Option<PathBuf>,
 }
 
-/// Rebuilds rows from each folder's `raw.jsonl` and writes `results.csv`, `summary.md` and
+/// Rebuilds rows from each folder's `raw.jsonl` (a folder given twice, under any spelling of its
+/// path, once) and writes `results.csv`, `summary.md` and
 /// `plots/` (one run: into its folder; several: side by side, one table per run, charts with a
 /// series per run and scheme).
 pub fn run(a: ReportArgs) -> anyhow::Result<()> {
-    let runs = a
-        .runs
+    let runs = distinct(&a.runs)
         .iter()
         .map(|d| Run::read(d))
         .collect::<Result<Vec<_>, _>>()?;
@@ -91,6 +91,32 @@ pub fn run(a: ReportArgs) -> anyhow::Result<()> {
     }
     println!("wrote {} (results.csv, plots/)", path.display());
     Ok(())
+}
+
+/// `dirs` without repeats of one folder (compared by canonical path, so `run` and `./run/` are
+/// one), keeping the first spelling; says on stderr which were dropped. Reporting a folder twice
+/// doubled every row of the comparison.
+fn distinct(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let key = |d: &PathBuf| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone());
+    let mut seen: Vec<PathBuf> = Vec::new();
+    let mut out = Vec::new();
+    let mut dropped = Vec::new();
+    for d in dirs {
+        let k = key(d);
+        if seen.contains(&k) {
+            dropped.push(d.display().to_string());
+        } else {
+            seen.push(k);
+            out.push(d.clone());
+        }
+    }
+    if !dropped.is_empty() {
+        eprintln!(
+            "note: {} given more than once; each run folder is reported once",
+            dropped.join(", ")
+        );
+    }
+    out
 }
 
 /// Refuses what would lose results: a run folder with no points in `raw.jsonl` (missing or

@@ -149,6 +149,7 @@ fn resolve_settings(
             }
         }
         let run = crate::report::summary::Run::read(&dir)?;
+        refuse_merged(&dir, &run.meta)?;
         let recorded =
             run.meta["settings"]
                 .as_object()
@@ -175,6 +176,44 @@ fn resolve_settings(
         suite::apply(&mut args.settings, path, from_cli)?;
     }
     Ok((RawRecords::default(), None))
+}
+
+/// `--resume` continues one sweep's (or one shard's) folder. A `kvbench merge` output is not
+/// one: resumed, it ran the missing units as a whole sweep of its own and dropped `merged_from`
+/// and `missing`, so the merged folder no longer said where its rows came from. The unfinished
+/// shards are resumed instead, then merged again. Errors: [`crate::Error::InvalidArgument`]
+/// (`--resume`) naming the folder, the shard folders to resume and the merge to re-run.
+fn refuse_merged(dir: &std::path::Path, meta: &serde_json::Value) -> Result<(), crate::Error> {
+    let Some(from) = meta.get("merged_from").and_then(|m| m.as_array()) else {
+        return Ok(());
+    };
+    let shard_dirs: Vec<&str> = from.iter().filter_map(|s| s["dir"].as_str()).collect();
+    let missing: Vec<&str> = meta["missing"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    Err(crate::Error::InvalidArgument {
+        name: "--resume".into(),
+        reason: format!(
+            "{} was written by `kvbench merge` (status {}{}), not by a sweep: resume the shard \
+             folders that did not finish (`kvbench sweep --resume <shard folder>`; run a missing \
+             shard with `kvbench sweep --shard I/N`), then merge again with `kvbench merge \
+             <every shard folder> --out {} --force` (merged here: {})",
+            dir.display(),
+            meta["status"].as_str().unwrap_or("unknown"),
+            if missing.is_empty() {
+                String::new()
+            } else {
+                format!("; missing: {}", missing.join("; "))
+            },
+            dir.display(),
+            if shard_dirs.is_empty() {
+                "unrecorded".to_string()
+            } else {
+                shard_dirs.join(" ")
+            },
+        ),
+    })
 }
 
 /// Runs the sweep: `raw.jsonl` and `results.csv` grow as points finish; at the end

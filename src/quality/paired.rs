@@ -233,42 +233,108 @@ impl PairedDelta {
     }
 }
 
+/// Most windows [`windows_needed`] searches up to. A million windows is far past any evaluation
+/// text (WikiText-2 test is ~300 k tokens); a limit that needs more is below what perplexity can
+/// resolve, and the advice says "more than" this many instead of searching on.
+pub const MAX_WINDOWS_NEEDED: usize = 1_000_000;
+
+/// Largest degrees of freedom handed to [`crate::stats::t_quantile`] here. statrs' inverse CDF
+/// loses accuracy past ~10⁵ (1.959848 at 10⁶, below the normal quantile 1.959964) and does not
+/// return at ~10⁸; at 10⁴ it is exact to 10⁻¹¹ and exceeds the quantile of any larger df by at
+/// most (z² + 1)/(4·10⁴) ≈ 1.2·10⁻⁴ relative, so clamping keeps the answer conservative (at
+/// most ~0.03 % more windows).
+const MAX_T_DF: usize = 10_000;
+
+/// How many windows [`windows_needed`] asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowsNeeded {
+    /// About this many: the smallest count whose interval reaches the target.
+    About(usize),
+    /// More than this many ([`MAX_WINDOWS_NEEDED`]): the target is below what any affordable
+    /// window count resolves.
+    MoreThan(usize),
+}
+
+impl std::fmt::Display for WindowsNeeded {
+    /// `about 66` or `more than 1000000`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WindowsNeeded::About(m) => write!(f, "about {m}"),
+            WindowsNeeded::MoreThan(m) => write!(f, "more than {m}"),
+        }
+    }
+}
+
 /// The windows a Student-t interval needs for its half-width to reach `target_pct`, given that
 /// `n` windows gave a half-width of `half_width_pct` (both percentage points of ΔPPL). The
 /// per-window SD is recovered as `half_width·√n / t₀.₉₇₅(n−1)` and the answer is the smallest
 /// `m ≥ 2` with `t₀.₉₇₅(m−1)·SD/√m ≤ target` — scaling the half-width by `√(n/m)` alone would
 /// keep the small-sample t quantile (12.7 at n = 2) and ask for ~40× too many windows.
-/// `None` for `n < 2`, a non-positive target or a non-finite half-width.
-pub fn windows_needed(n: usize, half_width_pct: f64, target_pct: f64) -> Option<usize> {
-    if n < 2 || !(target_pct > 0.0) || !half_width_pct.is_finite() {
+///
+/// The left side falls as m grows, so m is found by bisection from 2 to [`MAX_WINDOWS_NEEDED`]
+/// (about 20 quantile evaluations, whatever the input); beyond the cap the answer is
+/// [`WindowsNeeded::MoreThan`]. Quantiles past 10⁴ degrees of freedom use 10⁴ (conservative by
+/// at most 1.2·10⁻⁴ relative; statrs is unreliable past ~10⁵). `None` for `n < 2`, a
+/// non-positive or non-finite target, or a non-finite or negative half-width.
+pub fn windows_needed(n: usize, half_width_pct: f64, target_pct: f64) -> Option<WindowsNeeded> {
+    if n < 2
+        || !(target_pct > 0.0 && target_pct.is_finite())
+        || !(half_width_pct >= 0.0 && half_width_pct.is_finite())
+    {
         return None;
     }
-    let t = |df: usize| crate::stats::t_quantile(0.5 + LEVEL / 2.0, df);
+    let t = |df: usize| crate::stats::t_quantile(0.5 + LEVEL / 2.0, df.min(MAX_T_DF));
     let sd = half_width_pct * (n as f64).sqrt() / t(n - 1)?;
-    // Start from the normal approximation, then step to the exact t answer (a few steps).
-    let z = 1.959_963_984_540_054;
     let fits = |m: usize| t(m - 1).is_some_and(|q| q * sd / (m as f64).sqrt() <= target_pct);
-    let mut m = ((z * sd / target_pct).powi(2).floor() as usize).max(2);
-    while m > 2 && fits(m - 1) {
-        m -= 1;
+    if !sd.is_finite() || !fits(MAX_WINDOWS_NEEDED) {
+        return Some(WindowsNeeded::MoreThan(MAX_WINDOWS_NEEDED));
     }
-    while !fits(m) {
-        m += 1;
+    // Invariant: fits(hi); lo = 2 may fit too (checked last).
+    let (mut lo, mut hi) = (2, MAX_WINDOWS_NEEDED);
+    if fits(lo) {
+        return Some(WindowsNeeded::About(lo));
     }
-    Some(m)
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(WindowsNeeded::About(hi))
 }
 
 /// The gate's warning text when `n` windows give a ΔPPL interval of half-width `half_width_pct`
-/// wider than `max_pct`; `None` when they suffice or the width is unknown.
+/// wider than `max_pct`; `None` when they suffice or the width is unknown. The count asked for
+/// is [`windows_needed`]'s, bounded by [`MAX_WINDOWS_NEEDED`].
 pub fn too_few_windows(n: usize, half_width_pct: f64, max_pct: f64) -> Option<String> {
     if half_width_pct.is_nan() || half_width_pct <= max_pct {
         return None;
     }
-    let need = windows_needed(n, half_width_pct, max_pct)
-        .map_or_else(|| "more".to_string(), |m| format!("about {m}"));
+    let advice = match windows_needed(n, half_width_pct, max_pct) {
+        Some(need @ WindowsNeeded::MoreThan(_)) => format!(
+            "score {need} windows (--ppl-windows), or raise the limit: one this small is below what \
+             perplexity windows can resolve"
+        ),
+        Some(need) => format!("score {need} windows (--ppl-windows)"),
+        None => "score more windows (--ppl-windows)".to_string(),
+    };
+    // A damaged results file can hold ±1e300, and a limit can be 1e-300: printed in full,
+    // each is 300 digits.
+    let hw = if half_width_pct < 1e6 {
+        format!("{half_width_pct:.2}")
+    } else {
+        format!("{half_width_pct:.2e}")
+    };
+    let max = if max_pct == 0.0 || (1e-4..1e6).contains(&max_pct) {
+        format!("{max_pct}")
+    } else {
+        format!("{max_pct:e}")
+    };
     Some(format!(
-        "{n} windows give a ±{half_width_pct:.2} % interval on ΔPPL, wider than the {max_pct} % \
-         threshold: the gate cannot tell a pass from noise; score {need} windows (--ppl-windows)"
+        "{n} windows give a ±{hw} % interval on ΔPPL, wider than the {max} % threshold: the \
+         gate cannot tell a pass from noise; {advice}"
     ))
 }
 

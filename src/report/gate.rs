@@ -159,10 +159,92 @@ impl Results {
                     }
                 }
             }
+            if let (Some(lo), Some(hi)) = (
+                values.get("delta_ppl_pct_lo").copied(),
+                values.get("delta_ppl_pct_hi").copied(),
+            ) {
+                if lo > hi {
+                    return Err(bad(format!(
+                        "delta_ppl_pct_lo {lo} is above delta_ppl_pct_hi {hi}: not an interval; \
+                         fix or re-create the results file"
+                    )));
+                }
+            }
             out.push((key, values));
         }
         Ok(out)
     }
+}
+
+/// How a quality column is measured, for the message when a limit finds no value to check.
+fn how_to_measure(col: &str) -> &'static str {
+    match col {
+        "kl_mean" => {
+            "KL vs fp16 is measured in the perplexity pass of a model sweep: run it with \
+             --ppl-windows N (N ≥ 1) and without --no-kl (a --synthetic sweep measures none; \
+             fp16 itself has none)"
+        }
+        "tpot_ms_mean" => {
+            "TPOT is measured at every sweep point that finishes (status `ok`): re-run the \
+             points that failed"
+        }
+        _ => {
+            "perplexity is measured by a model sweep with --ppl-windows N (N ≥ 1, 2 or more for \
+             its interval; a --synthetic sweep or --ppl-windows 0 measures none)"
+        }
+    }
+}
+
+/// A limit that no compared point can be checked against (every baseline point lacks
+/// the value, or every current one does) would pass or fail every point by default — an empty
+/// `ppl` column passed "All points pass". Errors: [`Error::InvalidArgument`] naming the limit,
+/// the file(s) without a value and how to measure it.
+fn check_measured(
+    limit: &str,
+    col: &str,
+    (baseline, current): (&Results, &Results),
+    pairs: &[(&HashMap<&str, f64>, &HashMap<&str, f64>)],
+) -> Result<()> {
+    if pairs
+        .iter()
+        .any(|(b, c)| b.contains_key(col) && c.contains_key(col))
+    {
+        return Ok(());
+    }
+    let base_has = pairs.iter().any(|(b, _)| b.contains_key(col));
+    let cur_has = pairs.iter().any(|(_, c)| c.contains_key(col));
+    let lacking = match (base_has, cur_has) {
+        (false, false) if baseline.path == current.path => format!(
+            "{} (both --baseline and --current) has no `{col}` value at any point",
+            baseline.path.display()
+        ),
+        (false, false) => format!(
+            "neither {} nor {} has a `{col}` value at any compared point",
+            baseline.path.display(),
+            current.path.display()
+        ),
+        (false, true) => format!(
+            "{} (--baseline) has no `{col}` value at any compared point",
+            baseline.path.display()
+        ),
+        (true, false) => format!(
+            "{} (--current) has no `{col}` value at any compared point",
+            current.path.display()
+        ),
+        // Both have values, never at the same point.
+        (true, true) => format!(
+            "{} and {} have `{col}` values at different points only",
+            baseline.path.display(),
+            current.path.display()
+        ),
+    };
+    Err(Error::InvalidArgument {
+        name: limit.into(),
+        reason: format!(
+            "{lacking}, so the limit checks nothing; {}. Or drop {limit}",
+            how_to_measure(col)
+        ),
+    })
 }
 
 type Key = (String, String, String);
@@ -198,7 +280,9 @@ impl Verdict {
 
 /// Compares `current` with `baseline` under `limits`: one [`Verdict`] per baseline point (a
 /// baseline point missing from the current results fails). Errors: [`Error::InvalidArgument`]
-/// when a file lacks a column a limit needs, or when no point matches (naming both files' points).
+/// when a file lacks a column a limit needs, when no point matches (naming both files' points),
+/// or when a limit has no compared point with its value in both files (naming the limit, the
+/// file without it and how to measure it).
 pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result<Vec<Verdict>> {
     let mut cols = vec!["scheme", "batch_size", "seq_len"];
     if limits.max_ppl_delta_pct.is_some() {
@@ -251,6 +335,20 @@ pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result
                 list(&cur)
             ),
         });
+    }
+    let pairs: Vec<(&HashMap<&str, f64>, &HashMap<&str, f64>)> = base
+        .iter()
+        .filter_map(|(k, b)| cur.iter().find(|(c, _)| c == k).map(|(_, c)| (b, c)))
+        .collect();
+    let files = (baseline, current);
+    if limits.max_ppl_delta_pct.is_some() {
+        check_measured("--max-ppl-delta", "ppl", files, &pairs)?;
+    }
+    if limits.max_kl.is_some() {
+        check_measured("--max-kl", "kl_mean", files, &pairs)?;
+    }
+    if limits.max_tpot_regression_pct.is_some() {
+        check_measured("--max-tpot-regression", "tpot_ms_mean", files, &pairs)?;
     }
     let mut out = Vec::new();
     for (key, b) in &base {
@@ -365,7 +463,16 @@ pub fn markdown(verdicts: &[Verdict], limits: &Limits) -> String {
         s.push('\n');
     }
     let failed = verdicts.iter().filter(|v| !v.passed()).count();
-    let lim = |x: Option<f64>, u: &str| x.map_or("unchecked".into(), |v| format!("+{v}{u}"));
+    // `{}` prints 1e-300 as 300 digits.
+    let short = |v: f64| {
+        if v == 0.0 || (1e-4..1e6).contains(&v) {
+            format!("{v}")
+        } else {
+            format!("{v:e}")
+        }
+    };
+    let lim =
+        |x: Option<f64>, u: &str| x.map_or("unchecked".into(), |v| format!("+{}{u}", short(v)));
     s.push_str(&format!(
         "\nLimits: perplexity {}, KL {}, TPOT {}. {}\n",
         lim(limits.max_ppl_delta_pct, "%"),
@@ -518,5 +625,98 @@ mod tests {
             ..limits
         };
         assert!(compare(&base, &results("sigold3", SIG_BASE), &only_limit).is_ok());
+    }
+
+    /// Issue 25: with `--max-ppl-delta` (or `--max-kl`) asked for but no compared point holding
+    /// the value in both files, the gate said "All 1 points pass". Now a usage error names the
+    /// limit, the file(s) without the value and `--ppl-windows`.
+    #[test]
+    fn gate_without_perplexity_in_either_file_is_unusable() {
+        let empty = "scheme,batch_size,seq_len,ppl,kl_mean,tpot_ms_mean\nint4,1,64,,,10.0\n";
+        let with = "scheme,batch_size,seq_len,ppl,kl_mean,tpot_ms_mean\nint4,1,64,21.0,0.05,10.0\n";
+        let ppl = Limits {
+            max_ppl_delta_pct: Some(1.0),
+            ..Default::default()
+        };
+        let (a, b) = (results("emptya", empty), results("emptyb", empty));
+        let e = compare(&a, &b, &ppl).unwrap_err();
+        assert!(e.is_usage());
+        let e = e.to_string();
+        assert!(
+            e.contains("--max-ppl-delta")
+                && e.contains("neither")
+                && e.contains("emptya")
+                && e.contains("emptyb")
+                && e.contains("`ppl`")
+                && e.contains("--ppl-windows"),
+            "{e}"
+        );
+        // Only the current run lacks it: that file is named, as the current one.
+        let e = compare(&results("witha", with), &b, &ppl)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("emptyb") && e.contains("(--current)") && !e.contains("witha"),
+            "{e}"
+        );
+        let kl = Limits {
+            max_kl: Some(0.01),
+            ..Default::default()
+        };
+        let e = compare(&results("withb", with), &a, &kl)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--max-kl") && e.contains("`kl_mean`") && e.contains("--no-kl"),
+            "{e}"
+        );
+        // One compared point with the value in both files is enough: fp16's empty KL is normal.
+        assert!(compare(&results("b3", BASE), &results("b4", BASE), &kl).is_ok());
+        // TPOT present: a TPOT limit alone is usable on these files.
+        let tpot = Limits {
+            max_tpot_regression_pct: Some(10.0),
+            ..Default::default()
+        };
+        assert!(compare(&a, &b, &tpot).unwrap().iter().all(Verdict::passed));
+    }
+
+    /// Issue 25: an interval of ±1e300 (with 2 windows, or with 1e300 windows) made the
+    /// too-few-windows advice search without end; the verdict now comes back with a "more than"
+    /// warning. An interval whose ends are swapped is not one: refused naming file and line.
+    #[test]
+    fn gate_huge_interval_or_window_count_answers() {
+        let base = results("hugeb", "scheme,batch_size,seq_len,ppl\nint4,1,64,21.0\n");
+        let limits = Limits {
+            max_ppl_delta_pct: Some(1.0),
+            ..Default::default()
+        };
+        for windows in ["2", "1e300"] {
+            let cur = results(
+                "hugec",
+                &format!(
+                    "scheme,batch_size,seq_len,ppl,delta_ppl_pct_lo,delta_ppl_pct_hi,ppl_windows\n\
+                     int4,1,64,21.0,-1e300,1e300,{windows}\n"
+                ),
+            );
+            let v = compare(&base, &cur, &limits).unwrap();
+            assert!(v[0].passed(), "21.0 → 21.0 is +0 %");
+            assert!(
+                v[0].warnings
+                    .iter()
+                    .any(|w| w.contains("more than 1000000 windows") && w.contains("±1.00e300 %")),
+                "{windows}: {:?}",
+                v[0].warnings
+            );
+        }
+        let swapped = results(
+            "swapped",
+            "scheme,batch_size,seq_len,ppl,delta_ppl_pct_lo,delta_ppl_pct_hi,ppl_windows\n\
+             int4,1,64,21.0,3.0,-3.0,2\n",
+        );
+        let e = compare(&base, &swapped, &limits).unwrap_err().to_string();
+        assert!(
+            e.contains("swapped") && e.contains(":2") && e.contains("not an interval"),
+            "{e}"
+        );
     }
 }

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use super::meta::RunMeta;
 use super::read_records;
 use crate::error::{Error, Result};
 use crate::kv::KvScheme;
@@ -34,18 +35,34 @@ pub struct ShardFolder {
 }
 
 impl ShardFolder {
-    /// Reads `dir/meta.json` and `raw.jsonl` ([`read_records`]). Errors:
-    /// [`Error::InvalidArgument`] naming the folder when it is not a run folder or was not run
-    /// as a shard; [`Error::Io`].
+    /// Reads `dir/meta.json` ([`RunMeta::read`]: the format check every reader of run folders
+    /// makes) and `raw.jsonl` ([`read_records`]), so a shard the merged folder could not be read
+    /// back from is refused before anything is written. Errors: [`Error::InvalidArgument`]
+    /// naming the folder when it is not a run folder or was not run as a shard, and naming its
+    /// `meta.json` when that is not JSON, was written in a newer format than
+    /// [`super::meta::META_FORMAT`] or lacks a field a run folder has; [`Error::Io`].
     pub fn read(dir: &Path) -> Result<ShardFolder> {
         let meta_path = dir.join(super::META_FILE);
-        let text = std::fs::read_to_string(&meta_path).map_err(|e| Error::InvalidArgument {
-            name: dir.display().to_string(),
-            reason: format!("not a kvbench run folder ({}: {e})", meta_path.display()),
-        })?;
-        let meta: Value = serde_json::from_str(&text).map_err(|e| Error::InvalidArgument {
-            name: meta_path.display().to_string(),
-            reason: format!("not valid JSON: {e}"),
+        if !meta_path.is_file() {
+            return Err(Error::InvalidArgument {
+                name: dir.display().to_string(),
+                reason: format!(
+                    "not a kvbench run folder ({} is missing); merge the folders of \
+                     `kvbench sweep --shard I/N` runs",
+                    meta_path.display()
+                ),
+            });
+        }
+        let (_, meta) = RunMeta::read(&meta_path).map_err(|e| match e {
+            Error::InvalidArgument { name, reason } => Error::InvalidArgument {
+                name,
+                reason: format!(
+                    "{reason} (shard {}: merge only folders this kvbench can read, or merge \
+                     with the kvbench that wrote it)",
+                    dir.display()
+                ),
+            },
+            e => e,
         })?;
         let record: ShardRecord =
             serde_json::from_value(meta["shard"].clone()).map_err(|_| Error::InvalidArgument {
@@ -382,5 +399,41 @@ fn with_fp16_rouge(
     match (rouge, base) {
         (Some(r), Some(b)) => Some(r.with_baseline(&b.predictions)),
         (r, _) => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 25: a shard whose meta.json has a format newer than
+    /// [`super::super::meta::META_FORMAT`] is refused when read, naming that shard's meta.json
+    /// and the format, before any merged folder is written (it used to fail after writing,
+    /// naming the output).
+    #[test]
+    fn merge_refuses_a_shard_with_a_future_format() {
+        let dir = std::env::temp_dir().join(format!("kvbench-merge-future-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let future = super::super::meta::META_FORMAT + 1;
+        std::fs::write(
+            dir.join(super::super::META_FILE),
+            format!(r#"{{"format": {future}, "kvbench": "9.9.9 (future)", "shard": {{}}}}"#),
+        )
+        .unwrap();
+        let e = ShardFolder::read(&dir).unwrap_err();
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(e.is_usage(), "{e}");
+        let e = e.to_string();
+        assert!(
+            e.contains(&format!("format {future}"))
+                && e.contains("9.9.9 (future)")
+                && e.contains(&dir.join("meta.json").display().to_string()),
+            "{e}"
+        );
+        // A folder without meta.json is named as not a run folder.
+        let e = ShardFolder::read(Path::new("/nonexistent/kvbench-shard"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a kvbench run folder"), "{e}");
     }
 }

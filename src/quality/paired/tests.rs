@@ -71,15 +71,60 @@ fn paired_t_interval_by_hand() {
 /// 66 windows for 1 %, ±1.21 % → 3) and the degenerate inputs.
 #[test]
 fn windows_needed_by_hand() {
-    assert_eq!(windows_needed(2, 36.40, 1.0), Some(66));
-    assert_eq!(windows_needed(2, 53.61, 1.0), Some(140));
-    assert_eq!(windows_needed(2, 1.21, 1.0), Some(3));
-    assert_eq!(windows_needed(8, 2.5, 1.0), Some(37));
+    use WindowsNeeded::About;
+    assert_eq!(windows_needed(2, 36.40, 1.0), Some(About(66)));
+    assert_eq!(windows_needed(2, 53.61, 1.0), Some(About(140)));
+    assert_eq!(windows_needed(2, 1.21, 1.0), Some(About(3)));
+    assert_eq!(windows_needed(8, 2.5, 1.0), Some(About(37)));
     // Already narrow enough: the answer never exceeds n.
-    assert!(windows_needed(32, 0.5, 1.0).unwrap() <= 32);
+    assert!(matches!(windows_needed(32, 0.5, 1.0), Some(About(m)) if m <= 32));
     assert_eq!(windows_needed(1, 3.0, 1.0), None);
     assert_eq!(windows_needed(4, f64::NAN, 1.0), None);
     assert_eq!(windows_needed(4, 3.0, 0.0), None);
+    assert_eq!(windows_needed(4, 3.0, f64::INFINITY), None);
+    assert_eq!(windows_needed(4, -3.0, 1.0), None);
+}
+
+/// Issue 25: `gate --max-ppl-delta 0.0001%` on a 2-window result hung (the search stepped m up
+/// from ~10⁸, where statrs' t quantile does not return). By hand: n = 2, ±1 % gives a per-window
+/// SD of 1·√2 / t₀.₉₇₅(1) = 1.41421 / tan(0.475π) = 1.41421 / 12.70620 = 0.111301 %. For a
+/// 0.0005 % target, m = ⌈(1.960201·0.111301 / 0.0005)²⌉ = ⌈190396.78⌉ = 190397, with
+/// t₀.₉₇₅(10⁴) = 1.960201 (the clamped quantile; Cornish–Fisher to four terms gives the same to
+/// 10⁻¹¹); for 0.0001 %, (1.960201·0.111301 / 0.0001)² = 4.76·10⁶ is past the cap.
+#[test]
+fn gate_tiny_ppl_delta_answers_at_once() {
+    assert_eq!(
+        windows_needed(2, 1.0, 5e-4),
+        Some(WindowsNeeded::About(190_397))
+    );
+    let more = Some(WindowsNeeded::MoreThan(MAX_WINDOWS_NEEDED));
+    assert_eq!(windows_needed(2, 1.0, 1e-4), more);
+    assert_eq!(windows_needed(2, 1.0, 1e-300), more);
+    let w = too_few_windows(2, 1.0, 1e-4).unwrap();
+    assert!(
+        w.contains("more than 1000000 windows") && w.contains("raise the limit"),
+        "{w}"
+    );
+}
+
+/// Issue 25: an interval of ±1e300 or a huge window count hung the same search (the normal
+/// start saturated to usize::MAX and `m += 1` wrapped). Both answer "more than" the cap: with
+/// ±10³⁰⁰ the SD is ~10²⁹⁹ %; with n = usize::MAX (1.8·10¹⁹) windows at ±2 % the SD is
+/// 2·√(1.8·10¹⁹)/1.96 ≈ 4.4·10⁹ %, and even 10⁶ windows leave ±8.6·10⁶ %.
+#[test]
+fn gate_huge_interval_or_window_count_answers_at_once() {
+    let more = Some(WindowsNeeded::MoreThan(MAX_WINDOWS_NEEDED));
+    assert_eq!(windows_needed(2, 1e300, 1.0), more);
+    assert_eq!(windows_needed(2, f64::MAX, 1e-300), more);
+    assert_eq!(windows_needed(usize::MAX, 2.0, 1.0), more);
+    // A huge n with a narrow interval: already enough, answered as a small count.
+    assert_eq!(
+        windows_needed(usize::MAX, 0.0, 1.0),
+        Some(WindowsNeeded::About(2))
+    );
+    assert!(too_few_windows(2, 1e300, 1.0)
+        .unwrap()
+        .contains("more than 1000000"));
 }
 
 /// For per-token input the paired SE equals llama.cpp's `ln(PPL(Q)/PPL(base))` uncertainty,
