@@ -408,7 +408,7 @@ fn slurm_dry_run_prints_array_and_merge() {
          --out \"$dir\"",
         "sweep --resume \"$dir\" --threads 2",
         "merge /shared/run/shard-0 /shared/run/shard-1 /shared/run/shard-2 /shared/run/shard-3 \
-         --out /shared/run/merged",
+         --out /shared/run/merged --force",
         "--dependency=afterok:",
     ] {
         assert!(out.contains(want), "{want}\n{out}");

@@ -382,8 +382,10 @@ pub fn scripts(job: &JobSpec) -> Result<Scripts, crate::Error> {
     let dirs: Vec<String> = (0..job.shards)
         .map(|i| q(&out.join(format!("shard-{i}"))))
         .collect();
+    // --force: a merge job that Slurm requeues after it wrote merged/ moves that aside instead of
+    // failing on a folder that already holds a run.
     merge.push_str(&format!(
-        "exec {exe} merge {} --out {}\n",
+        "exec {exe} merge {} --out {} --force\n",
         dirs.join(" "),
         q(&out.join("merged"))
     ));
@@ -965,7 +967,7 @@ mod tests {
         let (s0, s2) = (format!("{out}/shard-0"), format!("{out}/shard-2"));
         assert_eq!(
             run(&s.merge, "merge"),
-            ["merge", &s0, &shard1, &s2, "--out", &merged]
+            ["merge", &s0, &shard1, &s2, "--out", &merged, "--force"]
         );
         assert!(!Path::new(&injected).exists(), "an injected command ran");
         // What sbatch reads: every #SBATCH line, before the first command.
@@ -1027,7 +1029,7 @@ mod tests {
         }
         assert!(s.merge.lines().any(|l| l
             == "exec /opt/kvbench merge '/scratch/run 1/shard-0' '/scratch/run 1/shard-1' \
-                '/scratch/run 1/shard-2' --out '/scratch/run 1/merged'"));
+                '/scratch/run 1/shard-2' --out '/scratch/run 1/merged' --force"));
         assert!(!s.merge.contains("gpus-per-task"));
     }
 }
