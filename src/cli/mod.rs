@@ -6,6 +6,7 @@ pub mod attn_bench;
 pub mod checks;
 pub mod fetch;
 pub mod gate;
+pub mod interrupt;
 pub mod merge;
 pub mod plan;
 pub mod report;
@@ -64,7 +65,7 @@ pub enum Command {
 
 /// Parses the command line, runs it and returns the exit code.
 pub fn main() -> ExitCode {
-    crate::util::interrupt::install();
+    interrupt::install();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);

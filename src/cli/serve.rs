@@ -18,12 +18,12 @@ use crate::model::{self, hub, ModelLocation, WeightDtype};
 use crate::quality::{wikitext, xsum};
 use crate::report::chart::{LineChart, Series};
 use crate::report::meta::{self, Machine};
+use crate::report::run_dir::FolderLock;
 use crate::serve::backend::ModelBackend;
 use crate::serve::engine::{serve, RequestRecord, SchedConfig, ServeOutcome, StepSample};
 use crate::serve::metrics::{summarize, ServeStats, Slo};
 use crate::serve::pool::BlockSizer;
 use crate::serve::workload::{self, Arrival, LenDist};
-use crate::util::folder_lock::FolderLock;
 
 use super::checks;
 

@@ -819,7 +819,7 @@ struct RunFolder {
     resumed_at: Vec<String>,
     dir: PathBuf,
     /// This process's claim on the folder, released when the sweep ends.
-    _lock: crate::util::folder_lock::FolderLock,
+    _lock: crate::report::run_dir::FolderLock,
 }
 
 impl RunFolder {
@@ -840,11 +840,11 @@ impl RunFolder {
                 started_at: m["started_at"].as_str().unwrap_or(now).to_string(),
                 resumed_at,
                 dir: dir.clone(),
-                _lock: crate::util::folder_lock::FolderLock::acquire(dir, "--resume")?,
+                _lock: crate::report::run_dir::FolderLock::acquire(dir, "--resume")?,
             });
         }
         let (run_id, dir) = run_folder(now, label, out)?;
-        let lock = crate::util::folder_lock::FolderLock::acquire_empty(&dir, "--out")?;
+        let lock = crate::report::run_dir::FolderLock::acquire_empty(&dir, "--out")?;
         Ok(RunFolder {
             run_id,
             started_at: now.to_string(),

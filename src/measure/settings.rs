@@ -520,6 +520,30 @@ mod tests {
         assert_eq!((c.grid.gen, c.timing.repeats), (32, 2));
     }
 
+    /// Issue 25: every scheme kvbench can name (`kv::spec`'s registry-built list) goes through
+    /// meta.json's `SchemeList` and back unchanged, as a list and as one comma-joined string.
+    #[test]
+    fn every_scheme_round_trips_through_meta_json() {
+        let all = crate::kv::spec::tests::every_scheme();
+        let list = SchemeList(all.clone());
+        let json = serde_json::to_string(&list).unwrap();
+        assert!(
+            json.starts_with("[\"fp16\",\"fp16+rot\","),
+            "{}",
+            &json[..40]
+        );
+        let back: SchemeList = serde_json::from_str(&json).unwrap();
+        assert!(back.0 == all, "a scheme changed through JSON");
+        // One comma-joined string (a suite's form) reads the same.
+        let joined = all
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let one: SchemeList = serde_json::from_value(serde_json::Value::String(joined)).unwrap();
+        assert!(one.0 == all, "a scheme changed through the joined form");
+    }
+
     /// Issue 25: meta.json's `settings.dtypes` lists printed names whose own commas are
     /// parameters (`window:size=16,sinks=4@int8-token`); each entry reads on its own, so they
     /// read back as the schemes written, and an entry never merges into its neighbour.

@@ -238,13 +238,6 @@ impl PairedDelta {
 /// resolve, and the advice says "more than" this many instead of searching on.
 pub const MAX_WINDOWS_NEEDED: usize = 1_000_000;
 
-/// Largest degrees of freedom handed to [`crate::stats::t_quantile`] here. statrs' inverse CDF
-/// loses accuracy past ~10⁵ (1.959848 at 10⁶, below the normal quantile 1.959964) and does not
-/// return at ~10⁸; at 10⁴ it is exact to 10⁻¹¹ and exceeds the quantile of any larger df by at
-/// most (z² + 1)/(4·10⁴) ≈ 1.2·10⁻⁴ relative, so clamping keeps the answer conservative (at
-/// most ~0.03 % more windows).
-const MAX_T_DF: usize = 10_000;
-
 /// How many windows [`windows_needed`] asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WindowsNeeded {
@@ -273,8 +266,8 @@ impl std::fmt::Display for WindowsNeeded {
 ///
 /// The left side falls as m grows, so m is found by bisection from 2 to [`MAX_WINDOWS_NEEDED`]
 /// (about 20 quantile evaluations, whatever the input); beyond the cap the answer is
-/// [`WindowsNeeded::MoreThan`]. Quantiles past 10⁴ degrees of freedom use 10⁴ (conservative by
-/// at most 1.2·10⁻⁴ relative; statrs is unreliable past ~10⁵). `None` for `n < 2`, a
+/// [`WindowsNeeded::MoreThan`] ([`crate::stats::t_quantile`] answers at once for any degrees of
+/// freedom). `None` for `n < 2`, a
 /// non-positive or non-finite target, or a non-finite or negative half-width.
 pub fn windows_needed(n: usize, half_width_pct: f64, target_pct: f64) -> Option<WindowsNeeded> {
     if n < 2
@@ -283,7 +276,7 @@ pub fn windows_needed(n: usize, half_width_pct: f64, target_pct: f64) -> Option<
     {
         return None;
     }
-    let t = |df: usize| crate::stats::t_quantile(0.5 + LEVEL / 2.0, df.min(MAX_T_DF));
+    let t = |df: usize| crate::stats::t_quantile(0.5 + LEVEL / 2.0, df);
     let sd = half_width_pct * (n as f64).sqrt() / t(n - 1)?;
     let fits = |m: usize| t(m - 1).is_some_and(|q| q * sd / (m as f64).sqrt() <= target_pct);
     if !sd.is_finite() || !fits(MAX_WINDOWS_NEEDED) {

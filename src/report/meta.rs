@@ -51,7 +51,7 @@ pub enum RunStatus {
     Finished,
     /// The sweep stopped on an error, or every point failed.
     Failed,
-    /// Stopped by Ctrl-C or SIGTERM ([`crate::util::interrupt`]); `--resume` continues it.
+    /// Stopped by Ctrl-C or SIGTERM ([`crate::cli::interrupt`]); `--resume` continues it.
     Interrupted,
     /// A merge of shard folders with some shards or units missing
     /// (`kvbench merge --allow-partial`; `missing` lists them).

@@ -36,10 +36,26 @@ pub struct Summary {
     pub outliers: usize,
 }
 
-/// The `p` quantile of Student's t with `df` degrees of freedom (statrs' inverse CDF), e.g.
-/// `t_quantile(0.975, n − 1)` for a two-sided 95 % interval of a mean of `n` samples. `None`
-/// for `df = 0`.
+/// Degrees of freedom above which [`t_quantile`] uses the Cornish–Fisher expansion instead of
+/// statrs' inverse CDF, whose search is already off at 10^6 (1.959848, below the normal
+/// quantile) and never returns near 10^8 (issue #25: the gate hung).
+pub const T_EXPANSION_DF: usize = 10_000;
+
+/// The `p` quantile of Student's t with `df` degrees of freedom, e.g. `t_quantile(0.975, n −
+/// 1)` for a two-sided 95 % interval of a mean of `n` samples: statrs' inverse CDF up to
+/// [`T_EXPANSION_DF`], above it the Cornish–Fisher expansion in 1/ν about the normal quantile z
+/// (Abramowitz & Stegun 26.7.5): t ≈ z + (z³ + z)/(4ν) + (5z⁵ + 16z³ + 3z)/(96ν²), whose next
+/// term is below 10^-12 there. `None` for `df = 0`.
 pub fn t_quantile(p: f64, df: usize) -> Option<f64> {
+    if df > T_EXPANSION_DF {
+        let z = statrs::distribution::Normal::new(0.0, 1.0)
+            .ok()?
+            .inverse_cdf(p);
+        let nu = df as f64;
+        let g1 = (z.powi(3) + z) / 4.0;
+        let g2 = (5.0 * z.powi(5) + 16.0 * z.powi(3) + 3.0 * z) / 96.0;
+        return Some(z + g1 / nu + g2 / (nu * nu));
+    }
     StudentsT::new(0.0, 1.0, df as f64)
         .ok()
         .filter(|_| df > 0)
@@ -102,6 +118,23 @@ fn percentile_sorted(xs: &[f64], p: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Past 10^4 degrees of freedom: R's `qt(0.975, 10001)` = 1.9602012 and the expansion by
+    /// hand at 10^6 (z = 1.959963985: z + (z³+z)/(4·10^6) = 1.9599664); it answers at once even
+    /// at 10^12 (statrs' search never returned near 10^8), and stays above the normal quantile.
+    #[test]
+    fn t_quantile_for_huge_degrees_of_freedom_answers_at_once() {
+        assert!((t_quantile(0.975, 10_001).unwrap() - 1.960_201_2).abs() < 1e-6);
+        assert!((t_quantile(0.975, 1_000_000).unwrap() - 1.959_966_4).abs() < 1e-6);
+        let far = t_quantile(0.975, 1_000_000_000_000).unwrap();
+        assert!(far > 1.959_963_98 && far < 1.959_964_0, "{far}");
+        // Continuous across the switch to the expansion.
+        let (a, b) = (
+            t_quantile(0.975, T_EXPANSION_DF).unwrap(),
+            t_quantile(0.975, T_EXPANSION_DF + 1).unwrap(),
+        );
+        assert!((a - b).abs() < 1e-6, "{a} {b}");
+    }
 
     /// Published two-sided 95 % t table values (e.g. NIST/SEMATECH e-Handbook, Table 1.4.2.7.6):
     /// df 1 → 12.706, 3 → 3.182, 31 → 2.040; no degrees of freedom → None.

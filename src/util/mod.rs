@@ -1,9 +1,7 @@
 //! Ground-floor helpers every layer may use and that know nothing about KV caches, models or
-//! benchmarks: process memory probes, the UTC clock and run ids, the one seeded noise
-//! generator, the run-folder lock and the interrupt handler.
+//! benchmarks: process memory probes, the UTC clock and run ids, and the one seeded noise
+//! generator.
 
-pub mod folder_lock;
-pub mod interrupt;
 pub mod memory;
 pub mod noise;
 pub mod time;

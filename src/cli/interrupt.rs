@@ -1,5 +1,5 @@
 //! Ctrl-C (SIGINT) and SIGTERM end a run the way a user can act on: the run folder this
-//! process holds ([`super::folder_lock`]) gets `"status": "interrupted"` and an
+//! process holds ([`crate::report::run_dir`]) gets `"status": "interrupted"` and an
 //! `interrupted_at` time in its `meta.json`, its lock is released, one line says where the
 //! finished results are and how to continue (`kvbench <command> --resume <dir>`), and the exit
 //! code is the shell's convention, 128 + the signal (130 for SIGINT, 143 for SIGTERM).
@@ -34,10 +34,10 @@ pub fn install() {
             } else {
                 "terminated"
             };
-            match super::folder_lock::held() {
+            match crate::report::run_dir::held() {
                 Some(dir) => {
                     mark_interrupted(&dir);
-                    super::folder_lock::release_held(&dir);
+                    crate::report::run_dir::release_held(&dir);
                     let cmd = std::env::args().nth(1).unwrap_or_else(|| "sweep".into());
                     eprintln!(
                         "\n{name}: the finished results are kept in {}; continue with `kvbench \
@@ -68,7 +68,10 @@ pub fn mark_interrupted(dir: &Path) {
         return;
     };
     m.insert("status".into(), "interrupted".into());
-    m.insert("interrupted_at".into(), super::time::now_rfc3339().into());
+    m.insert(
+        "interrupted_at".into(),
+        crate::util::time::now_rfc3339().into(),
+    );
     let tmp = path.with_extension("json.interrupt.tmp");
     if let Ok(s) = serde_json::to_string_pretty(&v) {
         if std::fs::write(&tmp, s + "\n").is_ok() && std::fs::rename(&tmp, &path).is_err() {

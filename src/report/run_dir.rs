@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 /// The lock file's name inside a run folder.
 pub const LOCK_FILE: &str = ".kvbench.lock";
 
-/// The run folder this process holds, for the interrupt handler ([`super::interrupt`]).
+/// The run folder this process holds, for the interrupt handler ([`crate::cli::interrupt`]).
 static HELD: Mutex<Option<PathBuf>> = Mutex::new(None);
 
 /// A held run-folder lock; dropping it removes the lock file.
