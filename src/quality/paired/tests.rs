@@ -88,14 +88,14 @@ fn windows_needed_by_hand() {
 /// Issue 25: `gate --max-ppl-delta 0.0001%` on a 2-window result hung (the search stepped m up
 /// from ~10⁸, where statrs' t quantile does not return). By hand: n = 2, ±1 % gives a per-window
 /// SD of 1·√2 / t₀.₉₇₅(1) = 1.41421 / tan(0.475π) = 1.41421 / 12.70620 = 0.111301 %. For a
-/// 0.0005 % target, m = ⌈(1.960201·0.111301 / 0.0005)²⌉ = ⌈190396.78⌉ = 190397, with
-/// t₀.₉₇₅(10⁴) = 1.960201 (the clamped quantile; Cornish–Fisher to four terms gives the same to
-/// 10⁻¹¹); for 0.0001 %, (1.960201·0.111301 / 0.0001)² = 4.76·10⁶ is past the cap.
+/// 0.0005 % target, the smallest m with t₀.₉₇₅(m−1)·0.111301/√m ≤ 0.0005 is 190,354 (bisection
+/// in Python with the t quantile from the Cornish–Fisher expansion, A&S 26.7.5, t₀.₉₇₅(190353)
+/// = 1.959968); for 0.0001 %, (1.96·0.111301 / 0.0001)² = 4.76·10⁶ is past the cap.
 #[test]
 fn gate_tiny_ppl_delta_answers_at_once() {
     assert_eq!(
         windows_needed(2, 1.0, 5e-4),
-        Some(WindowsNeeded::About(190_397))
+        Some(WindowsNeeded::About(190_354))
     );
     let more = Some(WindowsNeeded::MoreThan(MAX_WINDOWS_NEEDED));
     assert_eq!(windows_needed(2, 1.0, 1e-4), more);
