@@ -174,6 +174,12 @@ pub fn plan_gpus(
         });
     }
     let tp = input.tensor_parallel;
+    if gpus > MAX_GPUS {
+        return Err(Error::InvalidArgument {
+            name: "--gpus".into(),
+            reason: format!("{gpus} GPUs: give at most {MAX_GPUS}"),
+        });
+    }
     if gpus == 0 || !gpus.is_multiple_of(tp) {
         return Err(Error::InvalidArgument {
             name: "--gpus".into(),
@@ -201,7 +207,7 @@ pub fn plan_gpus(
                     tensor_parallel: tp,
                     kv_heads_per_gpu: input.kv_heads_per_gpu(),
                     replicas,
-                    total_concurrency: replicas as u64 * (budget / per_seq.max(1)),
+                    total_concurrency: (replicas as u64).saturating_mul(budget / per_seq.max(1)),
                 }
             })
         })
@@ -281,15 +287,33 @@ pub fn parse_tokens(s: &str) -> Result<usize> {
         Some(n) => (n, 1024),
         None => (t.as_str(), 1),
     };
-    num.parse::<usize>()
+    let n = num
+        .parse::<usize>()
         .ok()
         .filter(|n| *n > 0)
-        .map(|n| n * mult)
         .ok_or_else(|| Error::InvalidArgument {
             name: "--seq-lens".into(),
             reason: format!("`{s}` is not a token count like 4k, 32k or 4096"),
-        })
+        })?;
+    match n.checked_mul(mult) {
+        Some(t) if t <= MAX_CONTEXT_TOKENS => Ok(t),
+        _ => Err(Error::InvalidArgument {
+            name: "--seq-lens".into(),
+            reason: format!(
+                "`{s}` is past any model's context; give at most {MAX_CONTEXT_TOKENS} tokens \
+                 (16384k)"
+            ),
+        }),
+    }
 }
+
+/// Longest context `plan` takes, tokens (2^24 = 16,384k, past every model's window): the byte
+/// arithmetic per sequence then stays far from overflow (issue #25: 2^64 − 1 tokens wrapped to
+/// 0.000 GiB per sequence).
+pub const MAX_CONTEXT_TOKENS: usize = 1 << 24;
+
+/// Most GPUs `--gpus` takes (2^20): replicas × sequences then cannot overflow.
+pub const MAX_GPUS: usize = 1 << 20;
 
 fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64

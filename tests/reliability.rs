@@ -57,6 +57,42 @@ fn synthetic(out: &Path, extra: &[&str]) -> (i32, String, String) {
     kvbench(&args)
 }
 
+/// `kvbench sweep --model some-org/some-model` against a hub at 127.0.0.1:`port` with
+/// KVBENCH_HUB_TIMEOUT=2 and `home` as HF_HOME (no proxy): (exit code, stderr). Fails the test
+/// if it still runs after 60 s (`what` names the server in that message).
+fn sweep_against_hub(port: u16, home: &Path, what: &str) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args(["sweep", "--model", "some-org/some-model"])
+        .env("HF_HOME", home)
+        .env("HF_ENDPOINT", format!("http://127.0.0.1:{port}"))
+        .env("KVBENCH_HUB_TIMEOUT", "2")
+        .env_remove("HF_HUB_OFFLINE")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .env_remove("ALL_PROXY")
+        .env_remove("all_proxy")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            child.kill().ok();
+            panic!("kvbench still fetching from {what} after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    (status.code(), err)
+}
+
 fn csv_rows(dir: &Path) -> Vec<Vec<String>> {
     let mut r = csv::Reader::from_path(dir.join("results.csv")).unwrap();
     r.records()
@@ -697,36 +733,8 @@ fn hub_that_trickles_bytes_times_out() {
         }
     });
     let home = tmp("hub-trickle");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvbench"))
-        .args(["sweep", "--model", "some-org/some-model"])
-        .env("HF_HOME", &home)
-        .env("HF_ENDPOINT", format!("http://127.0.0.1:{port}"))
-        .env("KVBENCH_HUB_TIMEOUT", "2")
-        .env_remove("HF_HUB_OFFLINE")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("http_proxy")
-        .env_remove("https_proxy")
-        .env_remove("ALL_PROXY")
-        .env_remove("all_proxy")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t.elapsed() > Duration::from_secs(60) {
-            child.kill().ok();
-            panic!("kvbench still fetching from a trickling hub after 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert_eq!(status.code(), Some(2), "{err}");
+    let (status, err) = sweep_against_hub(port, &home, "a trickling hub");
+    assert_eq!(status, Some(2), "{err}");
     assert!(err.contains("sent only") && err.contains("in 2 s"), "{err}");
     std::fs::remove_dir_all(&home).ok();
 }
@@ -1180,36 +1188,8 @@ fn hub_that_never_answers_times_out() {
         std::thread::sleep(Duration::from_secs(120));
     });
     let home = tmp("hub");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvbench"))
-        .args(["sweep", "--model", "some-org/some-model"])
-        .env("HF_HOME", &home)
-        .env("HF_ENDPOINT", format!("http://127.0.0.1:{port}"))
-        .env("KVBENCH_HUB_TIMEOUT", "2")
-        .env_remove("HF_HUB_OFFLINE")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("http_proxy")
-        .env_remove("https_proxy")
-        .env_remove("ALL_PROXY")
-        .env_remove("all_proxy")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t.elapsed() > Duration::from_secs(60) {
-            child.kill().ok();
-            panic!("kvbench still waiting on a silent hub after 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert_eq!(status.code(), Some(2), "{err}");
+    let (status, err) = sweep_against_hub(port, &home, "a silent hub");
+    assert_eq!(status, Some(2), "{err}");
     assert!(err.contains("sent nothing for 2 s"), "{err}");
     std::fs::remove_dir_all(&home).ok();
 }
@@ -1776,5 +1756,195 @@ fn report_same_folder_twice_is_not_doubled() {
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("more than once"), "{err}");
     assert_eq!(csv_rows(&out).len(), 1);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+// Issue 25: cases found by this round's own hostile-input pass (~600 cases over every
+// subcommand; the closing note has the table).
+
+/// stdout on a full disk (`> /dev/full`): exit 1 naming standard output, not a panic (101).
+#[test]
+fn stdout_on_a_full_disk_is_an_error_not_a_panic() {
+    let dir = tmp("devfull");
+    let out = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args([
+            "plan",
+            "--model",
+            "llama-3-8b",
+            "--memory",
+            "80GiB",
+            "--out",
+            dir.join("plan").to_str().unwrap(),
+        ])
+        .stdout(out)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot write to standard output"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A non-UTF-8 `--out` (bytes 0xff): the run records its command line lossily instead of
+/// panicking in `std::env::args`.
+#[test]
+fn non_utf8_argument_does_not_panic() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tmp("nonutf8");
+    let mut name = dir.as_os_str().as_bytes().to_vec();
+    name.extend_from_slice(b"/o\xff");
+    let out = std::ffi::OsStr::from_bytes(&name);
+    let o = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args([
+            "sweep",
+            "--synthetic",
+            "--dtypes",
+            "fp16",
+            "--batch-sizes",
+            "1",
+        ])
+        .args(["--seq-lens", "16", "--gen", "2", "--out"])
+        .arg(out)
+        .env_remove("SLURM_ARRAY_TASK_ID")
+        .env_remove("SLURM_ARRAY_TASK_COUNT")
+        .env_remove("JOB_COMPLETION_INDEX")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `--min-time nan` on a synthetic sweep was written to meta.json as null and the folder could
+/// not be read back; it is refused up front, like `--min-time 1e308` (days of repeats).
+#[test]
+fn synthetic_min_time_nan_or_huge_is_refused() {
+    let dir = tmp("mintime");
+    for v in ["nan", "inf", "1e308"] {
+        let (code, _, err) = synthetic(&dir.join("run"), &["--min-time", v]);
+        assert_eq!(code, 2, "{v}: {err}");
+        assert!(err.contains("--min-time"), "{v}: {err}");
+        assert!(!dir.join("run").join("meta.json").exists(), "{v}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A FIFO where `report`, `sweep --resume`, `gate` or `rouge` expects a file is refused at
+/// once (each hung until killed).
+#[test]
+fn fifo_inputs_are_refused_not_waited_on() {
+    let dir = tmp("fifos");
+    let run = dir.join("run");
+    let (code, _, err) = synthetic(&run, &[]);
+    assert_eq!(code, 0, "{err}");
+    let fifo = dir.join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let meta = run.join("meta.json");
+    std::fs::remove_file(&meta).unwrap();
+    assert!(Command::new("mkfifo")
+        .arg(&meta)
+        .status()
+        .unwrap()
+        .success());
+    let (r, f) = (run.to_str().unwrap(), fifo.to_str().unwrap());
+    let refs = dir.join("refs.txt");
+    std::fs::write(&refs, "a b c\n").unwrap();
+    for args in [
+        vec!["report", r],
+        vec!["sweep", "--resume", r],
+        vec![
+            "gate",
+            "--baseline",
+            f,
+            "--current",
+            f,
+            "--max-ppl-delta",
+            "1%",
+        ],
+        vec![
+            "rouge",
+            "--predictions",
+            f,
+            "--references",
+            refs.to_str().unwrap(),
+        ],
+    ] {
+        let (code, _, err) = kvbench_within(&args, 30);
+        assert!(code == 1 || code == 2, "{args:?}: {code} {err}");
+        assert!(err.contains("not a regular file"), "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `plan` with sizes that overflowed and printed wrapped numbers with exit 0: a context of
+/// 2^64 − 1 tokens (or `…k`), 2^64 − 1 GPUs; and an `--out` that cannot be created is a usage
+/// error naming the folder.
+#[test]
+fn plan_overflowing_sizes_are_refused() {
+    let base = ["plan", "--model", "llama-3-8b", "--memory", "80GiB"];
+    for (extra, flag) in [
+        (vec!["--seq-lens", "18446744073709551615"], "--seq-lens"),
+        (vec!["--seq-lens", "18446744073709551615k"], "--seq-lens"),
+        (vec!["--gpus", "18446744073709551615"], "--gpus"),
+        (vec!["--out", "/proc/self/kvbench-plan"], "--out"),
+    ] {
+        let mut a = base.to_vec();
+        a.extend(extra.iter().copied());
+        let (code, _, err) = kvbench(&a);
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains(flag), "{extra:?}: {err}");
+    }
+}
+
+/// A raw.jsonl concatenated with itself: `report` keeps each point once (with a warning)
+/// instead of writing every row twice, which `gate` would then refuse.
+#[test]
+fn report_keeps_a_point_recorded_twice_once() {
+    let dir = tmp("dup-raw");
+    let run = dir.join("run");
+    let (code, _, err) = synthetic(&run, &[]);
+    assert_eq!(code, 0, "{err}");
+    let raw = std::fs::read_to_string(run.join("raw.jsonl")).unwrap();
+    std::fs::write(run.join("raw.jsonl"), format!("{raw}{raw}")).unwrap();
+    let (code, _, err) = kvbench(&["report", run.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("recorded more than once"), "{err}");
+    assert_eq!(csv_rows(&run).len(), 1);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// meta.json's `format` edited to a string, and a serve folder given to `report`: each named
+/// for what it is (the message said "format 0 … cannot be read by" the same version).
+#[test]
+fn odd_meta_format_and_serve_folders_are_named() {
+    let dir = tmp("meta-format");
+    let run = dir.join("run");
+    let (code, _, err) = synthetic(&run, &[]);
+    assert_eq!(code, 0, "{err}");
+    let p = run.join("meta.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    v["format"] = "1".into();
+    std::fs::write(&p, v.to_string()).unwrap();
+    let (code, _, err) = kvbench(&["report", run.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not a format number"), "{err}");
+    v["format"] = 1.into();
+    v["command"] = "serve".into();
+    std::fs::write(&p, v.to_string()).unwrap();
+    let (code, _, err) = kvbench(&["report", run.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("kvbench serve"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -38,7 +38,10 @@ pub fn install() {
                 Some(dir) => {
                     mark_interrupted(&dir);
                     crate::report::run_dir::release_held(&dir);
-                    let cmd = std::env::args().nth(1).unwrap_or_else(|| "sweep".into());
+                    let cmd = super::command_line()
+                        .get(1)
+                        .cloned()
+                        .unwrap_or_else(|| "sweep".into());
                     eprintln!(
                         "\n{name}: the finished results are kept in {}; continue with `kvbench \
                          {cmd} --resume {}`",

@@ -94,10 +94,7 @@ pub fn run(args: MergeArgs) -> anyhow::Result<()> {
     let ctx: RowContext = serde_json::from_value(merged.meta["report_context"].clone())
         .context("the shards' meta.json has no usable report_context")?;
     if let Some(m) = merged.meta.as_object_mut() {
-        m.insert(
-            "command".into(),
-            std::env::args().collect::<Vec<_>>().into(),
-        );
+        m.insert("command".into(), super::command_line().into());
         m.insert("merged_at".into(), crate::util::time::now_rfc3339().into());
     }
     // Every shard has been read and checked: now the earlier --out may go aside.

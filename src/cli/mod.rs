@@ -63,9 +63,38 @@ pub enum Command {
     Fetch(fetch::FetchArgs),
 }
 
+/// The command line as recorded in `meta.json`: each argument as text, bytes that are not
+/// UTF-8 shown as U+FFFD (`std::env::args` would panic on them; issue #25).
+pub fn command_line() -> Vec<String> {
+    std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// A failed write to stdout (a full disk, `>&-`) ends the run with exit 1 and one line naming
+/// it, instead of the panic `println!` raises (exit 101); a closed pipe never gets here
+/// (SIGPIPE ends the process, [`interrupt::install`]). Other panics keep the default report.
+fn quiet_stdout_failures() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if let Some(cause) = msg.strip_prefix("failed printing to stdout: ") {
+            eprintln!("error: cannot write to standard output: {cause}");
+            std::process::exit(1);
+        }
+        default(info);
+    }));
+}
+
 /// Parses the command line, runs it and returns the exit code.
 pub fn main() -> ExitCode {
     interrupt::install();
+    quiet_stdout_failures();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);

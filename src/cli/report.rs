@@ -36,7 +36,7 @@ pub fn run(a: ReportArgs) -> anyhow::Result<()> {
             PathBuf::from("reports").join(format!("compare-{t}"))
         }
     };
-    std::fs::create_dir_all(&out).map_err(|e| crate::Error::io(&out, e))?;
+    super::checks::create_out(&out)?;
     let rows: Vec<_> = runs.iter().flat_map(|r| r.rows.iter().cloned()).collect();
     let mut about = Vec::new();
     let mut captions = Vec::new();

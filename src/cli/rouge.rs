@@ -48,7 +48,7 @@ fn variants(s: &RougeScores) -> [(&'static str, Score); 4] {
 }
 
 fn read_lines(path: &Path, flag: &str) -> Result<Vec<String>, Error> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::InvalidArgument {
+    let text = crate::util::read_regular(path).map_err(|e| Error::InvalidArgument {
         name: flag.into(),
         reason: format!("cannot read {}: {e}", path.display()),
     })?;

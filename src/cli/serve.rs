@@ -594,7 +594,7 @@ fn resume_settings(
         ));
     }
     let path = dir.join(crate::report::META_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| {
+    let text = crate::util::read_regular(&path).map_err(|e| {
         usage(
             "--resume",
             format!(
@@ -653,7 +653,7 @@ fn resume_settings(
 /// file and the line. Errors: [`crate::Error::Io`] (unreadable), [`crate::Error::InvalidArgument`]
 /// (`--resume`) for a damaged line.
 fn read_raw(path: &Path) -> anyhow::Result<Vec<RawLine>> {
-    let text = match std::fs::read_to_string(path) {
+    let text = match crate::util::read_regular(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(crate::Error::io(path, e).into()),

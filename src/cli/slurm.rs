@@ -102,12 +102,17 @@ pub struct JobSpec {
     pub job_name: String,
 }
 
+/// Whether `s` needs no quoting, for the shell or for sbatch: non-empty and only
+/// `[A-Za-z0-9_./:=,@%+-]`.
+fn plainly_safe(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_./:=,@%+-".contains(c))
+}
+
 /// Quotes `s` for a POSIX shell (single quotes unless it is plainly safe).
 pub fn sh_quote(s: &str) -> String {
-    let safe = !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_./:=,@%+-".contains(c));
-    if safe {
+    if plainly_safe(s) {
         s.to_string()
     } else {
         format!("'{}'", s.replace('\'', r"'\''"))
@@ -178,10 +183,7 @@ pub fn sbatch_words(line: &str) -> Result<Vec<String>, CutShort> {
 /// as it is when it holds only `[A-Za-z0-9_./:=,@%+-]`, else in double quotes with `\` and `"`
 /// escaped by a `\`.
 pub fn sbatch_quote(s: &str) -> String {
-    let safe = !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_./:=,@%+-".contains(c));
-    if safe {
+    if plainly_safe(s) {
         s.to_string()
     } else {
         format!("\"{}\"", s.replace('\\', r"\\").replace('"', "\\\""))

@@ -394,7 +394,7 @@ pub fn run(mut args: SweepArgs, matches: Option<&clap::ArgMatches>) -> anyhow::R
             kvbench: meta::version(),
             run_id: folder.run_id.clone(),
             mode: RunMode::Model,
-            command: std::env::args().collect(),
+            command: super::command_line(),
             started_at: folder.started_at.clone(),
             finished_at: None,
             status: Some(RunStatus::Running),
@@ -529,13 +529,13 @@ pub(crate) fn check_settings(args: &mut SweepArgs) -> anyhow::Result<()> {
         s.grid.gen,
         s.timing.seed,
     );
-    if !s.device.synthetic {
-        // What a model sweep's spec adds (a synthetic sweep's is timing-only).
-        spec.warmup = s.timing.warmup;
-        spec.repeats = s.timing.repeats;
-        spec.min_time_s = s.timing.min_time;
-        spec.ppl_noise_floor = s.perplexity.ppl_noise_floor;
-    }
+    // Checked for a synthetic sweep too, though it times one repeat: every value is recorded
+    // in meta.json, which must read back (a NaN `--min-time` was written as null and the
+    // folder could not be reported or resumed).
+    spec.warmup = s.timing.warmup;
+    spec.repeats = s.timing.repeats;
+    spec.min_time_s = s.timing.min_time;
+    spec.ppl_noise_floor = s.perplexity.ppl_noise_floor;
     spec.validate(usize::MAX, usize::MAX)?;
     Ok(())
 }
@@ -773,7 +773,7 @@ fn run_synthetic(
         kvbench: meta::version(),
         run_id: folder.run_id.clone(),
         mode: RunMode::Synthetic,
-        command: std::env::args().collect(),
+        command: super::command_line(),
         started_at: folder.started_at.clone(),
         finished_at: None,
         status: None,

@@ -200,6 +200,16 @@ impl SweepSpec {
                 format!("{} is not a duration ≥ 0 s", self.min_time_s),
             );
         }
+        if self.min_time_s > MAX_MIN_TIME_S {
+            return bad(
+                "--min-time",
+                format!(
+                    "{} s of timed repeats per point would run for days; give at most \
+                     {MAX_MIN_TIME_S} s",
+                    self.min_time_s
+                ),
+            );
+        }
         if self.ppl_noise_floor == 1 {
             return bad(
                 "--ppl-noise-floor",
@@ -226,8 +236,16 @@ impl SweepSpec {
             for &l in &self.seq_lens {
                 let tokens = l.checked_add(self.gen).and_then(|t| t.checked_mul(b));
                 if tokens.is_none_or(|t| t > MAX_POINT_TOKENS) {
+                    // Name the flag that is out of range on its own, if one is.
+                    let flag = if self.gen > MAX_POINT_TOKENS {
+                        "--gen"
+                    } else if l > MAX_POINT_TOKENS {
+                        "--seq-lens"
+                    } else {
+                        "--batch-sizes"
+                    };
                     return bad(
-                        "--batch-sizes",
+                        flag,
                         format!(
                             "batch {b} × ({l} + {}) tokens is beyond any machine's memory \
                              (at most {MAX_POINT_TOKENS} tokens per point)",
@@ -261,6 +279,9 @@ impl SweepSpec {
 /// Most tokens one point may hold (`batch × (seq_len + gen)`, 2^40): a bound that keeps every
 /// size computed from the flags far from overflow; what fits is decided per point by memory.
 pub const MAX_POINT_TOKENS: usize = 1 << 40;
+
+/// Longest `--min-time` per point, seconds (an hour).
+pub const MAX_MIN_TIME_S: f64 = 3600.0;
 
 /// Most perplexity reruns `--ppl-noise-floor` takes: each is a full perplexity pass per scheme.
 pub const MAX_PPL_NOISE_FLOOR: usize = 100;

@@ -46,7 +46,7 @@ impl Results {
         } else {
             path.to_path_buf()
         };
-        let f = std::fs::File::open(&file).map_err(|e| Error::InvalidArgument {
+        let f = crate::util::open_regular(&file).map_err(|e| Error::InvalidArgument {
             name: file.display().to_string(),
             reason: e.to_string(),
         })?;

@@ -120,7 +120,7 @@ impl RunMeta {
     /// [`META_FORMAT`]: the message names both and says to re-render with the writer); or
     /// missing what a report needs (naming the field and the version that wrote it).
     pub fn read(path: &Path) -> Result<(RunMeta, serde_json::Value)> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::InvalidArgument {
+        let text = crate::util::read_regular(path).map_err(|e| Error::InvalidArgument {
             name: path.display().to_string(),
             reason: format!("not a kvbench run folder: {e}"),
         })?;
@@ -133,7 +133,25 @@ impl RunMeta {
             .as_str()
             .unwrap_or("an unknown version")
             .to_string();
-        let format = value["format"].as_u64().unwrap_or(0);
+        if value["command"] == "serve" {
+            return Err(Error::InvalidArgument {
+                name: path.display().to_string(),
+                reason: "a `kvbench serve` run folder: its results.csv and summary.md are \
+                         written by serve itself (`kvbench serve --resume` re-renders them); \
+                         report, gate, merge and `sweep --resume` read sweep folders"
+                    .into(),
+            });
+        }
+        let format = match &value["format"] {
+            serde_json::Value::Null => 0,
+            v => v.as_u64().ok_or_else(|| Error::InvalidArgument {
+                name: path.display().to_string(),
+                reason: format!(
+                    "`format` is {v}, not a format number (0 to {META_FORMAT}): the file was \
+                     edited or damaged; re-run the sweep"
+                ),
+            })?,
+        };
         if format > META_FORMAT as u64 {
             return Err(Error::InvalidArgument {
                 name: path.display().to_string(),

@@ -770,11 +770,12 @@ impl<'de> serde::Deserialize<'de> for RawLine {
 /// written before quality had its own record are converted: a legacy `quality.jsonl` is read,
 /// and quality repeated on points is taken from each scheme's first such point when no record
 /// holds it. A last line cut short by an interrupted write is dropped with a warning on
-/// stderr; any other bad line is an error naming the file and line. Missing files read as no
-/// records.
+/// stderr; any other bad line is an error naming the file and line. A point recorded more than
+/// once is kept once (its first record), with a warning. Missing files read as no records.
 pub fn read_records(dir: &Path) -> Result<RawRecords> {
     let mut out = RawRecords::default();
     let mut from_points: Vec<QualityOutcome> = Vec::new();
+    let mut duplicates = 0usize;
     for line in read_jsonl::<RawLine>(&dir.join(RAW_FILE), "raw result")? {
         match line {
             RawLine::Quality(q) => {
@@ -787,9 +788,26 @@ pub fn read_records(dir: &Path) -> Result<RawRecords> {
                         from_points.push(q);
                     }
                 }
-                out.points.push(p);
+                // A point recorded twice (a raw.jsonl concatenated with itself, or edited) is
+                // kept once, the first, as `gate` refuses duplicate points (issue #25).
+                if out
+                    .points
+                    .iter()
+                    .any(|o| (o.scheme, o.batch, o.seq_len) == (p.scheme, p.batch, p.seq_len))
+                {
+                    duplicates += 1;
+                } else {
+                    out.points.push(p);
+                }
             }
         }
+    }
+    if duplicates > 0 {
+        eprintln!(
+            "warning: {}: {duplicates} point(s) recorded more than once; the first record of \
+             each is kept",
+            dir.join(RAW_FILE).display()
+        );
     }
     for q in read_jsonl::<QualityOutcome>(&dir.join(LEGACY_QUALITY_FILE), "quality result")?
         .into_iter()
@@ -803,7 +821,7 @@ pub fn read_records(dir: &Path) -> Result<RawRecords> {
 }
 
 fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<Vec<T>> {
-    let text = match std::fs::read_to_string(path) {
+    let text = match crate::util::read_regular(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(Error::io(path, e)),
@@ -841,7 +859,8 @@ pub fn write_csv(path: &Path, rows: &[ResultRow]) -> Result<()> {
 
 /// Reads a `results.csv` back (for tests, `kvbench gate` and re-rendering).
 pub fn read_csv(path: &Path) -> Result<Vec<ResultRow>> {
-    let mut r = csv::Reader::from_path(path).map_err(|e| Error::io(path, csv_io(e)))?;
+    let f = crate::util::open_regular(path).map_err(|e| Error::io(path, e))?;
+    let mut r = csv::Reader::from_reader(f);
     r.deserialize()
         .map(|row| row.map_err(|e| Error::io(path, csv_io(e))))
         .collect()

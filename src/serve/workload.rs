@@ -213,19 +213,21 @@ pub mod load_serde {
 
     /// Reads a number, `"inf"`, or `null` (NaN).
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum R {
-            N(f64),
-            S(String),
-            Null(()),
+        match NumOrText::deserialize(d)? {
+            NumOrText::N(x) => Ok(x),
+            NumOrText::S(s) if s.trim().eq_ignore_ascii_case("inf") => Ok(f64::INFINITY),
+            NumOrText::S(s) => s.trim().parse().map_err(serde::de::Error::custom),
+            NumOrText::Null(()) => Ok(f64::NAN),
         }
-        match R::deserialize(d)? {
-            R::N(x) => Ok(x),
-            R::S(s) if s.trim().eq_ignore_ascii_case("inf") => Ok(f64::INFINITY),
-            R::S(s) => s.trim().parse().map_err(serde::de::Error::custom),
-            R::Null(()) => Ok(f64::NAN),
-        }
+    }
+
+    /// A rate as JSON may hold it.
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    pub(super) enum NumOrText {
+        N(f64),
+        S(String),
+        Null(()),
     }
 }
 
@@ -249,15 +251,11 @@ mod rate_serde {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum R {
-            N(f64),
-            S(String),
-        }
-        match R::deserialize(d)? {
-            R::N(x) => Ok(x),
-            R::S(s) => super::parse_rate(&s).map_err(serde::de::Error::custom),
+        use super::load_serde::NumOrText;
+        match NumOrText::deserialize(d)? {
+            NumOrText::N(x) => Ok(x),
+            NumOrText::S(s) => super::parse_rate(&s).map_err(serde::de::Error::custom),
+            NumOrText::Null(()) => Err(serde::de::Error::custom("a rate cannot be null")),
         }
     }
 }

@@ -5,3 +5,26 @@
 pub mod memory;
 pub mod noise;
 pub mod time;
+
+/// Opens `path` for reading only if it is a regular file: a FIFO (or a device) given where a
+/// results file, a meta.json or a text is expected would block forever or stream without end
+/// (issue #25). Errors: the open's, and [`std::io::ErrorKind::InvalidInput`] ("not a regular
+/// file …") for anything else than a regular file.
+pub fn open_regular(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a FIFO, device or folder)",
+        ));
+    }
+    std::fs::File::open(path)
+}
+
+/// [`open_regular`], then the whole file as UTF-8 text. Errors: as `open_regular`, and the
+/// read's (not UTF-8: [`std::io::ErrorKind::InvalidData`]).
+pub fn read_regular(path: &std::path::Path) -> std::io::Result<String> {
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut open_regular(path)?, &mut s)?;
+    Ok(s)
+}
