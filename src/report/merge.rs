@@ -198,7 +198,8 @@ fn describe(units: &[Unit]) -> String {
 /// sweep computes them on one machine. Errors: [`Error::Shards`] naming the field:
 /// a differing setting/model/version/split, `shard.index` for a shard given twice or missing,
 /// `shard.units` for a shard that did not finish (resume it) or holds a result it was not
-/// assigned, `shard.count` for a count outside 1 to [`MAX_SHARDS`].
+/// assigned, `shard.count` for a count outside 1 to [`MAX_SHARDS`], `shard.plan` for a plan
+/// that assigns a unit to a shard past the count.
 pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
     if shards.is_empty() {
         return Err(Error::Shards {
@@ -218,6 +219,19 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
                      meta.json was damaged or edited: merge the folders `kvbench sweep --shard \
                      I/N` wrote",
                     s.dir.display()
+                ),
+            });
+        }
+        // The plan names each unit's shard, which indexes the shard table below.
+        if let Some(a) = s.record.plan.iter().find(|a| a.shard >= count) {
+            return Err(Error::Shards {
+                field: "shard.plan".into(),
+                reason: format!(
+                    "{} assigns a unit to shard {} of {count} (0 to {}); its meta.json was \
+                     damaged or edited: merge the folders `kvbench sweep --shard I/N` wrote",
+                    s.dir.display(),
+                    a.shard,
+                    count - 1
                 ),
             });
         }
@@ -493,5 +507,47 @@ mod tests {
             quality: Vec::new(),
         };
         assert!(merge(&[shard], true).is_ok());
+    }
+
+    /// Issue 25 (found by tests/fuzz.rs, merge target, seed 28): a shard whose meta.json
+    /// plan assigns a unit to shard 2 of 2, merged alone with `--allow-partial` (or with
+    /// shards whose plans say the same), panicked indexing the shard table; refused naming
+    /// `shard.plan`, the folder and the shard.
+    #[test]
+    fn merge_refuses_a_plan_unit_assigned_past_the_shard_count() {
+        use crate::measure::shard::Assigned;
+        for shard in [2, 16, usize::MAX] {
+            let record = ShardRecord {
+                index: 1,
+                count: 2,
+                host: "h".into(),
+                plan: vec![Assigned {
+                    unit: Unit::Timing {
+                        scheme: KvScheme::FP16,
+                        batch: 1,
+                        seq_len: 16,
+                    },
+                    cost: 33.0,
+                    shard,
+                }],
+            };
+            let folder = ShardFolder {
+                dir: PathBuf::from("/shards/s1"),
+                meta: serde_json::json!({ "shard": record }),
+                record,
+                points: Vec::new(),
+                quality: Vec::new(),
+            };
+            for partial in [false, true] {
+                let e = merge(std::slice::from_ref(&folder), partial).unwrap_err();
+                let msg = e.to_string();
+                assert!(
+                    matches!(&e, Error::Shards { field, .. } if field == "shard.plan")
+                        && msg.contains(&format!("shard {shard} of 2"))
+                        && msg.contains("/shards/s1"),
+                    "{msg}"
+                );
+            }
+        }
     }
 }
