@@ -702,6 +702,86 @@ fn value_str(key: &str, v: &toml::Value) -> anyhow::Result<String> {
     })
 }
 
+/// Lays a serve suite's text (read from `path`) over `a`, except for the flags `matches` says
+/// were given on the command line. Errors: [`crate::Error::InvalidArgument`] (`--suite`) naming
+/// the file when the text is not TOML, has a key `serve` does not know or a value of the wrong
+/// form; a weights value that is not a weight dtype.
+fn apply_suite(
+    text: &str,
+    path: &Path,
+    a: &mut ServeArgs,
+    matches: Option<&clap::ArgMatches>,
+) -> anyhow::Result<()> {
+    let suite: ServeSuite =
+        toml::from_str(text).map_err(|e| usage("--suite", format!("{}: {e}", path.display())))?;
+    suite.apply(a, matches)
+}
+
+/// `kvbench serve`'s settings with every flag at its default, as `kvbench serve` given no flag
+/// parses them.
+pub fn default_args() -> ServeArgs {
+    let cmd = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
+    let m = cmd
+        .try_get_matches_from(["serve"])
+        .expect("every serve flag has a default or is optional");
+    <ServeArgs as clap::FromArgMatches>::from_arg_matches(&m)
+        .expect("the defaults parse into ServeArgs")
+}
+
+/// A serve suite's text (as `--suite` reads it; `path` only names it in errors) laid over the
+/// defaults ([`default_args`]). Errors: those of `--suite` — [`crate::Error::InvalidArgument`]
+/// naming the file for text that is not TOML, a key `serve` does not know, or a value of the
+/// wrong form.
+pub fn parse_suite(text: &str, path: &Path) -> anyhow::Result<ServeArgs> {
+    let mut a = default_args();
+    apply_suite(text, path, &mut a, None)?;
+    Ok(a)
+}
+
+/// The checks `kvbench serve` makes of its settings before it loads the model or writes
+/// anything: schemes, `--kv-budget` (a size, at most this machine's memory), block size,
+/// request count, loads (`--rate`/`--arrival`/`--concurrency`), lengths and SLOs. Errors:
+/// [`crate::Error::InvalidArgument`] naming the flag.
+pub fn check_settings(a: &ServeArgs) -> anyhow::Result<()> {
+    validate(a).map(|_| ())
+}
+
+/// What `kvbench serve --resume DIR` (with no other flag) reads of `DIR/meta.json`: the
+/// recorded settings (with `resume` and `out` set to `dir`) and the whole meta. Errors: those
+/// of `--resume` — [`crate::Error::InvalidArgument`] naming the file when it is missing,
+/// unreadable, not JSON, not a serve run, written in a newer format than
+/// [`SERVE_META_FORMAT`], or without usable settings.
+pub fn read_resume_meta(dir: &Path) -> anyhow::Result<(ServeArgs, serde_json::Value)> {
+    resume_settings(dir, &default_args(), None)
+}
+
+/// A serve run folder's `raw.jsonl`, read back as `--resume` and the renderer read it.
+#[derive(Debug, Clone)]
+pub struct RawLog {
+    /// Request lines (of finished and unfinished points).
+    pub requests: usize,
+    /// The rows of the finished points, in file order.
+    pub rows: Vec<ServeRow>,
+}
+
+/// Reads the serve `raw.jsonl` at `path` ([`RawLog`]); a missing file is an empty log, a last
+/// line cut short is dropped with a note. Errors: [`crate::Error::Io`] (unreadable),
+/// [`crate::Error::InvalidArgument`] (`--resume`) naming the file and line of any other line
+/// that does not parse.
+pub fn read_raw_log(path: &Path) -> anyhow::Result<RawLog> {
+    let mut log = RawLog {
+        requests: 0,
+        rows: Vec::new(),
+    };
+    for l in read_raw(path)? {
+        match l {
+            RawLine::Request { .. } => log.requests += 1,
+            RawLine::Point { row, .. } => log.rows.push(row),
+        }
+    }
+    Ok(log)
+}
+
 /// Runs `kvbench serve`.
 pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Result<()> {
     let earlier: Option<serde_json::Value> = match a.resume.clone() {
@@ -713,11 +793,9 @@ pub fn run(mut a: ServeArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resu
         None => None,
     };
     if earlier.is_none() {
-        if let Some(path) = &a.suite {
-            let text = crate::measure::settings::read_suite_file(path)?;
-            let suite: ServeSuite = toml::from_str(&text)
-                .map_err(|e| usage("--suite", format!("{}: {e}", path.display())))?;
-            suite.apply(&mut a, matches)?;
+        if let Some(path) = a.suite.clone() {
+            let text = crate::measure::settings::read_suite_file(&path)?;
+            apply_suite(&text, &path, &mut a, matches)?;
         }
     }
     let plan = validate(&a)?;
@@ -1364,4 +1442,66 @@ fn render(dir: &Path, a: &ServeArgs, plan: &Plan, mean_ctx: usize) -> anyhow::Re
     print!("{md}");
     println!("wrote {}", dir.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The defaults are the flags' documented ones, and the shipped suite lays its values over
+    /// them (keys it leaves out keep the defaults) into settings that pass the checks.
+    #[test]
+    fn defaults_and_the_shipped_suite_parse() {
+        let d = default_args();
+        assert_eq!(
+            (d.schemes.as_str(), d.kv_budget.as_str(), d.rate.clone()),
+            (
+                "fp16,int8,int4,window:size=128,sinks=4",
+                "24MiB",
+                vec!["1".into(), "2".into(), "4".into()]
+            )
+        );
+        assert_eq!((d.num_requests, d.block_size, d.threads), (48, 16, None));
+        check_settings(&d).unwrap();
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("suites/serve.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let a = parse_suite(&text, &path).unwrap();
+        assert_eq!(a.shared_prefix, 0);
+        check_settings(&a).unwrap();
+        let text = format!("{text}\nthreads = 3\nconcurrency = [2]\n");
+        let a = parse_suite(&text, &path).unwrap();
+        assert_eq!((a.threads, a.concurrency.clone()), (Some(3), vec![2]));
+        let e = parse_suite("rate = [true]\n", &path)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rate") && e.contains("boolean"), "{e}");
+        let e = parse_suite("rates = [1]\n", &path).unwrap_err().to_string();
+        assert!(e.contains("rates") && e.contains("serve.toml"), "{e}");
+    }
+
+    /// `read_resume_meta` reads what a serve run recorded, and refuses a folder without a
+    /// serve meta.json, naming the file.
+    #[test]
+    fn resume_meta_reads_recorded_settings() {
+        let dir = std::env::temp_dir().join(format!("kvbench-serve-resume-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut s = default_args();
+        s.num_requests = 7;
+        let meta =
+            serde_json::json!({ "format": SERVE_META_FORMAT, "command": "serve", "settings": s });
+        std::fs::write(dir.join("meta.json"), meta.to_string()).unwrap();
+        let (got, m) = read_resume_meta(&dir).unwrap();
+        assert_eq!(
+            (got.num_requests, got.out.as_deref()),
+            (7, Some(dir.as_path()))
+        );
+        assert_eq!(m["command"], "serve");
+        std::fs::write(dir.join("meta.json"), r#"{"command": ["sweep"]}"#).unwrap();
+        let e = read_resume_meta(&dir).unwrap_err().to_string();
+        assert!(
+            e.contains("not a `kvbench serve` run") && e.contains("meta.json"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -16,7 +16,7 @@ use super::meta::RunMeta;
 use super::read_records;
 use crate::error::{Error, Result};
 use crate::kv::KvScheme;
-use crate::measure::shard::{ShardRecord, Unit};
+use crate::measure::shard::{ShardRecord, Unit, MAX_SHARDS};
 use crate::measure::sweep::{PointOutcome, QualityOutcome};
 
 /// One shard's run folder, read back.
@@ -198,13 +198,43 @@ fn describe(units: &[Unit]) -> String {
 /// sweep computes them on one machine. Errors: [`Error::Shards`] naming the field:
 /// a differing setting/model/version/split, `shard.index` for a shard given twice or missing,
 /// `shard.units` for a shard that did not finish (resume it) or holds a result it was not
-/// assigned.
+/// assigned, `shard.count` for a count outside 1 to [`MAX_SHARDS`], `shard.plan` for a plan
+/// that assigns a unit to a shard past the count.
 pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
     if shards.is_empty() {
         return Err(Error::Shards {
             field: "shard.index".into(),
             reason: "no shard folders given".into(),
         });
+    }
+    // Before anything is sized by it: a count edited into a meta.json (2^40) would allocate the
+    // shard table's terabytes, or overflow (issue #25, found writing the merge fuzz target).
+    for s in shards {
+        let count = s.record.count;
+        if count == 0 || count > MAX_SHARDS {
+            return Err(Error::Shards {
+                field: "shard.count".into(),
+                reason: format!(
+                    "{count} in {} is not a number of shards (1 to {MAX_SHARDS}); its \
+                     meta.json was damaged or edited: merge the folders `kvbench sweep --shard \
+                     I/N` wrote",
+                    s.dir.display()
+                ),
+            });
+        }
+        // The plan names each unit's shard, which indexes the shard table below.
+        if let Some(a) = s.record.plan.iter().find(|a| a.shard >= count) {
+            return Err(Error::Shards {
+                field: "shard.plan".into(),
+                reason: format!(
+                    "{} assigns a unit to shard {} of {count} (0 to {}); its meta.json was \
+                     damaged or edited: merge the folders `kvbench sweep --shard I/N` wrote",
+                    s.dir.display(),
+                    a.shard,
+                    count - 1
+                ),
+            });
+        }
     }
     check_same_sweep(shards)?;
     let count = shards[0].record.count;
@@ -435,5 +465,89 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not a kvbench run folder"), "{e}");
+    }
+
+    /// Issue 25 (found writing the merge fuzz target): a shard whose meta.json says
+    /// `shard.count` is 2^40, merged alone with `--allow-partial`, aborted kvbench allocating
+    /// 8 TiB for the shard table, and `usize::MAX` panicked (capacity overflow); both are
+    /// refused naming `shard.count` and the folder, as is 0.
+    #[test]
+    fn merge_refuses_a_shard_count_past_max_shards() {
+        let record = |count: usize| ShardRecord {
+            index: 0,
+            count,
+            host: "h".into(),
+            plan: Vec::new(),
+        };
+        for count in [0, MAX_SHARDS + 1, 1 << 40, usize::MAX] {
+            let shard = ShardFolder {
+                dir: PathBuf::from("/shards/s0"),
+                meta: serde_json::json!({ "shard": record(count) }),
+                record: record(count),
+                points: Vec::new(),
+                quality: Vec::new(),
+            };
+            for partial in [false, true] {
+                let e = merge(std::slice::from_ref(&shard), partial).unwrap_err();
+                let msg = e.to_string();
+                assert!(
+                    matches!(&e, Error::Shards { field, .. } if field == "shard.count")
+                        && msg.contains(&count.to_string())
+                        && msg.contains("/shards/s0"),
+                    "{msg}"
+                );
+            }
+        }
+        // The largest count still merges (partially: the other shards are missing).
+        let shard = ShardFolder {
+            dir: PathBuf::from("/shards/s0"),
+            meta: serde_json::json!({ "shard": record(MAX_SHARDS) }),
+            record: record(MAX_SHARDS),
+            points: Vec::new(),
+            quality: Vec::new(),
+        };
+        assert!(merge(&[shard], true).is_ok());
+    }
+
+    /// Issue 25 (found by tests/fuzz.rs, merge target, seed 28): a shard whose meta.json
+    /// plan assigns a unit to shard 2 of 2, merged alone with `--allow-partial` (or with
+    /// shards whose plans say the same), panicked indexing the shard table; refused naming
+    /// `shard.plan`, the folder and the shard.
+    #[test]
+    fn merge_refuses_a_plan_unit_assigned_past_the_shard_count() {
+        use crate::measure::shard::Assigned;
+        for shard in [2, 16, usize::MAX] {
+            let record = ShardRecord {
+                index: 1,
+                count: 2,
+                host: "h".into(),
+                plan: vec![Assigned {
+                    unit: Unit::Timing {
+                        scheme: KvScheme::FP16,
+                        batch: 1,
+                        seq_len: 16,
+                    },
+                    cost: 33.0,
+                    shard,
+                }],
+            };
+            let folder = ShardFolder {
+                dir: PathBuf::from("/shards/s1"),
+                meta: serde_json::json!({ "shard": record }),
+                record,
+                points: Vec::new(),
+                quality: Vec::new(),
+            };
+            for partial in [false, true] {
+                let e = merge(std::slice::from_ref(&folder), partial).unwrap_err();
+                let msg = e.to_string();
+                assert!(
+                    matches!(&e, Error::Shards { field, .. } if field == "shard.plan")
+                        && msg.contains(&format!("shard {shard} of 2"))
+                        && msg.contains("/shards/s1"),
+                    "{msg}"
+                );
+            }
+        }
     }
 }
