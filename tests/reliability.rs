@@ -1948,3 +1948,21 @@ fn odd_meta_format_and_serve_folders_are_named() {
     assert!(err.contains("kvbench serve"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A finished synthetic sweep records `status: finished` and `finished_at` in meta.json, as a
+/// model sweep does (it recorded neither).
+#[test]
+fn synthetic_sweep_records_its_status() {
+    let dir = tmp("syn-status");
+    let run = dir.join("run");
+    let (code, _, err) = synthetic(&run, &[]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("meta.json")).unwrap()).unwrap();
+    assert_eq!(v["status"], "finished", "{v}");
+    assert!(
+        v["finished_at"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{v}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -768,7 +768,7 @@ fn run_synthetic(
         "sweep": spec,
         "csv_columns": CSV_COLUMNS,
     });
-    let meta_value = RunMeta {
+    let mut meta_value = RunMeta {
         format: meta::META_FORMAT,
         kvbench: meta::version(),
         run_id: folder.run_id.clone(),
@@ -776,7 +776,7 @@ fn run_synthetic(
         command: super::command_line(),
         started_at: folder.started_at.clone(),
         finished_at: None,
-        status: None,
+        status: Some(RunStatus::Running),
         machine: Machine::probe(),
         resumed_at: folder.resumed_at.clone(),
         shard: sharding.1.clone(),
@@ -787,7 +787,8 @@ fn run_synthetic(
             _ => unreachable!("a JSON object"),
         },
     };
-    meta::write_json(&folder.dir.join(crate::report::META_FILE), &meta_value)?;
+    let meta_path = folder.dir.join(crate::report::META_FILE);
+    meta::write_json(&meta_path, &meta_value)?;
     let bar = progress_bar(work_units(sharding.0.units(), 0));
     let mut sink =
         RunSink::create(&folder.dir, row_ctx, done.clone())?.on_row(print_row(bar.clone()));
@@ -801,6 +802,15 @@ fn run_synthetic(
         &BarProgress::new(bar.clone()),
     );
     bar.finish_and_clear();
+    // As a model sweep: where the run stands, so `merge` can tell a finished shard (issue #25:
+    // a synthetic meta.json had no status, and one edited to `running` merged).
+    meta_value.finished_at = Some(crate::util::time::now_rfc3339());
+    meta_value.status = Some(if result.is_ok() && !sink.tally().all_failed() {
+        RunStatus::Finished
+    } else {
+        RunStatus::Failed
+    });
+    meta::write_json(&meta_path, &meta_value)?;
     result?;
     finish(&folder.dir, "kvbench sweep --synthetic")?;
     every_point_failed(sink.tally())?;
