@@ -198,12 +198,18 @@ fn from_hub(spec: &str, repo_id: &str) -> Result<ModelLocation> {
 /// a server that accepts the connection and never answers would otherwise hang kvbench forever.
 /// Errors: [`Error::InvalidArgument`] when the variable is not a whole number of seconds ≥ 1.
 pub fn stall_timeout() -> Result<std::time::Duration> {
-    match std::env::var("KVBENCH_HUB_TIMEOUT") {
-        Err(_) => Ok(std::time::Duration::from_secs(60)),
+    env_seconds("KVBENCH_HUB_TIMEOUT", 60)
+}
+
+/// The environment variable `name` as whole seconds ≥ 1, `default` when unset. Errors:
+/// [`Error::InvalidArgument`] naming the variable for any other value.
+fn env_seconds(name: &str, default: u64) -> Result<std::time::Duration> {
+    match std::env::var(name) {
+        Err(_) => Ok(std::time::Duration::from_secs(default)),
         Ok(v) => match v.trim().parse::<u64>() {
             Ok(s) if s >= 1 => Ok(std::time::Duration::from_secs(s)),
             _ => Err(Error::InvalidArgument {
-                name: "KVBENCH_HUB_TIMEOUT".into(),
+                name: name.into(),
                 reason: format!("`{v}` is not a whole number of seconds ≥ 1"),
             }),
         },
@@ -216,16 +222,7 @@ pub fn stall_timeout() -> Result<std::time::Duration> {
 /// never tripped the stall timeout). Errors: [`Error::InvalidArgument`] when the variable is
 /// not a whole number of seconds ≥ 1.
 pub fn fetch_deadline() -> Result<std::time::Duration> {
-    match std::env::var("KVBENCH_HUB_DEADLINE") {
-        Err(_) => Ok(std::time::Duration::from_secs(86_400)),
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(s) if s >= 1 => Ok(std::time::Duration::from_secs(s)),
-            _ => Err(Error::InvalidArgument {
-                name: "KVBENCH_HUB_DEADLINE".into(),
-                reason: format!("`{v}` is not a whole number of seconds ≥ 1"),
-            }),
-        },
-    }
+    env_seconds("KVBENCH_HUB_DEADLINE", 86_400)
 }
 
 /// Bytes a download must receive within each stall timeout to count as alive (64 KiB: a link
