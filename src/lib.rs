@@ -4,6 +4,7 @@
 //! Llama-family decoder whose attention takes the cache from outside) → [`quality`] (perplexity
 //! through the cache) and [`measure`] (the sweep runner) → [`report`] (CSV, JSON, tables).
 
+pub mod app;
 pub mod cli;
 pub mod error;
 pub mod kv;

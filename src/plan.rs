@@ -280,6 +280,62 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
     }
 }
 
+/// A size in bytes as a flag gives it (`24MiB`, `80GiB`, `64GB`, `1048576`): the bytes, and the
+/// text as written, which is what `meta.json` records and `--resume` reads back. Equal when
+/// the bytes are. Parsed by [`parse_bytes`] (binary units KiB…TiB and their one-letter forms,
+/// decimal kB…TB). Serialized as the text; read from a string or a whole number of bytes.
+#[derive(Debug, Clone)]
+pub struct ByteSize {
+    /// Bytes.
+    pub bytes: u64,
+    text: String,
+}
+
+impl PartialEq for ByteSize {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl std::str::FromStr for ByteSize {
+    type Err = Error;
+    /// Errors: as [`parse_bytes`].
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(ByteSize {
+            bytes: parse_bytes(s)?,
+            text: s.trim().to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl serde::Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Bytes(u64),
+            Text(String),
+        }
+        let text = match Form::deserialize(d)? {
+            Form::Bytes(n) => n.to_string(),
+            Form::Text(t) => t,
+        };
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// Parses token counts like `4k`, `32k`, `128k` (k = 1024) or `4096`.
 pub fn parse_tokens(s: &str) -> Result<usize> {
     let t = s.trim().to_ascii_lowercase();

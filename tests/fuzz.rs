@@ -19,6 +19,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use kvbench::measure::settings::Settings;
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -728,9 +730,9 @@ fn serve_run_folder() -> &'static Path {
 /// settings it recorded (as a resumed run makes them before loading the model).
 fn read_serve_meta(dir: &Path, bytes: &[u8]) {
     std::fs::write(dir.join("meta.json"), bytes).unwrap();
-    if let Ok((s, _)) = kvbench::cli::serve::read_resume_meta(dir) {
+    if let Ok((m, _)) = kvbench::report::meta::ServeMeta::read(&dir.join("meta.json")) {
         SERVE_STAGES[0].fetch_add(1, Ordering::Relaxed);
-        if kvbench::cli::serve::check_settings(&s).is_ok() {
+        if kvbench::serve::settings::ServePlan::build(&m.settings).is_ok() {
             SERVE_STAGES[1].fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -740,11 +742,13 @@ fn read_serve_meta(dir: &Path, bytes: &[u8]) {
 fn read_serve_raw(dir: &Path, bytes: &[u8]) {
     let path = dir.join("raw.jsonl");
     std::fs::write(&path, bytes).unwrap();
-    if let Ok(log) = kvbench::cli::serve::read_raw_log(&path) {
+    if let Ok(lines) = kvbench::report::serve::read_raw(dir) {
         SERVE_STAGES[2].fetch_add(1, Ordering::Relaxed);
         let mut w = csv::Writer::from_writer(Vec::new());
-        for r in &log.rows {
-            let _ = w.serialize(r);
+        for l in &lines {
+            if let kvbench::report::serve::RawLine::Point { row, .. } = l {
+                let _ = w.serialize(row);
+            }
         }
         let _ = w.flush();
     }
@@ -753,9 +757,11 @@ fn read_serve_raw(dir: &Path, bytes: &[u8]) {
 /// A serve suite over the defaults, then the checks `serve` makes of the settings.
 fn read_serve_suite(bytes: &[u8]) {
     let text = String::from_utf8_lossy(bytes);
-    if let Ok(a) = kvbench::cli::serve::parse_suite(&text, Path::new("fuzz.toml")) {
+    if let Ok(a) =
+        kvbench::serve::settings::ServeSettings::parse_suite(&text, Path::new("fuzz.toml"))
+    {
         SERVE_STAGES[3].fetch_add(1, Ordering::Relaxed);
-        if kvbench::cli::serve::check_settings(&a).is_ok() {
+        if kvbench::serve::settings::ServePlan::build(&a).is_ok() {
             SERVE_STAGES[4].fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -785,13 +791,21 @@ fn fuzz_serve(count: u64, seed: u64) -> [(u64, u64); 3] {
     let meta = std::fs::read(run.join("meta.json")).unwrap();
     let raw = std::fs::read(run.join("raw.jsonl")).unwrap();
     // The seeds are valid (so mutations start from files serve reads).
-    let (settings, _) = kvbench::cli::serve::read_resume_meta(run).unwrap();
-    kvbench::cli::serve::check_settings(&settings).unwrap();
-    let log = kvbench::cli::serve::read_raw_log(&run.join("raw.jsonl")).unwrap();
-    assert_eq!((log.requests, log.rows.len()), (2, 1));
+    let (m, _) = kvbench::report::meta::ServeMeta::read(&run.join("meta.json")).unwrap();
+    kvbench::serve::settings::ServePlan::build(&m.settings).unwrap();
+    let lines = kvbench::report::serve::read_raw(run).unwrap();
+    let points = lines
+        .iter()
+        .filter(|l| matches!(l, kvbench::report::serve::RawLine::Point { .. }))
+        .count();
+    assert_eq!((lines.len() - points, points), (2, 1));
     for t in serve_suite_seeds() {
-        let a = kvbench::cli::serve::parse_suite(std::str::from_utf8(&t).unwrap(), run).unwrap();
-        kvbench::cli::serve::check_settings(&a).unwrap();
+        let a = kvbench::serve::settings::ServeSettings::parse_suite(
+            std::str::from_utf8(&t).unwrap(),
+            run,
+        )
+        .unwrap();
+        kvbench::serve::settings::ServePlan::build(&a).unwrap();
     }
     let m = fuzz_with("serve-meta", &[meta], count, seed, mutate_json, |_, b| {
         read_serve_meta(&dir, b)

@@ -7,8 +7,6 @@ use anyhow::Context;
 use crate::report::merge::{merge, ShardFolder};
 use crate::report::{meta, RowContext, RunSink};
 
-use super::checks;
-
 /// Arguments of `kvbench merge`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MergeArgs {
@@ -70,7 +68,7 @@ pub fn run(args: MergeArgs) -> anyhow::Result<()> {
         }
         .into());
     }
-    if !args.force && checks::non_empty(&args.out) {
+    if !args.force && crate::report::run_dir::non_empty(&args.out) {
         return Err(crate::Error::InvalidArgument {
             name: "--out".into(),
             reason: format!(
@@ -98,8 +96,8 @@ pub fn run(args: MergeArgs) -> anyhow::Result<()> {
         m.insert("merged_at".into(), crate::util::time::now_rfc3339().into());
     }
     // Every shard has been read and checked: now the earlier --out may go aside.
-    checks::prepare_out(&args.out, args.force)?;
-    checks::create_out(&args.out)?;
+    crate::report::run_dir::prepare_out(&args.out, args.force)?;
+    crate::report::run_dir::create_out(&args.out)?;
     meta::write_json(&args.out.join(crate::report::META_FILE), &merged.meta)?;
     let points = merged.points.len();
     let records = crate::report::RawRecords {
@@ -107,7 +105,7 @@ pub fn run(args: MergeArgs) -> anyhow::Result<()> {
         quality: std::mem::take(&mut merged.quality),
     };
     drop(RunSink::create(&args.out, ctx, records)?);
-    super::sweep::finish(&args.out, "kvbench merge")?;
+    crate::app::sweep::finish(&args.out, "kvbench merge")?;
     eprintln!(
         "merged {} shard folders ({} points) into {}{}",
         shards.len(),

@@ -3,7 +3,6 @@
 //! found by `kvbench gate`.
 
 pub mod attn_bench;
-pub mod checks;
 pub mod fetch;
 pub mod gate;
 pub mod interrupt;
@@ -63,13 +62,7 @@ pub enum Command {
     Fetch(fetch::FetchArgs),
 }
 
-/// The command line as recorded in `meta.json`: each argument as text, bytes that are not
-/// UTF-8 shown as U+FFFD (`std::env::args` would panic on them; issue #25).
-pub fn command_line() -> Vec<String> {
-    std::env::args_os()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect()
-}
+pub use crate::util::command_line;
 
 /// A failed write to stdout (a full disk, `>&-`) ends the run with exit 1 and one line naming
 /// it, instead of the panic `println!` raises (exit 101); a closed pipe never gets here

@@ -171,7 +171,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         let t = crate::util::time::now_compact();
         PathBuf::from("reports").join(format!("plan-{}-{}", t, model.name.replace('/', "_")))
     });
-    super::checks::create_out(&dir)?;
+    crate::report::run_dir::create_out(&dir)?;
     let mut w = csv::Writer::from_path(dir.join("plan.csv"))?;
     for r in &rows {
         w.serialize(r)?;

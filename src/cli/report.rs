@@ -36,7 +36,7 @@ pub fn run(a: ReportArgs) -> anyhow::Result<()> {
             PathBuf::from("reports").join(format!("compare-{t}"))
         }
     };
-    super::checks::create_out(&out)?;
+    crate::report::run_dir::create_out(&out)?;
     let rows: Vec<_> = runs.iter().flat_map(|r| r.rows.iter().cloned()).collect();
     let mut about = Vec::new();
     let mut captions = Vec::new();

@@ -436,16 +436,16 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
         }
         .into()
     };
-    let shards = args.sweep.shards.ok_or_else(|| {
+    let shards = args.sweep.shard.shards.ok_or_else(|| {
         usage(
             "--shards",
             "give the number of shards (array tasks), e.g. --shards 4".into(),
         )
     })?;
     check_shards(shards)?;
-    if args.sweep.shard.is_some() || args.sweep.resume.is_some() {
+    if args.sweep.shard.shard.is_some() || args.sweep.run.resume.is_some() {
         return Err(usage(
-            if args.sweep.shard.is_some() {
+            if args.sweep.shard.shard.is_some() {
                 "--shard"
             } else {
                 "--resume"
@@ -458,12 +458,8 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
     // Every task's sweep checks its settings before it starts; check them once here, before
     // anything is written or submitted (the suite applied as the sweep applies it).
     let mut check = args.sweep.clone();
-    if let Some(suite) = &args.sweep.suite {
-        super::suite::apply(&mut check.settings, suite, |id| {
-            super::suite::given_on_cli(matches, id)
-        })?;
-    }
-    super::sweep::check_settings(&mut check)?;
+    crate::app::resolve_settings(&mut check.settings, &mut check.run, matches)?;
+    crate::measure::plan::SweepPlan::check(&check.settings)?;
     if args.cpus_per_task == Some(0) {
         return Err(usage(
             "--cpus-per-task",
@@ -472,7 +468,7 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
         ));
     }
     let workdir = std::env::current_dir().context("reading the working directory")?;
-    let out = args.sweep.out.clone().unwrap_or_else(|| {
+    let out = args.sweep.run.out.clone().unwrap_or_else(|| {
         let t = crate::util::time::now_compact();
         PathBuf::from("reports").join(format!("slurm-{t}"))
     });
@@ -504,7 +500,7 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
             shard_options.push((k.to_string(), v));
         }
     }
-    let threads = match (args.sweep.settings.device.threads, args.cpus_per_task) {
+    let threads = match (args.sweep.settings.threads.threads, args.cpus_per_task) {
         (Some(_), _) => None, // given among the sweep flags
         (None, c) => c,
     };

@@ -9,7 +9,7 @@ use std::path::Path;
 use clap::parser::ValueSource;
 
 use crate::error::Result;
-use crate::measure::settings::SweepSettings;
+use crate::measure::settings::{Settings, SweepSettings};
 
 /// Lays the suite file at `path` over `settings`, except for flags `from_cli` says were given
 /// on the command line (by clap id). Errors: [`crate::Error::InvalidArgument`] naming the

@@ -6,8 +6,9 @@
 //! spellings stay as aliases (`--schemes` for `--dtypes`, `schemes` in a suite).
 //!
 //! Layering (ripgrep's low/high args): clap defaults ← a suite's keys ← flags given on the
-//! command line; [`SweepSettings::overlay`] does the middle step generically through serde, so
-//! a new flag is one field in one group.
+//! command line; [`Settings::overlay`] does the middle step generically through serde for any
+//! settings type (`SweepSettings` here, `crate::serve::settings::ServeSettings`), so a new flag
+//! is one field in one group, and a suite, a `meta.json` and `--resume` know it at once.
 
 use std::path::Path;
 
@@ -148,9 +149,25 @@ pub struct TimingArgs {
     /// Keep repeating each point until its timed total reaches this many seconds.
     #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
     pub min_time: f64,
-    /// Seed for choosing prompt offsets in the text (and the interleaving order).
+}
+
+/// `--seed`: every seeded choice of a run (prompt offsets in the text, the interleaving order,
+/// a serving run's arrivals and lengths).
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+pub struct SeedArgs {
+    /// Seed for every random choice of the run (prompt offsets, interleaving order, arrivals,
+    /// lengths).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+/// `--threads`.
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+pub struct ThreadArgs {
+    /// Worker threads (default: all logical CPUs).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
 }
 
 /// Perplexity and KL divergence on WikiText-2.
@@ -192,6 +209,9 @@ pub struct PerplexityArgs {
     #[arg(long, default_value_t = 0, value_name = "K")]
     #[serde(default)]
     pub ppl_noise_floor: usize,
+    /// Weights during perplexity (and the generation tasks): f32 keeps quality numbers exact.
+    #[arg(long, default_value = "f32")]
+    pub ppl_weights: WeightDtype,
 }
 
 /// ROUGE on XSum summaries.
@@ -226,7 +246,8 @@ pub struct PasskeyArgs {
     pub passkey_trials: usize,
 }
 
-/// How the linear layers compute in each phase.
+/// How the linear layers compute in the timed phases (decode steps and prefill); perplexity's
+/// are [`PerplexityArgs::ppl_weights`].
 #[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct WeightArgs {
@@ -238,23 +259,21 @@ pub struct WeightArgs {
     /// on long prompts.
     #[arg(long, default_value = "f32")]
     pub prefill_weights: WeightDtype,
-    /// Weights during perplexity: f32 keeps quality numbers exact.
-    #[arg(long, default_value = "f32")]
-    pub ppl_weights: WeightDtype,
 }
 
-/// Where and on what the sweep runs.
+/// `--device`: where the model (or the cache) runs.
 #[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
 pub struct DeviceArgs {
-    /// Worker threads (default: all logical CPUs).
-    #[arg(long)]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub threads: Option<usize>,
     /// Device the model runs on: cpu, or cuda / cuda:N (the N-th NVIDIA GPU; needs a build with
     /// `--features cuda`).
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda:N")]
     pub device: DeviceSpec,
+}
+
+/// `--synthetic` and its `--memory-limit`: a sweep of the cache work alone.
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct SyntheticArgs {
     /// Attention-only sweep at the model's real shapes with synthetic K/V: no weights needed,
     /// so any geometry (e.g. --model llama-3-8b) can be timed on a CPU; no perplexity.
     #[arg(long)]
@@ -282,10 +301,14 @@ pub struct SweepSettings {
     #[command(flatten)]
     #[serde(flatten)]
     pub grid: GridArgs,
-    /// `--warmup`, `--repeats`, `--min-time`, `--seed`.
+    /// `--warmup`, `--repeats`, `--min-time`.
     #[command(flatten)]
     #[serde(flatten)]
     pub timing: TimingArgs,
+    /// `--seed`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub seed: SeedArgs,
     /// `--ctx`, `--ppl-*`, `--no-kl`.
     #[command(flatten)]
     #[serde(flatten)]
@@ -298,55 +321,89 @@ pub struct SweepSettings {
     #[command(flatten)]
     #[serde(flatten)]
     pub passkey: PasskeyArgs,
-    /// `--weights`, `--prefill-weights`, `--ppl-weights`.
+    /// `--weights`, `--prefill-weights`.
     #[command(flatten)]
     #[serde(flatten)]
     pub weights: WeightArgs,
-    /// `--threads`, `--device`, `--synthetic`, `--memory-limit`.
+    /// `--threads`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub threads: ThreadArgs,
+    /// `--device`.
     #[command(flatten)]
     #[serde(flatten)]
     pub device: DeviceArgs,
+    /// `--synthetic`, `--memory-limit`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub synthetic: SyntheticArgs,
 }
 
 impl Default for SweepSettings {
     /// The flags' defaults (clap's), as `kvbench sweep` with no flag has them.
     fn default() -> Self {
-        use clap::{Args, FromArgMatches};
-        let cmd = SweepSettings::augment_args(clap::Command::new("sweep").no_binary_name(true));
-        let m = cmd
-            .try_get_matches_from(Vec::<String>::new())
-            .expect("every setting has a default");
-        SweepSettings::from_arg_matches(&m).expect("defaults parse")
+        Self::defaults()
+    }
+}
+
+impl Settings for SweepSettings {
+    const COMMAND: &'static str = "sweep";
+    fn threads_mut(&mut self) -> &mut Option<usize> {
+        &mut self.threads.threads
     }
 }
 
 /// Keys a suite may hold besides the settings.
 const SUITE_ONLY_KEYS: &[&str] = &["description"];
 
-/// Old key spellings still read, with their canonical key.
-const KEY_ALIASES: &[(&str, &str)] = &[("schemes", "dtypes")];
+/// A settings type of a measuring command: at once its flags (clap `Args`, flattened groups), a
+/// suite file's keys (the flags' long names), and `meta.json`'s `settings` (serde), which
+/// `--resume` reads back. Every method has a default built on those three views, so a settings
+/// type only names its command and where its thread count lives.
+pub trait Settings:
+    Sized + Clone + serde::Serialize + serde::de::DeserializeOwned + clap::Args + clap::FromArgMatches
+{
+    /// The subcommand (`sweep`, `serve`), for messages.
+    const COMMAND: &'static str;
 
-impl SweepSettings {
+    /// `--threads`, which `meta.json` records filled in ([`Settings::recorded`]).
+    fn threads_mut(&mut self) -> &mut Option<usize>;
+
+    /// The flags' defaults (clap's), as `kvbench <command>` with no flag has them.
+    fn defaults() -> Self {
+        let cmd = Self::augment_args(clap::Command::new(Self::COMMAND).no_binary_name(true));
+        let m = cmd
+            .try_get_matches_from(Vec::<String>::new())
+            .expect("every setting has a default or is optional");
+        Self::from_arg_matches(&m).expect("the defaults parse")
+    }
+
     /// The canonical keys (suite files, `meta.json`): the flags' long names without `--`.
-    pub fn keys() -> Vec<String> {
-        match serde_json::to_value(SweepSettings::default()) {
-            Ok(serde_json::Value::Object(m)) => {
-                let mut k: Vec<String> = m.keys().cloned().collect();
-                // Optional settings are left out when unset; they are keys all the same.
-                for extra in ["threads", "memory-limit"] {
-                    if !k.iter().any(|x| x == extra) {
-                        k.push(extra.into());
-                    }
+    fn keys() -> Vec<String> {
+        Self::augment_args(clap::Command::new(Self::COMMAND))
+            .get_arguments()
+            .filter_map(|a| a.get_long().map(str::to_string))
+            .collect()
+    }
+
+    /// Other spellings a key may take (a flag's visible aliases: `schemes` for `dtypes`), with
+    /// the canonical key.
+    fn key_aliases() -> Vec<(String, String)> {
+        let cmd = Self::augment_args(clap::Command::new(Self::COMMAND));
+        let mut out = Vec::new();
+        for a in cmd.get_arguments() {
+            if let Some(long) = a.get_long() {
+                for alias in a.get_visible_aliases().unwrap_or_default() {
+                    out.push((alias.to_string(), long.to_string()));
                 }
-                k
             }
-            _ => Vec::new(),
         }
+        out
     }
 
     /// The clap id of a key (`batch-sizes` → `batch_sizes`), to ask whether it was given on
     /// the command line.
-    pub fn arg_id(key: &str) -> String {
+    fn arg_id(key: &str) -> String {
         key.replace('-', "_")
     }
 
@@ -356,13 +413,14 @@ impl SweepSettings {
     ///
     /// Errors: [`Error::InvalidArgument`] naming `source` for an unknown key (listing the keys
     /// allowed) or a value of the wrong form (serde's message names the key).
-    pub fn overlay(
+    fn overlay(
         &self,
         table: &serde_json::Map<String, serde_json::Value>,
         source: &str,
         keep: impl Fn(&str) -> bool,
-    ) -> Result<SweepSettings> {
+    ) -> Result<Self> {
         let keys = Self::keys();
+        let aliases = Self::key_aliases();
         let bad = |reason: String| Error::InvalidArgument {
             name: source.to_string(),
             reason,
@@ -376,15 +434,16 @@ impl SweepSettings {
             if SUITE_ONLY_KEYS.contains(&key.as_str()) {
                 continue;
             }
-            let key = KEY_ALIASES
+            let key = aliases
                 .iter()
                 .find(|(old, _)| old == key)
-                .map_or(key.as_str(), |(_, new)| new);
+                .map_or(key.as_str(), |(_, new)| new.as_str());
             if !keys.iter().any(|k| k == key) {
                 return Err(bad(format!(
-                    "unknown key `{key}`; the keys are {} (each the `kvbench sweep` flag of the \
+                    "unknown key `{key}`; the keys are {} (each the `kvbench {}` flag of the \
                      same name)",
-                    keys.join(", ")
+                    keys.join(", "),
+                    Self::COMMAND
                 )));
             }
             if keep(&Self::arg_id(key)) {
@@ -394,7 +453,7 @@ impl SweepSettings {
             // report the type only).
             let mut one = merged.clone();
             one.insert(key.to_string(), value.clone());
-            serde_json::from_value::<SweepSettings>(serde_json::Value::Object(one))
+            serde_json::from_value::<Self>(serde_json::Value::Object(one))
                 .map_err(|e| bad(format!("{source}: key `{key}`: {e}")))?;
             merged.insert(key.to_string(), value.clone());
         }
@@ -403,46 +462,147 @@ impl SweepSettings {
     }
 
     /// Reads a suite file (TOML, the flags' names as keys) into a table for
-    /// [`SweepSettings::overlay`]. Errors: [`Error::InvalidArgument`] naming the file, with the
+    /// [`Settings::overlay`]. Errors: [`Error::InvalidArgument`] naming the file, with the
     /// TOML parser's message (line, column).
-    pub fn read_suite(path: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {
-        Self::suite_table(&read_suite_file(path)?, path)
-    }
-
-    /// A suite's text as a table (`path` names it in errors). Errors: as
-    /// [`SweepSettings::read_suite`].
-    pub fn suite_table(
-        text: &str,
-        path: &Path,
-    ) -> Result<serde_json::Map<String, serde_json::Value>> {
-        let table: toml::Table = toml::from_str(text).map_err(|e| Error::InvalidArgument {
-            name: format!("--suite {}", path.display()),
-            reason: format!("{}: {}", path.display(), e.to_string().trim_end()),
-        })?;
-        match serde_json::to_value(table) {
-            Ok(serde_json::Value::Object(m)) => Ok(m),
-            _ => Err(Error::InvalidArgument {
-                name: format!("--suite {}", path.display()),
-                reason: "not a table of settings".into(),
-            }),
-        }
+    fn read_suite(path: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {
+        suite_table(&read_suite_file(path)?, path)
     }
 
     /// A suite's text laid over the defaults (`path` names it in errors): what
-    /// `kvbench sweep --suite` with no other flag runs. Errors: as [`SweepSettings::overlay`]
-    /// and [`SweepSettings::read_suite`].
-    pub fn parse_suite(text: &str, path: &Path) -> Result<SweepSettings> {
-        let table = Self::suite_table(text, path)?;
-        SweepSettings::default().overlay(&table, &format!("--suite {}", path.display()), |_| false)
+    /// `kvbench <command> --suite` with no other flag runs. Errors: as [`Settings::overlay`]
+    /// and [`Settings::read_suite`].
+    fn parse_suite(text: &str, path: &Path) -> Result<Self> {
+        let table = suite_table(text, path)?;
+        Self::defaults().overlay(&table, &format!("--suite {}", path.display()), |_| false)
     }
 
     /// The settings as recorded in `meta.json`: `threads` filled in with the count used
     /// (`logical_cpus` when not given), so `--resume` can check it.
-    pub fn recorded(&self, logical_cpus: usize) -> SweepSettings {
+    fn recorded(&self, logical_cpus: usize) -> Self {
         let mut s = self.clone();
-        s.device.threads = Some(s.device.threads.unwrap_or(logical_cpus));
+        let t = s.threads_mut();
+        *t = Some(t.unwrap_or(logical_cpus));
         s
     }
+}
+
+/// A suite's text as a table (`path` names it in errors). TOML's `inf` and `nan` floats become
+/// the strings `"inf"`/`"nan"` (JSON has no infinity; a rate of `inf` means "all at once").
+/// Errors: [`Error::InvalidArgument`] naming the file, with the TOML parser's message (line,
+/// column).
+pub fn suite_table(text: &str, path: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| Error::InvalidArgument {
+        name: format!("--suite {}", path.display()),
+        reason: format!("{}: {}", path.display(), e.to_string().trim_end()),
+    })?;
+    Ok(table
+        .into_iter()
+        .map(|(k, v)| (k, toml_to_json(v)))
+        .collect())
+}
+
+/// A TOML value as JSON; non-finite floats as strings (`inf`, `-inf`, `nan`).
+fn toml_to_json(v: toml::Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    match v {
+        toml::Value::String(s) => J::String(s),
+        toml::Value::Integer(i) => J::from(i),
+        toml::Value::Float(f) if f.is_finite() => J::from(f),
+        toml::Value::Float(f) => J::String(f.to_string()),
+        toml::Value::Boolean(b) => J::Bool(b),
+        toml::Value::Datetime(d) => J::String(d.to_string()),
+        toml::Value::Array(a) => J::Array(a.into_iter().map(toml_to_json).collect()),
+        toml::Value::Table(t) => {
+            J::Object(t.into_iter().map(|(k, v)| (k, toml_to_json(v))).collect())
+        }
+    }
+}
+
+// Checks every command makes of its settings before anything slow runs.
+
+fn invalid(name: &str, reason: String) -> Error {
+    Error::InvalidArgument {
+        name: name.into(),
+        reason,
+    }
+}
+
+/// Most worker threads accepted per logical CPU: more only oversubscribes the machine.
+pub const MAX_THREADS_PER_CPU: usize = 4;
+/// Most untimed warm-up repeats per point.
+pub const MAX_WARMUP: usize = 1000;
+/// Most timed repeats per point.
+pub const MAX_REPEATS: usize = 100_000;
+
+/// Logical CPUs visible to the process.
+pub fn logical_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `--threads`: 1 to [`MAX_THREADS_PER_CPU`] × logical CPUs. Errors:
+/// [`Error::InvalidArgument`] naming the value and the bound.
+pub fn check_threads(threads: Option<usize>) -> Result<()> {
+    let cpus = logical_cpus();
+    match threads {
+        Some(0) => Err(invalid(
+            "--threads",
+            "0 threads cannot run anything; give 1 or more (default: all logical CPUs)".into(),
+        )),
+        Some(n) if n > MAX_THREADS_PER_CPU * cpus => Err(invalid(
+            "--threads",
+            format!(
+                "{n} is more than {MAX_THREADS_PER_CPU} × the {cpus} logical CPUs; give at most {}",
+                MAX_THREADS_PER_CPU * cpus
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `--warmup` and `--repeats` within [`MAX_WARMUP`] and [`MAX_REPEATS`]; the message estimates
+/// the forward passes asked for (`points × repeats × tokens`).
+pub fn check_repeats(warmup: usize, repeats: usize, points: usize, gen: usize) -> Result<()> {
+    if warmup > MAX_WARMUP {
+        return Err(invalid(
+            "--warmup",
+            format!(
+                "{warmup} untimed repeats per point ({:.3e} forward passes over {points} points) \
+                 would run for days; give at most {MAX_WARMUP} (1 to 3 is plenty)",
+                warmup as f64 * points as f64 * 4.0
+            ),
+        ));
+    }
+    if repeats > MAX_REPEATS {
+        return Err(invalid(
+            "--repeats",
+            format!(
+                "{repeats} timed repeats per point ({:.3e} forward passes over {points} points) \
+                 would run for days; give at most {MAX_REPEATS}, or use --min-time",
+                repeats as f64 * points as f64 * gen as f64
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Drops repeated entries of a list flag, keeping the first of each, and says so on stderr.
+pub fn dedup_with_note<T: PartialEq + Clone + std::fmt::Display>(flag: &str, v: &mut Vec<T>) {
+    let mut out: Vec<T> = Vec::with_capacity(v.len());
+    let mut dropped = Vec::new();
+    for x in v.drain(..) {
+        if out.contains(&x) {
+            dropped.push(x.to_string());
+        } else {
+            out.push(x);
+        }
+    }
+    if !dropped.is_empty() {
+        eprintln!(
+            "note: {flag} lists {} more than once; each point is measured once",
+            dropped.join(", ")
+        );
+    }
+    *v = out;
 }
 
 #[cfg(test)]
@@ -466,7 +626,7 @@ mod tests {
         assert_eq!((d.grid.gen, d.timing.repeats, d.timing.warmup), (32, 3, 1));
         assert_eq!((d.perplexity.ctx, d.perplexity.ppl_windows), (512, 4));
         assert_eq!(d.schemes.dtypes.0.len(), 3);
-        assert_eq!(d.device.threads, None);
+        assert_eq!(d.threads.threads, None);
     }
 
     /// An unknown key is an error that names the key and the source and lists the keys.
@@ -593,8 +753,27 @@ mod tests {
         assert_eq!(o.grid.gen, 3);
         assert_eq!(o.perplexity.ctx, 64);
         assert_eq!(o.passkey.passkey_lengths, [128]);
-        assert_eq!(o.device.threads, Some(1));
+        assert_eq!(o.threads.threads, Some(1));
         let names: Vec<String> = o.schemes.dtypes.0.iter().map(|k| k.to_string()).collect();
         assert_eq!(names, ["fp16", "int8-token"]);
+    }
+
+    #[test]
+    fn duplicate_list_entries_are_merged() {
+        let mut v = vec![1usize, 4, 1, 4, 8];
+        dedup_with_note("--batch-sizes", &mut v);
+        assert_eq!(v, vec![1, 4, 8]);
+    }
+
+    #[test]
+    fn threads_far_past_the_cpus_are_refused() {
+        let cpus = logical_cpus();
+        assert!(check_threads(Some(MAX_THREADS_PER_CPU * cpus)).is_ok());
+        let e = check_threads(Some(MAX_THREADS_PER_CPU * cpus + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--threads"), "{e}");
+        assert!(check_threads(Some(0)).is_err());
+        assert!(check_threads(None).is_ok());
     }
 }

@@ -19,9 +19,23 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::sweep::SweepSpec;
+pub use super::unit::{Selection, Unit};
 use crate::error::{Error, Result};
-use crate::kv::KvScheme;
 use crate::quality::perplexity::PplMode;
+
+/// `--shard I/N` or `--shards N`: which part of a sweep this process runs.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ShardArgs {
+    /// Run only shard I of N (0-based: 0/4 … 3/4) of the sweep's work, split by estimated cost;
+    /// `kvbench merge` joins the shards' folders. Default: Slurm's SLURM_ARRAY_TASK_ID of
+    /// SLURM_ARRAY_TASK_COUNT inside a job array, else the whole sweep.
+    #[arg(long, value_name = "I/N", conflicts_with = "shards")]
+    pub shard: Option<Shard>,
+    /// Split the sweep into N shards and run the one whose index is in JOB_COMPLETION_INDEX
+    /// (Kubernetes Indexed Job) or SLURM_ARRAY_TASK_ID.
+    #[arg(long, value_name = "N")]
+    pub shards: Option<usize>,
+}
 
 /// Shard `index` of `count`, 0-based (`0/4` … `3/4`), as a Slurm array `--array=0-(N-1)` numbers
 /// its tasks (`SLURM_ARRAY_TASK_ID`) and a Kubernetes Indexed Job its pods
@@ -179,40 +193,6 @@ impl FromStr for Shard {
         let i = i.trim().parse().map_err(|_| bad())?;
         let n = n.trim().parse().map_err(|_| bad())?;
         Shard::new(i, n)
-    }
-}
-
-/// One unit of a sweep's work.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "unit", rename_all = "snake_case")]
-pub enum Unit {
-    /// A timing point: warm-up and timed repeats of `batch` × `seq_len` with K/V in `scheme`.
-    Timing {
-        /// KV scheme.
-        scheme: KvScheme,
-        /// Sequences decoded together.
-        batch: usize,
-        /// Prompt tokens per sequence.
-        seq_len: usize,
-    },
-    /// A scheme's quality work: perplexity (with the fp16 cache in lockstep when KL is on),
-    /// XSum summaries, passkey trials.
-    Quality {
-        /// KV scheme.
-        scheme: KvScheme,
-    },
-}
-
-impl fmt::Display for Unit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Unit::Timing {
-                scheme,
-                batch,
-                seq_len,
-            } => write!(f, "{scheme} batch {batch} × {seq_len} tokens"),
-            Unit::Quality { scheme } => write!(f, "{scheme} quality"),
-        }
     }
 }
 
@@ -393,50 +373,10 @@ impl ShardRecord {
     }
 }
 
-/// The units one process runs: all of them (no sharding) or one shard's. The sweep runners
-/// skip every unit not in here.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Selection {
-    units: Vec<Unit>,
-}
-
-impl Selection {
-    /// Runs exactly `units`.
-    pub fn new(units: Vec<Unit>) -> Self {
-        Selection { units }
-    }
-
-    /// The units, in planned order.
-    pub fn units(&self) -> &[Unit] {
-        &self.units
-    }
-
-    /// Whether the timing point `scheme` × `batch` × `seq_len` is selected.
-    pub fn has_timing(&self, scheme: KvScheme, batch: usize, seq_len: usize) -> bool {
-        self.units.contains(&Unit::Timing {
-            scheme,
-            batch,
-            seq_len,
-        })
-    }
-
-    /// Whether `scheme`'s quality unit is selected.
-    pub fn has_quality(&self, scheme: KvScheme) -> bool {
-        self.units.contains(&Unit::Quality { scheme })
-    }
-
-    /// Selected timing points of `scheme`.
-    pub fn timing_points(&self, scheme: KvScheme) -> usize {
-        self.units
-            .iter()
-            .filter(|u| matches!(u, Unit::Timing { scheme: s, .. } if *s == scheme))
-            .count()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::KvScheme;
     use crate::quality::perplexity::{PplProtocol, Scoring};
 
     fn scheme(s: &str) -> KvScheme {

@@ -26,7 +26,7 @@
 
 use rand::{Rng, SeedableRng};
 
-use super::shard::Selection;
+use super::unit::Selection;
 use crate::error::{Error, Result};
 use crate::kv::{AnyCache, KvScheme};
 use crate::model::tokenizer::TextTokenizer;
@@ -569,17 +569,7 @@ pub trait Progress {
 
 impl Progress for () {}
 
-/// Units of work a sweep reports to [`Progress`] for the selected `units`: one per timing
-/// point, `quality_units` (perplexity windows plus generation-task prompts) per quality unit.
-pub fn work_units(units: &[super::shard::Unit], quality_units: usize) -> u64 {
-    units
-        .iter()
-        .map(|u| match u {
-            super::shard::Unit::Timing { .. } => 1,
-            super::shard::Unit::Quality { .. } => quality_units as u64,
-        })
-        .sum()
-}
+pub use super::unit::work_units;
 
 /// The model in the weight dtype each phase runs with. All three share one set of files and one
 /// geometry; they differ only in how the linear layers compute (candle's f32 gemm is ~3× faster

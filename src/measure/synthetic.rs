@@ -131,11 +131,11 @@ pub fn time_decode_steps_on(
 /// recorded as `oom` without allocating, and the sweep goes on; errors and panics inside a
 /// point are recorded as `error`. Only points in `selection` run (a shard's, or all); points in
 /// `done` (a resumed run's) are skipped.
-pub fn run_synthetic(
+pub fn run(
     geom: &CacheGeometry,
     spec: &super::sweep::SweepSpec,
     memory_limit: u64,
-    selection: &super::shard::Selection,
+    selection: &super::unit::Selection,
     done: &[super::sweep::PointOutcome],
     sink: &mut dyn super::sweep::PointSink,
     progress: &dyn super::sweep::Progress,
@@ -255,7 +255,7 @@ mod tests {
         let limit = 4_000_000;
         let mut sink = Collect(Vec::new());
         let all = crate::measure::shard::Selection::new(crate::measure::shard::plan(&spec, false));
-        run_synthetic(&g, &spec, limit, &all, &[], &mut sink, &()).unwrap();
+        run(&g, &spec, limit, &all, &[], &mut sink, &()).unwrap();
         assert_eq!(sink.0.len(), 9);
         for o in &sink.0 {
             let predicted = o.scheme.bytes_for(&g, 2, o.seq_len + 2);

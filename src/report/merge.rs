@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::meta::RunMeta;
+use super::meta::SweepMeta;
 use super::read_records;
 use crate::error::{Error, Result};
 use crate::kv::KvScheme;
@@ -53,7 +53,7 @@ impl ShardFolder {
                 ),
             });
         }
-        let (_, meta) = RunMeta::read(&meta_path).map_err(|e| match e {
+        let (_, meta) = SweepMeta::read(&meta_path).map_err(|e| match e {
             Error::InvalidArgument { name, reason } => Error::InvalidArgument {
                 name,
                 reason: format!(

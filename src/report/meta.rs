@@ -3,18 +3,78 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::measure::settings::SweepSettings;
+use crate::measure::settings::{Settings, SweepSettings};
 use crate::measure::shard::ShardRecord;
+use crate::serve::settings::ServeSettings;
 use crate::util::memory;
 
+use super::serve::ServeContext;
 use super::RowContext;
 use serde::Deserialize as _;
 
 /// The `meta.json` format this kvbench writes. 0: folders written before the format was
 /// versioned (kvbench 0.1.0 up to 084d7a437093: no `format`, a synthetic run's `mode` a
-/// sentence, quality repeated on every point of `raw.jsonl` or in `quality.jsonl`); 1: typed
-/// [`RunMeta`], quality as its own `raw.jsonl` record. Both are read.
-pub const META_FORMAT: u32 = 1;
+/// sentence, quality repeated on every point of `raw.jsonl` or in `quality.jsonl`; a serve
+/// folder's `command` the string `"serve"`); 1: typed [`RunMeta`] for sweeps, quality as its
+/// own `raw.jsonl` record (serve folders: `format`, `status`, the model's sha256); 2: one
+/// [`RunMeta`] for every command, its [`RunKind`] in `kind`, serve folders with a run id and a
+/// `report_context`. All are read.
+pub const META_FORMAT: u32 = 2;
+
+/// Which command wrote a run folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunKind {
+    /// `kvbench sweep` (model or synthetic).
+    #[default]
+    Sweep,
+    /// `kvbench serve`.
+    Serve,
+}
+
+impl RunKind {
+    /// The subcommand's name.
+    pub fn command(self) -> &'static str {
+        match self {
+            Self::Sweep => "sweep",
+            Self::Serve => "serve",
+        }
+    }
+
+    /// The kind a `meta.json` records: its `kind`, else (formats 0 and 1) `serve` when its
+    /// `command` is the string `"serve"`, else `sweep`.
+    pub fn of(meta: &serde_json::Value) -> RunKind {
+        match meta["kind"].as_str() {
+            Some("serve") => RunKind::Serve,
+            Some(_) => RunKind::Sweep,
+            None if meta["command"] == "serve" => RunKind::Serve,
+            None => RunKind::Sweep,
+        }
+    }
+}
+
+impl std::fmt::Display for RunKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.command())
+    }
+}
+
+/// What every row of a kind of run repeats (`meta.json`'s `report_context`), with how to
+/// rebuild it from a folder written before it was recorded.
+pub trait ReportContext: serde::Serialize + serde::de::DeserializeOwned {
+    /// The context of an older `meta.json` that lacks `report_context`, from its other fields
+    /// (`None`: it cannot be rebuilt).
+    fn from_legacy(_meta: &serde_json::Value) -> Option<Self> {
+        None
+    }
+}
+
+impl ReportContext for RowContext {}
+
+/// A sweep's `meta.json`.
+pub type SweepMeta = RunMeta<SweepSettings, RowContext>;
+/// A serving run's `meta.json`.
+pub type ServeMeta = RunMeta<ServeSettings, ServeContext>;
 
 /// What kind of run a folder holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -59,19 +119,24 @@ pub enum RunStatus {
 }
 
 /// `meta.json`: every choice that changes a number, typed where kvbench reads it back
-/// (`report`, `--resume`, `merge`); the mode's own sections (model and tokenizer, sweep spec,
-/// perplexity protocol, generation tasks, synthetic geometry …) are kept as written in
-/// [`RunMeta::details`].
+/// (`report`, `--resume`, `merge`, `gate`), for any command: `S` its settings
+/// ([`SweepSettings`], [`ServeSettings`]), `C` what every row repeats; the command's own
+/// sections (model and tokenizer, sweep spec, perplexity protocol, scheduler …) are kept as
+/// written in [`RunMeta::details`].
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct RunMeta {
+#[serde(bound(deserialize = "S: Settings, C: ReportContext"))]
+pub struct RunMeta<S, C> {
     /// [`META_FORMAT`] when written; 0 when absent (older folders).
     #[serde(default)]
     pub format: u32,
     /// kvbench version and git revision that wrote the run ([`version`]).
     pub kvbench: String,
+    /// Which command wrote the folder.
+    #[serde(default)]
+    pub kind: RunKind,
     /// The run id (`<UTC start time>-<label>`).
     pub run_id: String,
-    /// Model sweep or synthetic (attention-only) sweep.
+    /// Model sweep or synthetic (attention-only) sweep; `model` for serving runs.
     #[serde(default)]
     pub mode: RunMode,
     /// The command line that started the run.
@@ -93,83 +158,138 @@ pub struct RunMeta {
     /// Which shard of a sharded sweep it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<ShardRecord>,
-    /// Every setting, as the flags name them (`--resume` reads these).
+    /// Every setting, as the flags name them (`--resume` reads these), laid over the flags'
+    /// defaults when read, so a setting added since a folder was written reads as its default.
     #[serde(deserialize_with = "settings_over_defaults")]
-    pub settings: SweepSettings,
+    pub settings: S,
     /// What every row repeats, for rebuilding `results.csv` from `raw.jsonl`.
-    pub report_context: RowContext,
-    /// The mode's own sections, as written.
+    pub report_context: C,
+    /// The command's own sections, as written.
     #[serde(flatten)]
     pub details: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Recorded settings laid over the flags' defaults, so a setting added since a folder was
-/// written reads as its default.
-fn settings_over_defaults<'de, D: serde::Deserializer<'de>>(
+/// Recorded settings laid over the flags' defaults.
+fn settings_over_defaults<'de, D: serde::Deserializer<'de>, S: Settings>(
     d: D,
-) -> std::result::Result<SweepSettings, D::Error> {
+) -> std::result::Result<S, D::Error> {
     let m = serde_json::Map::<String, serde_json::Value>::deserialize(d)?;
-    SweepSettings::default()
+    S::defaults()
         .overlay(&m, "meta.json settings", |_| false)
         .map_err(serde::de::Error::custom)
 }
 
-impl RunMeta {
-    /// Reads a run folder's `meta.json` (`path`). Errors: [`Error::InvalidArgument`] naming the
-    /// file: unreadable or not JSON; written by a newer kvbench (a `format` above
-    /// [`META_FORMAT`]: the message names both and says to re-render with the writer); or
-    /// missing what a report needs (naming the field and the version that wrote it).
-    pub fn read(path: &Path) -> Result<(RunMeta, serde_json::Value)> {
-        let text = crate::util::read_regular(path).map_err(|e| Error::InvalidArgument {
+/// Reads `path` (a run folder's `meta.json`) as JSON with its format checked. Errors:
+/// [`Error::InvalidArgument`] naming the file: unreadable or not JSON; a `format` that is not a
+/// number, or newer than [`META_FORMAT`] (naming both and the version that wrote it).
+pub fn read_value(path: &Path) -> Result<serde_json::Value> {
+    let text = crate::util::read_regular(path).map_err(|e| Error::InvalidArgument {
+        name: path.display().to_string(),
+        reason: format!("not a kvbench run folder: {e}"),
+    })?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::InvalidArgument {
             name: path.display().to_string(),
-            reason: format!("not a kvbench run folder: {e}"),
+            reason: format!("not valid JSON: {e}"),
         })?;
-        let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| Error::InvalidArgument {
-                name: path.display().to_string(),
-                reason: format!("not valid JSON: {e}"),
-            })?;
-        let writer = value["kvbench"]
-            .as_str()
-            .unwrap_or("an unknown version")
-            .to_string();
-        if value["command"] == "serve" {
+    let writer = writer(&value);
+    let format = match &value["format"] {
+        serde_json::Value::Null => 0,
+        v => v.as_u64().ok_or_else(|| Error::InvalidArgument {
+            name: path.display().to_string(),
+            reason: format!(
+                "`format` is {v}, not a format number (0 to {META_FORMAT}): the file was \
+                 edited or damaged; re-run it"
+            ),
+        })?,
+    };
+    if format > META_FORMAT as u64 {
+        return Err(Error::InvalidArgument {
+            name: path.display().to_string(),
+            reason: format!(
+                "meta.json format {format}, written by kvbench {writer}, is newer than this \
+                 kvbench {} reads (formats 0 to {META_FORMAT}); re-render it with kvbench \
+                 {writer} or newer",
+                version()
+            ),
+        });
+    }
+    Ok(value)
+}
+
+fn writer(value: &serde_json::Value) -> String {
+    value["kvbench"]
+        .as_str()
+        .unwrap_or("an unknown version")
+        .to_string()
+}
+
+impl<S: Settings, C: ReportContext> RunMeta<S, C> {
+    /// The kind of run this type reads.
+    fn kind() -> RunKind {
+        if S::COMMAND == "serve" {
+            RunKind::Serve
+        } else {
+            RunKind::Sweep
+        }
+    }
+
+    /// Reads a run folder's `meta.json` (`path`) of this kind, with the JSON as written.
+    /// Folders of formats 0 and 1 are read as meant (a serve folder's `command` string, its
+    /// missing run id — the folder's name — and `report_context`). Errors:
+    /// [`Error::InvalidArgument`] naming the file: as [`read_value`]; a folder of another kind
+    /// (naming the command that reads it); missing what a report needs (naming the field and
+    /// the version that wrote it).
+    pub fn read(path: &Path) -> Result<(Self, serde_json::Value)> {
+        let value = read_value(path)?;
+        let kind = RunKind::of(&value);
+        if kind != Self::kind() {
             return Err(Error::InvalidArgument {
                 name: path.display().to_string(),
-                reason: "a `kvbench serve` run folder: its results.csv and summary.md are \
-                         written by serve itself (`kvbench serve --resume` re-renders them); \
-                         report, gate, merge and `sweep --resume` read sweep folders"
-                    .into(),
-            });
-        }
-        let format = match &value["format"] {
-            serde_json::Value::Null => 0,
-            v => v.as_u64().ok_or_else(|| Error::InvalidArgument {
-                name: path.display().to_string(),
                 reason: format!(
-                    "`format` is {v}, not a format number (0 to {META_FORMAT}): the file was \
-                     edited or damaged; re-run the sweep"
-                ),
-            })?,
-        };
-        if format > META_FORMAT as u64 {
-            return Err(Error::InvalidArgument {
-                name: path.display().to_string(),
-                reason: format!(
-                    "meta.json format {format}, written by kvbench {writer}, is newer than this kvbench {} reads (formats 0 to {META_FORMAT}); re-render it with kvbench {writer} or newer",
-                    version()
+                    "a `kvbench {kind}` run folder, where a `kvbench {}` one is needed: \
+                     `kvbench report`, `gate` and `merge` read both kinds; resume it with \
+                     `kvbench {kind} --resume`",
+                    Self::kind()
                 ),
             });
         }
-        let meta: RunMeta =
-            serde_json::from_value(value.clone()).map_err(|e| Error::InvalidArgument {
-                name: path.display().to_string(),
-                reason: format!(
-                    "meta.json format {format} written by kvbench {writer} cannot be read by kvbench {} ({e}); re-render it with kvbench {writer}, or re-run the sweep",
-                    version()
-                ),
-            })?;
+        let meta = Self::from_value(value.clone(), path)?;
         Ok((meta, value))
+    }
+
+    /// [`Self::read`] on JSON already read (`path` names it in errors).
+    pub fn from_value(mut value: serde_json::Value, path: &Path) -> Result<Self> {
+        let writer = writer(&value);
+        let format = value["format"].as_u64().unwrap_or(0);
+        if let Some(m) = value.as_object_mut() {
+            if m.get("command").is_some_and(|c| c.is_string()) {
+                m.insert("kind".into(), "serve".into());
+                m.insert("command".into(), serde_json::Value::Array(Vec::new()));
+            }
+            if !m.contains_key("run_id") {
+                let name = path
+                    .parent()
+                    .and_then(|d| d.file_name())
+                    .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+                m.insert("run_id".into(), name.into());
+            }
+        }
+        if value.get("report_context").is_none() {
+            if let Some(c) = C::from_legacy(&value) {
+                if let Ok(c) = serde_json::to_value(c) {
+                    value["report_context"] = c;
+                }
+            }
+        }
+        serde_json::from_value(value).map_err(|e| Error::InvalidArgument {
+            name: path.display().to_string(),
+            reason: format!(
+                "meta.json format {format} written by kvbench {writer} cannot be read by \
+                 kvbench {} ({e}); re-render it with kvbench {writer}, or re-run it",
+                version()
+            ),
+        })
     }
 }
 

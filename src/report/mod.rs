@@ -7,11 +7,11 @@ pub mod merge;
 pub mod meta;
 pub mod plots;
 pub mod run_dir;
+pub mod serve;
 pub mod summary;
 pub mod table;
 
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -540,8 +540,7 @@ impl Tally {
 /// with its scheme's quality), all flushed at once, so an interrupted sweep keeps everything
 /// finished and `--resume` can go on.
 pub struct RunSink {
-    raw_path: PathBuf,
-    raw: File,
+    raw: run_dir::RawLog,
     csv_path: PathBuf,
     csv: csv::Writer<File>,
     ctx: RowContext,
@@ -577,40 +576,23 @@ impl RunSink {
     /// records are in `earlier`, read by [`read_records`]). Errors: [`Error::Io`] naming the file.
     pub fn create(dir: &Path, ctx: RowContext, earlier: RawRecords) -> Result<Self> {
         let raw_path = dir.join(RAW_FILE);
-        // A last line cut short (an interrupted write) must go before anything is appended.
-        let cut_short =
-            std::fs::read(&raw_path).is_ok_and(|b| b.last().is_some_and(|&c| c != b'\n'));
-        if earlier != RawRecords::default() || cut_short {
-            // Rewrite the earlier records first (atomically), which drops a line an
-            // interruption cut short; serde_json round-trips every f64 exactly.
-            let tmp = raw_path.with_extension("jsonl.tmp");
-            let mut text = String::new();
-            for q in &earlier.quality {
-                text.push_str(&quality_line(q, &raw_path)?);
-                text.push('\n');
-            }
-            for o in &earlier.points {
-                text.push_str(
-                    &serde_json::to_string(o).map_err(|e| Error::io(&raw_path, e.into()))?,
-                );
-                text.push('\n');
-            }
-            std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
-            std::fs::rename(&tmp, &raw_path).map_err(|e| Error::io(&raw_path, e))?;
+        // The earlier records first (quality, then points); serde_json round-trips every f64
+        // exactly.
+        let mut keep = Vec::new();
+        for q in &earlier.quality {
+            keep.push(quality_line(q, &raw_path)?);
         }
+        for o in &earlier.points {
+            keep.push(serde_json::to_string(o).map_err(|e| Error::io(&raw_path, e.into()))?);
+        }
+        let raw = run_dir::RawLog::open(dir, &keep)?;
         let legacy = dir.join(LEGACY_QUALITY_FILE);
         if legacy.exists() {
             std::fs::remove_file(&legacy).map_err(|e| Error::io(&legacy, e))?;
         }
-        let raw = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&raw_path)
-            .map_err(|e| Error::io(&raw_path, e))?;
         let csv_path = dir.join(CSV_FILE);
         let csv = csv_writer(&csv_path)?;
         let mut sink = Self {
-            raw_path,
             raw,
             csv_path,
             csv,
@@ -648,14 +630,6 @@ impl RunSink {
             .map_err(|e| Error::io(&self.csv_path, csv_io(e)))?;
         self.csv.flush().map_err(|e| Error::io(&self.csv_path, e))
     }
-
-    fn append_line(&mut self, mut line: String) -> Result<()> {
-        line.push('\n');
-        self.raw
-            .write_all(line.as_bytes())
-            .and_then(|_| self.raw.flush())
-            .map_err(|e| Error::io(&self.raw_path, e))
-    }
 }
 
 /// A CSV writer whose header is [`CSV_COLUMNS`], written at once; rows then serialize as values
@@ -677,17 +651,17 @@ fn csv_io(e: csv::Error) -> std::io::Error {
 
 impl PointSink for RunSink {
     fn quality(&mut self, outcome: &QualityOutcome) -> Result<()> {
-        let line = quality_line(outcome, &self.raw_path)?;
-        self.append_line(line)?;
+        self.raw.append(&QualityLine {
+            record: QUALITY_RECORD,
+            quality: outcome,
+        })?;
         self.quality.retain(|q| q.scheme != outcome.scheme);
         self.quality.push(outcome.clone());
         Ok(())
     }
 
     fn point(&mut self, outcome: &PointOutcome) -> Result<()> {
-        let line =
-            serde_json::to_string(outcome).map_err(|e| Error::io(&self.raw_path, e.into()))?;
-        self.append_line(line)?;
+        self.raw.append(outcome)?;
         let base = self
             .quality
             .iter()
@@ -820,33 +794,7 @@ pub fn read_records(dir: &Path) -> Result<RawRecords> {
     Ok(out)
 }
 
-fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<Vec<T>> {
-    let text = match crate::util::read_regular(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io(path, e)),
-    };
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let mut out = Vec::with_capacity(lines.len());
-    for (i, line) in lines.iter().enumerate() {
-        match serde_json::from_str::<T>(line) {
-            Ok(o) => out.push(o),
-            Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {
-                eprintln!(
-                    "warning: {}: dropped an incomplete last line (an interrupted write)",
-                    path.display()
-                );
-            }
-            Err(e) => {
-                return Err(Error::InvalidArgument {
-                    name: format!("{}:{}", path.display(), i + 1),
-                    reason: format!("not a kvbench {what} line: {e}"),
-                })
-            }
-        }
-    }
-    Ok(out)
-}
+use run_dir::read_jsonl;
 
 /// Writes `rows` as `results.csv` at `path` (header first). Errors: [`Error::Io`].
 pub fn write_csv(path: &Path, rows: &[ResultRow]) -> Result<()> {

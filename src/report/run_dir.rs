@@ -1,3 +1,9 @@
+//! A run folder, for every measuring command (`sweep`, `serve`): where it is and under which
+//! run id ([`RunDir`]: a new folder, `--force` moving an old one aside, or a resumed one), the
+//! flags that choose it ([`RunDirArgs`]), what a resumed run must share with the first
+//! ([`check_resume`]), and the append-only raw log ([`RawLog`], [`read_jsonl`]): one JSON
+//! line per finished result, flushed at once; on resume rewritten to the finished work first.
+//!
 //! One writer per run folder: a lock file (`.kvbench.lock`, holding the writer's PID) created
 //! atomically (`O_CREAT | O_EXCL`) before a run writes anything, removed when the run ends.
 //! Two runs given the same `--out` at the same moment both see an empty folder; only one can
@@ -14,6 +20,175 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::error::{Error, Result};
+
+/// The flags that choose a run folder, shared by every measuring command.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RunDirArgs {
+    /// Read settings from a suite file (e.g. suites/quick.toml); flags given here override it.
+    #[arg(long)]
+    pub suite: Option<PathBuf>,
+    /// Continue an interrupted run in this folder with the settings it started with (from its
+    /// meta.json); finished points are kept, the rest run.
+    #[arg(long, value_name = "RUN_DIR")]
+    pub resume: Option<PathBuf>,
+    /// Run folder (default: reports/<run-id>). A folder that already holds files is refused
+    /// unless --resume continues it or --force moves it aside.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// With --out: move an existing, non-empty run folder aside to `<out>.old-<time>` and start
+    /// a new run there.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// A run folder this process writes: its id, when it started and was resumed, the path, and
+/// the lock that keeps other runs out until it is dropped.
+#[derive(Debug)]
+pub struct RunDir {
+    /// The run id (`<UTC start time>-<label>`).
+    pub run_id: String,
+    /// UTC start time of the first run, RFC 3339.
+    pub started_at: String,
+    /// When `--resume` continued it, this run last.
+    pub resumed_at: Vec<String>,
+    /// The folder.
+    pub dir: PathBuf,
+    _lock: FolderLock,
+}
+
+impl RunDir {
+    /// A new run's folder `dir` (created), run id `run_id`, started `now`. `explicit`: `dir`
+    /// came from `--out`, which [`prepare_out`] checked (and with `--force` emptied) at start,
+    /// so files there now were written by another process meanwhile. Errors:
+    /// [`Error::InvalidArgument`] (`--out`) for such a folder, one that cannot be created or
+    /// written, or one another run holds; [`Error::Io`].
+    pub fn create(dir: PathBuf, explicit: bool, run_id: String, now: &str) -> Result<RunDir> {
+        if explicit && non_empty(&dir) {
+            return Err(invalid(
+                "--out",
+                format!(
+                    "{} received files after this run checked it at start: another kvbench run \
+                     is writing there; give each run its own --out",
+                    dir.display()
+                ),
+            ));
+        }
+        // A default folder taken meanwhile.
+        prepare_out(&dir, false)?;
+        create_out(&dir)?;
+        let lock = FolderLock::acquire_empty(&dir, "--out")?;
+        Ok(RunDir {
+            run_id,
+            started_at: now.to_string(),
+            resumed_at: Vec::new(),
+            dir,
+            _lock: lock,
+        })
+    }
+
+    /// The folder `dir` of a run resumed `now`, keeping the first run's id and start time and
+    /// its earlier resumptions. Errors: as [`FolderLock::acquire`] (`--resume`).
+    pub fn resume(
+        dir: PathBuf,
+        run_id: String,
+        started_at: String,
+        mut resumed_at: Vec<String>,
+        now: &str,
+    ) -> Result<RunDir> {
+        resumed_at.push(now.to_string());
+        let lock = FolderLock::acquire(&dir, "--resume")?;
+        Ok(RunDir {
+            run_id,
+            started_at,
+            resumed_at,
+            dir,
+            _lock: lock,
+        })
+    }
+}
+
+/// Reads a JSON-lines file of `what` records (`raw result`, `serve raw`). A last line cut short
+/// by an interrupted write (no newline after it) is dropped with a warning on stderr; a
+/// missing file reads as no records. Errors: [`Error::Io`] (unreadable, not a regular file);
+/// [`Error::InvalidArgument`] naming the file and line of any other line that does not parse.
+pub fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<Vec<T>> {
+    let text = match crate::util::read_regular(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let mut out = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        match serde_json::from_str::<T>(line) {
+            Ok(o) => out.push(o),
+            Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {
+                eprintln!(
+                    "warning: {}: dropped an incomplete last line (an interrupted write)",
+                    path.display()
+                );
+            }
+            Err(e) => {
+                return Err(Error::InvalidArgument {
+                    name: format!("{}:{}", path.display(), i + 1),
+                    reason: format!("not a kvbench {what} line: {e}"),
+                })
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A run folder's append-only raw log (`raw.jsonl`): one JSON object a line, each written and
+/// flushed as its result finishes.
+#[derive(Debug)]
+pub struct RawLog {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl RawLog {
+    /// Opens `dir/raw.jsonl` to append. When `keep` is not empty (a resumed run's finished
+    /// lines) or the file ends in a line cut short, it is first rewritten to exactly `keep`
+    /// (through a temporary file and a rename, so an interruption then loses nothing).
+    /// Errors: [`Error::Io`] naming the file.
+    pub fn open(dir: &Path, keep: &[String]) -> Result<RawLog> {
+        let path = dir.join(super::RAW_FILE);
+        let cut_short = std::fs::read(&path).is_ok_and(|b| b.last().is_some_and(|&c| c != b'\n'));
+        if !keep.is_empty() || cut_short {
+            let tmp = path.with_extension("jsonl.tmp");
+            let mut text = String::new();
+            for l in keep {
+                text.push_str(l);
+                text.push('\n');
+            }
+            std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, e))?;
+            std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        Ok(RawLog { path, file })
+    }
+
+    /// Appends `record` as one line and flushes it. Errors: [`Error::Io`] naming the file.
+    pub fn append(&mut self, record: &impl serde::Serialize) -> Result<()> {
+        let mut line =
+            serde_json::to_string(record).map_err(|e| Error::io(&self.path, e.into()))?;
+        line.push('\n');
+        self.file
+            .write_all(line.as_bytes())
+            .and_then(|()| self.file.flush())
+            .map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
 
 /// The lock file's name inside a run folder.
 pub const LOCK_FILE: &str = ".kvbench.lock";
@@ -154,6 +329,159 @@ pub fn release_held(dir: &Path) {
     }
 }
 
+fn invalid(name: &str, reason: String) -> Error {
+    Error::InvalidArgument {
+        name: name.into(),
+        reason,
+    }
+}
+
+/// Whether `dir` exists and holds anything.
+pub fn non_empty(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
+}
+
+/// Prepares `--out` for a new run: a missing or empty folder is fine; a non-empty one is refused
+/// (it would mix two runs' rows and overwrite the first run's `meta.json`) unless `force`, which
+/// renames it to `<out>.old-<UTC time>` first and says so. Errors: [`Error::InvalidArgument`]
+/// (`--out`) naming the folder and what to pass instead; [`Error::Io`] when the move fails.
+pub fn prepare_out(out: &Path, force: bool) -> Result<()> {
+    if out.exists() && !out.is_dir() {
+        return Err(invalid(
+            "--out",
+            format!("{} exists and is not a folder", out.display()),
+        ));
+    }
+    if !non_empty(out) {
+        return Ok(());
+    }
+    if !force {
+        return Err(invalid(
+            "--out",
+            format!(
+                "{} already holds files (an earlier run?); pass --resume {} to continue that \
+                 run, --force to move it aside to {}.old-<time>, or another --out",
+                out.display(),
+                out.display(),
+                out.display()
+            ),
+        ));
+    }
+    let time = crate::util::time::now_compact();
+    let mut aside = PathBuf::from(format!("{}.old-{time}", out.display()));
+    let mut n = 1;
+    while aside.exists() {
+        aside = PathBuf::from(format!("{}.old-{time}-{n}", out.display()));
+        n += 1;
+    }
+    std::fs::rename(out, &aside).map_err(|e| Error::io(out, e))?;
+    eprintln!(
+        "note: --force: moved the earlier {} to {}",
+        out.display(),
+        aside.display()
+    );
+    Ok(())
+}
+
+/// Creates a run folder, mapping a folder that cannot be made (under `/proc`, no permission) to
+/// a usage error naming it. Errors: [`Error::InvalidArgument`] (`--out`).
+pub fn create_out(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        invalid(
+            "--out",
+            format!(
+                "cannot create the run folder {} ({e}); pass --out with a writable folder",
+                dir.display()
+            ),
+        )
+    })?;
+    // A folder that exists but cannot take files fails here, not after the model has loaded.
+    let probe = dir.join(".kvbench-write-test");
+    std::fs::write(&probe, b"").map_err(|e| {
+        invalid(
+            "--out",
+            format!(
+                "cannot write into {} ({e}); pass --out with a writable folder",
+                dir.display()
+            ),
+        )
+    })?;
+    std::fs::remove_file(&probe).ok();
+    Ok(())
+}
+
+/// What a resumed run must share with the run that started the folder, else its new rows would
+/// be measured under other conditions than the earlier ones yet carry the same run id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResumeIdentity {
+    /// sha256 of each model file (empty for synthetic runs).
+    pub model_sha256: Vec<String>,
+    /// Worker threads.
+    pub threads: usize,
+    /// CPU model name.
+    pub cpu: String,
+}
+
+/// What a resumed run must share with the folder's first run, probed now (the thread pool must
+/// be built first): the model files' sha256, the worker threads and the CPU.
+pub fn resume_identity(model_sha256: Vec<String>) -> ResumeIdentity {
+    let machine = super::meta::Machine::probe();
+    ResumeIdentity {
+        model_sha256,
+        threads: machine.threads,
+        cpu: machine.cpu,
+    }
+}
+
+/// Compares `now` with what the folder's `meta.json` recorded. A value meta.json lacks (a run
+/// folder from an older kvbench) is not checked. Errors: [`Error::InvalidArgument`] (`--resume`)
+/// naming the value that differs, both values, and what to do.
+pub fn check_resume(dir: &Path, meta: &serde_json::Value, now: &ResumeIdentity) -> Result<()> {
+    let bad = |reason: String| {
+        invalid(
+            "--resume",
+            format!(
+                "{reason}; the rows already in {} were measured otherwise. Start a new run \
+                 (another --out) instead",
+                dir.display()
+            ),
+        )
+    };
+    if let Some(before) = meta["model"]["sha256"].as_array() {
+        let before: Vec<&str> = before.iter().filter_map(|v| v.as_str()).collect();
+        if before
+            != now
+                .model_sha256
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+        {
+            return Err(bad(format!(
+                "the model file changed: sha256 {} then, {} now",
+                before.join(","),
+                now.model_sha256.join(",")
+            )));
+        }
+    }
+    if let Some(t) = meta["machine"]["threads"].as_u64() {
+        if t as usize != now.threads {
+            return Err(bad(format!(
+                "the run used {t} threads, this one would use {} (pass --threads {t})",
+                now.threads
+            )));
+        }
+    }
+    if let Some(cpu) = meta["machine"]["cpu"].as_str() {
+        if cpu != now.cpu {
+            return Err(bad(format!(
+                "the run was measured on a {cpu}, this machine is a {}",
+                now.cpu
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,5 +523,32 @@ mod tests {
             drop(l);
         }
         std::fs::remove_dir_all(&d).ok();
+    }
+
+    #[test]
+    fn resume_with_another_model_file_is_refused() {
+        let meta = serde_json::json!({
+            "model": {"sha256": ["aa"]},
+            "machine": {"threads": 2, "cpu": "X"}
+        });
+        let same = ResumeIdentity {
+            model_sha256: vec!["aa".into()],
+            threads: 2,
+            cpu: "X".into(),
+        };
+        assert!(check_resume(Path::new("r"), &meta, &same).is_ok());
+        let other = ResumeIdentity {
+            model_sha256: vec!["bb".into()],
+            ..same.clone()
+        };
+        let e = check_resume(Path::new("r"), &meta, &other)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("aa") && e.contains("bb"), "{e}");
+        let threads = ResumeIdentity { threads: 1, ..same };
+        let e = check_resume(Path::new("r"), &meta, &threads)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--threads 2"), "{e}");
     }
 }

@@ -15,7 +15,7 @@ pub struct Run {
     /// The folder.
     pub dir: PathBuf,
     /// `meta.json`, typed.
-    pub run_meta: super::meta::RunMeta,
+    pub run_meta: super::meta::SweepMeta,
     /// `meta.json` as written (for `merge` and `--resume`, which carry every section over).
     pub meta: serde_json::Value,
     /// One row per finished point, in the order they finished.
@@ -39,7 +39,7 @@ impl Run {
                 ),
             });
         }
-        let (run_meta, meta) = super::meta::RunMeta::read(&meta_path)?;
+        let (run_meta, meta) = super::meta::SweepMeta::read(&meta_path)?;
         let ctx: RowContext = run_meta.report_context.clone();
         let records = read_records(dir)?;
         let rows = records.rows(&ctx);
@@ -80,7 +80,7 @@ impl Run {
         }
         settings.push(format!("gen {}", s.grid.gen));
         settings.push(format!("repeats {}", s.timing.repeats));
-        settings.push(format!("seed {}", s.timing.seed));
+        settings.push(format!("seed {}", s.seed.seed));
         // CPU runs read as before; others name the device.
         let device = match s.device.device {
             crate::model::DeviceSpec::Cpu => String::new(),
@@ -272,7 +272,7 @@ pub fn about(run: &Run) -> Vec<String> {
             p["protocol"]["windows"],
             p["protocol"]["ctx"],
             p["protocol"]["scoring"].as_str().unwrap_or("?"),
-            t.settings.weights.ppl_weights,
+            t.settings.perplexity.ppl_weights,
         ));
     }
     lines

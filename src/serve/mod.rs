@@ -11,4 +11,6 @@ pub mod backend;
 pub mod engine;
 pub mod metrics;
 pub mod pool;
+pub mod run;
+pub mod settings;
 pub mod workload;

@@ -11,8 +11,8 @@ use rand::{Rng, SeedableRng};
 use crate::error::{Error, Result};
 
 /// How prompt or output lengths are drawn.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(into = "String", try_from = "String")]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(into = "String")]
 pub enum LenDist {
     /// Every request the same, tokens.
     Fixed(usize),
@@ -94,10 +94,20 @@ impl From<LenDist> for String {
     }
 }
 
-impl TryFrom<String> for LenDist {
-    type Error = Error;
-    fn try_from(s: String) -> Result<Self> {
-        s.parse()
+impl<'de> serde::Deserialize<'de> for LenDist {
+    /// The text form (`"128..384"`), or a whole number of tokens (a suite's `input-len = 256`).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Tokens(u64),
+            Text(String),
+        }
+        let text = match Form::deserialize(d)? {
+            Form::Tokens(n) => n.to_string(),
+            Form::Text(t) => t,
+        };
+        text.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -282,6 +292,71 @@ pub fn parse_rate(s: &str) -> Result<f64> {
             name: "--rate".into(),
             reason: format!("`{s}` is not a rate in requests/s like 0.5, 2 or inf"),
         })
+    }
+}
+
+/// An open-loop request rate, requests/s (`--rate`): a positive number, or `inf` (every request
+/// at once). Written to JSON as a number, or `"inf"`; read from a number or a string (run
+/// folders before 0.1.0's typed settings wrote `"2"`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate(pub f64);
+
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_infinite() {
+            f.write_str("inf")
+        } else {
+            write!(f, "{}", self.0)
+        }
+    }
+}
+
+impl FromStr for Rate {
+    type Err = Error;
+    /// Errors: as [`parse_rate`].
+    fn from_str(s: &str) -> Result<Self> {
+        parse_rate(s).map(Rate)
+    }
+}
+
+impl serde::Serialize for Rate {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        rate_serde::serialize(&self.0, s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Rate {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let r = rate_serde::deserialize(d)?;
+        if r > 0.0 {
+            Ok(Rate(r))
+        } else {
+            Err(serde::de::Error::custom(format!(
+                "`{r}` is not a rate in requests/s like 0.5, 2 or inf"
+            )))
+        }
+    }
+}
+
+/// How open-loop requests are spaced (`--arrival`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ArrivalProcess {
+    /// Exponential gaps (a Poisson process).
+    Poisson,
+    /// Evenly spaced.
+    Constant,
+}
+
+impl ArrivalProcess {
+    /// The [`Arrival`] of this process at `rate`.
+    pub fn at(self, rate: Rate) -> Arrival {
+        match self {
+            Self::Poisson => Arrival::Poisson { rate: rate.0 },
+            Self::Constant => Arrival::Constant { rate: rate.0 },
+        }
     }
 }
 

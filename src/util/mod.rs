@@ -4,6 +4,7 @@
 
 pub mod memory;
 pub mod noise;
+pub mod serde_text;
 pub mod time;
 
 /// Opens `path` for reading only if it is a regular file: a FIFO (or a device) given where a
@@ -27,4 +28,12 @@ pub fn read_regular(path: &std::path::Path) -> std::io::Result<String> {
     let mut s = String::new();
     std::io::Read::read_to_string(&mut open_regular(path)?, &mut s)?;
     Ok(s)
+}
+
+/// The command line as recorded in `meta.json`: each argument as text, bytes that are not
+/// UTF-8 shown as U+FFFD (`std::env::args` would panic on them; issue #25).
+pub fn command_line() -> Vec<String> {
+    std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
 }

@@ -1,0 +1,698 @@
+//! A serving run's folder read and rendered: the raw log `kvbench serve` appends to
+//! (`raw.jsonl`: each request as it finishes, then each point's row and scheduler trace),
+//! [`ServeRow`] — the schema of its `results.csv` —, `summary.md` and the charts. The serve
+//! loop ([`crate::serve::run`]) writes through [`ServeLog`]; `kvbench report` re-renders a
+//! folder with [`render`], as the run does when it finishes, so both give the same files.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::measure::contention::{Contention, CONTENDED_CORES};
+use crate::measure::sweep::PointStatus;
+use crate::serve::engine::{RequestRecord, ServeOutcome, StepSample};
+use crate::serve::metrics::{summarize, ServeStats, Slo};
+use crate::serve::run::{PointResult, ServeSink};
+use crate::serve::settings::PointKey;
+use crate::serve::workload::Arrival;
+
+use super::chart::{LineChart, Series};
+use super::meta::{ReportContext, ServeMeta};
+use super::run_dir::{read_jsonl, RawLog};
+
+/// What every row of a serving run repeats (`meta.json`'s `report_context`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ServeContext {
+    /// Model label (`--model` as given).
+    pub model: String,
+    /// KV budget, bytes.
+    pub kv_budget_bytes: u64,
+    /// Mean request length (prefix + prompt + output), tokens: the length `kvbench plan`'s
+    /// predicted concurrency is for.
+    pub mean_context_tokens: usize,
+}
+
+impl ReportContext for ServeContext {
+    /// Serve folders of formats 0 and 1 kept these at the top level of `meta.json`.
+    fn from_legacy(meta: &serde_json::Value) -> Option<Self> {
+        Some(ServeContext {
+            model: meta["settings"]["model"].as_str()?.to_string(),
+            kv_budget_bytes: meta["kv_budget_bytes"].as_u64()?,
+            mean_context_tokens: meta["mean_context_tokens"].as_u64()? as usize,
+        })
+    }
+}
+
+/// One results row (results.csv): a point's settings, what `plan` predicts and what was
+/// measured. Times ms, rates per second, memory bytes.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ServeRow {
+    /// KV scheme.
+    pub scheme: String,
+    /// Arrival process and load, e.g. `poisson 2 req/s`.
+    pub arrival: String,
+    /// Request rate (req/s; `inf`: every request at once) or closed-loop clients.
+    #[serde(with = "crate::serve::workload::load_serde")]
+    pub load: f64,
+    /// Whether the shared prefix was cached (stored once, prefilled once).
+    pub prefix_caching: bool,
+    /// `ok`, or why the point failed (`error: …`).
+    pub status: PointStatus,
+    /// KV budget, bytes.
+    pub kv_budget_bytes: u64,
+    /// Bytes per block for this scheme.
+    pub block_bytes: u64,
+    /// Blocks in the pool.
+    pub total_blocks: usize,
+    /// `kvbench plan`'s max concurrency at this budget for a sequence of the mean length
+    /// (prefix + mean prompt + mean output tokens).
+    pub predicted_max_concurrency: u64,
+    /// Requests sent.
+    pub requests: usize,
+    /// Requests completed.
+    pub completed: usize,
+    /// Largest decode batch measured.
+    pub running_max: usize,
+    /// Decode batch averaged over time.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub running_mean: f64,
+    /// Preemptions (recompute).
+    pub preemptions: usize,
+    /// Completed requests per second.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub request_throughput: f64,
+    /// Generated tokens per second.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub output_tokens_per_s: f64,
+    /// Requests per second meeting the SLO.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub goodput: f64,
+    /// Share of requests meeting the SLO.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub slo_attainment: f64,
+    /// TTFT percentiles, ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub ttft_ms_p50: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub ttft_ms_p95: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub ttft_ms_p99: f64,
+    /// TPOT percentiles (per request), ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub tpot_ms_p50: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub tpot_ms_p95: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub tpot_ms_p99: f64,
+    /// ITL percentiles (all gaps), ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub itl_ms_p50: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub itl_ms_p95: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub itl_ms_p99: f64,
+    /// End-to-end latency percentiles, ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub e2e_ms_p50: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub e2e_ms_p95: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub e2e_ms_p99: f64,
+    /// Mean and max share of blocks in use.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub block_util_mean: f64,
+    #[allow(missing_docs)]
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub block_util_max: f64,
+    /// Mean internal fragmentation (share of held block bytes not holding K/V).
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub fragmentation_mean: f64,
+    /// Bytes the shared prefix saved, mean and max over time.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub prefix_saved_bytes_mean: f64,
+    #[allow(missing_docs)]
+    pub prefix_saved_bytes_max: u64,
+    /// The one prefill of the shared prefix (prefix caching), ms.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub prefix_prefill_ms: f64,
+    /// Seconds the point ran.
+    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
+    pub duration_s: f64,
+    /// Cores other processes used meanwhile (see `measure::contention`).
+    pub other_cores: Option<f64>,
+}
+
+impl ServeRow {
+    /// The row of a finished (or failed) point: its settings, what `plan` predicted, and the
+    /// metrics [`summarize`] computes from its records under `slo`.
+    pub fn new(ctx: &ServeContext, p: &PointResult<'_>, slo: &Slo) -> Self {
+        let empty = ServeOutcome {
+            requests: Vec::new(),
+            steps: Vec::new(),
+            total_blocks: 0,
+            block_bytes: p.block_bytes,
+            prefix_blocks: 0,
+            prefix_prefill_s: 0.0,
+        };
+        let (o, status) = match &p.outcome {
+            Ok(o) => (o, PointStatus::Ok),
+            Err(e) => (&empty, PointStatus::Error(e.clone())),
+        };
+        let s = summarize(o, slo);
+        Self::from_stats(ctx, p, o, &s, status)
+    }
+
+    fn from_stats(
+        ctx: &ServeContext,
+        p: &PointResult<'_>,
+        o: &ServeOutcome,
+        s: &ServeStats,
+        status: PointStatus,
+    ) -> Self {
+        ServeRow {
+            scheme: p.key.scheme.clone(),
+            arrival: p.key.arrival.label(),
+            load: p.key.arrival.load(),
+            prefix_caching: p.key.prefix_caching,
+            status,
+            kv_budget_bytes: ctx.kv_budget_bytes,
+            block_bytes: o.block_bytes,
+            total_blocks: o.total_blocks,
+            predicted_max_concurrency: p.predicted_max_concurrency,
+            requests: s.requests,
+            completed: s.completed,
+            running_max: s.running_max,
+            running_mean: s.running_mean,
+            preemptions: s.preemptions,
+            request_throughput: s.request_throughput,
+            output_tokens_per_s: s.output_tokens_per_s,
+            goodput: s.goodput,
+            slo_attainment: s.slo_attainment,
+            ttft_ms_p50: s.ttft_ms.p50,
+            ttft_ms_p95: s.ttft_ms.p95,
+            ttft_ms_p99: s.ttft_ms.p99,
+            tpot_ms_p50: s.tpot_ms.p50,
+            tpot_ms_p95: s.tpot_ms.p95,
+            tpot_ms_p99: s.tpot_ms.p99,
+            itl_ms_p50: s.itl_ms.p50,
+            itl_ms_p95: s.itl_ms.p95,
+            itl_ms_p99: s.itl_ms.p99,
+            e2e_ms_p50: s.e2e_ms.p50,
+            e2e_ms_p95: s.e2e_ms.p95,
+            e2e_ms_p99: s.e2e_ms.p99,
+            block_util_mean: s.block_util_mean,
+            block_util_max: s.block_util_max,
+            fragmentation_mean: s.fragmentation_mean,
+            prefix_saved_bytes_mean: s.prefix_saved_bytes_mean,
+            prefix_saved_bytes_max: s.prefix_saved_bytes_max,
+            prefix_prefill_ms: o.prefix_prefill_s * 1e3,
+            duration_s: s.duration_s,
+            other_cores: p.contention.map(|c| c.other_cores),
+        }
+    }
+
+    /// Whether other processes used more than [`CONTENDED_CORES`] while the point ran.
+    pub fn contended(&self) -> bool {
+        self.other_cores.is_some_and(|c| c > CONTENDED_CORES)
+    }
+}
+
+/// A line of a serving run's `raw.jsonl`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum RawLine {
+    /// A request, written as it finishes.
+    Request {
+        /// Its point.
+        #[serde(flatten)]
+        point: PointKey,
+        /// What happened to it.
+        #[serde(flatten)]
+        record: RequestRecord,
+    },
+    /// A finished point: its row and the scheduler's trace.
+    Point {
+        /// Which point.
+        #[serde(flatten)]
+        point: PointKey,
+        /// Its results row.
+        row: ServeRow,
+        /// The scheduler's state after every decode step.
+        steps: Vec<StepSample>,
+        /// Other processes' CPU use meanwhile.
+        contention: Option<Contention>,
+    },
+}
+
+impl RawLine {
+    /// The point the line belongs to.
+    pub fn point(&self) -> &PointKey {
+        match self {
+            RawLine::Request { point, .. } | RawLine::Point { point, .. } => point,
+        }
+    }
+}
+
+/// Reads a serving run's `raw.jsonl` in `dir` (missing: no lines; a last line cut short by an
+/// interrupted write dropped with a warning). Errors: [`Error::Io`] (unreadable),
+/// [`Error::InvalidArgument`] naming the file and line of any other line that does not parse.
+pub fn read_raw(dir: &Path) -> Result<Vec<RawLine>> {
+    read_jsonl(&dir.join(super::RAW_FILE), "serve raw")
+}
+
+/// The lines of the points that finished, in file order (requests of an unfinished point are
+/// dropped: the point runs again on `--resume`), and those points.
+pub fn finished(lines: Vec<RawLine>) -> (Vec<RawLine>, Vec<PointKey>) {
+    let done: Vec<PointKey> = lines
+        .iter()
+        .filter_map(|l| match l {
+            RawLine::Point { point, .. } => Some(point.clone()),
+            RawLine::Request { .. } => None,
+        })
+        .collect();
+    let kept = lines
+        .into_iter()
+        .filter(|l| done.contains(l.point()))
+        .collect();
+    (kept, done)
+}
+
+/// Called with every row after its line is written.
+type RowHook = Box<dyn FnMut(&ServeRow)>;
+
+/// The writer of a serving run's `raw.jsonl` (the [`ServeSink`] the serve loop writes to):
+/// one line per request as it finishes, one per point with its row and trace; each flushed at
+/// once, so an interrupted run keeps everything finished.
+pub struct ServeLog {
+    raw: RawLog,
+    ctx: ServeContext,
+    slo: Slo,
+    on_row: Option<RowHook>,
+    /// Points written, failed points, and the first failure (`scheme load: status`).
+    pub tally: (usize, usize, Option<String>),
+}
+
+impl ServeLog {
+    /// Opens `dir/raw.jsonl` to append, rewritten first to exactly `earlier` (the lines of the
+    /// points a resumed run finished; [`finished`]). Errors: [`Error::Io`] naming the file.
+    pub fn open(dir: &Path, ctx: ServeContext, slo: Slo, earlier: &[RawLine]) -> Result<Self> {
+        let path = dir.join(super::RAW_FILE);
+        let keep = earlier
+            .iter()
+            .map(|l| serde_json::to_string(l).map_err(|e| Error::io(&path, e.into())))
+            .collect::<Result<Vec<_>>>()?;
+        let mut log = ServeLog {
+            raw: RawLog::open(dir, &keep)?,
+            ctx,
+            slo,
+            on_row: None,
+            tally: (0, 0, None),
+        };
+        for l in earlier {
+            if let RawLine::Point { row, .. } = l {
+                log.count(row);
+            }
+        }
+        Ok(log)
+    }
+
+    /// Calls `f` with every row after it is written (e.g. to print it above a progress bar).
+    pub fn on_row(mut self, f: impl FnMut(&ServeRow) + 'static) -> Self {
+        self.on_row = Some(Box::new(f));
+        self
+    }
+
+    fn count(&mut self, row: &ServeRow) {
+        self.tally.0 += 1;
+        if !row.status.is_ok() {
+            self.tally.1 += 1;
+            if self.tally.2.is_none() {
+                self.tally.2 = Some(format!("{} {}: {}", row.scheme, row.arrival, row.status));
+            }
+        }
+    }
+
+    /// Whether there were points and none of them ran.
+    pub fn all_failed(&self) -> bool {
+        self.tally.0 > 0 && self.tally.1 == self.tally.0
+    }
+}
+
+impl ServeSink for ServeLog {
+    fn request(&mut self, key: &PointKey, record: &RequestRecord) -> Result<()> {
+        self.raw.append(&RawLine::Request {
+            point: key.clone(),
+            record: record.clone(),
+        })
+    }
+
+    fn point(&mut self, result: PointResult<'_>) -> Result<()> {
+        let row = ServeRow::new(&self.ctx, &result, &self.slo);
+        let steps = result.outcome.map(|o| o.steps).unwrap_or_default();
+        self.raw.append(&RawLine::Point {
+            point: result.key.clone(),
+            row: row.clone(),
+            steps,
+            contention: result.contention,
+        })?;
+        self.count(&row);
+        if let Some(f) = self.on_row.as_mut() {
+            f(&row);
+        }
+        Ok(())
+    }
+}
+
+/// A serving run's folder read back: its `meta.json` and its finished points.
+#[derive(Debug)]
+pub struct ServeRun {
+    /// The folder.
+    pub dir: PathBuf,
+    /// `meta.json`, typed.
+    pub meta: ServeMeta,
+    /// `meta.json` as written.
+    pub value: serde_json::Value,
+    /// One row per finished point, in the order they finished.
+    pub rows: Vec<ServeRow>,
+    /// Each point's scheduler trace, in the same order.
+    pub traces: Vec<(PointKey, Vec<StepSample>)>,
+}
+
+impl ServeRun {
+    /// Reads `dir/meta.json` and `dir/raw.jsonl`. Errors: as [`ServeMeta::read`] and
+    /// [`read_raw`].
+    pub fn read(dir: &Path) -> Result<ServeRun> {
+        let (meta, value) = ServeMeta::read(&dir.join(super::META_FILE))?;
+        let mut rows = Vec::new();
+        let mut traces = Vec::new();
+        for l in read_raw(dir)? {
+            if let RawLine::Point {
+                point, row, steps, ..
+            } = l
+            {
+                rows.push(row);
+                traces.push((point, steps));
+            }
+        }
+        Ok(ServeRun {
+            dir: dir.to_path_buf(),
+            meta,
+            value,
+            rows,
+            traces,
+        })
+    }
+
+    /// A row's legend label: the scheme, with the prefix-caching arm when there is a prefix.
+    fn label(&self, scheme: &str, prefix_caching: bool) -> String {
+        if self.meta.settings.load.shared_prefix > 0 {
+            format!(
+                "{scheme} (prefix cache {})",
+                if prefix_caching { "on" } else { "off" }
+            )
+        } else {
+            scheme.to_string()
+        }
+    }
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+/// Writes `results.csv`, `summary.md` and the charts of `run` into its folder; returns the
+/// Markdown. Errors: [`Error::Io`] naming the file.
+pub fn render(run: &ServeRun) -> Result<String> {
+    let csv_path = run.dir.join(super::CSV_FILE);
+    let io = |e: csv::Error| Error::io(&csv_path, std::io::Error::other(e.to_string()));
+    let mut w = csv::Writer::from_path(&csv_path).map_err(io)?;
+    for r in &run.rows {
+        w.serialize(r).map_err(io)?;
+    }
+    w.flush().map_err(|e| Error::io(&csv_path, e))?;
+    let mut md = markdown(run);
+    charts(run)?;
+    md.push_str(
+        "\n![p95 latency vs load](plots/p95_latency_vs_rate.png)\n![goodput vs load](plots/goodput_vs_rate.png)\n![running sequences](plots/running_over_time.png)\n",
+    );
+    let path = run.dir.join(super::SUMMARY_FILE);
+    std::fs::write(&path, &md).map_err(|e| Error::io(&path, e))?;
+    Ok(md)
+}
+
+/// `summary.md`'s text (charts' links aside).
+fn markdown(run: &ServeRun) -> String {
+    let (s, ctx) = (&run.meta.settings, &run.meta.report_context);
+    let l = &s.load;
+    let mut md = format!(
+        "# kvbench serve — {}\n\nKV budget {:.1} MiB, blocks of {} tokens; {} requests per point, \
+         prompts {} tokens{} (WikiText-2 text), outputs {} tokens; SLO {}; max {} running; \
+         seed {}. Predicted concurrency: `kvbench plan` at this budget for a sequence of the mean \
+         length ({} tokens).\n\n",
+        ctx.model,
+        mib(ctx.kv_budget_bytes),
+        s.pool.block_size,
+        l.num_requests,
+        l.input_len,
+        if l.shared_prefix > 0 {
+            format!(" after a shared prefix of {}", l.shared_prefix)
+        } else {
+            String::new()
+        },
+        l.output_len,
+        s.slo.slo,
+        s.pool.max_num_seqs,
+        s.seed.seed,
+        ctx.mean_context_tokens,
+    );
+    md.push_str("| scheme | load | prefix cache | blocks | plan max seqs | max running | mean running | preempt | req/s | out tok/s | goodput req/s | TTFT p95 ms | TPOT p95 ms | E2E p95 ms | block util | frag | prefix saved MiB | status |\n");
+    md.push_str(
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for r in &run.rows {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.2} | {:.1} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} % | {:.1} % | {:.1} | {} |\n",
+            r.scheme,
+            r.arrival,
+            if r.prefix_caching { "on" } else { "off" },
+            r.total_blocks,
+            r.predicted_max_concurrency,
+            r.running_max,
+            r.running_mean,
+            r.preemptions,
+            r.request_throughput,
+            r.output_tokens_per_s,
+            r.goodput,
+            r.ttft_ms_p95,
+            r.tpot_ms_p95,
+            r.e2e_ms_p95,
+            r.block_util_mean * 100.0,
+            r.fragmentation_mean * 100.0,
+            mib(r.prefix_saved_bytes_mean as u64),
+            r.status
+        ));
+    }
+    md.push_str(
+        "\nplan max seqs counts sequences at their full mean length; a running batch mixes \
+         sequences early in their lives (fewer blocks), so the measured maximum can exceed it \
+         until they grow and preemptions bring it back. Prefix saved: pool accounting of what \
+         shared blocks save (the CPU cache copies the prefix rows).\n",
+    );
+    if l.shared_prefix > 0 {
+        md.push_str(&prefix_table(run));
+    }
+    let contended = run.rows.iter().filter(|r| r.contended()).count();
+    if contended > 0 {
+        md.push_str(&format!(
+            "\n**Warning:** {contended} point(s) ran while other processes used more than \
+             {CONTENDED_CORES} cores; their latencies describe a shared machine.\n",
+        ));
+    }
+    md
+}
+
+/// The prefix-sharing section: each scheme's TTFT and memory with the prefix cached and not.
+fn prefix_table(run: &ServeRun) -> String {
+    let mut md = format!(
+        "\n## Prefix sharing ({} shared tokens)\n\n| scheme | load | TTFT p50 off ms | TTFT p50 on ms | TTFT saved ms | prefix prefill ms | memory saved MiB (mean / max) |\n|---|---|---:|---:|---:|---:|---:|\n",
+        run.meta.settings.load.shared_prefix
+    );
+    for on in run.rows.iter().filter(|r| r.prefix_caching) {
+        if let Some(off) = run
+            .rows
+            .iter()
+            .find(|r| !r.prefix_caching && r.scheme == on.scheme && r.arrival == on.arrival)
+        {
+            md.push_str(&format!(
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} |\n",
+                on.scheme,
+                on.arrival,
+                off.ttft_ms_p50,
+                on.ttft_ms_p50,
+                off.ttft_ms_p50 - on.ttft_ms_p50,
+                on.prefix_prefill_ms,
+                mib(on.prefix_saved_bytes_mean as u64),
+                mib(on.prefix_saved_bytes_max)
+            ));
+        }
+    }
+    md.push_str(
+        "\nEviction schemes run without prefix caching (their blocks are not immutable). \
+         Memory saved is the block pool's accounting; the CPU cache holds a copy of the \
+         prefix rows per sequence.\n",
+    );
+    md
+}
+
+/// The charts: p95 E2E latency, p95 TTFT and goodput against the load, and running sequences
+/// over time at the highest load. Errors: [`Error::Io`] naming the file.
+fn charts(run: &ServeRun) -> Result<()> {
+    let (s, ctx) = (&run.meta.settings, &run.meta.report_context);
+    let plots = run.dir.join(super::PLOTS_DIR);
+    std::fs::create_dir_all(&plots).map_err(|e| Error::io(&plots, e))?;
+    let mut names: Vec<String> = Vec::new();
+    for r in &run.rows {
+        let n = run.label(&r.scheme, r.prefix_caching);
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    let x_label = if s.load.concurrency.is_empty() {
+        "request rate (requests/s)"
+    } else {
+        "concurrent clients (closed loop)"
+    };
+    let caption = format!(
+        "{} · KV budget {:.1} MiB · {} requests, prompts {}, outputs {} · kvbench {}",
+        ctx.model,
+        mib(ctx.kv_budget_bytes),
+        s.load.num_requests,
+        s.load.input_len,
+        s.load.output_len,
+        env!("CARGO_PKG_VERSION")
+    );
+    let series = |f: &dyn Fn(&ServeRow) -> f64| -> Vec<Series> {
+        names
+            .iter()
+            .map(|n| {
+                let mut pts: Vec<(f64, f64)> = run
+                    .rows
+                    .iter()
+                    .filter(|r| {
+                        &run.label(&r.scheme, r.prefix_caching) == n
+                            && r.status.is_ok()
+                            && r.load.is_finite()
+                    })
+                    .map(|r| (r.load, f(r)))
+                    .collect();
+                pts.sort_by(|x, y| x.0.total_cmp(&y.0));
+                Series::line(n.clone(), pts)
+            })
+            .collect()
+    };
+    let charts = [
+        (
+            "p95_latency_vs_rate",
+            "E2E latency p95 vs load",
+            "E2E latency p95 (ms)",
+            series(&|r| r.e2e_ms_p95),
+        ),
+        (
+            "ttft_p95_vs_rate",
+            "TTFT p95 vs load",
+            "TTFT p95 (ms)",
+            series(&|r| r.ttft_ms_p95),
+        ),
+        (
+            "goodput_vs_rate",
+            "Goodput vs load",
+            "goodput (requests/s meeting the SLO)",
+            series(&|r| r.goodput),
+        ),
+    ];
+    for (stem, title, y, series) in charts {
+        LineChart {
+            title: title.into(),
+            caption: caption.clone(),
+            x_label: x_label.into(),
+            y_label: y.into(),
+            log_x: false,
+            series,
+        }
+        .render(&plots, stem)?;
+    }
+    running_chart(run, &plots, caption)
+}
+
+/// Running sequences over time at the highest load.
+fn running_chart(run: &ServeRun, plots: &Path, caption: String) -> Result<()> {
+    let top = run
+        .traces
+        .iter()
+        .map(|(p, _)| p.arrival.load())
+        .fold(f64::NEG_INFINITY, f64::max);
+    let running: Vec<Series> = run
+        .traces
+        .iter()
+        .filter(|(p, _)| p.arrival.load() == top)
+        .map(|(p, steps)| {
+            Series::line(
+                run.label(&p.scheme, p.prefix_caching),
+                steps.iter().map(|s| (s.t_s, s.running as f64)).collect(),
+            )
+        })
+        .collect();
+    let label = run
+        .traces
+        .iter()
+        .map(|(p, _)| p.arrival)
+        .find(|a| a.load() == top)
+        .map_or(String::new(), |a: Arrival| a.label());
+    LineChart {
+        title: format!("Running sequences over time ({label})"),
+        caption,
+        x_label: "time since the first arrival (s)".into(),
+        y_label: "sequences in the decode batch".into(),
+        log_x: false,
+        series: running,
+    }
+    .render(plots, "running_over_time")
+}
+
+/// The line printed as a point finishes: scheme, load, prefix arm, and the headline numbers
+/// (or the failure), with a warning when the machine was busy.
+pub fn point_line(r: &ServeRow) -> String {
+    let mut line = format!(
+        "{:<28} {:<22} prefix-cache {:<5}: {}",
+        r.scheme,
+        r.arrival,
+        r.prefix_caching,
+        if r.status.is_ok() {
+            format!(
+                "max running {} (plan {}), {:.2} req/s, E2E p95 {:.0} ms, TTFT p95 {:.0} ms, {} preemptions",
+                r.running_max,
+                r.predicted_max_concurrency,
+                r.request_throughput,
+                r.e2e_ms_p95,
+                r.ttft_ms_p95,
+                r.preemptions
+            )
+        } else {
+            r.status.to_string()
+        }
+    );
+    if let Some(c) = r.other_cores.filter(|_| r.contended()) {
+        line.push_str(&format!(
+            "\nwarning: other processes used {c:.2} cores on average while this point ran; its \
+             latencies describe a shared machine — rerun on an idle one"
+        ));
+    }
+    line
+}
