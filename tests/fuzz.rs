@@ -730,7 +730,7 @@ fn serve_run_folder() -> &'static Path {
 /// settings it recorded (as a resumed run makes them before loading the model).
 fn read_serve_meta(dir: &Path, bytes: &[u8]) {
     std::fs::write(dir.join("meta.json"), bytes).unwrap();
-    if let Ok((m, _)) = kvbench::report::meta::ServeMeta::read(&dir.join("meta.json")) {
+    if let Ok((m, _)) = kvbench::report::serve::ServeMeta::read(&dir.join("meta.json")) {
         SERVE_STAGES[0].fetch_add(1, Ordering::Relaxed);
         if kvbench::serve::settings::ServePlan::build(&m.settings).is_ok() {
             SERVE_STAGES[1].fetch_add(1, Ordering::Relaxed);
@@ -791,7 +791,7 @@ fn fuzz_serve(count: u64, seed: u64) -> [(u64, u64); 3] {
     let meta = std::fs::read(run.join("meta.json")).unwrap();
     let raw = std::fs::read(run.join("raw.jsonl")).unwrap();
     // The seeds are valid (so mutations start from files serve reads).
-    let (m, _) = kvbench::report::meta::ServeMeta::read(&run.join("meta.json")).unwrap();
+    let (m, _) = kvbench::report::serve::ServeMeta::read(&run.join("meta.json")).unwrap();
     kvbench::serve::settings::ServePlan::build(&m.settings).unwrap();
     let lines = kvbench::report::serve::read_raw(run).unwrap();
     let points = lines

@@ -9,9 +9,11 @@ use anyhow::Context;
 use crate::measure::settings::{logical_cpus, Settings};
 use crate::model::{self, hub, WeightDtype};
 use crate::quality::{wikitext, xsum};
-use crate::report::meta::{self, Machine, RunKind, RunMode, RunStatus, ServeMeta};
+use crate::report::meta::{self, Machine, RunKind, RunMode, RunStatus};
 use crate::report::run_dir::{check_resume, prepare_out, resume_identity, RunDir, RunDirArgs};
-use crate::report::serve::{finished, read_raw, render, ServeContext, ServeLog, ServeRun};
+use crate::report::serve::{
+    finished, read_raw, render, ServeContext, ServeLog, ServeMeta, ServeRun,
+};
 use crate::serve::backend::ModelBackend;
 use crate::serve::engine::Backend;
 use crate::serve::run::{plan_geometry, Workload};

@@ -17,8 +17,9 @@ use crate::model::{self, hub, ModelLocation, WeightDtype};
 use crate::quality::passkey;
 use crate::quality::wikitext;
 use crate::quality::xsum::RougeTask;
-use crate::report::meta::{self, Machine, RunKind, RunMode, RunStatus, SweepMeta};
+use crate::report::meta::{self, Machine, RunKind, RunMode, RunStatus};
 use crate::report::run_dir::{check_resume, prepare_out, resume_identity, RunDir, RunDirArgs};
+use crate::report::SweepMeta;
 use crate::report::{read_records, table, RawRecords, ResultRow, RowContext, RunSink, Tally};
 
 use super::{model_files, print_above, progress_bar, resolve_settings, set_threads, BarProgress};
@@ -203,26 +204,6 @@ fn load_models(
     Ok(loaded)
 }
 
-/// The loaded model of each phase.
-pub(crate) struct Models<'a> {
-    /// Decode steps (TPOT); its tokenizer reads the text.
-    pub timing: &'a model::LoadedModel,
-    /// Prefill (TTFT).
-    pub prefill: &'a model::LoadedModel,
-    /// Perplexity and the generation tasks.
-    pub quality: &'a model::LoadedModel,
-}
-
-impl<'a> Models<'a> {
-    fn new(s: &SweepSettings, loaded: &'a HashMap<WeightDtype, model::LoadedModel>) -> Self {
-        Models {
-            timing: &loaded[&s.weights.weights],
-            prefill: &loaded[&s.weights.prefill_weights],
-            quality: &loaded[&s.perplexity.ppl_weights],
-        }
-    }
-}
-
 /// Says so when `--ppl-windows` asks for more windows than the text holds.
 fn note_windows(s: &SweepSettings, n_tokens: usize) {
     let p = &s.perplexity;
@@ -389,7 +370,7 @@ fn synthetic(
     let model = crate::model::geometry::for_model_arg(&plan.settings.model.model)?;
     let geom = model.cache();
     let memory_limit = match &plan.settings.synthetic.memory_limit {
-        Some(m) => crate::plan::parse_bytes(m)?,
+        Some(m) => crate::util::size::parse_bytes(m)?,
         None => crate::util::memory::available_bytes().unwrap_or(u64::MAX),
     };
     let spec = plan.synthetic_spec();
@@ -518,3 +499,5 @@ fn model_label(spec: &str, loc: &ModelLocation) -> String {
 }
 
 mod details;
+
+use details::Models;

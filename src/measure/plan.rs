@@ -50,7 +50,7 @@ impl SweepPlan {
             ));
         }
         if let Some(m) = &syn.memory_limit {
-            crate::plan::parse_bytes(m).map_err(|_| {
+            crate::util::size::parse_bytes(m).map_err(|_| {
                 invalid(
                     "--memory-limit",
                     format!("`{m}` is not a size like 16GiB or 512MiB"),

@@ -215,7 +215,7 @@ impl<R: Read + Seek> GgufFile<R> {
             max_ctx: self.meta_usize(&k("context_length"))?,
             arch,
         };
-        cfg.check(&self.path)?;
+        super::shapes::check_config(&cfg, &self.path)?;
         let shape = |name: &str| {
             self.content
                 .tensor_infos

@@ -2,13 +2,27 @@
 //! Hugging Face repo id / alias through hf-hub and its cache (`HF_HOME`, `HF_TOKEN`,
 //! `HF_HUB_OFFLINE`), as `transformers` and vLLM resolve them.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use hf_hub::api::sync::ApiBuilder;
 use hf_hub::{Cache, Repo};
 
-use super::{fetch, safetensors, ModelLocation};
+use super::{fetch, safetensors};
 use crate::error::{Error, Result};
+
+/// What `--model` resolves to before any weights are read.
+#[derive(Debug, Clone)]
+pub enum ModelLocation {
+    /// A single GGUF file (weights, hyper-parameters and tokenizer inside).
+    Gguf(PathBuf),
+    /// `config.json`, `tokenizer.json` and safetensors shards.
+    Safetensors {
+        config: PathBuf,
+        tokenizer: PathBuf,
+        weights: Vec<PathBuf>,
+        repo: Option<String>,
+    },
+}
 
 /// Short names for common checkpoints: `(alias, repo id)`.
 pub const ALIASES: &[(&str, &str)] = &[

@@ -74,7 +74,7 @@ pub fn read_config(path: &Path) -> Result<(ModelConfig, bool)> {
         rms_eps: hf.rms_norm_eps,
         max_ctx: hf.max_position_embeddings,
     };
-    cfg.check(path)?;
+    super::shapes::check_config(&cfg, path)?;
     Ok((cfg, hf.tie_word_embeddings))
 }
 

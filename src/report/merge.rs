@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::meta::SweepMeta;
 use super::read_records;
+use super::SweepMeta;
 use crate::error::{Error, Result};
 use crate::kv::KvScheme;
 use crate::measure::shard::{ShardRecord, Unit, MAX_SHARDS};

@@ -3,13 +3,10 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::measure::settings::{Settings, SweepSettings};
+use crate::measure::settings::Settings;
 use crate::measure::shard::ShardRecord;
-use crate::serve::settings::ServeSettings;
 use crate::util::memory;
 
-use super::serve::ServeContext;
-use super::RowContext;
 use serde::Deserialize as _;
 
 /// The `meta.json` format this kvbench writes. 0: folders written before the format was
@@ -69,13 +66,6 @@ pub trait ReportContext: serde::Serialize + serde::de::DeserializeOwned {
     }
 }
 
-impl ReportContext for RowContext {}
-
-/// A sweep's `meta.json`.
-pub type SweepMeta = RunMeta<SweepSettings, RowContext>;
-/// A serving run's `meta.json`.
-pub type ServeMeta = RunMeta<ServeSettings, ServeContext>;
-
 /// What kind of run a folder holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -120,7 +110,7 @@ pub enum RunStatus {
 
 /// `meta.json`: every choice that changes a number, typed where kvbench reads it back
 /// (`report`, `--resume`, `merge`, `gate`), for any command: `S` its settings
-/// ([`SweepSettings`], [`ServeSettings`]), `C` what every row repeats; the command's own
+/// (`SweepSettings`, `ServeSettings`), `C` what every row repeats; the command's own
 /// sections (model and tokenizer, sweep spec, perplexity protocol, scheduler …) are kept as
 /// written in [`RunMeta::details`].
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

@@ -301,6 +301,11 @@ pub const CSV_COLUMNS: &[&str] = &[
     "ppl_weight_dtype",
 ];
 
+impl meta::ReportContext for RowContext {}
+
+/// A sweep's `meta.json`.
+pub type SweepMeta = meta::RunMeta<crate::measure::settings::SweepSettings, RowContext>;
+
 /// Fixed context of a run that every row repeats (kept in `meta.json` as `report_context`, so
 /// `kvbench report` can rebuild rows from `raw.jsonl`).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -678,19 +683,7 @@ impl PointSink for RunSink {
     }
 }
 
-/// File names inside a run folder.
-pub const RAW_FILE: &str = "raw.jsonl";
-/// See [`RAW_FILE`].
-pub const CSV_FILE: &str = "results.csv";
-/// See [`RAW_FILE`].
-pub const META_FILE: &str = "meta.json";
-/// See [`RAW_FILE`].
-pub const SUMMARY_FILE: &str = "summary.md";
-/// See [`RAW_FILE`].
-pub const PLOTS_DIR: &str = "plots";
-/// Where run folders written before quality had its own `raw.jsonl` record kept it (one
-/// [`QualityOutcome`] per line); read by [`read_records`], never written.
-pub const LEGACY_QUALITY_FILE: &str = "quality.jsonl";
+pub use run_dir::{CSV_FILE, LEGACY_QUALITY_FILE, META_FILE, PLOTS_DIR, RAW_FILE, SUMMARY_FILE};
 
 /// The quality fields that lines of `raw.jsonl` written before quality had its own record
 /// repeated on every point of a scheme.

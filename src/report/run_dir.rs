@@ -153,7 +153,7 @@ impl RawLog {
     /// (through a temporary file and a rename, so an interruption then loses nothing).
     /// Errors: [`Error::Io`] naming the file.
     pub fn open(dir: &Path, keep: &[String]) -> Result<RawLog> {
-        let path = dir.join(super::RAW_FILE);
+        let path = dir.join(RAW_FILE);
         let cut_short = std::fs::read(&path).is_ok_and(|b| b.last().is_some_and(|&c| c != b'\n'));
         if !keep.is_empty() || cut_short {
             let tmp = path.with_extension("jsonl.tmp");
@@ -189,6 +189,20 @@ impl RawLog {
         &self.path
     }
 }
+
+/// File names inside a run folder.
+pub const RAW_FILE: &str = "raw.jsonl";
+/// See [`RAW_FILE`].
+pub const CSV_FILE: &str = "results.csv";
+/// See [`RAW_FILE`].
+pub const META_FILE: &str = "meta.json";
+/// See [`RAW_FILE`].
+pub const SUMMARY_FILE: &str = "summary.md";
+/// See [`RAW_FILE`].
+pub const PLOTS_DIR: &str = "plots";
+/// Where run folders written before quality had its own `raw.jsonl` record kept it (one
+/// `QualityOutcome` per line); read by `crate::report::read_records`, never written.
+pub const LEGACY_QUALITY_FILE: &str = "quality.jsonl";
 
 /// The lock file's name inside a run folder.
 pub const LOCK_FILE: &str = ".kvbench.lock";

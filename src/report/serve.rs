@@ -16,8 +16,11 @@ use crate::serve::settings::PointKey;
 use crate::serve::workload::Arrival;
 
 use super::chart::{LineChart, Series};
-use super::meta::{ReportContext, ServeMeta};
+use super::meta::{ReportContext, RunMeta};
 use super::run_dir::{read_jsonl, RawLog};
+
+/// A serving run's `meta.json`.
+pub type ServeMeta = RunMeta<crate::serve::settings::ServeSettings, ServeContext>;
 
 /// What every row of a serving run repeats (`meta.json`'s `report_context`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -264,7 +267,7 @@ impl RawLine {
 /// interrupted write dropped with a warning). Errors: [`Error::Io`] (unreadable),
 /// [`Error::InvalidArgument`] naming the file and line of any other line that does not parse.
 pub fn read_raw(dir: &Path) -> Result<Vec<RawLine>> {
-    read_jsonl(&dir.join(super::RAW_FILE), "serve raw")
+    read_jsonl(&dir.join(super::run_dir::RAW_FILE), "serve raw")
 }
 
 /// The lines of the points that finished, in file order (requests of an unfinished point are
@@ -303,7 +306,7 @@ impl ServeLog {
     /// Opens `dir/raw.jsonl` to append, rewritten first to exactly `earlier` (the lines of the
     /// points a resumed run finished; [`finished`]). Errors: [`Error::Io`] naming the file.
     pub fn open(dir: &Path, ctx: ServeContext, slo: Slo, earlier: &[RawLine]) -> Result<Self> {
-        let path = dir.join(super::RAW_FILE);
+        let path = dir.join(super::run_dir::RAW_FILE);
         let keep = earlier
             .iter()
             .map(|l| serde_json::to_string(l).map_err(|e| Error::io(&path, e.into())))
@@ -389,7 +392,7 @@ impl ServeRun {
     /// Reads `dir/meta.json` and `dir/raw.jsonl`. Errors: as [`ServeMeta::read`] and
     /// [`read_raw`].
     pub fn read(dir: &Path) -> Result<ServeRun> {
-        let (meta, value) = ServeMeta::read(&dir.join(super::META_FILE))?;
+        let (meta, value) = ServeMeta::read(&dir.join(super::run_dir::META_FILE))?;
         let mut rows = Vec::new();
         let mut traces = Vec::new();
         for l in read_raw(dir)? {
@@ -430,7 +433,7 @@ fn mib(b: u64) -> f64 {
 /// Writes `results.csv`, `summary.md` and the charts of `run` into its folder; returns the
 /// Markdown. Errors: [`Error::Io`] naming the file.
 pub fn render(run: &ServeRun) -> Result<String> {
-    let csv_path = run.dir.join(super::CSV_FILE);
+    let csv_path = run.dir.join(super::run_dir::CSV_FILE);
     let io = |e: csv::Error| Error::io(&csv_path, std::io::Error::other(e.to_string()));
     let mut w = csv::Writer::from_path(&csv_path).map_err(io)?;
     for r in &run.rows {
@@ -442,7 +445,7 @@ pub fn render(run: &ServeRun) -> Result<String> {
     md.push_str(
         "\n![p95 latency vs load](plots/p95_latency_vs_rate.png)\n![goodput vs load](plots/goodput_vs_rate.png)\n![running sequences](plots/running_over_time.png)\n",
     );
-    let path = run.dir.join(super::SUMMARY_FILE);
+    let path = run.dir.join(super::run_dir::SUMMARY_FILE);
     std::fs::write(&path, &md).map_err(|e| Error::io(&path, e))?;
     Ok(md)
 }
@@ -555,7 +558,7 @@ fn prefix_table(run: &ServeRun) -> String {
 /// over time at the highest load. Errors: [`Error::Io`] naming the file.
 fn charts(run: &ServeRun) -> Result<()> {
     let (s, ctx) = (&run.meta.settings, &run.meta.report_context);
-    let plots = run.dir.join(super::PLOTS_DIR);
+    let plots = run.dir.join(super::run_dir::PLOTS_DIR);
     std::fs::create_dir_all(&plots).map_err(|e| Error::io(&plots, e))?;
     let mut names: Vec<String> = Vec::new();
     for r in &run.rows {

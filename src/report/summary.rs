@@ -15,7 +15,7 @@ pub struct Run {
     /// The folder.
     pub dir: PathBuf,
     /// `meta.json`, typed.
-    pub run_meta: super::meta::SweepMeta,
+    pub run_meta: super::SweepMeta,
     /// `meta.json` as written (for `merge` and `--resume`, which carry every section over).
     pub meta: serde_json::Value,
     /// One row per finished point, in the order they finished.
@@ -39,7 +39,7 @@ impl Run {
                 ),
             });
         }
-        let (run_meta, meta) = super::meta::SweepMeta::read(&meta_path)?;
+        let (run_meta, meta) = super::SweepMeta::read(&meta_path)?;
         let ctx: RowContext = run_meta.report_context.clone();
         let records = read_records(dir)?;
         let rows = records.rows(&ctx);

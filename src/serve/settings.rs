@@ -15,7 +15,7 @@ use crate::measure::settings::{
     check_threads, dedup_with_note, ModelArgs, SchemeArgs, SeedArgs, Settings, ThreadArgs,
     WeightArgs,
 };
-use crate::plan::ByteSize;
+use crate::util::size::ByteSize;
 
 use super::metrics::Slo;
 use super::pool::BlockSizer;

@@ -5,6 +5,7 @@
 pub mod memory;
 pub mod noise;
 pub mod serde_text;
+pub mod size;
 pub mod time;
 
 /// Opens `path` for reading only if it is a regular file: a FIFO (or a device) given where a

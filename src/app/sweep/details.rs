@@ -11,7 +11,30 @@ use crate::quality::wikitext;
 use crate::quality::xsum;
 use crate::report::CSV_COLUMNS;
 
-use super::Models;
+use std::collections::HashMap;
+
+/// The loaded model of each phase.
+pub(super) struct Models<'a> {
+    /// Decode steps (TPOT); its tokenizer reads the text.
+    pub timing: &'a model::LoadedModel,
+    /// Prefill (TTFT).
+    pub prefill: &'a model::LoadedModel,
+    /// Perplexity and the generation tasks.
+    pub quality: &'a model::LoadedModel,
+}
+
+impl<'a> Models<'a> {
+    pub(super) fn new(
+        s: &SweepSettings,
+        loaded: &'a HashMap<WeightDtype, model::LoadedModel>,
+    ) -> Self {
+        Models {
+            timing: &loaded[&s.weights.weights],
+            prefill: &loaded[&s.weights.prefill_weights],
+            quality: &loaded[&s.perplexity.ppl_weights],
+        }
+    }
+}
 
 /// The sections of a model sweep.
 #[derive(serde::Serialize)]

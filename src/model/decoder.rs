@@ -1,0 +1,571 @@
+//! The decoder: a Llama-family transformer (Llama 2/3, Mistral, Qwen2, SmolLM) built from
+//! candle ops, whose attention reads and writes a KV cache passed in from outside (any
+//! [`AttentionCache`]), its configuration, and its linear layers in each weight dtype.
+//!
+//! Architecture as in Touvron et al. 2023 (Llama 2, §2.2): pre-norm RMSNorm, rotary position
+//! embeddings (RoFormer, Su et al. 2021), grouped-query attention (Ainslie et al. 2023), SwiGLU MLP.
+//! Qwen2 adds biases to the q/k/v projections.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Tensor, D};
+
+use super::qmatmul;
+use crate::error::{Error, Result};
+use crate::kv::{AttentionCache, CacheGeometry};
+
+/// How rotary embeddings pair up the elements of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)`: GGUF Llama files, whose converter permutes Q/K rows for it.
+    Interleaved,
+    /// Halves `(i, i + d/2)`: Hugging Face checkpoints and GGUF Qwen2 ("NeoX" style).
+    Half,
+}
+
+/// Hyper-parameters of a Llama-family decoder, read from GGUF metadata or `config.json`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ModelConfig {
+    /// Architecture name as the file states it (`llama`, `qwen2`, `mistral`).
+    pub arch: String,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Residual stream width.
+    pub hidden: usize,
+    /// SwiGLU inner width.
+    pub intermediate: usize,
+    /// Query heads.
+    pub q_heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab: usize,
+    /// RoPE base frequency θ.
+    pub rope_theta: f32,
+    /// RoPE pairing.
+    pub rope_style: RopeStyle,
+    /// RMSNorm ε.
+    pub rms_eps: f64,
+    /// Context length the model was trained for (tokens).
+    pub max_ctx: usize,
+}
+
+impl ModelConfig {
+    /// The geometry the KV cache needs.
+    pub fn cache_geometry(&self) -> CacheGeometry {
+        CacheGeometry {
+            layers: self.layers,
+            kv_heads: self.kv_heads,
+            q_heads: self.q_heads,
+            head_dim: self.head_dim,
+        }
+    }
+}
+
+/// The dtype the linear layers compute in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightDtype {
+    /// Weights dequantized to f32 at load: exact arithmetic, for quality numbers.
+    F32,
+    /// Weights (re)quantized to ggml Q8_0 (blocks of 32, f16 scale), which candle runs with AVX2
+    /// dot products: the fast path for timing sweeps.
+    Q8_0,
+    /// Whatever the file stores (e.g. Q4_1 in the default GGUF; candle 0.11 has no SIMD for it).
+    Native,
+}
+
+impl std::fmt::Display for WeightDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WeightDtype::F32 => "f32",
+            WeightDtype::Q8_0 => "q8_0",
+            WeightDtype::Native => "native",
+        })
+    }
+}
+
+impl FromStr for WeightDtype {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(WeightDtype::F32),
+            "q8_0" | "q8" => Ok(WeightDtype::Q8_0),
+            "native" => Ok(WeightDtype::Native),
+            _ => Err(Error::InvalidArgument {
+                name: "weight dtype".into(),
+                reason: format!("`{s}` is not one of f32, q8_0, native"),
+            }),
+        }
+    }
+}
+
+/// A linear layer `y = x Wᵀ (+ b)`, `W: [out, in]`, in the chosen [`WeightDtype`].
+#[derive(Debug, Clone)]
+pub struct Linear {
+    w: QMatMul,
+    b: Option<Tensor>,
+    /// The same weights for kvbench's own CPU kernel ([`qmatmul`]), when they are in a block
+    /// format it runs (Q8_0, Q4_0, Q4_1) and live on the CPU: every forward on the CPU uses it.
+    fast: Option<std::sync::Arc<qmatmul::QMatrix>>,
+}
+
+impl Linear {
+    /// Builds the layer on `device` from a stored tensor `[out, in]` (on any device, normally
+    /// the CPU, as read from the file), converting it to `dtype`; `b` must already be on
+    /// `device`. Dequantizing and requantizing run on the CPU, so the weights are the same on
+    /// every device; quantized blocks are then copied to `device` as they are (candle's CUDA
+    /// QMatMul runs Q4_0/Q4_1/Q5_x/Q8_0 and the k-quants).
+    pub fn new(w: QTensor, b: Option<Tensor>, dtype: WeightDtype, device: &Device) -> Result<Self> {
+        let w = match (dtype, w.dtype()) {
+            (WeightDtype::F32, _) | (_, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) => {
+                QMatMul::Tensor(w.dequantize(device)?)
+            }
+            (WeightDtype::Q8_0, GgmlDType::Q8_0) | (WeightDtype::Native, _) => {
+                QMatMul::QTensor(std::sync::Arc::new(qtensor_to_device(w, device)?))
+            }
+            (WeightDtype::Q8_0, _) => {
+                let t = w.dequantize(&Device::Cpu)?;
+                QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize_onto(
+                    &t,
+                    GgmlDType::Q8_0,
+                    device,
+                )?))
+            }
+        };
+        Self::with_kernel(w, b)
+    }
+
+    /// Adds kvbench's CPU kernel for block-quantized weights on the CPU (see [`Self::fast`]).
+    fn with_kernel(w: QMatMul, b: Option<Tensor>) -> Result<Self> {
+        let fast = match &w {
+            QMatMul::QTensor(q) if q.device().is_cpu() => {
+                match (qmatmul::BlockFormat::of(q.dtype()), q.shape().dims2()) {
+                    (Some(format), Ok((rows, cols))) => {
+                        qmatmul::QMatrix::new(format, rows, cols, q.data()?.into_owned())
+                            .map(std::sync::Arc::new)
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        Ok(Self { w, b, fast })
+    }
+
+    /// Builds the layer on `device` from a dense `[out, in]` tensor (safetensors), converting
+    /// to `dtype` (`Native` keeps f32: candle's CPU backend has no fast bf16/f16 matmul); `b`
+    /// must already be on `device`. Q8_0 is quantized on the CPU, then copied.
+    pub fn from_dense(
+        w: Tensor,
+        b: Option<Tensor>,
+        dtype: WeightDtype,
+        device: &Device,
+    ) -> Result<Self> {
+        let w = w.to_dtype(DType::F32)?;
+        let w = match dtype {
+            WeightDtype::F32 | WeightDtype::Native => QMatMul::Tensor(w.to_device(device)?),
+            WeightDtype::Q8_0 => QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize_onto(
+                &w.to_device(&Device::Cpu)?,
+                GgmlDType::Q8_0,
+                device,
+            )?)),
+        };
+        Self::with_kernel(w, b)
+    }
+
+    /// Bytes of this layer's weight and bias as stored (see [`Model::weight_bytes`]).
+    fn weight_bytes(&self, seen: &mut Vec<candle_core::TensorId>) -> usize {
+        let w = match &self.w {
+            QMatMul::QTensor(q) => q.storage_size_in_bytes(),
+            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => tensor_bytes(t, seen),
+        };
+        w + self.b.as_ref().map_or(0, |b| tensor_bytes(b, seen))
+    }
+
+    /// `x: [..., in]` f32 → `[..., out]` f32. Block-quantized weights on the CPU run kvbench's
+    /// own kernel ([`qmatmul`]: each weight block read once for every row of `x`), everything
+    /// else candle's `QMatMul`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = match &self.fast {
+            Some(q)
+                if x.device().is_cpu()
+                    && x.dtype() == DType::F32
+                    && x.dims().last() == Some(&q.cols()) =>
+            {
+                let mut dims = x.dims().to_vec();
+                let xs = x.flatten_all()?.to_vec1::<f32>()?;
+                let m = xs.len() / q.cols();
+                let mut out = vec![0f32; m * q.rows()];
+                q.matmul(&xs, &mut out);
+                *dims.last_mut().expect("at least one dim") = q.rows();
+                Tensor::from_vec(out, dims, x.device())?
+            }
+            _ => self.w.forward(x)?,
+        };
+        Ok(match &self.b {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// `q` with its blocks on `device` (a no-op on the CPU).
+fn qtensor_to_device(q: QTensor, device: &Device) -> Result<QTensor> {
+    if q.device().same_device(device) {
+        return Ok(q);
+    }
+    let storage = candle_core::quantized::QStorage::from_data(q.data()?, device, q.dtype())?;
+    Ok(QTensor::new(storage, q.shape().clone())?)
+}
+
+/// Bytes of a dense tensor's elements (`elem_count × dtype size`), 0 when a tensor with the same
+/// id (a clone sharing its storage, e.g. tied embeddings) was counted already.
+fn tensor_bytes(t: &Tensor, seen: &mut Vec<candle_core::TensorId>) -> usize {
+    if seen.contains(&t.id()) {
+        return 0;
+    }
+    seen.push(t.id());
+    t.elem_count() * t.dtype().size_in_bytes()
+}
+
+/// One decoder block's weights.
+#[derive(Debug, Clone)]
+pub struct Block {
+    pub attn_norm: Tensor,
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub ffn_norm: Tensor,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+/// Where a model came from, recorded in `meta.json`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModelSource {
+    /// What the user passed to `--model`.
+    pub spec: String,
+    /// `gguf`, `safetensors` or `hf-hub`.
+    pub format: String,
+    /// Weight files read.
+    pub files: Vec<PathBuf>,
+    /// Hugging Face repo id, when resolved through hf-hub.
+    pub repo: Option<String>,
+}
+
+/// A function applied in place to every decoder layer's input hidden state
+/// ([`Model::with_layer_input_hook`]).
+#[derive(Clone)]
+pub struct LayerInputHook(pub std::sync::Arc<dyn Fn(&mut [f32]) + Send + Sync>);
+
+impl std::fmt::Debug for LayerInputHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LayerInputHook")
+    }
+}
+
+/// A loaded Llama-family decoder.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// Hyper-parameters.
+    pub config: ModelConfig,
+    /// Dtype of the linear layers.
+    pub weight_dtype: WeightDtype,
+    /// Where every weight lives and the forward pass runs.
+    device: Device,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    lm_head: Linear,
+    cos: Tensor,
+    sin: Tensor,
+    /// A hook applied to each layer's input hidden state (noise-floor reruns,
+    /// [`Model::with_layer_input_hook`]); `None` — the default — leaves the forward alone.
+    perturb: Option<LayerInputHook>,
+}
+
+impl Model {
+    /// Assembles a model from loaded weights. `embed`: `[vocab, hidden]` f32. The model runs on
+    /// `embed`'s device; every other weight must be on it too.
+    pub fn new(
+        config: ModelConfig,
+        weight_dtype: WeightDtype,
+        embed: Tensor,
+        blocks: Vec<Block>,
+        norm: Tensor,
+        lm_head: Linear,
+    ) -> Result<Self> {
+        let device = embed.device().clone();
+        let (cos, sin) = rope_tables(&config)?;
+        let (cos, sin) = (cos.to_device(&device)?, sin.to_device(&device)?);
+        Ok(Self {
+            config,
+            weight_dtype,
+            device,
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            cos,
+            sin,
+            perturb: None,
+        })
+    }
+
+    /// A copy of this model (weights shared, not copied) whose forward passes each decoder
+    /// layer's input hidden state (`[batch, n, hidden]`, flattened row-major to f32, before the
+    /// attention norm) through `hook` in place — the perplexity noise floor
+    /// (`--ppl-noise-floor`) moves every element one ulp at random with
+    /// `crate::quality::paired::perturb_rounding`. Calls run in layer order, so a seeded hook
+    /// gives the same numbers every time. The plain model is unaffected.
+    pub fn with_layer_input_hook(&self, hook: LayerInputHook) -> Model {
+        let mut m = self.clone();
+        m.perturb = Some(hook);
+        m
+    }
+
+    /// [`Self::with_layer_input_hook`]'s step on one layer input; the identity when off.
+    fn perturbed(&self, x: Tensor) -> Result<Tensor> {
+        let Some(hook) = &self.perturb else {
+            return Ok(x);
+        };
+        let shape = x.shape().clone();
+        let mut v = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        (hook.0)(&mut v);
+        Ok(Tensor::from_vec(v, shape, &self.device)?.to_dtype(x.dtype())?)
+    }
+
+    /// The device the weights live on and the forward pass runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Bytes the weights occupy as stored, all layers together: quantized linear layers at
+    /// their block storage size (e.g. Q8_0: 34 bytes per 32 weights), dense tensors (the f32
+    /// embedding table, norms, f32 linear layers, biases) at element count × dtype size; a
+    /// tensor shared by two layers (tied embeddings from safetensors) counts once. Excludes the
+    /// RoPE tables, any padding a device allocator adds, and the repacked copies candle's CPU
+    /// kernels may build lazily for their SIMD paths.
+    pub fn weight_bytes(&self) -> usize {
+        let mut seen = Vec::new();
+        let mut n = tensor_bytes(&self.embed, &mut seen) + tensor_bytes(&self.norm, &mut seen);
+        for b in &self.blocks {
+            n += tensor_bytes(&b.attn_norm, &mut seen) + tensor_bytes(&b.ffn_norm, &mut seen);
+            for l in [&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down] {
+                n += l.weight_bytes(&mut seen);
+            }
+        }
+        n + self.lm_head.weight_bytes(&mut seen)
+    }
+
+    /// Runs `tokens` (`[batch, n]`, row-major, `n` new tokens per sequence) through the decoder,
+    /// appending their K/V to `cache` and attending over everything cached. Returns the final
+    /// hidden states after the output norm, `[batch, n, hidden]` f32, on the model's device.
+    ///
+    /// `cache` is any [`AttentionCache`] whose tensors live on the model's device (the CPU
+    /// [`KvCache`](crate::kv::KvCache) for a CPU model). With `cache = None` attention is
+    /// computed by plain candle ops over the f32 K/V of this call only (no cache): the reference
+    /// path the cached one is tested against.
+    ///
+    /// Errors: [`Error::InvalidArgument`] when the position would pass the model's context length
+    /// or the cache returns tensors on another device than the model's; the cache's own errors.
+    pub fn forward_hidden(
+        &self,
+        tokens: &[u32],
+        batch: usize,
+        mut cache: Option<&mut dyn AttentionCache>,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let n = tokens.len() / batch;
+        // Each sequence continues from its own position (prompts of different lengths).
+        let pos0: Vec<usize> = match cache.as_deref() {
+            Some(k) => (0..batch).map(|b| k.seen(b)).collect(),
+            None => vec![0; batch],
+        };
+        if let Some(&p) = pos0.iter().max() {
+            if p + n > c.max_ctx {
+                return Err(Error::InvalidArgument {
+                    name: "sequence length".into(),
+                    reason: format!(
+                        "{} tokens exceed the model's context length {}",
+                        p + n,
+                        c.max_ctx
+                    ),
+                });
+            }
+        }
+        let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
+        let mut x = self
+            .embed
+            .index_select(&ids, 0)?
+            .reshape((batch, n, c.hidden))?;
+        let (cos, sin) = if pos0.iter().all(|&p| p == pos0[0]) {
+            (
+                self.cos.narrow(0, pos0[0], n)?,
+                self.sin.narrow(0, pos0[0], n)?,
+            )
+        } else {
+            let pick = |t: &Tensor| -> Result<Tensor> {
+                let rows = pos0
+                    .iter()
+                    .map(|&p| t.narrow(0, p, n))
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                Ok(Tensor::stack(&rows, 0)?)
+            };
+            (pick(&self.cos)?, pick(&self.sin)?)
+        };
+        let rope = |t: Tensor| -> Result<Tensor> {
+            Ok(match c.rope_style {
+                RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&t, &cos, &sin)?,
+                RopeStyle::Half => candle_nn::rotary_emb::rope(&t, &cos, &sin)?,
+            })
+        };
+        let heads = |t: Tensor, h: usize| -> Result<Tensor> {
+            Ok(t.reshape((batch, n, h, c.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        for (layer, blk) in self.blocks.iter().enumerate() {
+            x = self.perturbed(x)?;
+            let h = candle_nn::ops::rms_norm(&x, &blk.attn_norm, c.rms_eps as f32)?;
+            let q = rope(heads(blk.q.forward(&h)?, c.q_heads)?)?;
+            let k = rope(heads(blk.k.forward(&h)?, c.kv_heads)?)?;
+            let v = heads(blk.v.forward(&h)?, c.kv_heads)?;
+            let attn = match cache.as_deref_mut() {
+                Some(cache) => {
+                    cache.append_tensors(layer, &k, &v)?;
+                    let out = cache.attend_tensor(layer, &q)?;
+                    if !out.device().same_device(&self.device) {
+                        return Err(Error::InvalidArgument {
+                            name: "KV cache".into(),
+                            reason: format!(
+                                "it returned attention on {:?}, but the model runs on {:?}; \
+                                 use a cache on the model's device",
+                                out.device().location(),
+                                self.device.location()
+                            ),
+                        });
+                    }
+                    out
+                }
+                None => reference_attention(&q, &k, &v, c)?,
+            };
+            let attn = attn
+                .transpose(1, 2)?
+                .reshape((batch, n, c.q_heads * c.head_dim))?;
+            x = (x + blk.o.forward(&attn)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &blk.ffn_norm, c.rms_eps as f32)?;
+            let act = (candle_nn::ops::silu(&blk.gate.forward(&h)?)? * blk.up.forward(&h)?)?;
+            x = (x + blk.down.forward(&act)?)?;
+        }
+        Ok(candle_nn::ops::rms_norm(&x, &self.norm, c.rms_eps as f32)?)
+    }
+
+    /// Logits for hidden states: `[..., hidden]` → `[..., vocab]` f32.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.lm_head.forward(&hidden.contiguous()?)
+    }
+
+    /// Full forward: logits for every position, `[batch, n, vocab]` f32 (see
+    /// [`forward_hidden`](Self::forward_hidden) for the arguments and errors).
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        batch: usize,
+        cache: Option<&mut dyn AttentionCache>,
+    ) -> Result<Tensor> {
+        let h = self.forward_hidden(tokens, batch, cache)?;
+        self.logits(&h)
+    }
+
+    /// Forward that returns only the last position's logits, `[batch, vocab]`: what prefill and
+    /// decode steps need.
+    pub fn forward_last(
+        &self,
+        tokens: &[u32],
+        batch: usize,
+        cache: &mut dyn AttentionCache,
+    ) -> Result<Tensor> {
+        let h = self.forward_hidden(tokens, batch, Some(cache))?;
+        let n = h.dim(1)?;
+        self.logits(&h.narrow(1, n - 1, 1)?.squeeze(1)?)
+    }
+}
+
+/// softmax(QKᵀ/√d + causal mask)·V in f32 with candle ops; `q: [b, hq, n, d]`, `k, v: [b, hkv,
+/// n, d]`. GQA by repeating each kv head `hq / hkv` times (as Hugging Face's `repeat_kv`).
+fn reference_attention(q: &Tensor, k: &Tensor, v: &Tensor, c: &ModelConfig) -> Result<Tensor> {
+    let (b, _, n, d) = q.dims4()?;
+    let rep = c.q_heads / c.kv_heads;
+    let expand = |t: &Tensor| -> Result<Tensor> {
+        Ok(t.unsqueeze(2)?
+            .expand((b, c.kv_heads, rep, n, d))?
+            .reshape((b, c.q_heads, n, d))?)
+    };
+    let (k, v) = (expand(k)?, expand(v)?);
+    let scores = (q.matmul(&k.t()?)? / (d as f64).sqrt())?;
+    let mask: Vec<f32> = (0..n)
+        .flat_map(|i| (0..n).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    let mask = Tensor::from_vec(mask, (n, n), q.device())?;
+    let p = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
+    Ok(p.matmul(&v.contiguous()?)?)
+}
+
+/// cos/sin tables `[max_ctx, head_dim/2]` f32 on the CPU: θ_i = base^(−2i/d), angle = pos · θ_i.
+/// Computed on the CPU for every device, so positions are encoded identically everywhere.
+fn rope_tables(c: &ModelConfig) -> Result<(Tensor, Tensor)> {
+    let half = c.head_dim / 2;
+    // Two f32 tables of max_ctx × half (max_ctx ≤ shapes::MAX_CONTEXT): refuse a size the
+    // machine cannot hold instead of letting the allocation abort.
+    let bytes = (c.max_ctx as u64)
+        .saturating_mul(half as u64)
+        .saturating_mul(8);
+    if let Some(avail) = crate::util::memory::available_bytes() {
+        if bytes > avail / 2 {
+            return Err(Error::InvalidArgument {
+                name: "model context length".into(),
+                reason: format!(
+                    "{} tokens need {:.1} GiB of RoPE tables, more than half the {:.1} GiB                      available; is the model's context length right?",
+                    c.max_ctx,
+                    bytes as f64 / (1u64 << 30) as f64,
+                    avail as f64 / (1u64 << 30) as f64
+                ),
+            });
+        }
+    }
+    let inv: Vec<f32> = (0..half)
+        .map(|i| 1.0 / c.rope_theta.powf(2.0 * i as f32 / c.head_dim as f32))
+        .collect();
+    let inv = Tensor::from_vec(inv, (1, half), &Device::Cpu)?;
+    let pos = Tensor::arange(0u32, c.max_ctx as u32, &Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .reshape((c.max_ctx, 1))?;
+    let ang = pos.broadcast_mul(&inv)?;
+    Ok((ang.cos()?, ang.sin()?))
+}
+
+/// Index of the largest value in each row of `[rows, vocab]` logits (greedy decoding).
+///
+/// Errors: [`Error::NonFinite`] when a row holds NaN or an infinity (damaged weights, an
+/// overflow): its argmax would be an arbitrary token, and a point built on it must fail rather
+/// than report `ok`. (A row's sum is finite exactly when every element is, short of an overflow
+/// of finite logits near 3·10^38, itself a failure.)
+pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
+    let sums = logits.sum(D::Minus1)?.to_vec1::<f32>()?;
+    if let Some(row) = sums.iter().position(|s| !s.is_finite()) {
+        return Err(Error::NonFinite(format!(
+            "the logits of row {row} hold NaN or infinite values (damaged weights or an \
+             overflow); the generated token would be meaningless"
+        )));
+    }
+    Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
+}
