@@ -6,6 +6,7 @@
 //! [`crate::report`]. What every command shares is here: settings from a suite or a resumed
 //! folder, the thread pool, the model files' hashes, the progress display.
 
+pub mod report;
 pub mod serve;
 pub mod sweep;
 

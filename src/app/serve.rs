@@ -103,6 +103,7 @@ pub fn run(
         Ok((ti, to))
     })?;
     let ctx = ServeContext {
+        run_id: folder.run_id.clone(),
         model: settings.model.model.clone(),
         kv_budget_bytes: plan.budget,
         mean_context_tokens: work.mean_ctx,

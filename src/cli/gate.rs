@@ -4,6 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::report::gate::{self, Limits, Results};
+use crate::report::meta::RunKind;
+use crate::report::run_dir::kind_of;
+use crate::report::serve_gate::{self, ServeLimits, ServeResults};
 
 /// Arguments of `kvbench gate`.
 #[derive(Debug, clap::Args)]
@@ -24,9 +27,23 @@ pub struct GateArgs {
     #[arg(long, value_parser = parse_nats)]
     pub max_kl: Option<f64>,
 
-    /// Largest allowed TPOT increase per point, % (timings are noisy: use on a quiet machine).
+    /// Largest allowed TPOT increase per point, % (timings are noisy: use on a quiet machine);
+    /// for serving runs, of TPOT p95.
     #[arg(long, value_parser = parse_pct)]
     pub max_tpot_regression: Option<f64>,
+
+    /// Serving runs: largest allowed goodput decrease per point (scheme × load), % of the
+    /// baseline's.
+    #[arg(long, value_parser = parse_pct)]
+    pub max_goodput_drop: Option<f64>,
+
+    /// Serving runs: largest allowed SLO-attainment decrease per point, percentage points.
+    #[arg(long, value_parser = parse_pct)]
+    pub max_slo_drop: Option<f64>,
+
+    /// Serving runs: largest allowed TTFT p95 increase per point, %.
+    #[arg(long, value_parser = parse_pct)]
+    pub max_ttft_regression: Option<f64>,
 
     /// Fail a perplexity regression only when it lies outside the current run's paired 95 %
     /// ΔPPL interval (needs `delta_ppl_pct_lo/_hi` in the current results: a sweep with
@@ -81,7 +98,82 @@ fn parse_pct(s: &str) -> Result<f64, String> {
 
 /// Prints the Markdown table (also appended to `$GITHUB_STEP_SUMMARY` when set) and returns
 /// exit code 3 when a point regresses, 0 when all pass; unusable input is an error (exit 2).
+/// Sweep results and serving results are gated alike, each on its own limits.
 pub fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
+    let kinds = (kind_of(&a.baseline)?, kind_of(&a.current)?);
+    let (md, passed) = match kinds {
+        (RunKind::Serve, RunKind::Serve) => serve_gate(&a)?,
+        (RunKind::Sweep, RunKind::Sweep) => sweep_gate(&a)?,
+        (b, c) => {
+            return Err(crate::Error::InvalidArgument {
+                name: "kvbench gate".into(),
+                reason: format!(
+                    "the baseline {} is a `kvbench {b}` run and the current {} a `kvbench {c}` \
+                     run; gate like against like",
+                    a.baseline.display(),
+                    a.current.display()
+                ),
+            }
+            .into())
+        }
+    };
+    print!("{md}");
+    if let Some(p) = std::env::var_os("GITHUB_STEP_SUMMARY") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(p)
+        {
+            let _ = writeln!(f, "## kvbench gate\n\n{md}");
+        }
+    }
+    Ok(if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
+}
+
+/// The serving gate's table and whether every point passed.
+fn serve_gate(a: &GateArgs) -> anyhow::Result<(String, bool)> {
+    if a.max_ppl_delta.is_some() || a.max_kl.is_some() || a.significant {
+        return Err(crate::Error::InvalidArgument {
+            name: "kvbench gate".into(),
+            reason: "serving runs have no perplexity or KL: gate them with --max-goodput-drop, \
+                     --max-slo-drop, --max-ttft-regression, --max-tpot-regression"
+                .into(),
+        }
+        .into());
+    }
+    let limits = ServeLimits {
+        max_goodput_drop_pct: a.max_goodput_drop,
+        max_slo_drop_pp: a.max_slo_drop,
+        max_ttft_regression_pct: a.max_ttft_regression,
+        max_tpot_regression_pct: a.max_tpot_regression,
+    };
+    let v = serve_gate::compare(
+        &ServeResults::read(&a.baseline)?,
+        &ServeResults::read(&a.current)?,
+        &limits,
+    )?;
+    Ok((
+        serve_gate::markdown(&v, &limits),
+        v.iter().all(|v| v.passed()),
+    ))
+}
+
+/// The sweep gate's table and whether every point passed.
+fn sweep_gate(a: &GateArgs) -> anyhow::Result<(String, bool)> {
+    if a.max_goodput_drop.is_some() || a.max_slo_drop.is_some() || a.max_ttft_regression.is_some() {
+        return Err(crate::Error::InvalidArgument {
+            name: "kvbench gate".into(),
+            reason: "--max-goodput-drop, --max-slo-drop and --max-ttft-regression gate serving \
+                     runs (kvbench serve); these are sweep results"
+                .into(),
+        }
+        .into());
+    }
     let limits = Limits {
         max_ppl_delta_pct: a.max_ppl_delta,
         max_kl: a.max_kl,
@@ -101,21 +193,8 @@ pub fn run(a: GateArgs) -> anyhow::Result<ExitCode> {
         &Results::read(&a.current)?,
         &limits,
     )?;
-    let md = gate::markdown(&verdicts, &limits);
-    print!("{md}");
-    if let Some(p) = std::env::var_os("GITHUB_STEP_SUMMARY") {
-        use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(p)
-        {
-            let _ = writeln!(f, "## kvbench gate\n\n{md}");
-        }
-    }
-    Ok(if verdicts.iter().all(|v| v.passed()) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(3)
-    })
+    Ok((
+        gate::markdown(&verdicts, &limits),
+        verdicts.iter().all(|v| v.passed()),
+    ))
 }

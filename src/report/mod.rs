@@ -8,6 +8,7 @@ pub mod meta;
 pub mod plots;
 pub mod run_dir;
 pub mod serve;
+pub mod serve_gate;
 pub mod summary;
 pub mod table;
 

@@ -107,6 +107,33 @@ impl RunDir {
     }
 }
 
+/// Which command wrote the results at `path`: a run folder's `meta.json` says it; a
+/// `results.csv` is a serving run's when its header has the serving columns (`arrival`,
+/// `goodput`). Errors: [`Error::InvalidArgument`] naming the path when it is neither a run
+/// folder nor a readable file.
+pub fn kind_of(path: &Path) -> Result<super::meta::RunKind> {
+    use super::meta::RunKind;
+    if path.is_dir() {
+        let value = super::meta::read_value(&path.join(META_FILE))?;
+        return Ok(RunKind::of(&value));
+    }
+    let mut first = String::new();
+    let f = crate::util::open_regular(path).map_err(|e| {
+        invalid(
+            &path.display().to_string(),
+            format!("cannot read it ({e}): give a run folder or its results.csv"),
+        )
+    })?;
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(f), &mut first)
+        .map_err(|e| Error::io(path, e))?;
+    let cols: Vec<&str> = first.trim_end().split(',').collect();
+    Ok(if cols.contains(&"arrival") && cols.contains(&"goodput") {
+        RunKind::Serve
+    } else {
+        RunKind::Sweep
+    })
+}
+
 /// Reads a JSON-lines file of `what` records (`raw result`, `serve raw`). A last line cut short
 /// by an interrupted write (no newline after it) is dropped with a warning on stderr; a
 /// missing file reads as no records. Errors: [`Error::Io`] (unreadable, not a regular file);

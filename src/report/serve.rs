@@ -25,6 +25,9 @@ pub type ServeMeta = RunMeta<crate::serve::settings::ServeSettings, ServeContext
 /// What every row of a serving run repeats (`meta.json`'s `report_context`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ServeContext {
+    /// The run id (empty in folders written before it was recorded).
+    #[serde(default)]
+    pub run_id: String,
     /// Model label (`--model` as given).
     pub model: String,
     /// KV budget, bytes.
@@ -38,6 +41,7 @@ impl ReportContext for ServeContext {
     /// Serve folders of formats 0 and 1 kept these at the top level of `meta.json`.
     fn from_legacy(meta: &serde_json::Value) -> Option<Self> {
         Some(ServeContext {
+            run_id: meta["run_id"].as_str().unwrap_or_default().to_string(),
             model: meta["settings"]["model"].as_str()?.to_string(),
             kv_budget_bytes: meta["kv_budget_bytes"].as_u64()?,
             mean_context_tokens: meta["mean_context_tokens"].as_u64()? as usize,
@@ -49,6 +53,12 @@ impl ReportContext for ServeContext {
 /// measured. Times ms, rates per second, memory bytes.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ServeRow {
+    /// Run id (`meta.json`); empty in rows written before it was a column.
+    #[serde(default)]
+    pub run_id: String,
+    /// Model (`--model` as given).
+    #[serde(default)]
+    pub model: String,
     /// KV scheme.
     pub scheme: String,
     /// Arrival process and load, e.g. `poisson 2 req/s`.
@@ -150,6 +160,10 @@ pub struct ServeRow {
     pub duration_s: f64,
     /// Cores other processes used meanwhile (see `measure::contention`).
     pub other_cores: Option<f64>,
+    /// Whether `other_cores` exceeded the contention threshold: the latencies describe a
+    /// shared machine.
+    #[serde(default)]
+    pub contended: bool,
 }
 
 impl ServeRow {
@@ -179,7 +193,10 @@ impl ServeRow {
         s: &ServeStats,
         status: PointStatus,
     ) -> Self {
+        let other_cores = p.contention.map(|c| c.other_cores);
         ServeRow {
+            run_id: ctx.run_id.clone(),
+            model: ctx.model.clone(),
             scheme: p.key.scheme.clone(),
             arrival: p.key.arrival.label(),
             load: p.key.arrival.load(),
@@ -217,7 +234,8 @@ impl ServeRow {
             prefix_saved_bytes_max: s.prefix_saved_bytes_max,
             prefix_prefill_ms: o.prefix_prefill_s * 1e3,
             duration_s: s.duration_s,
-            other_cores: p.contention.map(|c| c.other_cores),
+            other_cores,
+            contended: other_cores.is_some_and(|c| c > CONTENDED_CORES),
         }
     }
 
@@ -395,11 +413,23 @@ impl ServeRun {
         let (meta, value) = ServeMeta::read(&dir.join(super::run_dir::META_FILE))?;
         let mut rows = Vec::new();
         let mut traces = Vec::new();
+        let ctx = &meta.report_context;
         for l in read_raw(dir)? {
             if let RawLine::Point {
-                point, row, steps, ..
+                point,
+                mut row,
+                steps,
+                ..
             } = l
             {
+                // Rows written before these were columns.
+                if row.run_id.is_empty() {
+                    row.run_id = ctx.run_id.clone();
+                }
+                if row.model.is_empty() {
+                    row.model = ctx.model.clone();
+                }
+                row.contended = row.contended();
                 rows.push(row);
                 traces.push((point, steps));
             }
