@@ -6,6 +6,8 @@
 //! [`crate::report`]. What every command shares is here: settings from a suite or a resumed
 //! folder, the thread pool, the model files' hashes, the progress display.
 
+pub mod gate;
+pub mod merge;
 pub mod report;
 pub mod serve;
 pub mod sweep;

@@ -729,3 +729,129 @@ pub fn point_line(r: &ServeRow) -> String {
     }
     line
 }
+
+/// Serving runs joined into one: the points of runs of one experiment — the same settings
+/// but for their schemes and loads, the same model file — measured apart (on several machines,
+/// or one scheme at a time), as `kvbench merge` joins a sharded sweep.
+#[derive(Debug)]
+pub struct MergedServe {
+    /// The merged run's `meta.json`: the first run's, with the schemes and loads of all, the
+    /// runs it came from (`merged_from`) and its status (`finished`, or `partial` when a run
+    /// had not finished).
+    pub meta: ServeMeta,
+    /// Every finished point's lines, run after run.
+    pub lines: Vec<RawLine>,
+    /// What is missing (unfinished runs), for the warning and `meta.json`.
+    pub missing: Vec<String>,
+}
+
+/// Joins `runs`. Errors: [`Error::InvalidArgument`] naming the run and the setting that
+/// differs (anything but the schemes and loads, the model file's sha256), a point measured by
+/// two runs, or a run that did not finish unless `allow_partial`.
+pub fn merge_runs(runs: &[ServeRun], allow_partial: bool) -> Result<MergedServe> {
+    use super::meta::RunStatus;
+    let first = runs.first().ok_or_else(|| Error::InvalidArgument {
+        name: "kvbench merge".into(),
+        reason: "no run folder given".into(),
+    })?;
+    let bad = |r: &ServeRun, reason: String| Error::InvalidArgument {
+        name: r.dir.display().to_string(),
+        reason,
+    };
+    let experiment = |r: &ServeRun| {
+        let mut s = r.meta.settings.clone();
+        s.schemes.dtypes.0.clear();
+        s.load.rate.clear();
+        s.load.concurrency.clear();
+        s
+    };
+    let mut meta = first.meta.clone();
+    let mut lines = Vec::new();
+    let mut seen: Vec<PointKey> = Vec::new();
+    let mut missing = Vec::new();
+    for r in runs {
+        if experiment(r) != experiment(first) {
+            return Err(bad(
+                r,
+                format!(
+                "its settings differ from {}'s in more than the schemes and loads; only runs of \
+                 one experiment merge (compare them with `kvbench report A B`)",
+                first.dir.display()
+            ),
+            ));
+        }
+        if r.value["model"]["sha256"] != first.value["model"]["sha256"] {
+            return Err(bad(
+                r,
+                format!(
+                    "it served another model file than {} (sha256 differs)",
+                    first.dir.display()
+                ),
+            ));
+        }
+        if r.meta.status != Some(RunStatus::Finished) {
+            let what = format!(
+                "{} has status {} (resume it with `kvbench serve --resume {}`)",
+                r.dir.display(),
+                r.meta
+                    .status
+                    .map_or("unknown".into(), |s| format!("{s:?}").to_lowercase()),
+                r.dir.display()
+            );
+            if !allow_partial {
+                return Err(bad(r, format!("{what}; or pass --allow-partial")));
+            }
+            missing.push(what);
+        }
+        let s = &r.meta.settings;
+        for k in &s.schemes.dtypes.0 {
+            if !meta.settings.schemes.dtypes.0.contains(k) {
+                meta.settings.schemes.dtypes.0.push(*k);
+            }
+        }
+        for x in &s.load.rate {
+            if !meta.settings.load.rate.contains(x) {
+                meta.settings.load.rate.push(*x);
+            }
+        }
+        for c in &s.load.concurrency {
+            if !meta.settings.load.concurrency.contains(c) {
+                meta.settings.load.concurrency.push(*c);
+            }
+        }
+        let (kept, done) = finished(read_raw(&r.dir)?);
+        if let Some(p) = done.iter().find(|p| seen.contains(p)) {
+            return Err(bad(
+                r,
+                format!(
+                "its point {} {} was measured by another of the runs too; merge each point once",
+                p.scheme,
+                p.arrival.label()
+            ),
+            ));
+        }
+        seen.extend(done);
+        lines.extend(kept);
+    }
+    meta.status = Some(if missing.is_empty() {
+        RunStatus::Finished
+    } else {
+        RunStatus::Partial
+    });
+    meta.details.insert(
+        "merged_from".into(),
+        serde_json::json!(runs
+            .iter()
+            .map(|r| serde_json::json!({ "dir": r.dir, "run_id": r.meta.run_id }))
+            .collect::<Vec<_>>()),
+    );
+    if !missing.is_empty() {
+        meta.details
+            .insert("missing".into(), serde_json::json!(missing));
+    }
+    Ok(MergedServe {
+        meta,
+        lines,
+        missing,
+    })
+}
