@@ -966,7 +966,7 @@ fn slurm_value(rng: &mut StdRng) -> String {
 /// A job with random values wherever a user gives one: partition, account, time, mem, job
 /// name, `--sbatch-arg`s, `--out` (under `root`, so the scripts' folders stay there), the
 /// working directory and the sweep flags' values; shards and threads at their bounds too.
-fn odd_job(rng: &mut StdRng, root: &Path, exe: &Path) -> kvbench::cli::slurm::JobSpec {
+fn odd_job(rng: &mut StdRng, root: &Path, exe: &Path) -> kvbench::app::slurm::JobSpec {
     let mut shard_options = Vec::new();
     let mut merge_options = Vec::new();
     for k in ["partition", "account", "time", "mem"] {
@@ -1015,7 +1015,7 @@ fn odd_job(rng: &mut StdRng, root: &Path, exe: &Path) -> kvbench::cli::slurm::Jo
     } else {
         std::path::PathBuf::from(format!("/w/{}", slurm_value(rng)))
     };
-    kvbench::cli::slurm::JobSpec {
+    kvbench::app::slurm::JobSpec {
         exe: exe.to_path_buf(),
         workdir,
         out,
@@ -1034,8 +1034,8 @@ fn odd_job(rng: &mut StdRng, root: &Path, exe: &Path) -> kvbench::cli::slurm::Jo
 /// args, `--out`, working directory); no control character in a sweep flag; no `\` in
 /// `--out`; each sbatch arg read whole by sbatch, starting with an option.
 ///
-/// [`JobSpec::check`]: kvbench::cli::slurm::JobSpec::check
-fn slurm_job_is_plain(job: &kvbench::cli::slurm::JobSpec) -> bool {
+/// [`JobSpec::check`]: kvbench::app::slurm::JobSpec::check
+fn slurm_job_is_plain(job: &kvbench::app::slurm::JobSpec) -> bool {
     let plain = |v: &str| !v.chars().any(char::is_control) && !v.trim().is_empty();
     let out = job.out.to_str().unwrap();
     (1..=1001).contains(&job.shards)
@@ -1050,7 +1050,7 @@ fn slurm_job_is_plain(job: &kvbench::cli::slurm::JobSpec) -> bool {
             .all(|(_, v)| plain(v))
         && job.sbatch_args.iter().all(|a| {
             plain(a)
-                && kvbench::cli::slurm::sbatch_words(a)
+                && kvbench::app::slurm::sbatch_words(a)
                     .is_ok_and(|w| w.first().is_some_and(|w| w.starts_with('-')))
         })
         && job
@@ -1064,7 +1064,7 @@ fn slurm_job_is_plain(job: &kvbench::cli::slurm::JobSpec) -> bool {
 /// for each, the text it starts with); nothing else (an injected line or `#SBATCH` option
 /// would show up as an extra line).
 fn check_script(what: &str, script: &str, header: &[Vec<String>], body: &[&str]) {
-    use kvbench::cli::slurm::sbatch_words;
+    use kvbench::app::slurm::sbatch_words;
     let lines: Vec<&str> = script.split('\n').collect();
     assert_eq!(
         lines.len(),
@@ -1121,8 +1121,8 @@ static SLURM_STAGES: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
 /// spawns processes), the scripts run by bash exec kvbench with exactly the intended
 /// arguments, resuming when the shard folder holds a meta.json, and `sh_quote` of random
 /// strings reads back as them. Always: `sbatch_quote(v)` reads back as `v`.
-fn check_slurm(rng: &mut StdRng, job: &kvbench::cli::slurm::JobSpec, bash: Option<&Path>) {
-    use kvbench::cli::slurm::{sbatch_quote, sbatch_words, scripts, sh_quote};
+fn check_slurm(rng: &mut StdRng, job: &kvbench::app::slurm::JobSpec, bash: Option<&Path>) {
+    use kvbench::app::slurm::{sbatch_quote, sbatch_words, scripts, sh_quote};
     for v in std::iter::once(&job.job_name).chain(job.shard_options.iter().map(|(_, v)| v)) {
         if !v.is_empty() {
             assert_eq!(sbatch_words(&sbatch_quote(v)), Ok(vec![v.clone()]), "{v:?}");

@@ -6,10 +6,13 @@
 //! [`crate::report`]. What every command shares is here: settings from a suite or a resumed
 //! folder, the thread pool, the model files' hashes, the progress display.
 
+pub mod attn_bench;
 pub mod gate;
 pub mod merge;
+pub mod plan;
 pub mod report;
 pub mod serve;
+pub mod slurm;
 pub mod sweep;
 
 use std::path::PathBuf;
@@ -34,7 +37,7 @@ pub struct Resumed {
 }
 
 /// The flags given on the command line (clap ids), from the subcommand's matches.
-fn given(matches: Option<&clap::ArgMatches>) -> Vec<String> {
+pub(crate) fn given(matches: Option<&clap::ArgMatches>) -> Vec<String> {
     let Some(m) = matches else {
         return Vec::new();
     };

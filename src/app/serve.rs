@@ -21,6 +21,18 @@ use crate::serve::settings::{ServePlan, ServeSettings};
 
 use super::{model_files, print_above, progress_bar, resolve_settings, set_threads, BarProgress};
 
+/// Arguments of `kvbench serve`: the run folder's flags and the settings (also a suite's keys
+/// and `meta.json`'s `settings`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// `--suite`, `--resume`, `--out`, `--force`.
+    #[command(flatten)]
+    pub run: RunDirArgs,
+    /// Every setting that changes a number.
+    #[command(flatten)]
+    pub settings: ServeSettings,
+}
+
 /// What the scheduler does, in words, for `meta.json`.
 const SCHEDULER: &str = "continuous batching; whole-prompt prefill one request at a time, then \
     one decode step for the running batch; FCFS admission when the prompt's blocks are free; \

@@ -24,6 +24,21 @@ use crate::report::{read_records, table, RawRecords, ResultRow, RowContext, RunS
 
 use super::{model_files, print_above, progress_bar, resolve_settings, set_threads, BarProgress};
 
+/// Arguments of `kvbench sweep`: the run folder's flags, the settings (also a suite's keys and
+/// `meta.json`'s `settings`) and the shard to run.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SweepArgs {
+    /// `--suite`, `--resume`, `--out`, `--force`.
+    #[command(flatten)]
+    pub run: RunDirArgs,
+    /// Every setting that changes a number.
+    #[command(flatten)]
+    pub settings: SweepSettings,
+    /// `--shard`, `--shards`.
+    #[command(flatten)]
+    pub shard: ShardArgs,
+}
+
 /// What a run continues from: the resumed folder's `meta.json` and finished records.
 struct Earlier {
     meta: Option<serde_json::Value>,

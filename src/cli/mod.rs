@@ -12,7 +12,6 @@ pub mod report;
 pub mod rouge;
 pub mod serve;
 pub mod slurm;
-pub mod suite;
 pub mod sweep;
 
 use std::process::ExitCode;

@@ -1,6 +1,7 @@
 //! Measurement: memory probes, latency summaries, the sweep runner and the roofline floors of a
 //! decode step.
 
+pub mod attn_bench;
 pub mod bandwidth;
 pub mod contention;
 pub mod device;

@@ -1,10 +1,12 @@
 //! Turning finished results into bytes: `results.csv` rows, `meta.json`, the terminal table.
 //! Nothing here measures anything.
 
+pub mod attn_bench;
 pub mod chart;
 pub mod gate;
 pub mod merge;
 pub mod meta;
+pub mod plan;
 pub mod plots;
 pub mod run_dir;
 pub mod serve;

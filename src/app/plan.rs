@@ -1,0 +1,153 @@
+//! `kvbench plan` end to end: the model's geometry and weights, the memory after a reserve,
+//! [`crate::plan`]'s concurrency per scheme × context (per GPU under tensor parallelism), and
+//! the table, `plan.csv`, `plan.json` and chart ([`crate::report::plan`]).
+
+use std::path::PathBuf;
+
+use crate::measure::settings::{ModelArgs, SchemeArgs};
+use crate::model::geometry::{geometry, weight_bytes_per_param};
+use crate::plan::{max_context, parse_bytes, parse_tokens, plan_gpus, PlanInput};
+use crate::report::plan::{self as render, PlanReport};
+
+/// Arguments of `kvbench plan`: the shared `--model` (an alias with shipped geometry —
+/// llama-3-8b, llama-3-70b, llama-2-7b, mistral-7b, qwen2.5-7b, qwen2.5-0.5b, smollm2-135m —,
+/// a config.json or its folder, or a GGUF file; default llama-3-8b) and `--dtypes` (default
+/// fp16,fp8,int4), and the memory to plan.
+#[derive(Debug, clap::Args)]
+#[command(mut_arg("model", |a| a.default_value("llama-3-8b")))]
+#[command(mut_arg("dtypes", |a| a.default_value("fp16,fp8,int4")))]
+pub struct PlanArgs {
+    /// `--model`.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// `--dtypes`.
+    #[command(flatten)]
+    pub schemes: SchemeArgs,
+    /// Device memory, e.g. 80GiB, 24GB.
+    #[arg(long, default_value = "80GiB")]
+    pub memory: String,
+    /// Context lengths per sequence (tokens held: prompt + generated), comma-separated
+    /// (k = 1024 tokens). Old spelling: `--ctx`.
+    #[arg(
+        long = "seq-lens",
+        visible_alias = "ctx",
+        value_delimiter = ',',
+        default_value = "4k,32k,128k"
+    )]
+    pub ctx: Vec<String>,
+    /// Weight dtype (default: the checkpoint's, bf16 for shipped aliases).
+    #[arg(long)]
+    pub weights_dtype: Option<String>,
+    /// Memory kept free for activations and fragmentation, e.g. 10% or 0.1.
+    #[arg(long, default_value = "10%")]
+    pub reserve: String,
+    /// Tokens per KV block (paged allocation, vLLM's default 16).
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// GPUs one model replica is split across (tensor parallelism): weights and KV heads are
+    /// divided among them; with more GPUs than KV heads each holds one replicated KV head.
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel: usize,
+    /// GPUs in all (a multiple of --tensor-parallel): `gpus / tensor-parallel` replicas, each
+    /// with its own weights and KV budget (default: one replica).
+    #[arg(long)]
+    pub gpus: Option<usize>,
+    /// Also print the longest context that fits at this many concurrent sequences.
+    #[arg(long)]
+    pub concurrency: Option<u64>,
+    /// Folder for plan.csv (default: reports/plan-<time>-<model>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Runs the planner, prints the table, writes `plan.csv`, `plan.json` and the chart. Errors:
+/// [`crate::Error::InvalidArgument`] naming the flag for a model, size, share or count that
+/// cannot be planned; the planner's; I/O errors writing the folder.
+pub fn run(a: PlanArgs) -> anyhow::Result<()> {
+    let model = geometry(&a.model.model)?;
+    let dtype = a
+        .weights_dtype
+        .clone()
+        .unwrap_or_else(|| model.weight_dtype.clone());
+    let usage = |name: &str, reason: &str| crate::Error::InvalidArgument {
+        name: name.into(),
+        reason: reason.into(),
+    };
+    if a.tensor_parallel == 0 {
+        return Err(usage("--tensor-parallel", "must be at least 1 GPU").into());
+    }
+    if a.concurrency == Some(0) {
+        return Err(usage(
+            "--concurrency",
+            "0 sequences need no memory; give 1 or more",
+        )
+        .into());
+    }
+    if a.block_size == 0 {
+        return Err(usage("--block-size", "must be at least 1").into());
+    }
+    let weight_bytes = if dtype == "gguf" {
+        std::fs::metadata(&a.model.model)
+            .map(|m| m.len())
+            .unwrap_or(0)
+    } else {
+        (model.params as f64 * weight_bytes_per_param(&dtype)?) as u64
+    };
+    let ctxs = a
+        .ctx
+        .iter()
+        .map(|c| parse_tokens(c))
+        .collect::<Result<Vec<_>, _>>()?;
+    let input = PlanInput {
+        model: model.clone(),
+        memory_bytes: parse_bytes(&a.memory)?,
+        reserve: parse_fraction(&a.reserve)?,
+        weight_bytes,
+        block: a.block_size,
+        tensor_parallel: a.tensor_parallel,
+    };
+    let gpus = a.gpus.unwrap_or(a.tensor_parallel);
+    let rows = plan_gpus(&input, &a.schemes.dtypes.0, &ctxs, gpus)?;
+    let longest = match a.concurrency {
+        Some(n) => a
+            .schemes
+            .dtypes
+            .0
+            .iter()
+            .map(|s| Ok((s.to_string(), n, max_context(&input, s, n, 1 << 24)?)))
+            .collect::<crate::Result<Vec<_>>>()?,
+        None => Vec::new(),
+    };
+    let report = PlanReport {
+        input,
+        weights_dtype: dtype,
+        gpus,
+        schemes: a.schemes.dtypes.0.iter().map(|s| s.to_string()).collect(),
+        ctxs,
+        rows,
+        longest,
+    };
+    print!("{}", render::table(&report));
+    let dir = a.out.clone().unwrap_or_else(|| {
+        let t = crate::util::time::now_compact();
+        PathBuf::from("reports").join(format!("plan-{}-{}", t, model.name.replace('/', "_")))
+    });
+    render::write(&report, &dir)?;
+    Ok(())
+}
+
+/// `10%` or `0.1` → 0.1. Errors: [`crate::Error::InvalidArgument`] (`--reserve`) for anything
+/// not a share in [0, 1).
+fn parse_fraction(s: &str) -> Result<f64, crate::Error> {
+    let t = s.trim();
+    let v = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
+        None => t.parse::<f64>(),
+    };
+    v.ok()
+        .filter(|x| (0.0..1.0).contains(x))
+        .ok_or_else(|| crate::Error::InvalidArgument {
+            name: "--reserve".into(),
+            reason: format!("`{s}` is not a share like 10% or 0.1"),
+        })
+}

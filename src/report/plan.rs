@@ -1,0 +1,172 @@
+//! `kvbench plan`'s outputs: the table printed, `plan.csv` (one row per scheme × context),
+//! `plan.json` (the input and the rows) and the concurrency-vs-context chart.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::plan::{PlanInput, PlanRow};
+
+use super::chart::{LineChart, Series};
+use super::meta;
+
+/// A finished plan, as rendered.
+#[derive(Debug, Clone)]
+pub struct PlanReport {
+    /// What was planned.
+    pub input: PlanInput,
+    /// The weights' dtype (`bf16`, `gguf`, …).
+    pub weights_dtype: String,
+    /// GPUs in all.
+    pub gpus: usize,
+    /// The schemes, in the order given.
+    pub schemes: Vec<String>,
+    /// Contexts per sequence, tokens.
+    pub ctxs: Vec<usize>,
+    /// One row per scheme × context.
+    pub rows: Vec<PlanRow>,
+    /// With `--concurrency N`: per scheme, N and the longest context N sequences fit.
+    pub longest: Vec<(String, u64, usize)>,
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+/// The table and notes `kvbench plan` prints.
+pub fn table(p: &PlanReport) -> String {
+    let (m, input) = (&p.input.model, &p.input);
+    let mut s = format!(
+        "{} ({} layers, {} kv heads × {}), weights {} = {:.2} GiB, memory {:.2} GiB, reserve {:.0} %, KV budget {:.2} GiB, blocks of {} tokens\n",
+        m.name, m.layers, m.kv_heads, m.head_dim, p.weights_dtype, gib(input.weight_bytes),
+        gib(input.memory_bytes), input.reserve * 100.0,
+        gib(p.rows.first().map_or(0, |r| r.kv_budget_bytes)), input.block
+    );
+    let tp = input.tensor_parallel > 1 || p.gpus > 1;
+    if tp {
+        s.push_str(&format!(
+            "tensor parallel {} ({} KV heads per GPU{}), {} GPUs = {} replicas; memory, weights \
+             and bytes are per GPU, max seqs per replica\n",
+            input.tensor_parallel,
+            input.kv_heads_per_gpu(),
+            if input.tensor_parallel > m.kv_heads {
+                ", replicated"
+            } else {
+                ""
+            },
+            p.gpus,
+            p.gpus / input.tensor_parallel
+        ));
+    }
+    s.push_str(&format!(
+        "{:<28} {:>8} {:>12} {:>14} {:>12} {:>12}{}\n",
+        "scheme",
+        "context",
+        "bytes/token",
+        "GiB/sequence",
+        "waste MiB",
+        "max seqs",
+        if tp {
+            format!(" {:>4} {:>9} {:>12}", "TP", "KV h/GPU", "total seqs")
+        } else {
+            String::new()
+        }
+    ));
+    for r in &p.rows {
+        s.push_str(&format!(
+            "{:<28} {:>8} {:>12} {:>14.3} {:>12.2} {:>12}{}\n",
+            r.scheme,
+            r.ctx,
+            r.bytes_per_token,
+            gib(r.kv_bytes_per_seq),
+            r.paging_waste_bytes as f64 / (1u64 << 20) as f64,
+            r.max_concurrency,
+            if tp {
+                format!(
+                    " {:>4} {:>9} {:>12}",
+                    r.tensor_parallel, r.kv_heads_per_gpu, r.total_concurrency
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+    for &c in p.ctxs.iter().filter(|&&c| c > m.max_ctx) {
+        s.push_str(&format!(
+            "note: context {c} exceeds {}'s trained context of {} tokens (it needs RoPE scaling there)\n",
+            m.name, m.max_ctx
+        ));
+    }
+    for (scheme, n, c) in &p.longest {
+        s.push_str(&format!(
+            "{scheme}: longest context for {n} concurrent sequences: {c} tokens\n"
+        ));
+    }
+    s
+}
+
+/// Writes `plan.csv`, `plan.json` and `concurrency_vs_context.png/.svg` into `dir` (created)
+/// and says so. Errors: [`Error::InvalidArgument`] (`--out`) for a folder that cannot be made;
+/// [`Error::Io`] naming the file.
+pub fn write(p: &PlanReport, dir: &Path) -> Result<()> {
+    super::run_dir::create_out(dir)?;
+    let csv_path = dir.join("plan.csv");
+    let io = |e: csv::Error| Error::io(&csv_path, std::io::Error::other(e.to_string()));
+    let mut w = csv::Writer::from_path(&csv_path).map_err(io)?;
+    for r in &p.rows {
+        w.serialize(r).map_err(io)?;
+    }
+    w.flush().map_err(|e| Error::io(&csv_path, e))?;
+    meta::write_json(
+        &dir.join("plan.json"),
+        &serde_json::json!({
+            "kvbench": meta::version(),
+            "input": p.input,
+            "weights_dtype": p.weights_dtype,
+            "rows": p.rows,
+        }),
+    )?;
+    chart(p).render(dir, "concurrency_vs_context")?;
+    println!(
+        "wrote {}, {} and {}",
+        csv_path.display(),
+        dir.join("concurrency_vs_context.png").display(),
+        dir.join("concurrency_vs_context.svg").display()
+    );
+    Ok(())
+}
+
+/// Max concurrent sequences against the context, a line per scheme.
+fn chart(p: &PlanReport) -> LineChart {
+    let input = &p.input;
+    let ctxs = &p.ctxs;
+    LineChart {
+        title: format!("Max concurrent sequences vs context — {}", input.model.name),
+        caption: format!(
+            "{:.0} GiB memory, {} weights {:.1} GiB, {:.0} % reserve, KV blocks of {} tokens · kvbench {} · planned on {}",
+            gib(input.memory_bytes),
+            p.weights_dtype,
+            gib(input.weight_bytes),
+            input.reserve * 100.0,
+            input.block,
+            env!("CARGO_PKG_VERSION"),
+            meta::Machine::probe().hostname
+        ),
+        x_label: "context per sequence (tokens, log scale)".into(),
+        y_label: "max concurrent sequences".into(),
+        log_x: ctxs.len() > 1 && ctxs.iter().max() > ctxs.iter().min().map(|m| m * 2).as_ref(),
+        series: p
+            .schemes
+            .iter()
+            .map(|s| {
+                Series::line(
+                    s.clone(),
+                    p.rows
+                        .iter()
+                        .filter(|r| &r.scheme == s)
+                        .map(|r| (r.ctx as f64, r.max_concurrency as f64))
+                        .collect(),
+                )
+            })
+            .collect(),
+    }
+}
