@@ -13,4 +13,5 @@ pub mod metrics;
 pub mod pool;
 pub mod run;
 pub mod settings;
+pub mod virtual_backend;
 pub mod workload;
