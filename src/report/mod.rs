@@ -6,6 +6,7 @@ pub mod gate;
 pub mod merge;
 pub mod meta;
 pub mod plots;
+pub mod record;
 pub mod run_dir;
 pub mod summary;
 pub mod table;
