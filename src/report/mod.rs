@@ -69,9 +69,10 @@ impl Latency {
 
 record::csv_record! {
     /// One row of `results.csv`: the output schema. Its fields are the columns, in order (a group
-    /// field is the sub-fields it lists, named as listed; see [`record`]); units are in the
-    /// names, and every column is documented in the README's column table. A column missing from
-    /// an older file reads as `None`.
+    /// field is the sub-fields it lists, named as listed; see [`record`]), so a new column is one
+    /// field here plus its row in the README's column table (a test checks the table). Units
+    /// are in the names. Reading an older file, an `Option` column it lacks is `None`; the
+    /// others (names, sizes, `status`, `ppl_weight_dtype`) every version has written.
     #[derive(Debug, Clone, Default, PartialEq)]
     pub struct ResultRow {
         /// Run folder name (timestamp + model).
