@@ -1,4 +1,4 @@
-//! One source of truth for the columns of a CSV row type: [`csv_record!`] declares the struct,
+//! One source of truth for the columns of a CSV row type: `csv_record!` declares the struct,
 //! and from its fields — nothing else — derives the column list ([`Record::COLUMNS`], the
 //! header), `Serialize` (one flat record, values in column order) and `Deserialize` (cells
 //! matched to fields by header name).
@@ -27,7 +27,7 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::ser::SerializeStruct;
 use serde::{Deserializer, Serializer};
 
-/// A row type whose fields are its CSV columns, implemented by [`csv_record!`].
+/// A row type whose fields are its CSV columns, implemented by `csv_record!`.
 pub trait Record: Default + Sized {
     /// Column names in order: the CSV header, one entry per plain field and per listed
     /// sub-field of a group field.
@@ -52,7 +52,7 @@ pub trait Record: Default + Sized {
 }
 
 /// Serializes `row` as one flat struct named `name`: each column a field, in order (the
-/// `Serialize` of a [`csv_record!`] type). Errors: the serializer's.
+/// `Serialize` of a `csv_record!` type). Errors: the serializer's.
 pub fn serialize<R: Record, S: Serializer>(
     row: &R,
     s: S,
@@ -64,7 +64,7 @@ pub fn serialize<R: Record, S: Serializer>(
 }
 
 /// Deserializes a row from a map of column name → value (a CSV record read with its header;
-/// the `Deserialize` of a [`csv_record!`] type). Errors: a column given twice (`duplicate
+/// the `Deserialize` of a `csv_record!` type). Errors: a column given twice (`duplicate
 /// field`), a missing column whose type is not an `Option` (`missing field`), and the value
 /// errors of the deserializer (which name the record and field).
 pub fn deserialize<'de, R: Record, D: Deserializer<'de>>(
@@ -142,7 +142,7 @@ impl<'de, E: de::Error> Deserializer<'de> for MissingColumn<E> {
     }
 }
 
-/// Whether `columns` holds no name twice; `const`, so [`csv_record!`] refuses a duplicate
+/// Whether `columns` holds no name twice; `const`, so `csv_record!` refuses a duplicate
 /// column at compile time.
 pub const fn distinct(columns: &[&str]) -> bool {
     let mut i = 0;
