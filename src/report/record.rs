@@ -12,7 +12,8 @@
 //!
 //! Why not serde's derive: the `csv` crate writes only flat structs, so neither a nested
 //! summary nor `#[serde(flatten)]` (which serializes through a map) can be written, and a
-//! flattened struct reads empty cells wrongly. The macro flattens at compile time instead, with
+//! flattened struct is read through serde's buffered values, where an empty cell is no longer
+//! `None` (nor `1` a string). The macro flattens at compile time instead, with
 //! `'static` column names, so `COLUMNS` is a constant (it is recorded in `meta.json`).
 //!
 //! Reading follows serde's rules for a missing field, so files written before a column existed
