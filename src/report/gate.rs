@@ -1,12 +1,15 @@
 //! `kvbench gate`: compare a run's results with a baseline's, point by point, against limits on
 //! perplexity change, KL-divergence increase and TPOT regression — a CI regression gate.
 //!
-//! Points match by (`scheme`, `batch_size`, `seq_len`). Results files are read by column name, so
-//! a baseline written by an older kvbench works as long as it has the columns a limit needs.
+//! Points match by (`scheme`, `batch_size`, `seq_len`). Each results file is read into typed
+//! rows ([`ResultRow`]), but only the columns the gate uses are read, each found by its name in
+//! the header ([`COLUMNS`]): a baseline written by an older kvbench works as long as it has the
+//! columns a limit needs, whatever its other columns hold. The limits are a table too
+//! ([`METRICS`]): the column, the typed field and how a change is measured.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use super::ResultRow;
 use crate::error::{Error, Result};
 use crate::quality::paired;
 
@@ -28,7 +31,157 @@ pub struct Limits {
     pub significant: bool,
 }
 
-/// One results file read by column name.
+/// A numeric column the gate reads into [`ResultRow`]: its name in `results.csv`, the typed
+/// field it fills, and the values it accepts (anything else is refused naming the file, line
+/// and text: NaN, infinite or negative values would otherwise pass any limit).
+#[derive(Clone, Copy)]
+pub struct Column {
+    /// Column name (one of [`super::CSV_COLUMNS`]).
+    pub name: &'static str,
+    /// Stores an accepted value in its typed field.
+    pub set: fn(&mut ResultRow, f64),
+    /// Whether a finite value is in range.
+    pub accepts: fn(f64) -> bool,
+    /// The range, for the message.
+    pub range: &'static str,
+}
+
+/// The numeric columns the gate reads besides the point's key (`scheme`, `batch_size`,
+/// `seq_len`), each parsed as a number (so `ppl_windows` may be written `1e18`; it saturates).
+pub const COLUMNS: [Column; 7] = [
+    Column {
+        name: "ppl",
+        set: |r, v| r.ppl = Some(v),
+        // e^(mean NLL ≥ 0)
+        accepts: |v| v >= 1.0,
+        range: "≥ 1",
+    },
+    Column {
+        name: "kl_mean",
+        set: |r, v| r.kl_mean = Some(v),
+        accepts: |v| v >= 0.0,
+        range: "≥ 0",
+    },
+    Column {
+        name: "tpot_ms_mean",
+        set: |r, v| r.tpot.mean = Some(v),
+        accepts: |v| v > 0.0,
+        range: "> 0",
+    },
+    Column {
+        name: "ppl_delta_pct",
+        set: |r, v| r.ppl_delta_pct = Some(v),
+        accepts: |_| true,
+        range: "(any sign)",
+    },
+    Column {
+        name: "delta_ppl_pct_lo",
+        set: |r, v| r.delta_ppl_pct_lo = Some(v),
+        accepts: |_| true,
+        range: "(any sign)",
+    },
+    Column {
+        name: "delta_ppl_pct_hi",
+        set: |r, v| r.delta_ppl_pct_hi = Some(v),
+        accepts: |_| true,
+        range: "(any sign)",
+    },
+    Column {
+        name: "ppl_windows",
+        set: |r, v| r.ppl_windows = Some(v as usize),
+        accepts: |v| v >= 1.0,
+        range: "≥ 1",
+    },
+];
+
+/// How a metric's change from baseline `b` to current `c` is measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Change {
+    /// `100·(c/b − 1)`, %.
+    RelativePct,
+    /// `c − b`, in the unit given (with its leading space).
+    Absolute(&'static str),
+}
+
+impl Change {
+    fn of(self, b: f64, c: f64) -> f64 {
+        match self {
+            Change::RelativePct => 100.0 * (c / b - 1.0),
+            Change::Absolute(_) => c - b,
+        }
+    }
+
+    fn unit(self) -> &'static str {
+        match self {
+            Change::RelativePct => "%",
+            Change::Absolute(u) => u,
+        }
+    }
+}
+
+/// A metric a limit bounds: the flag, the column a file must have for it, the typed field it
+/// reads, how a change is measured, and how the value is measured (for the message when no
+/// compared point has it).
+#[derive(Clone, Copy)]
+pub struct Metric {
+    /// The `kvbench gate` flag that sets the limit.
+    pub flag: &'static str,
+    /// Its column in `results.csv`.
+    pub column: &'static str,
+    /// Its name in a failure (`perplexity +2.0000% > 1%`).
+    pub label: &'static str,
+    /// The typed field.
+    pub value: fn(&ResultRow) -> Option<f64>,
+    /// The limit on it.
+    pub limit: fn(&Limits) -> Option<f64>,
+    /// How its change is measured.
+    pub change: Change,
+    /// How to get a value measured.
+    pub how_to_measure: &'static str,
+}
+
+/// Perplexity (`--max-ppl-delta`).
+pub const PPL: Metric = Metric {
+    flag: "--max-ppl-delta",
+    column: "ppl",
+    label: "perplexity",
+    value: |r| r.ppl,
+    limit: |l| l.max_ppl_delta_pct,
+    change: Change::RelativePct,
+    how_to_measure: "perplexity is measured by a model sweep with --ppl-windows N (N ≥ 1, 2 or \
+                     more for its interval; a --synthetic sweep or --ppl-windows 0 measures none)",
+};
+
+/// Mean KL vs fp16 (`--max-kl`).
+pub const KL: Metric = Metric {
+    flag: "--max-kl",
+    column: "kl_mean",
+    label: "KL",
+    value: |r| r.kl_mean,
+    limit: |l| l.max_kl,
+    change: Change::Absolute(" nats"),
+    how_to_measure: "KL vs fp16 is measured in the perplexity pass of a model sweep: run it with \
+                     --ppl-windows N (N ≥ 1) and without --no-kl (a --synthetic sweep measures \
+                     none; fp16 itself has none)",
+};
+
+/// Mean TPOT (`--max-tpot-regression`).
+pub const TPOT: Metric = Metric {
+    flag: "--max-tpot-regression",
+    column: "tpot_ms_mean",
+    label: "TPOT",
+    value: |r| r.tpot.mean,
+    limit: |l| l.max_tpot_regression_pct,
+    change: Change::RelativePct,
+    how_to_measure: "TPOT is measured at every sweep point that finishes (status `ok`): re-run \
+                     the points that failed",
+};
+
+/// The metrics, in the order their failures are listed.
+pub const METRICS: [Metric; 3] = [PPL, KL, TPOT];
+
+/// One results file: its header, and its records as text until [`compare`] reads them into
+/// typed rows.
 #[derive(Debug, Clone)]
 pub struct Results {
     /// Where it came from.
@@ -104,65 +257,65 @@ impl Results {
         })
     }
 
-    /// `(scheme, batch, seq) → column → value`. An empty cell is a value not measured.
-    /// Errors: [`Error::InvalidArgument`] naming the file, line and value when a point appears
-    /// twice (which row is meant is unknown) or a value is not a number in its range: perplexity
-    /// finite and ≥ 1 (it is e^(mean NLL ≥ 0)), KL finite and ≥ 0, TPOT finite and > 0. NaN,
-    /// infinite or negative values would otherwise pass any limit.
-    fn points(&self) -> Result<Vec<(Key, HashMap<&'static str, f64>)>> {
+    /// The records as typed rows: the key and the [`COLUMNS`] read, every other field at its
+    /// default. An empty cell is a value not measured (`None`). Errors:
+    /// [`Error::InvalidArgument`] naming the file, line and value when a point appears twice
+    /// (which row is meant is unknown), `batch_size` or `seq_len` is not a whole number, a
+    /// value is not a finite number in its column's range, or `delta_ppl_pct_lo` exceeds
+    /// `delta_ppl_pct_hi`.
+    pub fn rows(&self) -> Result<Vec<ResultRow>> {
         let (s, b, l) = (
-            self.col("scheme").unwrap_or(0),
-            self.col("batch_size").unwrap_or(0),
-            self.col("seq_len").unwrap_or(0),
+            self.col("scheme"),
+            self.col("batch_size"),
+            self.col("seq_len"),
         );
-        let mut out: Vec<(Key, HashMap<&str, f64>)> = Vec::new();
-        for (i, row) in self.rows.iter().enumerate() {
-            let line = i + 2;
+        let columns: Vec<(Column, Option<usize>)> =
+            COLUMNS.iter().map(|c| (*c, self.col(c.name))).collect();
+        let mut out: Vec<ResultRow> = Vec::new();
+        for (i, cells) in self.rows.iter().enumerate() {
             let bad = |reason: String| Error::InvalidArgument {
-                name: format!("{}:{line}", self.path.display()),
+                name: format!("{}:{}", self.path.display(), i + 2),
                 reason,
             };
-            let cell = |c: usize| row.get(c).cloned().unwrap_or_default();
-            let key = (cell(s), cell(b), cell(l));
-            if out.iter().any(|(k, _)| *k == key) {
+            let cell = |c: Option<usize>| c.and_then(|c| cells.get(c)).map_or("", |t| t.as_str());
+            let count = |name: &str, c: Option<usize>| {
+                let text = cell(c);
+                text.trim().parse::<usize>().map_err(|_| {
+                    bad(format!(
+                        "{name} `{text}` is not a whole number; fix or re-create the results file"
+                    ))
+                })
+            };
+            let mut row = ResultRow {
+                scheme: cell(s).to_string(),
+                batch_size: count("batch_size", b)?,
+                seq_len: count("seq_len", l)?,
+                ..Default::default()
+            };
+            if out.iter().any(|r| key(r) == key(&row)) {
                 return Err(bad(format!(
-                    "point {} b{} s{} appears twice; a results file holds each point once \
-                     (was a run folder reused?)",
-                    key.0, key.1, key.2
+                    "point {} appears twice; a results file holds each point once (was a run \
+                     folder reused?)",
+                    name(&row)
                 )));
             }
-            let mut values = HashMap::new();
-            for (c, ok, range) in [
-                ("ppl", (|v: f64| v >= 1.0) as fn(f64) -> bool, "≥ 1"),
-                ("kl_mean", |v: f64| v >= 0.0, "≥ 0"),
-                ("tpot_ms_mean", |v: f64| v > 0.0, "> 0"),
-                ("ppl_delta_pct", |_| true, "(any sign)"),
-                ("delta_ppl_pct_lo", |_| true, "(any sign)"),
-                ("delta_ppl_pct_hi", |_| true, "(any sign)"),
-                ("ppl_windows", |v: f64| v >= 1.0, "≥ 1"),
-            ] {
-                let Some(text) = self.col(c).and_then(|j| row.get(j)) else {
-                    continue;
-                };
+            for (c, j) in &columns {
+                let text = cell(*j);
                 if text.trim().is_empty() {
                     continue;
                 }
                 match text.trim().parse::<f64>() {
-                    Ok(v) if v.is_finite() && ok(v) => {
-                        values.insert(c, v);
-                    }
+                    Ok(v) if v.is_finite() && (c.accepts)(v) => (c.set)(&mut row, v),
                     _ => {
                         return Err(bad(format!(
-                            "{c} `{text}` is not a finite number {range}; fix or re-create the \
-                             results file"
+                            "{} `{text}` is not a finite number {}; fix or re-create the \
+                             results file",
+                            c.name, c.range
                         )))
                     }
                 }
             }
-            if let (Some(lo), Some(hi)) = (
-                values.get("delta_ppl_pct_lo").copied(),
-                values.get("delta_ppl_pct_hi").copied(),
-            ) {
+            if let (Some(lo), Some(hi)) = (row.delta_ppl_pct_lo, row.delta_ppl_pct_hi) {
                 if lo > hi {
                     return Err(bad(format!(
                         "delta_ppl_pct_lo {lo} is above delta_ppl_pct_hi {hi}: not an interval; \
@@ -170,29 +323,20 @@ impl Results {
                     )));
                 }
             }
-            out.push((key, values));
+            out.push(row);
         }
         Ok(out)
     }
 }
 
-/// How a quality column is measured, for the message when a limit finds no value to check.
-fn how_to_measure(col: &str) -> &'static str {
-    match col {
-        "kl_mean" => {
-            "KL vs fp16 is measured in the perplexity pass of a model sweep: run it with \
-             --ppl-windows N (N ≥ 1) and without --no-kl (a --synthetic sweep measures none; \
-             fp16 itself has none)"
-        }
-        "tpot_ms_mean" => {
-            "TPOT is measured at every sweep point that finishes (status `ok`): re-run the \
-             points that failed"
-        }
-        _ => {
-            "perplexity is measured by a model sweep with --ppl-windows N (N ≥ 1, 2 or more for \
-             its interval; a --synthetic sweep or --ppl-windows 0 measures none)"
-        }
-    }
+/// A point's key: what matches a baseline point with a current one.
+fn key(r: &ResultRow) -> (&str, usize, usize) {
+    (&r.scheme, r.batch_size, r.seq_len)
+}
+
+/// A point's name in messages: `int4 b1 s64`.
+fn name(r: &ResultRow) -> String {
+    format!("{} b{} s{}", r.scheme, r.batch_size, r.seq_len)
 }
 
 /// A limit that no compared point can be checked against (every baseline point lacks
@@ -200,19 +344,18 @@ fn how_to_measure(col: &str) -> &'static str {
 /// `ppl` column passed "All points pass". Errors: [`Error::InvalidArgument`] naming the limit,
 /// the file(s) without a value and how to measure it.
 fn check_measured(
-    limit: &str,
-    col: &str,
+    m: &Metric,
     (baseline, current): (&Results, &Results),
-    pairs: &[(&HashMap<&str, f64>, &HashMap<&str, f64>)],
+    pairs: &[(&ResultRow, Option<&ResultRow>)],
 ) -> Result<()> {
-    if pairs
-        .iter()
-        .any(|(b, c)| b.contains_key(col) && c.contains_key(col))
-    {
+    let compared = || pairs.iter().filter_map(|(b, c)| c.map(|c| (*b, c)));
+    let has = |r: &ResultRow| (m.value)(r).is_some();
+    if compared().any(|(b, c)| has(b) && has(c)) {
         return Ok(());
     }
-    let base_has = pairs.iter().any(|(b, _)| b.contains_key(col));
-    let cur_has = pairs.iter().any(|(_, c)| c.contains_key(col));
+    let base_has = compared().any(|(b, _)| has(b));
+    let cur_has = compared().any(|(_, c)| has(c));
+    let col = m.column;
     let lacking = match (base_has, cur_has) {
         (false, false) if baseline.path == current.path => format!(
             "{} (both --baseline and --current) has no `{col}` value at any point",
@@ -239,15 +382,13 @@ fn check_measured(
         ),
     };
     Err(Error::InvalidArgument {
-        name: limit.into(),
+        name: m.flag.into(),
         reason: format!(
-            "{lacking}, so the limit checks nothing; {}. Or drop {limit}",
-            how_to_measure(col)
+            "{lacking}, so the limit checks nothing; {}. Or drop {}",
+            m.how_to_measure, m.flag
         ),
     })
 }
-
-type Key = (String, String, String);
 
 /// One compared point.
 #[derive(Debug, Clone, PartialEq)]
@@ -255,9 +396,9 @@ pub struct Verdict {
     /// Scheme spec.
     pub scheme: String,
     /// Batch size.
-    pub batch: String,
-    /// Prompt length.
-    pub seq_len: String,
+    pub batch: usize,
+    /// Prompt length, tokens.
+    pub seq_len: usize,
     /// `(baseline, current)` perplexity.
     pub ppl: (Option<f64>, Option<f64>),
     /// `(baseline, current)` mean KL vs fp16, nats.
@@ -280,20 +421,16 @@ impl Verdict {
 
 /// Compares `current` with `baseline` under `limits`: one [`Verdict`] per baseline point (a
 /// baseline point missing from the current results fails). Errors: [`Error::InvalidArgument`]
-/// when a file lacks a column a limit needs, when no point matches (naming both files' points),
-/// or when a limit has no compared point with its value in both files (naming the limit, the
-/// file without it and how to measure it).
+/// when a file lacks a column a limit needs, when a value is unusable ([`Results::rows`]), when
+/// no point matches (naming both files' points), or when a limit has no compared point with its
+/// value in both files (naming the limit, the file without it and how to measure it).
 pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result<Vec<Verdict>> {
+    let checked: Vec<&Metric> = METRICS
+        .iter()
+        .filter(|m| (m.limit)(limits).is_some())
+        .collect();
     let mut cols = vec!["scheme", "batch_size", "seq_len"];
-    if limits.max_ppl_delta_pct.is_some() {
-        cols.push("ppl");
-    }
-    if limits.max_kl.is_some() {
-        cols.push("kl_mean");
-    }
-    if limits.max_tpot_regression_pct.is_some() {
-        cols.push("tpot_ms_mean");
-    }
+    cols.extend(checked.iter().map(|m| m.column));
     baseline.require(&cols)?;
     current.require(&cols)?;
     if limits.significant {
@@ -315,16 +452,14 @@ pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result
                 ),
             })?;
     }
-    let base = baseline.points()?;
-    let cur = current.points()?;
-    let name = |k: &Key| format!("{} b{} s{}", k.0, k.1, k.2);
-    if !base.iter().any(|(k, _)| cur.iter().any(|(c, _)| c == k)) {
-        let list = |p: &[(Key, HashMap<&str, f64>)]| {
-            p.iter()
-                .map(|(k, _)| name(k))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+    let base = baseline.rows()?;
+    let cur = current.rows()?;
+    let pairs: Vec<(&ResultRow, Option<&ResultRow>)> = base
+        .iter()
+        .map(|b| (b, cur.iter().find(|c| key(c) == key(b))))
+        .collect();
+    if pairs.iter().all(|(_, c)| c.is_none()) {
+        let list = |rows: &[ResultRow]| rows.iter().map(name).collect::<Vec<_>>().join(", ");
         return Err(Error::InvalidArgument {
             name: "--current".into(),
             reason: format!(
@@ -336,87 +471,72 @@ pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result
             ),
         });
     }
-    let pairs: Vec<(&HashMap<&str, f64>, &HashMap<&str, f64>)> = base
-        .iter()
-        .filter_map(|(k, b)| cur.iter().find(|(c, _)| c == k).map(|(_, c)| (b, c)))
-        .collect();
-    let files = (baseline, current);
-    if limits.max_ppl_delta_pct.is_some() {
-        check_measured("--max-ppl-delta", "ppl", files, &pairs)?;
+    for m in &checked {
+        check_measured(m, (baseline, current), &pairs)?;
     }
-    if limits.max_kl.is_some() {
-        check_measured("--max-kl", "kl_mean", files, &pairs)?;
-    }
-    if limits.max_tpot_regression_pct.is_some() {
-        check_measured("--max-tpot-regression", "tpot_ms_mean", files, &pairs)?;
-    }
-    let mut out = Vec::new();
-    for (key, b) in &base {
-        let c = cur.iter().find(|(k, _)| k == key).map(|(_, v)| v);
-        let get = |m: Option<&HashMap<&str, f64>>, col: &str| m.and_then(|m| m.get(col).copied());
-        let mut v = Verdict {
-            scheme: key.0.clone(),
-            batch: key.1.clone(),
-            seq_len: key.2.clone(),
-            ppl: (b.get("ppl").copied(), get(c, "ppl")),
-            kl: (b.get("kl_mean").copied(), get(c, "kl_mean")),
-            tpot: (b.get("tpot_ms_mean").copied(), get(c, "tpot_ms_mean")),
-            failures: Vec::new(),
-            warnings: Vec::new(),
-        };
-        if c.is_none() {
-            v.failures.push("missing from the current results".into());
-            out.push(v);
+    Ok(pairs
+        .into_iter()
+        .map(|(b, c)| verdict(b, c, limits))
+        .collect())
+}
+
+/// The verdict on baseline point `b` and its current point `c` (`None`: missing, a failure).
+fn verdict(b: &ResultRow, c: Option<&ResultRow>, limits: &Limits) -> Verdict {
+    let pair = |m: &Metric| ((m.value)(b), c.and_then(m.value));
+    let mut v = Verdict {
+        scheme: b.scheme.clone(),
+        batch: b.batch_size,
+        seq_len: b.seq_len,
+        ppl: pair(&PPL),
+        kl: pair(&KL),
+        tpot: pair(&TPOT),
+        failures: Vec::new(),
+        warnings: Vec::new(),
+    };
+    let Some(c) = c else {
+        v.failures.push("missing from the current results".into());
+        return v;
+    };
+    for m in &METRICS {
+        let Some(limit) = (m.limit)(limits) else {
             continue;
-        }
-        let mut check = |label: &str,
-                         (b, c): (Option<f64>, Option<f64>),
-                         limit: Option<f64>,
-                         change: fn(f64, f64) -> f64,
-                         unit: &str| {
-            let Some(limit) = limit else { return };
-            match (b, c) {
-                (Some(b), Some(c)) => {
-                    let d = change(b, c);
-                    if d.is_nan() || d > limit {
-                        v.failures
-                            .push(format!("{label} {d:+.4}{unit} > {limit}{unit}"));
-                    }
-                }
-                (Some(_), None) => v.failures.push(format!("{label} not measured")),
-                (None, _) => {}
-            }
         };
-        let rel = |b: f64, c: f64| 100.0 * (c / b - 1.0);
-        let abs = |b: f64, c: f64| c - b;
-        check("perplexity", v.ppl, limits.max_ppl_delta_pct, rel, "%");
-        check("KL", v.kl, limits.max_kl, abs, " nats");
-        check("TPOT", v.tpot, limits.max_tpot_regression_pct, rel, "%");
-        let interval = get(c, "delta_ppl_pct_lo").zip(get(c, "delta_ppl_pct_hi"));
-        if let (Some(max), Some((lo, hi))) = (limits.max_ppl_delta_pct, interval) {
-            let n = get(c, "ppl_windows").map_or(0, |n| n as usize);
-            if let Some(w) = paired::too_few_windows(n, 0.5 * (hi - lo), max) {
-                v.warnings.push(w);
-            }
-            let zero_width = hi - lo <= 0.0;
-            let is_ppl = |f: &String| f.starts_with("perplexity ") && !f.ends_with("not measured");
-            if limits.significant && !zero_width && v.failures.iter().any(is_ppl) {
-                // Keep the perplexity failure only beyond doubt.
-                let base_delta = b.get("ppl_delta_pct").copied().unwrap_or(0.0);
-                let lower = lo - base_delta;
-                if lower <= max {
-                    v.warnings.push(format!(
-                        "perplexity change not significant: ΔPPL vs fp16 interval [{lo:+.2}, \
-                         {hi:+.2}] % against the baseline's {base_delta:+.2} % reaches only \
-                         {lower:+.2} points at its lower end (limit {max})"
-                    ));
-                    v.failures.retain(|f| !is_ppl(f));
+        let unit = m.change.unit();
+        match pair(m) {
+            (Some(b), Some(c)) => {
+                let d = m.change.of(b, c);
+                if d.is_nan() || d > limit {
+                    v.failures
+                        .push(format!("{} {d:+.4}{unit} > {limit}{unit}", m.label));
                 }
             }
+            (Some(_), None) => v.failures.push(format!("{} not measured", m.label)),
+            (None, _) => {}
         }
-        out.push(v);
     }
-    Ok(out)
+    let interval = c.delta_ppl_pct_lo.zip(c.delta_ppl_pct_hi);
+    if let (Some(max), Some((lo, hi))) = (limits.max_ppl_delta_pct, interval) {
+        let n = c.ppl_windows.unwrap_or(0);
+        if let Some(w) = paired::too_few_windows(n, 0.5 * (hi - lo), max) {
+            v.warnings.push(w);
+        }
+        let zero_width = hi - lo <= 0.0;
+        let is_ppl = |f: &String| f.starts_with("perplexity ") && !f.ends_with("not measured");
+        if limits.significant && !zero_width && v.failures.iter().any(is_ppl) {
+            // Keep the perplexity failure only beyond doubt.
+            let base_delta = b.ppl_delta_pct.unwrap_or(0.0);
+            let lower = lo - base_delta;
+            if lower <= max {
+                v.warnings.push(format!(
+                    "perplexity change not significant: ΔPPL vs fp16 interval [{lo:+.2}, \
+                     {hi:+.2}] % against the baseline's {base_delta:+.2} % reaches only \
+                     {lower:+.2} points at its lower end (limit {max})"
+                ));
+                v.failures.retain(|f| !is_ppl(f));
+            }
+        }
+    }
+    v
 }
 
 /// The verdicts as a Markdown table (fit for a CI step summary), with a one-line result.
@@ -716,6 +836,89 @@ mod tests {
         let e = compare(&base, &swapped, &limits).unwrap_err().to_string();
         assert!(
             e.contains("swapped") && e.contains(":2") && e.contains("not an interval"),
+            "{e}"
+        );
+    }
+
+    /// The whole Markdown of a regression, by hand: fp16 20 → 20 (+0.00 %), TPOT 10 → 30
+    /// (+200.00 %, unchecked); int4 21 → 21.42 is 100·(21.42/21 − 1) = +2.0000 % > 1 %, KL
+    /// 0.05 → 0.055 (+0.005 ≤ 0.01).
+    #[test]
+    fn markdown_of_a_regression_by_hand() {
+        let limits = Limits {
+            max_ppl_delta_pct: Some(1.0),
+            max_kl: Some(0.01),
+            ..Default::default()
+        };
+        let worse = "scheme,batch_size,seq_len,ppl,kl_mean,tpot_ms_mean\n\
+                     fp16,1,64,20.0,,30.0\n\
+                     int4,1,64,21.42,0.055,10.0\n";
+        let v = compare(&results("mdb", BASE), &results("mdc", worse), &limits).unwrap();
+        assert_eq!(
+            markdown(&v, &limits),
+            "| scheme | batch | seq | PPL base | PPL now | ΔPPL | KL base | KL now | TPOT base ms \
+             | TPOT now ms | ΔTPOT | result |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n\
+             | fp16 | 1 | 64 | 20.0000 | 20.0000 | +0.00% | - | - | 10.00 | 30.00 | +200.00% | pass |\n\
+             | int4 | 1 | 64 | 21.0000 | 21.4200 | +2.00% | 0.05000 | 0.05500 | 10.00 | 10.00 \
+             | +0.00% | **FAIL**: perplexity +2.0000% > 1% |\n\
+             \nLimits: perplexity +1%, KL +0.01 nats, TPOT unchecked. 1 of 2 points regress.\n"
+        );
+    }
+
+    /// Each column the gate reads lands in the typed field of its name: a hand-written file
+    /// with a value per column (and `tpot_ms_p50`, which the gate does not read) gives rows
+    /// holding exactly those values; every name is a `results.csv` column.
+    #[test]
+    fn gate_columns_fill_their_typed_fields() {
+        let r = results(
+            "typed",
+            "scheme,batch_size,seq_len,ppl,kl_mean,tpot_ms_mean,tpot_ms_p50,ppl_delta_pct,\
+             delta_ppl_pct_lo,delta_ppl_pct_hi,ppl_windows\n\
+             int4,4,512,21.5,0.25,12.5,9.0,-1.5,-3.0,2.0,1e18\n",
+        );
+        let rows = r.rows().unwrap();
+        let row = &rows[0];
+        assert_eq!(key(row), ("int4", 4, 512));
+        assert_eq!((row.ppl, row.kl_mean), (Some(21.5), Some(0.25)));
+        assert_eq!((row.tpot.mean, row.tpot.p50), (Some(12.5), None));
+        assert_eq!(
+            (
+                row.ppl_delta_pct,
+                row.delta_ppl_pct_lo,
+                row.delta_ppl_pct_hi
+            ),
+            (Some(-1.5), Some(-3.0), Some(2.0))
+        );
+        assert_eq!(row.ppl_windows, Some(1e18 as usize));
+        let got: Vec<Option<f64>> = METRICS.iter().map(|m| (m.value)(row)).collect();
+        assert_eq!(got, [Some(21.5), Some(0.25), Some(12.5)]);
+        for name in COLUMNS
+            .iter()
+            .map(|c| c.name)
+            .chain(METRICS.iter().map(|m| m.column))
+        {
+            assert!(super::super::CSV_COLUMNS.contains(&name), "{name}");
+        }
+    }
+
+    /// `batch_size` and `seq_len` are numbers: ` 1` and `1` are one point; a value that is no
+    /// whole number is refused naming the file, line, column and text.
+    #[test]
+    fn point_keys_are_numbers() {
+        let limits = Limits {
+            max_ppl_delta_pct: Some(1.0),
+            ..Default::default()
+        };
+        let base = results("keyb", "scheme,batch_size,seq_len,ppl\nint4,1,64,21.0\n");
+        let spaced = results("keyc", "scheme,batch_size,seq_len,ppl\nint4, 1,64,21.0\n");
+        assert!(compare(&base, &spaced, &limits).unwrap()[0].passed());
+        let bad = results("keyx", "scheme,batch_size,seq_len,ppl\nint4,1,6x4,21.0\n");
+        let e = compare(&base, &bad, &limits).unwrap_err();
+        assert!(e.is_usage());
+        let e = e.to_string();
+        assert!(
+            e.contains("keyx") && e.contains(":2") && e.contains("seq_len `6x4`"),
             "{e}"
         );
     }

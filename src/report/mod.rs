@@ -8,6 +8,7 @@ pub mod merge;
 pub mod meta;
 pub mod plan;
 pub mod plots;
+pub mod record;
 pub mod run_dir;
 pub mod serve;
 pub mod serve_gate;
@@ -19,290 +20,236 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::kv::{CacheGeometry, KvScheme};
-use crate::measure::sweep::{PointOutcome, PointSink, PointStatus, QualityOutcome};
+use crate::measure::sweep::{PointOutcome, PointSink, PointStatus, PointTiming, QualityOutcome};
 use crate::quality::paired::{paired_delta, CiMethod};
 use crate::quality::passkey::PasskeyResult;
 use crate::quality::perplexity::PplResult;
 use crate::quality::xsum::RougeResult;
 use crate::stats::summarize;
+use record::Record;
 
-/// One row of `results.csv`: the output schema. Units are in the field names; every column is
-/// documented in the README.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ResultRow {
-    /// Run folder name (timestamp + model).
-    pub run_id: String,
-    /// Model file or repo (`meta.json` has its sha256).
-    pub model: String,
-    /// Dtype of the linear layers during prefill (`f32`, `q8_0`, `native`).
-    pub prefill_weight_dtype: String,
-    /// Dtype of the linear layers during decode steps.
-    pub decode_weight_dtype: String,
-    /// KV-cache scheme spec (the string `--dtypes` takes).
-    pub scheme: String,
-    /// Sequences decoded together.
-    pub batch_size: usize,
-    /// Prompt tokens per sequence.
-    pub seq_len: usize,
-    /// Tokens generated per sequence (first one from prefill).
-    pub gen_tokens: usize,
-    /// `ok`, `oom: ...` or `error: ...` ([`PointStatus`]).
-    pub status: PointStatus,
-    /// Timed repeats behind the latency columns (each a fresh cache; warm-up excluded).
-    pub repeats: Option<usize>,
-    /// Time to first token (prefill + first greedy pick), mean over repeats, ms.
-    pub ttft_ms_mean: Option<f64>,
-    /// Median TTFT, ms.
-    pub ttft_ms_p50: Option<f64>,
-    /// 95th-percentile TTFT, ms.
-    pub ttft_ms_p95: Option<f64>,
-    /// 99th-percentile TTFT, ms.
-    pub ttft_ms_p99: Option<f64>,
-    /// Sample standard deviation of TTFT, ms.
-    pub ttft_ms_std: Option<f64>,
-    /// Half-width of the 95 % confidence interval of mean TTFT (Student's t), ms.
-    pub ttft_ms_ci95: Option<f64>,
-    /// Prefill throughput over the batch, tokens/s (`batch × seq_len / TTFT`).
-    pub prefill_tokens_per_s: Option<f64>,
-    /// Time per output token after the first, `(E2E − TTFT)/(gen − 1)`, mean over repeats, ms.
-    pub tpot_ms_mean: Option<f64>,
-    /// Median TPOT over repeats, ms.
-    pub tpot_ms_p50: Option<f64>,
-    /// 95th-percentile TPOT over repeats, ms.
-    pub tpot_ms_p95: Option<f64>,
-    /// 99th-percentile TPOT over repeats, ms.
-    pub tpot_ms_p99: Option<f64>,
-    /// Sample standard deviation of TPOT, ms.
-    pub tpot_ms_std: Option<f64>,
-    /// Half-width of the 95 % confidence interval of mean TPOT, ms.
-    pub tpot_ms_ci95: Option<f64>,
-    /// Inter-token latency (one decode step), mean over all steps of all repeats, ms.
-    pub itl_ms_mean: Option<f64>,
-    /// Median ITL, ms.
-    pub itl_ms_p50: Option<f64>,
-    /// 95th-percentile ITL, ms.
-    pub itl_ms_p95: Option<f64>,
-    /// 99th-percentile ITL, ms.
-    pub itl_ms_p99: Option<f64>,
-    /// ITL samples outside Tukey's fences (1.5 × IQR): a count worth a warning when high.
-    pub itl_outliers: Option<usize>,
-    /// End-to-end latency of one request (TTFT + all ITLs), mean over repeats, ms.
-    pub e2e_ms_mean: Option<f64>,
-    /// Decode throughput over the batch, tokens/s (`batch × steps / Σ ITL`).
-    pub decode_tokens_per_s: Option<f64>,
-    /// Tokens held per sequence when the point ended (`seq_len + gen_tokens − 1`).
-    pub kv_tokens: Option<usize>,
-    /// Bytes of K/V held at the end, all sequences, scales and zero-points included.
-    pub kv_bytes: Option<usize>,
-    /// What the scheme's byte formula predicts for `batch_size` sequences of `kv_tokens`
-    /// (the same accounting `kvbench plan` uses); equals `kv_bytes` when the cache is right.
-    pub kv_bytes_predicted: Option<usize>,
-    /// `kv_bytes / (batch_size × kv_tokens)`: bytes per token of context.
-    pub kv_bytes_per_token: Option<f64>,
-    /// `kv_bytes` over what fp16 would hold for the same tokens (formula), e.g. 0.516 for int8.
-    pub kv_ratio_vs_fp16: Option<f64>,
-    /// Bytes the cache had allocated (capacity ≥ kv_bytes).
-    pub kv_reserved_bytes: Option<usize>,
-    /// Peak resident set size of the process during this point, bytes.
-    pub peak_rss_bytes: Option<u64>,
-    /// GPU runs: device memory in use at its highest sample (after prefill and every decode
-    /// step; `cuMemGetInfo` total − free), bytes. Empty on the CPU.
-    pub vram_peak_bytes: Option<u64>,
-    /// Memory bandwidth a decode step achieves, GB/s: the bytes it must read at the end of the
-    /// point (decode weights once + the KV held, [`RowContext::decode_weight_bytes`] +
-    /// `kv_bytes`) over the median TPOT. The floor of a memory-bound step is these bytes over
-    /// the device's peak bandwidth (roofline; see `crate::measure::floors`).
-    pub decode_gb_s: Option<f64>,
-    /// Values saturated by an fp8 scale fixed at the first write (0 for other formats).
-    pub saturated_values: Option<u64>,
-    /// Cores other processes occupied on average during this point's timed repeats (Linux
-    /// `/proc`; see `crate::measure::contention`), cores.
-    pub other_cpu_cores: Option<f64>,
-    /// Whether `other_cpu_cores` exceeded 0.15: the timings are inflated by a shared machine.
-    pub contended: Option<bool>,
-    /// Perplexity of the scheme on WikiText-2 (protocol in `meta.json`).
-    pub ppl: Option<f64>,
-    /// `100 × (ppl / ppl_fp16 − 1)`, % (empty when fp16 was not run first).
-    pub ppl_delta_pct: Option<f64>,
-    /// Mean NLL per scored token, nats.
-    pub ppl_mean_nll: Option<f64>,
-    /// Mean KL(P_fp16 ‖ P_scheme) per scored token, nats (lockstep with an fp16 cache).
-    pub kl_mean: Option<f64>,
-    /// 99th percentile of per-token KL, nats.
-    pub kl_p99: Option<f64>,
-    /// Mean KL over the first … last quarter of each window's scored span, nats.
-    pub kl_q1: Option<f64>,
-    /// Second quarter.
-    pub kl_q2: Option<f64>,
-    /// Third quarter.
-    pub kl_q3: Option<f64>,
-    /// Last quarter.
-    pub kl_q4: Option<f64>,
-    /// Scored tokens whose greedy token equals the fp16 cache's, %.
-    pub top1_agree_pct: Option<f64>,
-    /// Mean |Δp| of the fp16 cache's top token.
-    pub mean_abs_dp_top: Option<f64>,
-    /// llama.cpp's `PPL = … +/- ppl_se` over all scored tokens (tokens are correlated, so it is
-    /// narrower than the truth; prefer the paired interval below for comparisons).
-    #[serde(default)]
-    pub ppl_se: Option<f64>,
-    /// ΔPPL against the fp16 cache on the same windows, % (`100·(e^d̄ − 1)`, d̄ the mean
-    /// per-window NLL difference; equals `ppl_delta_pct` up to rounding).
-    #[serde(default)]
-    pub delta_ppl_pct: Option<f64>,
-    /// Lower end of its paired 95 % interval, %.
-    #[serde(default)]
-    pub delta_ppl_pct_lo: Option<f64>,
-    /// Upper end, %.
-    #[serde(default)]
-    pub delta_ppl_pct_hi: Option<f64>,
-    /// Absolute ΔPPL, `ppl_fp16·(e^d̄ − 1)`.
-    #[serde(default)]
-    pub delta_ppl: Option<f64>,
-    /// Lower end of its paired 95 % interval.
-    #[serde(default)]
-    pub delta_ppl_lo: Option<f64>,
-    /// Upper end.
-    #[serde(default)]
-    pub delta_ppl_hi: Option<f64>,
-    /// How the interval was computed: `t` (Student t) or `bootstrap:B:seed`.
-    #[serde(default)]
-    pub ci_method: Option<String>,
-    /// What one pair is: `window` (per-window mean NLLs).
-    #[serde(default)]
-    pub ci_unit: Option<String>,
-    /// 99.9th percentile of per-token KL, nats.
-    #[serde(default)]
-    pub kl_p99_9: Option<f64>,
-    /// Largest per-token KL, nats.
-    #[serde(default)]
-    pub kl_max: Option<f64>,
-    /// Standard error of `kl_mean` over tokens, nats (llama.cpp's ±).
-    #[serde(default)]
-    pub kl_se: Option<f64>,
-    /// Standard error of `top1_agree_pct` (llama.cpp's "same top p" ±), percentage points.
-    #[serde(default)]
-    pub same_top_p_se: Option<f64>,
-    /// Perturbed perplexity reruns behind the noise floor (`--ppl-noise-floor`).
-    #[serde(default)]
-    pub noise_floor_runs: Option<usize>,
-    /// Standard deviation of the reruns' perplexities.
-    #[serde(default)]
-    pub noise_floor_sd: Option<f64>,
-    /// `100·(max − min)/mean` of the reruns' perplexities, %.
-    #[serde(default)]
-    pub noise_floor_spread_pct: Option<f64>,
-    /// XSum articles summarized (greedy, chat template) for the ROUGE columns.
-    pub rouge_samples: Option<usize>,
-    /// Mean ROUGE-1 F1 against the XSum references (rouge-score, Porter stemmer).
-    pub rouge1_f1: Option<f64>,
-    /// Mean ROUGE-2 F1.
-    pub rouge2_f1: Option<f64>,
-    /// Mean ROUGE-L F1.
-    pub rouge_l_f1: Option<f64>,
-    /// Mean ROUGE-Lsum F1.
-    pub rouge_lsum_f1: Option<f64>,
-    /// Mean ROUGE-L F1 of each summary against the fp16 cache's summary of the same article
-    /// (1 = identical summaries): agreement with the baseline.
-    pub rouge_l_vs_fp16: Option<f64>,
-    /// Passkey trials (lengths × depths × trials).
-    pub passkey_trials: Option<usize>,
-    /// Passkey trials answered correctly, %.
-    pub passkey_accuracy_pct: Option<f64>,
-    /// `chunked` or `decode`.
-    pub ppl_mode: Option<String>,
-    /// Windows in the perplexity run.
-    pub ppl_windows: Option<usize>,
-    /// Tokens per perplexity window.
-    pub ppl_ctx: Option<usize>,
-    /// Dtype of the linear layers during perplexity.
-    pub ppl_weight_dtype: String,
+/// A latency summarized over its samples, ms: a group of `results.csv` columns. Which of these
+/// statistics a latency writes is listed where [`ResultRow`] declares it (TTFT and TPOT: mean,
+/// quantiles, SD, interval; ITL: mean, quantiles, outliers; E2E: mean); the others stay `None`
+/// in a row ([`Record::into_columns`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Latency {
+    /// Arithmetic mean, ms.
+    pub mean: Option<f64>,
+    /// Median, ms ([`crate::stats::percentile`], type 7).
+    pub p50: Option<f64>,
+    /// 95th percentile, ms.
+    pub p95: Option<f64>,
+    /// 99th percentile, ms.
+    pub p99: Option<f64>,
+    /// Sample standard deviation (n − 1), ms; `None` below 2 samples.
+    pub std: Option<f64>,
+    /// Half-width of the 95 % confidence interval of the mean (Student's t), ms; `None` below
+    /// 2 samples.
+    pub ci95: Option<f64>,
+    /// Samples outside Tukey's fences (1.5 × IQR; none flagged below 4 samples).
+    pub outliers: Option<usize>,
 }
 
-/// Columns of `results.csv`, in order, with their meaning (for `--help` and the README).
-pub const CSV_COLUMNS: &[&str] = &[
-    "run_id",
-    "model",
-    "prefill_weight_dtype",
-    "decode_weight_dtype",
-    "scheme",
-    "batch_size",
-    "seq_len",
-    "gen_tokens",
-    "status",
-    "repeats",
-    "ttft_ms_mean",
-    "ttft_ms_p50",
-    "ttft_ms_p95",
-    "ttft_ms_p99",
-    "ttft_ms_std",
-    "ttft_ms_ci95",
-    "prefill_tokens_per_s",
-    "tpot_ms_mean",
-    "tpot_ms_p50",
-    "tpot_ms_p95",
-    "tpot_ms_p99",
-    "tpot_ms_std",
-    "tpot_ms_ci95",
-    "itl_ms_mean",
-    "itl_ms_p50",
-    "itl_ms_p95",
-    "itl_ms_p99",
-    "itl_outliers",
-    "e2e_ms_mean",
-    "decode_tokens_per_s",
-    "kv_tokens",
-    "kv_bytes",
-    "kv_bytes_predicted",
-    "kv_bytes_per_token",
-    "kv_ratio_vs_fp16",
-    "kv_reserved_bytes",
-    "peak_rss_bytes",
-    "vram_peak_bytes",
-    "decode_gb_s",
-    "saturated_values",
-    "other_cpu_cores",
-    "contended",
-    "ppl",
-    "ppl_delta_pct",
-    "ppl_mean_nll",
-    "kl_mean",
-    "kl_p99",
-    "kl_q1",
-    "kl_q2",
-    "kl_q3",
-    "kl_q4",
-    "top1_agree_pct",
-    "mean_abs_dp_top",
-    "ppl_se",
-    "delta_ppl_pct",
-    "delta_ppl_pct_lo",
-    "delta_ppl_pct_hi",
-    "delta_ppl",
-    "delta_ppl_lo",
-    "delta_ppl_hi",
-    "ci_method",
-    "ci_unit",
-    "kl_p99_9",
-    "kl_max",
-    "kl_se",
-    "same_top_p_se",
-    "noise_floor_runs",
-    "noise_floor_sd",
-    "noise_floor_spread_pct",
-    "rouge_samples",
-    "rouge1_f1",
-    "rouge2_f1",
-    "rouge_l_f1",
-    "rouge_lsum_f1",
-    "rouge_l_vs_fp16",
-    "passkey_trials",
-    "passkey_accuracy_pct",
-    "ppl_mode",
-    "ppl_windows",
-    "ppl_ctx",
-    "ppl_weight_dtype",
-];
+impl Latency {
+    /// Summarizes `samples` (ms) with [`summarize`]: every statistic, `None` throughout for no
+    /// samples, and `std` / `ci95` `None` where they are not finite (a single sample).
+    pub fn of(samples: &[f64]) -> Latency {
+        let Some(s) = summarize(samples) else {
+            return Latency::default();
+        };
+        Latency {
+            mean: Some(s.mean),
+            p50: Some(s.p50),
+            p95: Some(s.p95),
+            p99: Some(s.p99),
+            std: finite(s.std),
+            ci95: finite(s.ci95),
+            outliers: Some(s.outliers),
+        }
+    }
+}
+
+record::csv_record! {
+    /// One row of `results.csv`: the output schema. Its fields are the columns, in order (a group
+    /// field is the sub-fields it lists, named as listed; see [`record`]), so a new column is one
+    /// field here plus its row in the README's column table (a test checks the table). Units
+    /// are in the names. Reading an older file, an `Option` column it lacks is `None`; the
+    /// others (names, sizes, `status`, `ppl_weight_dtype`) every version has written.
+    #[derive(Debug, Clone, Default, PartialEq)]
+    pub struct ResultRow {
+        /// Run folder name (timestamp + model).
+        pub run_id: String,
+        /// Model file or repo (`meta.json` has its sha256).
+        pub model: String,
+        /// Dtype of the linear layers during prefill (`f32`, `q8_0`, `native`).
+        pub prefill_weight_dtype: String,
+        /// Dtype of the linear layers during decode steps.
+        pub decode_weight_dtype: String,
+        /// KV-cache scheme spec (the string `--dtypes` takes).
+        pub scheme: String,
+        /// Sequences decoded together.
+        pub batch_size: usize,
+        /// Prompt tokens per sequence.
+        pub seq_len: usize,
+        /// Tokens generated per sequence (first one from prefill).
+        pub gen_tokens: usize,
+        /// `ok`, `oom: ...` or `error: ...` ([`PointStatus`]).
+        pub status: PointStatus,
+        /// Timed repeats behind the latency columns (each a fresh cache; warm-up excluded).
+        pub repeats: Option<usize>,
+        /// Time to first token (prefill + first greedy pick) over the repeats, ms: mean, median,
+        /// 95th/99th percentile, sample SD and the half-width of the 95 % interval of the mean.
+        pub ttft: Latency {
+            ttft_ms_mean: mean,
+            ttft_ms_p50: p50,
+            ttft_ms_p95: p95,
+            ttft_ms_p99: p99,
+            ttft_ms_std: std,
+            ttft_ms_ci95: ci95,
+        },
+        /// Prefill throughput over the batch, tokens/s (`batch × seq_len / TTFT`).
+        pub prefill_tokens_per_s: Option<f64>,
+        /// Time per output token after the first, `(E2E − TTFT)/(gen − 1)`, one sample per
+        /// repeat, ms: the same statistics as TTFT.
+        pub tpot: Latency {
+            tpot_ms_mean: mean,
+            tpot_ms_p50: p50,
+            tpot_ms_p95: p95,
+            tpot_ms_p99: p99,
+            tpot_ms_std: std,
+            tpot_ms_ci95: ci95,
+        },
+        /// Inter-token latency (one decode step) over all steps of all repeats, ms: mean,
+        /// median, 95th/99th percentile, and the count of samples outside Tukey's fences (worth
+        /// a warning when high).
+        pub itl: Latency {
+            itl_ms_mean: mean,
+            itl_ms_p50: p50,
+            itl_ms_p95: p95,
+            itl_ms_p99: p99,
+            itl_outliers: outliers,
+        },
+        /// End-to-end latency of one request (TTFT + all ITLs), mean over repeats, ms.
+        pub e2e: Latency { e2e_ms_mean: mean },
+        /// Decode throughput over the batch, tokens/s (`batch × steps / Σ ITL`).
+        pub decode_tokens_per_s: Option<f64>,
+        /// Tokens held per sequence when the point ended (`seq_len + gen_tokens − 1`).
+        pub kv_tokens: Option<usize>,
+        /// Bytes of K/V held at the end, all sequences, scales and zero-points included.
+        pub kv_bytes: Option<usize>,
+        /// What the scheme's byte formula predicts for `batch_size` sequences of `kv_tokens`
+        /// (the same accounting `kvbench plan` uses); equals `kv_bytes` when the cache is right.
+        pub kv_bytes_predicted: Option<usize>,
+        /// `kv_bytes / (batch_size × kv_tokens)`: bytes per token of context.
+        pub kv_bytes_per_token: Option<f64>,
+        /// `kv_bytes` over what fp16 would hold for the same tokens (formula), e.g. 0.516 for int8.
+        pub kv_ratio_vs_fp16: Option<f64>,
+        /// Bytes the cache had allocated (capacity ≥ kv_bytes).
+        pub kv_reserved_bytes: Option<usize>,
+        /// Peak resident set size of the process during this point, bytes.
+        pub peak_rss_bytes: Option<u64>,
+        /// GPU runs: device memory in use at its highest sample (after prefill and every decode
+        /// step; `cuMemGetInfo` total − free), bytes. Empty on the CPU.
+        pub vram_peak_bytes: Option<u64>,
+        /// Memory bandwidth a decode step achieves, GB/s: the bytes it must read at the end of the
+        /// point (decode weights once + the KV held, [`RowContext::decode_weight_bytes`] +
+        /// `kv_bytes`) over the median TPOT. The floor of a memory-bound step is these bytes over
+        /// the device's peak bandwidth (roofline; see `crate::measure::floors`).
+        pub decode_gb_s: Option<f64>,
+        /// Values saturated by an fp8 scale fixed at the first write (0 for other formats).
+        pub saturated_values: Option<u64>,
+        /// Cores other processes occupied on average during this point's timed repeats (Linux
+        /// `/proc`; see `crate::measure::contention`), cores.
+        pub other_cpu_cores: Option<f64>,
+        /// Whether `other_cpu_cores` exceeded 0.15: the timings are inflated by a shared machine.
+        pub contended: Option<bool>,
+        /// Perplexity of the scheme on WikiText-2 (protocol in `meta.json`).
+        pub ppl: Option<f64>,
+        /// `100 × (ppl / ppl_fp16 − 1)`, % (empty when fp16 was not run first).
+        pub ppl_delta_pct: Option<f64>,
+        /// Mean NLL per scored token, nats.
+        pub ppl_mean_nll: Option<f64>,
+        /// Mean KL(P_fp16 ‖ P_scheme) per scored token, nats (lockstep with an fp16 cache).
+        pub kl_mean: Option<f64>,
+        /// 99th percentile of per-token KL, nats.
+        pub kl_p99: Option<f64>,
+        /// Mean KL over the first … last quarter of each window's scored span, nats.
+        pub kl_q1: Option<f64>,
+        /// Second quarter.
+        pub kl_q2: Option<f64>,
+        /// Third quarter.
+        pub kl_q3: Option<f64>,
+        /// Last quarter.
+        pub kl_q4: Option<f64>,
+        /// Scored tokens whose greedy token equals the fp16 cache's, %.
+        pub top1_agree_pct: Option<f64>,
+        /// Mean |Δp| of the fp16 cache's top token.
+        pub mean_abs_dp_top: Option<f64>,
+        /// llama.cpp's `PPL = … +/- ppl_se` over all scored tokens (tokens are correlated, so it is
+        /// narrower than the truth; prefer the paired interval below for comparisons).
+        pub ppl_se: Option<f64>,
+        /// ΔPPL against the fp16 cache on the same windows, % (`100·(e^d̄ − 1)`, d̄ the mean
+        /// per-window NLL difference; equals `ppl_delta_pct` up to rounding).
+        pub delta_ppl_pct: Option<f64>,
+        /// Lower end of its paired 95 % interval, %.
+        pub delta_ppl_pct_lo: Option<f64>,
+        /// Upper end, %.
+        pub delta_ppl_pct_hi: Option<f64>,
+        /// Absolute ΔPPL, `ppl_fp16·(e^d̄ − 1)`.
+        pub delta_ppl: Option<f64>,
+        /// Lower end of its paired 95 % interval.
+        pub delta_ppl_lo: Option<f64>,
+        /// Upper end.
+        pub delta_ppl_hi: Option<f64>,
+        /// How the interval was computed: `t` (Student t) or `bootstrap:B:seed`.
+        pub ci_method: Option<String>,
+        /// What one pair is: `window` (per-window mean NLLs).
+        pub ci_unit: Option<String>,
+        /// 99.9th percentile of per-token KL, nats.
+        pub kl_p99_9: Option<f64>,
+        /// Largest per-token KL, nats.
+        pub kl_max: Option<f64>,
+        /// Standard error of `kl_mean` over tokens, nats (llama.cpp's ±).
+        pub kl_se: Option<f64>,
+        /// Standard error of `top1_agree_pct` (llama.cpp's "same top p" ±), percentage points.
+        pub same_top_p_se: Option<f64>,
+        /// Perturbed perplexity reruns behind the noise floor (`--ppl-noise-floor`).
+        pub noise_floor_runs: Option<usize>,
+        /// Standard deviation of the reruns' perplexities.
+        pub noise_floor_sd: Option<f64>,
+        /// `100·(max − min)/mean` of the reruns' perplexities, %.
+        pub noise_floor_spread_pct: Option<f64>,
+        /// XSum articles summarized (greedy, chat template) for the ROUGE columns.
+        pub rouge_samples: Option<usize>,
+        /// Mean ROUGE-1 F1 against the XSum references (rouge-score, Porter stemmer).
+        pub rouge1_f1: Option<f64>,
+        /// Mean ROUGE-2 F1.
+        pub rouge2_f1: Option<f64>,
+        /// Mean ROUGE-L F1.
+        pub rouge_l_f1: Option<f64>,
+        /// Mean ROUGE-Lsum F1.
+        pub rouge_lsum_f1: Option<f64>,
+        /// Mean ROUGE-L F1 of each summary against the fp16 cache's summary of the same article
+        /// (1 = identical summaries): agreement with the baseline.
+        pub rouge_l_vs_fp16: Option<f64>,
+        /// Passkey trials (lengths × depths × trials).
+        pub passkey_trials: Option<usize>,
+        /// Passkey trials answered correctly, %.
+        pub passkey_accuracy_pct: Option<f64>,
+        /// `chunked` or `decode`.
+        pub ppl_mode: Option<String>,
+        /// Windows in the perplexity run.
+        pub ppl_windows: Option<usize>,
+        /// Tokens per perplexity window.
+        pub ppl_ctx: Option<usize>,
+        /// Dtype of the linear layers during perplexity.
+        pub ppl_weight_dtype: String,
+    }
+}
+
+/// Columns of `results.csv`, in order: [`ResultRow`]'s (recorded in `meta.json`).
+pub const CSV_COLUMNS: &[&str] = <ResultRow as Record>::COLUMNS;
 
 impl meta::ReportContext for RowContext {}
 
@@ -364,9 +311,10 @@ impl ResultRow {
             .zip(baseline)
             .and_then(|(p, b)| paired_delta(&p.window_nll, &b.window_nll, ctx.ppl_ci).ok());
         let noise = ppl.and_then(|p| p.noise_floor.as_ref());
-        let ttft = t.and_then(|t| summarize(&t.ttft_ms));
-        let tpot = t.and_then(|t| summarize(&t.tpot_ms()));
-        let itl = t.and_then(|t| summarize(&t.itl_all_ms()));
+        let latency = |samples: fn(&PointTiming) -> Vec<f64>| {
+            t.map_or_else(Latency::default, |t| Latency::of(&samples(t)))
+        };
+        let tpot = latency(|t| t.tpot_ms());
         let rouge_f1 = rouge.map(|r| r.mean_f1());
         let agreement = ppl.and_then(|p| p.agreement.as_ref());
         let fp16_bytes = |tokens: usize| {
@@ -383,25 +331,11 @@ impl ResultRow {
             gen_tokens: t.map_or(0, |t| t.kv_tokens + 1 - o.seq_len),
             status: o.status(),
             repeats: t.map(|t| t.itl_ms.len()),
-            ttft_ms_mean: ttft.map(|s| s.mean),
-            ttft_ms_p50: ttft.map(|s| s.p50),
-            ttft_ms_p95: ttft.map(|s| s.p95),
-            ttft_ms_p99: ttft.map(|s| s.p99),
-            ttft_ms_std: ttft.and_then(|s| finite(s.std)),
-            ttft_ms_ci95: ttft.and_then(|s| finite(s.ci95)),
+            ttft: latency(|t| t.ttft_ms.clone()),
             prefill_tokens_per_s: t.and_then(|t| t.prefill_tokens_per_s(o.batch, o.seq_len)),
-            tpot_ms_mean: tpot.map(|s| s.mean),
-            tpot_ms_p50: tpot.map(|s| s.p50),
-            tpot_ms_p95: tpot.map(|s| s.p95),
-            tpot_ms_p99: tpot.map(|s| s.p99),
-            tpot_ms_std: tpot.and_then(|s| finite(s.std)),
-            tpot_ms_ci95: tpot.and_then(|s| finite(s.ci95)),
-            itl_ms_mean: itl.map(|s| s.mean),
-            itl_ms_p50: itl.map(|s| s.p50),
-            itl_ms_p95: itl.map(|s| s.p95),
-            itl_ms_p99: itl.map(|s| s.p99),
-            itl_outliers: itl.map(|s| s.outliers),
-            e2e_ms_mean: t.and_then(|t| summarize(&t.e2e_ms())).map(|s| s.mean),
+            tpot,
+            itl: latency(|t| t.itl_all_ms()),
+            e2e: latency(|t| t.e2e_ms()),
             decode_tokens_per_s: t.and_then(|t| t.decode_tokens_per_s(o.batch)),
             kv_tokens: t.map(|t| t.kv_tokens),
             kv_bytes: t.map(|t| t.kv_bytes),
@@ -412,10 +346,10 @@ impl ResultRow {
             peak_rss_bytes: t.and_then(|t| t.peak_rss_bytes),
             vram_peak_bytes: t.and_then(|t| t.vram_peak_bytes),
             decode_gb_s: t
-                .zip(tpot)
+                .zip(tpot.p50)
                 .zip(ctx.decode_weight_bytes)
-                .and_then(|((t, s), w)| {
-                    (s.p50 > 0.0).then(|| (w + t.kv_bytes) as f64 / (s.p50 * 1e-3) / 1e9)
+                .and_then(|((t, p50), w)| {
+                    (p50 > 0.0).then(|| (w + t.kv_bytes) as f64 / (p50 * 1e-3) / 1e9)
                 }),
             saturated_values: t.map(|t| t.saturated_values),
             other_cpu_cores: t.and_then(|t| t.contention).map(|c| c.other_cores),
@@ -462,6 +396,7 @@ impl ResultRow {
             ppl_ctx: ppl.and(ctx.ppl_ctx),
             ppl_weight_dtype: ctx.ppl_weight_dtype.clone(),
         }
+        .into_columns()
     }
 }
 
@@ -599,7 +534,7 @@ impl RunSink {
             std::fs::remove_file(&legacy).map_err(|e| Error::io(&legacy, e))?;
         }
         let csv_path = dir.join(CSV_FILE);
-        let csv = csv_writer(&csv_path)?;
+        let csv = csv_writer::<ResultRow>(&csv_path)?;
         let mut sink = Self {
             raw,
             csv_path,
@@ -640,14 +575,14 @@ impl RunSink {
     }
 }
 
-/// A CSV writer whose header is [`CSV_COLUMNS`], written at once; rows then serialize as values
-/// only (the test `csv_columns_match_the_row_fields` keeps the two in step).
-fn csv_writer(path: &Path) -> Result<csv::Writer<File>> {
+/// A CSV writer whose header is `R`'s columns ([`Record::COLUMNS`]), written at once (so a run
+/// without rows still has it); rows then serialize as values only, from the same column list.
+fn csv_writer<R: Record>(path: &Path) -> Result<csv::Writer<File>> {
     let mut w = csv::WriterBuilder::new()
         .has_headers(false)
         .from_path(path)
         .map_err(|e| Error::io(path, csv_io(e)))?;
-    w.write_record(CSV_COLUMNS)
+    w.write_record(R::COLUMNS)
         .map_err(|e| Error::io(path, csv_io(e)))?;
     w.flush().map_err(|e| Error::io(path, e))?;
     Ok(w)
@@ -794,7 +729,7 @@ use run_dir::read_jsonl;
 
 /// Writes `rows` as `results.csv` at `path` (header first). Errors: [`Error::Io`].
 pub fn write_csv(path: &Path, rows: &[ResultRow]) -> Result<()> {
-    let mut w = csv_writer(path)?;
+    let mut w = csv_writer::<ResultRow>(path)?;
     for r in rows {
         w.serialize(r).map_err(|e| Error::io(path, csv_io(e)))?;
     }
@@ -814,28 +749,278 @@ pub fn read_csv(path: &Path) -> Result<Vec<ResultRow>> {
 mod tests {
     use super::*;
 
-    /// The header `results.csv` is written with ([`CSV_COLUMNS`]) is exactly the row's fields
-    /// in order (csv's own header from serde, independent of the constant), and every column
-    /// is documented in the README's column table.
+    /// The header of `results.csv` as every kvbench so far wrote it (the hand-kept list this
+    /// crate had before the columns were derived from [`ResultRow`]): old run folders, the
+    /// committed baseline and `meta.json`'s `csv_columns` depend on it.
+    const HEADER: &str = "run_id,model,prefill_weight_dtype,decode_weight_dtype,scheme,\
+        batch_size,seq_len,gen_tokens,status,repeats,ttft_ms_mean,ttft_ms_p50,ttft_ms_p95,\
+        ttft_ms_p99,ttft_ms_std,ttft_ms_ci95,prefill_tokens_per_s,tpot_ms_mean,tpot_ms_p50,\
+        tpot_ms_p95,tpot_ms_p99,tpot_ms_std,tpot_ms_ci95,itl_ms_mean,itl_ms_p50,itl_ms_p95,\
+        itl_ms_p99,itl_outliers,e2e_ms_mean,decode_tokens_per_s,kv_tokens,kv_bytes,\
+        kv_bytes_predicted,kv_bytes_per_token,kv_ratio_vs_fp16,kv_reserved_bytes,\
+        peak_rss_bytes,vram_peak_bytes,decode_gb_s,saturated_values,other_cpu_cores,contended,\
+        ppl,ppl_delta_pct,ppl_mean_nll,kl_mean,kl_p99,kl_q1,kl_q2,kl_q3,kl_q4,top1_agree_pct,\
+        mean_abs_dp_top,ppl_se,delta_ppl_pct,delta_ppl_pct_lo,delta_ppl_pct_hi,delta_ppl,\
+        delta_ppl_lo,delta_ppl_hi,ci_method,ci_unit,kl_p99_9,kl_max,kl_se,same_top_p_se,\
+        noise_floor_runs,noise_floor_sd,noise_floor_spread_pct,rouge_samples,rouge1_f1,\
+        rouge2_f1,rouge_l_f1,rouge_lsum_f1,rouge_l_vs_fp16,passkey_trials,passkey_accuracy_pct,\
+        ppl_mode,ppl_windows,ppl_ctx,ppl_weight_dtype";
+
+    /// The columns derived from [`ResultRow`] are the 81 of [`HEADER`], in its order; csv's own
+    /// header (from the serialized field names) agrees; and the README's column table documents
+    /// exactly these columns, each once (no stale or misspelt name).
     #[test]
     fn csv_columns_match_the_row_fields() {
+        let want: Vec<&str> = HEADER.split(',').collect();
+        assert_eq!(want.len(), 81);
+        assert_eq!(CSV_COLUMNS, want);
         let mut w = csv::Writer::from_writer(Vec::new());
         w.serialize(ResultRow::default()).unwrap();
         let bytes = w.into_inner().unwrap();
         let text = String::from_utf8(bytes).unwrap();
-        let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
-        assert_eq!(header, CSV_COLUMNS);
+        assert_eq!(text.lines().next().unwrap(), HEADER);
         let readme =
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
         let documented: Vec<&str> = readme
             .lines()
-            .filter(|l| l.starts_with("| `"))
+            .skip_while(|l| !l.starts_with("| column | unit | meaning |"))
+            .skip(2)
+            .take_while(|l| l.starts_with("| `"))
             .flat_map(|l| l.split('|').nth(1).unwrap_or("").split(','))
             .map(|c| c.trim().trim_matches('`'))
             .collect();
         for c in CSV_COLUMNS {
-            assert!(documented.contains(c), "README's column table lacks `{c}`");
+            let n = documented.iter().filter(|d| *d == c).count();
+            assert_eq!(n, 1, "README's column table has `{c}` {n} times");
         }
+        for d in &documented {
+            assert!(CSV_COLUMNS.contains(d), "README documents `{d}`, no column");
+        }
+    }
+
+    /// A row with every column set (one empty, `None`, among them) writes the bytes written by
+    /// hand below — csv's formatting of each type: `2.0`, `1e-7`, `oom: x`, `false`, empty for
+    /// `None` — and reads back as itself.
+    #[test]
+    fn a_full_row_writes_these_bytes_and_reads_back() {
+        let lat = |mean, p50, p95, p99, std, ci95, outliers| Latency {
+            mean: Some(mean),
+            p50: Some(p50),
+            p95: Some(p95),
+            p99: Some(p99),
+            std,
+            ci95,
+            outliers,
+        };
+        let row = ResultRow {
+            run_id: "r".into(),
+            model: "m.gguf".into(),
+            prefill_weight_dtype: "f32".into(),
+            decode_weight_dtype: "q8_0".into(),
+            scheme: "int4:group=32".into(),
+            batch_size: 2,
+            seq_len: 64,
+            gen_tokens: 8,
+            status: PointStatus::Oom("x".into()),
+            repeats: Some(3),
+            ttft: lat(1.5, 1.25, 2.0, 2.5, Some(0.1), Some(0.125), None),
+            prefill_tokens_per_s: Some(100.0),
+            tpot: lat(10.0, 9.5, 11.0, 12.0, Some(0.5), Some(0.75), None),
+            itl: lat(10.25, 10.0, 13.0, 14.0, None, None, Some(1)),
+            e2e: Latency {
+                mean: Some(80.0),
+                ..Default::default()
+            },
+            decode_tokens_per_s: Some(200.0),
+            kv_tokens: Some(71),
+            kv_bytes: Some(7200),
+            kv_bytes_predicted: Some(7201),
+            kv_bytes_per_token: Some(50.5),
+            kv_ratio_vs_fp16: Some(0.3125),
+            kv_reserved_bytes: Some(8192),
+            peak_rss_bytes: Some(1_000_000),
+            vram_peak_bytes: None,
+            decode_gb_s: Some(1e-7),
+            saturated_values: Some(0),
+            other_cpu_cores: Some(0.05),
+            contended: Some(false),
+            ppl: Some(21.5),
+            ppl_delta_pct: Some(-0.25),
+            ppl_mean_nll: Some(3.0),
+            kl_mean: Some(0.001),
+            kl_p99: Some(0.01),
+            kl_q1: Some(0.1),
+            kl_q2: Some(0.2),
+            kl_q3: Some(0.3),
+            kl_q4: Some(0.4),
+            top1_agree_pct: Some(98.0),
+            mean_abs_dp_top: Some(0.02),
+            ppl_se: Some(0.5),
+            delta_ppl_pct: Some(1.0),
+            delta_ppl_pct_lo: Some(-2.0),
+            delta_ppl_pct_hi: Some(4.0),
+            delta_ppl: Some(0.2),
+            delta_ppl_lo: Some(-0.4),
+            delta_ppl_hi: Some(0.8),
+            ci_method: Some("t".into()),
+            ci_unit: Some("window".into()),
+            kl_p99_9: Some(0.05),
+            kl_max: Some(1.5),
+            kl_se: Some(0.0001),
+            same_top_p_se: Some(0.8),
+            noise_floor_runs: Some(3),
+            noise_floor_sd: Some(0.02),
+            noise_floor_spread_pct: Some(0.25),
+            rouge_samples: Some(10),
+            rouge1_f1: Some(0.3),
+            rouge2_f1: Some(0.1),
+            rouge_l_f1: Some(0.25),
+            rouge_lsum_f1: Some(0.26),
+            rouge_l_vs_fp16: Some(0.9),
+            passkey_trials: Some(5),
+            passkey_accuracy_pct: Some(80.0),
+            ppl_mode: Some("chunked".into()),
+            ppl_windows: Some(2),
+            ppl_ctx: Some(512),
+            ppl_weight_dtype: "f32".into(),
+        };
+        let line = "r,m.gguf,f32,q8_0,int4:group=32,2,64,8,oom: x,3,\
+            1.5,1.25,2.0,2.5,0.1,0.125,100.0,10.0,9.5,11.0,12.0,0.5,0.75,\
+            10.25,10.0,13.0,14.0,1,80.0,200.0,\
+            71,7200,7201,50.5,0.3125,8192,1000000,,1e-7,0,0.05,false,\
+            21.5,-0.25,3.0,0.001,0.01,0.1,0.2,0.3,0.4,98.0,0.02,\
+            0.5,1.0,-2.0,4.0,0.2,-0.4,0.8,t,window,0.05,1.5,0.0001,0.8,3,0.02,0.25,\
+            10,0.3,0.1,0.25,0.26,0.9,5,80.0,chunked,2,512,f32";
+        let path = std::env::temp_dir().join(format!("kvbench-row-{}.csv", std::process::id()));
+        write_csv(&path, &[row.clone(), ResultRow::default()]).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        // The default row: five empty strings, three zeros, `ok`, then 81 − 9 empty cells.
+        let empty = format!(",,,,,0,0,0,ok{}", ",".repeat(72));
+        assert_eq!(text, format!("{HEADER}\n{line}\n{empty}\n"));
+        assert_eq!(read_csv(&path).unwrap(), vec![row, ResultRow::default()]);
+        std::fs::remove_file(&path).ok();
+    }
+
+    /// Results files written by older kvbench versions still read: the committed CI baseline
+    /// (no `vram_peak_bytes`, interval or ROUGE columns) and the v0 fixture (no `ppl_se`): the
+    /// values as the files hold them, the absent columns `None`.
+    #[test]
+    fn older_results_files_read() {
+        let dir = env!("CARGO_MANIFEST_DIR");
+        let base = read_csv(&Path::new(dir).join("suites/baselines/ci-smollm2-135m.csv")).unwrap();
+        assert_eq!(base.len(), 9);
+        let r = &base[0];
+        assert_eq!(
+            (r.scheme.as_str(), r.batch_size, r.seq_len),
+            ("fp16", 1, 64)
+        );
+        assert_eq!(r.ttft.mean, Some(375.163171));
+        assert_eq!((r.ttft.std, r.ttft.ci95), (None, None));
+        assert_eq!(r.tpot.mean, Some(25.80201328571429));
+        assert_eq!((r.itl.p50, r.itl.outliers), (Some(21.695579), Some(1)));
+        assert_eq!(r.e2e.mean, Some(555.7772640000001));
+        assert_eq!(r.ppl, Some(21.374968431836315));
+        assert_eq!((r.vram_peak_bytes, r.delta_ppl_pct_lo), (None, None));
+        assert_eq!(
+            (r.ppl_windows, r.ppl_weight_dtype.as_str()),
+            (Some(2), "f32")
+        );
+        let v0 = read_csv(&Path::new(dir).join("tests/data/run-v0-model/results.csv")).unwrap();
+        let r = &v0[0];
+        assert_eq!(
+            (r.seq_len, r.gen_tokens, r.ttft.p50),
+            (16, 3, Some(129.613752))
+        );
+        assert_eq!((r.contended, r.ppl_se), (Some(true), None));
+        assert_eq!(
+            (r.rouge_samples, r.passkey_accuracy_pct),
+            (Some(1), Some(100.0))
+        );
+    }
+
+    /// [`Latency::of`] by hand: 1, 2, 3, 4, 10 → mean 4, median 3, p95 at rank 4·0.95 = 3.8:
+    /// 4 + 0.8·6 = 8.8, p99 at 3.96: 9.76; SD √((9+4+1+0+36)/4) = √12.5; Tukey: Q1 = 2,
+    /// Q3 = 4, fences −1 and 7: one outlier. One sample: no SD, no interval; none: all `None`.
+    #[test]
+    fn latency_by_hand() {
+        let l = Latency::of(&[3.0, 1.0, 10.0, 2.0, 4.0]);
+        assert!((l.mean.unwrap() - 4.0).abs() < 1e-12, "{:?}", l.mean);
+        assert_eq!((l.p50, l.outliers), (Some(3.0), Some(1)));
+        assert!((l.p95.unwrap() - 8.8).abs() < 1e-12, "{:?}", l.p95);
+        assert!((l.p99.unwrap() - 9.76).abs() < 1e-12, "{:?}", l.p99);
+        assert!((l.std.unwrap() - 12.5f64.sqrt()).abs() < 1e-12);
+        // t₀.₉₇₅,₄ = 2.776445 (printed t tables) · √12.5 / √5 = 4.389943.
+        assert!((l.ci95.unwrap() - 4.389_943).abs() < 1e-5, "{:?}", l.ci95);
+        let one = Latency::of(&[7.0]);
+        assert_eq!(
+            (one.mean, one.p99, one.std, one.ci95),
+            (Some(7.0), Some(7.0), None, None)
+        );
+        assert_eq!(Latency::of(&[]), Latency::default());
+    }
+
+    /// A timed point's row holds each latency's listed statistics only (what its CSV holds),
+    /// by hand: TTFT 100, 300 → mean 200, SD √20000; ITL steps 10, 30 | 20, 20 → TPOT per
+    /// repeat 20, 20 (SD 0), ITL mean 20, no SD column; E2E 100 + 40, 300 + 40 → mean 240.
+    #[test]
+    fn a_timed_row_holds_only_its_columns() {
+        let ctx = RowContext {
+            run_id: "r".into(),
+            model: "m".into(),
+            prefill_weight_dtype: "f32".into(),
+            decode_weight_dtype: "f32".into(),
+            ppl_weight_dtype: "f32".into(),
+            ppl_ctx: None,
+            ppl_ci: CiMethod::StudentT,
+            geometry: CacheGeometry {
+                layers: 1,
+                kv_heads: 1,
+                q_heads: 1,
+                head_dim: 64,
+            },
+            decode_weight_bytes: None,
+        };
+        let timing = PointTiming {
+            ttft_ms: vec![100.0, 300.0],
+            itl_ms: vec![vec![10.0, 30.0], vec![20.0, 20.0]],
+            kv_tokens: 10,
+            kv_bytes: 2560,
+            kv_reserved_bytes: 4096,
+            peak_rss_bytes: None,
+            vram_peak_bytes: None,
+            saturated_values: 0,
+            generated: vec![],
+            run_order: vec![],
+            contention: None,
+        };
+        let o = PointOutcome {
+            scheme: KvScheme::FP16,
+            batch: 1,
+            seq_len: 8,
+            timing: Ok(timing),
+        };
+        let r = ResultRow::new(&ctx, &o, None, None);
+        assert_eq!((r.ttft.mean, r.ttft.p50), (Some(200.0), Some(200.0)));
+        assert!((r.ttft.std.unwrap() - 20000f64.sqrt()).abs() < 1e-9);
+        assert_eq!(r.ttft.outliers, None, "TTFT has no outlier column");
+        assert_eq!((r.tpot.mean, r.tpot.std), (Some(20.0), Some(0.0)));
+        assert_eq!(
+            (r.itl.mean, r.itl.p50, r.itl.outliers),
+            (Some(20.0), Some(20.0), Some(0))
+        );
+        assert_eq!(
+            (r.itl.std, r.itl.ci95),
+            (None, None),
+            "ITL has no SD/interval columns"
+        );
+        assert_eq!(
+            r.e2e,
+            Latency {
+                mean: Some(240.0),
+                ..Default::default()
+            }
+        );
+        assert_eq!((r.repeats, r.gen_tokens), (Some(2), 3));
     }
 
     /// A row joins its scheme's quality and the fp16 perplexity: the delta by hand,

@@ -96,7 +96,7 @@ pub fn charts(rows: &[ResultRow], caption: &Caption) -> Vec<(&'static str, LineC
                 series: series(&|r| {
                     (r.batch_size == min_batch)
                         .then_some(())
-                        .and(r.tpot_ms_mean)
+                        .and(r.tpot.mean)
                         .map(|y| (r.seq_len as f64, y))
                 }),
             },
@@ -268,6 +268,7 @@ pub fn render_all(rows: &[ResultRow], caption: &Caption, dir: &Path) -> Result<V
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::Latency;
 
     /// Hand-made points: (100, 5) and (50, 9) are both optimal; (120, 5) has more bytes for the
     /// same change, (80, 12) more bytes and a worse change than (50, 9).
@@ -292,7 +293,10 @@ mod tests {
                         batch_size: batch,
                         seq_len: seq,
                         status: crate::measure::sweep::PointStatus::Ok,
-                        tpot_ms_mean: Some(20.0 + seq as f64 / 100.0),
+                        tpot: Latency {
+                            mean: Some(20.0 + seq as f64 / 100.0),
+                            ..Default::default()
+                        },
                         decode_tokens_per_s: Some(50.0 * batch as f64),
                         kv_tokens: Some(seq + 31),
                         kv_bytes: Some((bpt as usize) * batch * (seq + 31)),

@@ -101,7 +101,7 @@ pub fn warnings(rows: &[ResultRow]) -> Vec<String> {
         let point = format!("{} batch {} × {}", r.scheme, r.batch_size, r.seq_len);
         let steps = r.repeats.unwrap_or(0) * r.gen_tokens.saturating_sub(1);
         // Tukey's fences flag ~1 sample in a handful by chance; judge only 20+ samples.
-        if let Some(k) = r.itl_outliers.filter(|&k| steps >= 20 && k * 20 > steps) {
+        if let Some(k) = r.itl.outliers.filter(|&k| steps >= 20 && k * 20 > steps) {
             out.push(format!(
                 "{point}: {k} of {steps} inter-token latencies lie outside Tukey's fences — \
                  the machine was busy or throttling; rerun it on a quiet machine with more \
@@ -115,7 +115,7 @@ pub fn warnings(rows: &[ResultRow]) -> Vec<String> {
                  the scheme; stop them and rerun (`--resume` keeps the rest), or use --threads 1"
             ));
         }
-        if let (Some(ci), Some(m)) = (r.tpot_ms_ci95, r.tpot_ms_mean) {
+        if let (Some(ci), Some(m)) = (r.tpot.ci95, r.tpot.mean) {
             if ci > 0.05 * m {
                 out.push(format!(
                     "{point}: TPOT {m:.2} ± {ci:.2} ms (95 % CI wider than 5 % of the mean) — \

@@ -56,8 +56,8 @@ pub fn cells(rows: &[ResultRow]) -> Vec<Vec<String>> {
                 && b.seq_len == r.seq_len
         });
         let dtpot = base
-            .and_then(|b| b.tpot_ms_mean)
-            .zip(r.tpot_ms_mean)
+            .and_then(|b| b.tpot.mean)
+            .zip(r.tpot.mean)
             .filter(|_| r.scheme != "fp16")
             .map(|(b, x)| 100.0 * (x / b - 1.0));
         out.push(vec![
@@ -68,11 +68,11 @@ pub fn cells(rows: &[ResultRow]) -> Vec<Vec<String>> {
             },
             r.batch_size.to_string(),
             r.seq_len.to_string(),
-            f(r.ttft_ms_p50, 1),
-            f(r.tpot_ms_mean, 2),
-            r.tpot_ms_ci95.map_or("-".into(), |x| format!("±{x:.2}")),
+            f(r.ttft.p50, 1),
+            f(r.tpot.mean, 2),
+            r.tpot.ci95.map_or("-".into(), |x| format!("±{x:.2}")),
             dtpot.map_or("-".into(), |x| format!("{x:+.1}")),
-            f(r.itl_ms_p95, 2),
+            f(r.itl.p95, 2),
             f(r.decode_tokens_per_s, 1),
             f(r.kv_bytes.map(|b| b as f64 / (1u64 << 20) as f64), 2),
             r.kv_ratio_vs_fp16
@@ -181,6 +181,7 @@ pub fn render_markdown(rows: &[ResultRow]) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::report::Latency;
 
     /// Two points of one run: fp16 and int8-token at batch 1, 512 tokens.
     pub(crate) fn fixed_rows() -> Vec<ResultRow> {
@@ -200,10 +201,19 @@ pub(crate) mod tests {
         vec![
             ResultRow {
                 scheme: "fp16".into(),
-                ttft_ms_p50: Some(2201.04),
-                tpot_ms_mean: Some(25.0),
-                tpot_ms_ci95: Some(0.5),
-                itl_ms_p95: Some(26.2),
+                ttft: Latency {
+                    p50: Some(2201.04),
+                    ..Default::default()
+                },
+                tpot: Latency {
+                    mean: Some(25.0),
+                    ci95: Some(0.5),
+                    ..Default::default()
+                },
+                itl: Latency {
+                    p95: Some(26.2),
+                    ..Default::default()
+                },
                 decode_tokens_per_s: Some(40.0),
                 kv_bytes: Some(12_509_184),
                 kv_ratio_vs_fp16: Some(1.0),
@@ -213,10 +223,19 @@ pub(crate) mod tests {
             },
             ResultRow {
                 scheme: "int8-token".into(),
-                ttft_ms_p50: Some(2205.2),
-                tpot_ms_mean: Some(23.932),
-                tpot_ms_ci95: Some(0.4),
-                itl_ms_p95: Some(25.28),
+                ttft: Latency {
+                    p50: Some(2205.2),
+                    ..Default::default()
+                },
+                tpot: Latency {
+                    mean: Some(23.932),
+                    ci95: Some(0.4),
+                    ..Default::default()
+                },
+                itl: Latency {
+                    p95: Some(25.28),
+                    ..Default::default()
+                },
                 decode_tokens_per_s: Some(41.6),
                 kv_bytes: Some(6_450_840),
                 kv_ratio_vs_fp16: Some(0.515625),
