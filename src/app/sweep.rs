@@ -486,10 +486,11 @@ fn point_line(r: &ResultRow) -> String {
         r.scheme,
         r.batch_size,
         r.seq_len,
-        match r.tpot_ms_mean {
+        match r.tpot.mean {
             Some(tpot) => format!(
                 "{}TPOT {tpot:.2} ms, {:.1} tokens/s",
-                r.ttft_ms_p50
+                r.ttft
+                    .p50
                     .map_or(String::new(), |t| format!("TTFT {t:.1} ms, ")),
                 r.decode_tokens_per_s.unwrap_or(f64::NAN)
             ),

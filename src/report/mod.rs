@@ -8,7 +8,6 @@ pub mod merge;
 pub mod meta;
 pub mod plan;
 pub mod plots;
-pub mod record;
 pub mod run_dir;
 pub mod serve;
 pub mod serve_gate;
@@ -26,7 +25,7 @@ use crate::quality::passkey::PasskeyResult;
 use crate::quality::perplexity::PplResult;
 use crate::quality::xsum::RougeResult;
 use crate::stats::summarize;
-use record::Record;
+use crate::util::record::{self, Record};
 
 /// A latency summarized over its samples, ms: a group of `results.csv` columns. Which of these
 /// statistics a latency writes is listed where [`ResultRow`] declares it (TTFT and TPOT: mean,

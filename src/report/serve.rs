@@ -9,11 +9,12 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::measure::contention::{Contention, CONTENDED_CORES};
 use crate::measure::sweep::PointStatus;
-use crate::serve::engine::{RequestRecord, ServeOutcome, StepSample};
+use crate::serve::engine::{RequestRecord, StepSample};
 use crate::serve::metrics::{summarize, ServeStats, Slo};
 use crate::serve::run::{PointResult, ServeSink};
 use crate::serve::settings::PointKey;
-use crate::serve::workload::Arrival;
+use crate::serve::workload::{Arrival, Load};
+use crate::util::record::csv_record;
 
 use super::chart::{LineChart, Series};
 use super::meta::{ReportContext, RunMeta};
@@ -49,191 +50,70 @@ impl ReportContext for ServeContext {
     }
 }
 
-/// One results row (results.csv): a point's settings, what `plan` predicts and what was
-/// measured. Times ms, rates per second, memory bytes.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct ServeRow {
-    /// Run id (`meta.json`); empty in rows written before it was a column.
-    #[serde(default)]
-    pub run_id: String,
-    /// Model (`--model` as given).
-    #[serde(default)]
-    pub model: String,
-    /// KV scheme.
-    pub scheme: String,
-    /// Arrival process and load, e.g. `poisson 2 req/s`.
-    pub arrival: String,
-    /// Request rate (req/s; `inf`: every request at once) or closed-loop clients.
-    #[serde(with = "crate::serve::workload::load_serde")]
-    pub load: f64,
-    /// Whether the shared prefix was cached (stored once, prefilled once).
-    pub prefix_caching: bool,
-    /// `ok`, or why the point failed (`error: …`).
-    pub status: PointStatus,
-    /// KV budget, bytes.
-    pub kv_budget_bytes: u64,
-    /// Bytes per block for this scheme.
-    pub block_bytes: u64,
-    /// Blocks in the pool.
-    pub total_blocks: usize,
-    /// `kvbench plan`'s max concurrency at this budget for a sequence of the mean length
-    /// (prefix + mean prompt + mean output tokens).
-    pub predicted_max_concurrency: u64,
-    /// Requests sent.
-    pub requests: usize,
-    /// Requests completed.
-    pub completed: usize,
-    /// Largest decode batch measured.
-    pub running_max: usize,
-    /// Decode batch averaged over time.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub running_mean: f64,
-    /// Preemptions (recompute).
-    pub preemptions: usize,
-    /// Completed requests per second.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub request_throughput: f64,
-    /// Generated tokens per second.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub output_tokens_per_s: f64,
-    /// Requests per second meeting the SLO.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub goodput: f64,
-    /// Share of requests meeting the SLO.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub slo_attainment: f64,
-    /// TTFT percentiles, ms.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub ttft_ms_p50: f64,
-    #[allow(missing_docs)]
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub ttft_ms_p95: f64,
-    #[allow(missing_docs)]
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub ttft_ms_p99: f64,
-    /// TPOT percentiles (per request), ms.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub tpot_ms_p50: f64,
-    #[allow(missing_docs)]
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub tpot_ms_p95: f64,
-    #[allow(missing_docs)]
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub tpot_ms_p99: f64,
-    /// ITL percentiles (all gaps), ms.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub itl_ms_p50: f64,
-    #[allow(missing_docs)]
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub itl_ms_p95: f64,
-    #[allow(missing_docs)]
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub itl_ms_p99: f64,
-    /// End-to-end latency percentiles, ms.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub e2e_ms_p50: f64,
-    #[allow(missing_docs)]
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub e2e_ms_p95: f64,
-    #[allow(missing_docs)]
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub e2e_ms_p99: f64,
-    /// Mean and max share of blocks in use.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub block_util_mean: f64,
-    #[allow(missing_docs)]
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub block_util_max: f64,
-    /// Mean internal fragmentation (share of held block bytes not holding K/V).
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub fragmentation_mean: f64,
-    /// Bytes the shared prefix saved, mean and max over time.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub prefix_saved_bytes_mean: f64,
-    #[allow(missing_docs)]
-    pub prefix_saved_bytes_max: u64,
-    /// The one prefill of the shared prefix (prefix caching), ms.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub prefix_prefill_ms: f64,
-    /// Seconds the point ran.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub duration_s: f64,
-    /// Cores other processes used meanwhile (see `measure::contention`).
-    pub other_cores: Option<f64>,
-    /// Whether `other_cores` exceeded the contention threshold: the latencies describe a
-    /// shared machine.
-    #[serde(default)]
-    pub contended: bool,
+csv_record! {
+    /// One row of a serving run's `results.csv` (and of its `raw.jsonl`): the point, the pool,
+    /// what `plan` predicts, and what was measured ([`ServeStats`], every column of it). Times
+    /// ms, rates per second, memory bytes.
+    #[derive(Debug, Clone, Default, PartialEq)]
+    pub struct ServeRow {
+        /// Run id (`meta.json`); empty in rows written before it was a column.
+        pub run_id: String,
+        /// Model (`--model` as given).
+        pub model: String,
+        /// KV scheme.
+        pub scheme: String,
+        /// Arrival process and load, e.g. `poisson 2 req/s`.
+        pub arrival: String,
+        /// Request rate (req/s; `inf`: every request at once) or closed-loop clients.
+        pub load: Load,
+        /// Whether the shared prefix was cached (stored once, prefilled once).
+        pub prefix_caching: bool,
+        /// `ok`, or why the point failed (`error: …`).
+        pub status: PointStatus,
+        /// KV budget, bytes.
+        pub kv_budget_bytes: u64,
+        /// Bytes per block for this scheme.
+        pub block_bytes: u64,
+        /// Blocks in the pool.
+        pub total_blocks: usize,
+        /// `kvbench plan`'s max concurrency at this budget for a sequence of the mean length
+        /// (prefix + mean prompt + mean output tokens).
+        pub predicted_max_concurrency: u64,
+        /// What was measured.
+        pub stats: ServeStats { .. },
+        /// The one prefill of the shared prefix (prefix caching), ms.
+        pub prefix_prefill_ms: f64,
+        /// Cores other processes used meanwhile (see `measure::contention`).
+        pub other_cores: Option<f64>,
+        /// Whether `other_cores` exceeded the contention threshold: the latencies describe a
+        /// shared machine.
+        pub contended: bool,
+    }
 }
 
 impl ServeRow {
     /// The row of a finished (or failed) point: its settings, what `plan` predicted, and the
     /// metrics [`summarize`] computes from its records under `slo`.
     pub fn new(ctx: &ServeContext, p: &PointResult<'_>, slo: &Slo) -> Self {
-        let empty = ServeOutcome {
-            requests: Vec::new(),
-            steps: Vec::new(),
-            total_blocks: 0,
-            block_bytes: p.block_bytes,
-            prefix_blocks: 0,
-            prefix_prefill_s: 0.0,
+        let (stats, status, o) = match &p.outcome {
+            Ok(o) => (summarize(o, slo), PointStatus::Ok, Some(o)),
+            Err(e) => (ServeStats::default(), PointStatus::Error(e.clone()), None),
         };
-        let (o, status) = match &p.outcome {
-            Ok(o) => (o, PointStatus::Ok),
-            Err(e) => (&empty, PointStatus::Error(e.clone())),
-        };
-        let s = summarize(o, slo);
-        Self::from_stats(ctx, p, o, &s, status)
-    }
-
-    fn from_stats(
-        ctx: &ServeContext,
-        p: &PointResult<'_>,
-        o: &ServeOutcome,
-        s: &ServeStats,
-        status: PointStatus,
-    ) -> Self {
         let other_cores = p.contention.map(|c| c.other_cores);
         ServeRow {
             run_id: ctx.run_id.clone(),
             model: ctx.model.clone(),
             scheme: p.key.scheme.clone(),
             arrival: p.key.arrival.label(),
-            load: p.key.arrival.load(),
+            load: Load(p.key.arrival.load()),
             prefix_caching: p.key.prefix_caching,
             status,
             kv_budget_bytes: ctx.kv_budget_bytes,
-            block_bytes: o.block_bytes,
-            total_blocks: o.total_blocks,
+            block_bytes: p.block_bytes,
+            total_blocks: o.map_or(0, |o| o.total_blocks),
             predicted_max_concurrency: p.predicted_max_concurrency,
-            requests: s.requests,
-            completed: s.completed,
-            running_max: s.running_max,
-            running_mean: s.running_mean,
-            preemptions: s.preemptions,
-            request_throughput: s.request_throughput,
-            output_tokens_per_s: s.output_tokens_per_s,
-            goodput: s.goodput,
-            slo_attainment: s.slo_attainment,
-            ttft_ms_p50: s.ttft_ms.p50,
-            ttft_ms_p95: s.ttft_ms.p95,
-            ttft_ms_p99: s.ttft_ms.p99,
-            tpot_ms_p50: s.tpot_ms.p50,
-            tpot_ms_p95: s.tpot_ms.p95,
-            tpot_ms_p99: s.tpot_ms.p99,
-            itl_ms_p50: s.itl_ms.p50,
-            itl_ms_p95: s.itl_ms.p95,
-            itl_ms_p99: s.itl_ms.p99,
-            e2e_ms_p50: s.e2e_ms.p50,
-            e2e_ms_p95: s.e2e_ms.p95,
-            e2e_ms_p99: s.e2e_ms.p99,
-            block_util_mean: s.block_util_mean,
-            block_util_max: s.block_util_max,
-            fragmentation_mean: s.fragmentation_mean,
-            prefix_saved_bytes_mean: s.prefix_saved_bytes_mean,
-            prefix_saved_bytes_max: s.prefix_saved_bytes_max,
-            prefix_prefill_ms: o.prefix_prefill_s * 1e3,
-            duration_s: s.duration_s,
+            stats,
+            prefix_prefill_ms: o.map_or(0.0, |o| o.prefix_prefill_s * 1e3),
             other_cores,
             contended: other_cores.is_some_and(|c| c > CONTENDED_CORES),
         }
@@ -460,6 +340,16 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
 
+/// `x` to `prec` decimals, `-` when there is nothing to show.
+fn num(x: Option<f64>, prec: usize) -> String {
+    x.map_or("-".into(), |v| format!("{v:.prec$}"))
+}
+
+/// A share 0–1 as a percentage, `-` when there is nothing to show.
+fn pct(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{:.1} %", 100.0 * v))
+}
+
 /// Writes `results.csv`, `summary.md` and the charts of `run` into its folder; returns the
 /// Markdown. Errors: [`Error::Io`] naming the file.
 pub fn render(run: &ServeRun) -> Result<String> {
@@ -510,25 +400,26 @@ fn markdown(run: &ServeRun) -> String {
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in &run.rows {
+        let st = &r.stats;
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.2} | {:.1} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} % | {:.1} % | {:.1} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.scheme,
             r.arrival,
             if r.prefix_caching { "on" } else { "off" },
             r.total_blocks,
             r.predicted_max_concurrency,
-            r.running_max,
-            r.running_mean,
-            r.preemptions,
-            r.request_throughput,
-            r.output_tokens_per_s,
-            r.goodput,
-            r.ttft_ms_p95,
-            r.tpot_ms_p95,
-            r.e2e_ms_p95,
-            r.block_util_mean * 100.0,
-            r.fragmentation_mean * 100.0,
-            mib(r.prefix_saved_bytes_mean as u64),
+            st.running_max,
+            num(st.running_mean, 1),
+            st.preemptions,
+            num(st.request_throughput, 2),
+            num(st.output_tokens_per_s, 1),
+            num(st.goodput, 2),
+            num(st.ttft_ms.p95, 0),
+            num(st.tpot_ms.p95, 0),
+            num(st.e2e_ms.p95, 0),
+            pct(st.block_util_mean),
+            pct(st.fragmentation_mean),
+            num(st.prefix_saved_bytes_mean.map(|b| b / (1u64 << 20) as f64), 1),
             r.status
         ));
     }
@@ -563,16 +454,17 @@ fn prefix_table(run: &ServeRun) -> String {
             .iter()
             .find(|r| !r.prefix_caching && r.scheme == on.scheme && r.arrival == on.arrival)
         {
+            let (a, b) = (off.stats.ttft_ms.p50, on.stats.ttft_ms.p50);
             md.push_str(&format!(
-                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} |\n",
+                "| {} | {} | {} | {} | {} | {:.0} | {} / {:.2} |\n",
                 on.scheme,
                 on.arrival,
-                off.ttft_ms_p50,
-                on.ttft_ms_p50,
-                off.ttft_ms_p50 - on.ttft_ms_p50,
+                num(a, 0),
+                num(b, 0),
+                num(a.zip(b).map(|(a, b)| a - b), 0),
                 on.prefix_prefill_ms,
-                mib(on.prefix_saved_bytes_mean as u64),
-                mib(on.prefix_saved_bytes_max)
+                num(on.stats.prefix_saved_bytes_mean.map(|b| b / (1u64 << 20) as f64), 2),
+                mib(on.stats.prefix_saved_bytes_max)
             ));
         }
     }
@@ -611,7 +503,7 @@ fn charts(run: &ServeRun) -> Result<()> {
         s.load.output_len,
         env!("CARGO_PKG_VERSION")
     );
-    let series = |f: &dyn Fn(&ServeRow) -> f64| -> Vec<Series> {
+    let series = |f: &dyn Fn(&ServeRow) -> Option<f64>| -> Vec<Series> {
         names
             .iter()
             .map(|n| {
@@ -621,9 +513,9 @@ fn charts(run: &ServeRun) -> Result<()> {
                     .filter(|r| {
                         &run.label(&r.scheme, r.prefix_caching) == n
                             && r.status.is_ok()
-                            && r.load.is_finite()
+                            && r.load.0.is_finite()
                     })
-                    .map(|r| (r.load, f(r)))
+                    .filter_map(|r| Some((r.load.0, f(r)?)))
                     .collect();
                 pts.sort_by(|x, y| x.0.total_cmp(&y.0));
                 Series::line(n.clone(), pts)
@@ -635,19 +527,19 @@ fn charts(run: &ServeRun) -> Result<()> {
             "p95_latency_vs_rate",
             "E2E latency p95 vs load",
             "E2E latency p95 (ms)",
-            series(&|r| r.e2e_ms_p95),
+            series(&|r| r.stats.e2e_ms.p95),
         ),
         (
             "ttft_p95_vs_rate",
             "TTFT p95 vs load",
             "TTFT p95 (ms)",
-            series(&|r| r.ttft_ms_p95),
+            series(&|r| r.stats.ttft_ms.p95),
         ),
         (
             "goodput_vs_rate",
             "Goodput vs load",
             "goodput (requests/s meeting the SLO)",
-            series(&|r| r.goodput),
+            series(&|r| r.stats.goodput),
         ),
     ];
     for (stem, title, y, series) in charts {
@@ -709,13 +601,13 @@ pub fn point_line(r: &ServeRow) -> String {
         r.prefix_caching,
         if r.status.is_ok() {
             format!(
-                "max running {} (plan {}), {:.2} req/s, E2E p95 {:.0} ms, TTFT p95 {:.0} ms, {} preemptions",
-                r.running_max,
+                "max running {} (plan {}), {} req/s, E2E p95 {} ms, TTFT p95 {} ms, {} preemptions",
+                r.stats.running_max,
                 r.predicted_max_concurrency,
-                r.request_throughput,
-                r.e2e_ms_p95,
-                r.ttft_ms_p95,
-                r.preemptions
+                num(r.stats.request_throughput, 2),
+                num(r.stats.e2e_ms.p95, 0),
+                num(r.stats.ttft_ms.p95, 0),
+                r.stats.preemptions
             )
         } else {
             r.status.to_string()

@@ -72,13 +72,13 @@ pub struct ServeVerdict {
     /// Prefix caching on.
     pub prefix_caching: bool,
     /// `(baseline, current)` goodput, requests/s.
-    pub goodput: (f64, Option<f64>),
+    pub goodput: (Option<f64>, Option<f64>),
     /// `(baseline, current)` SLO attainment, 0–1.
-    pub slo: (f64, Option<f64>),
+    pub slo: (Option<f64>, Option<f64>),
     /// `(baseline, current)` TTFT p95, ms.
-    pub ttft_p95: (f64, Option<f64>),
+    pub ttft_p95: (Option<f64>, Option<f64>),
     /// `(baseline, current)` TPOT p95, ms.
-    pub tpot_p95: (f64, Option<f64>),
+    pub tpot_p95: (Option<f64>, Option<f64>),
     /// Why it fails; empty when it passes.
     pub failures: Vec<String>,
     /// Notes that do not fail it (a point measured on a busy machine).
@@ -140,10 +140,13 @@ fn verdict(b: &ServeRow, current: &ServeResults, limits: &ServeLimits) -> ServeV
         scheme: b.scheme.clone(),
         arrival: b.arrival.clone(),
         prefix_caching: b.prefix_caching,
-        goodput: (b.goodput, now.map(|r| r.goodput)),
-        slo: (b.slo_attainment, now.map(|r| r.slo_attainment)),
-        ttft_p95: (b.ttft_ms_p95, now.map(|r| r.ttft_ms_p95)),
-        tpot_p95: (b.tpot_ms_p95, now.map(|r| r.tpot_ms_p95)),
+        goodput: (b.stats.goodput, now.and_then(|r| r.stats.goodput)),
+        slo: (
+            Some(b.stats.slo_attainment),
+            now.map(|r| r.stats.slo_attainment),
+        ),
+        ttft_p95: (b.stats.ttft_ms.p95, now.and_then(|r| r.stats.ttft_ms.p95)),
+        tpot_p95: (b.stats.tpot_ms.p95, now.and_then(|r| r.stats.tpot_ms.p95)),
         failures: Vec::new(),
         warnings: Vec::new(),
     };
@@ -156,39 +159,33 @@ fn verdict(b: &ServeRow, current: &ServeResults, limits: &ServeLimits) -> ServeV
             .push(format!("served in the baseline, now {}", now.status));
         return v;
     }
-    if let Some(lim) = limits.max_goodput_drop_pct {
-        let drop = -change_pct(b.goodput, now.goodput);
-        if drop > lim || now.goodput.is_nan() {
-            v.failures
-                .push(format!("goodput −{drop:.1}% (limit −{lim}%)"));
+    let pairs = [
+        ("goodput", limits.max_goodput_drop_pct, v.goodput, -1.0, "%"),
+        ("TTFT p95", limits.max_ttft_regression_pct, v.ttft_p95, 1.0, "%"),
+        ("TPOT p95", limits.max_tpot_regression_pct, v.tpot_p95, 1.0, "%"),
+    ];
+    for (name, lim, (base, cur), sign, unit) in pairs {
+        let Some(lim) = lim else { continue };
+        match (base, cur) {
+            // A baseline without the value (nothing measured there) checks nothing.
+            (None, _) => {}
+            (Some(_), None) => v.failures.push(format!("{name}: no value now")),
+            (Some(b), Some(c)) => {
+                let change = sign * change_pct(b, c);
+                if change > lim {
+                    let s = if sign < 0.0 { '−' } else { '+' };
+                    v.failures
+                        .push(format!("{name} {s}{change:.1}{unit} (limit {s}{lim}{unit})"));
+                }
+            }
         }
     }
     if let Some(lim) = limits.max_slo_drop_pp {
-        let drop = 100.0 * (b.slo_attainment - now.slo_attainment);
-        if drop > lim || now.slo_attainment.is_nan() {
+        let drop = 100.0 * (b.stats.slo_attainment - now.stats.slo_attainment);
+        if drop > lim {
             v.failures.push(format!(
                 "SLO attainment −{drop:.1} points (limit −{lim} points)"
             ));
-        }
-    }
-    for (name, lim, (base, cur)) in [
-        (
-            "TTFT p95",
-            limits.max_ttft_regression_pct,
-            (b.ttft_ms_p95, now.ttft_ms_p95),
-        ),
-        (
-            "TPOT p95",
-            limits.max_tpot_regression_pct,
-            (b.tpot_ms_p95, now.tpot_ms_p95),
-        ),
-    ] {
-        if let Some(lim) = lim {
-            let rise = change_pct(base, cur);
-            if rise > lim || cur.is_nan() {
-                v.failures
-                    .push(format!("{name} +{rise:.1}% (limit +{lim}%)"));
-            }
         }
     }
     for (which, r) in [("baseline", b), ("current", now)] {
@@ -206,25 +203,24 @@ fn verdict(b: &ServeRow, current: &ServeResults, limits: &ServeLimits) -> ServeV
 /// The verdicts as a Markdown table, with a one-line result.
 pub fn markdown(verdicts: &[ServeVerdict], limits: &ServeLimits) -> String {
     let f = |x: Option<f64>, p: usize| x.map_or("-".to_string(), |v| format!("{v:.p$}"));
+    let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.0} %", 100.0 * v));
     let mut s = String::from(
         "| scheme | load | prefix cache | goodput base | goodput now | SLO base | SLO now | TTFT p95 base ms | TTFT p95 now ms | TPOT p95 base ms | TPOT p95 now ms | result |\n\
          |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for v in verdicts {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.2} | {} | {:.0} % | {} | {:.0} | {} | {:.0} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             v.scheme,
             v.arrival,
             if v.prefix_caching { "on" } else { "off" },
-            v.goodput.0,
+            f(v.goodput.0, 2),
             f(v.goodput.1, 2),
-            100.0 * v.slo.0,
-            v.slo
-                .1
-                .map_or("-".into(), |x| format!("{:.0} %", 100.0 * x)),
-            v.ttft_p95.0,
+            pct(v.slo.0),
+            pct(v.slo.1),
+            f(v.ttft_p95.0, 0),
             f(v.ttft_p95.1, 0),
-            v.tpot_p95.0,
+            f(v.tpot_p95.0, 0),
             f(v.tpot_p95.1, 0),
             if v.passed() {
                 "pass".to_string()
@@ -261,21 +257,16 @@ mod tests {
     use crate::measure::sweep::PointStatus;
 
     fn row(scheme: &str, goodput: f64, slo: f64, ttft: f64, tpot: f64) -> ServeRow {
-        let mut r: ServeRow = serde_json::from_value(serde_json::json!({
-            "scheme": scheme, "arrival": "poisson 2 req/s", "load": 2.0,
-            "prefix_caching": false, "status": "ok", "kv_budget_bytes": 1, "block_bytes": 1,
-            "total_blocks": 1, "predicted_max_concurrency": 1, "requests": 8, "completed": 8,
-            "running_max": 1, "running_mean": 1.0, "preemptions": 0, "request_throughput": 1.0,
-            "output_tokens_per_s": 1.0, "goodput": goodput, "slo_attainment": slo,
-            "ttft_ms_p50": 1.0, "ttft_ms_p95": ttft, "ttft_ms_p99": 1.0, "tpot_ms_p50": 1.0,
-            "tpot_ms_p95": tpot, "tpot_ms_p99": 1.0, "itl_ms_p50": 1.0, "itl_ms_p95": 1.0,
-            "itl_ms_p99": 1.0, "e2e_ms_p50": 1.0, "e2e_ms_p95": 1.0, "e2e_ms_p99": 1.0,
-            "block_util_mean": 0.5, "block_util_max": 0.5, "fragmentation_mean": 0.1,
-            "prefix_saved_bytes_mean": 0.0, "prefix_saved_bytes_max": 0,
-            "prefix_prefill_ms": 0.0, "duration_s": 8.0, "other_cores": null
-        }))
-        .unwrap();
-        r.status = PointStatus::Ok;
+        let mut r = ServeRow {
+            scheme: scheme.into(),
+            arrival: "poisson 2 req/s".into(),
+            status: PointStatus::Ok,
+            ..Default::default()
+        };
+        r.stats.goodput = Some(goodput);
+        r.stats.slo_attainment = slo;
+        r.stats.ttft_ms.p95 = Some(ttft);
+        r.stats.tpot_ms.p95 = Some(tpot);
         r
     }
 
@@ -295,6 +286,7 @@ mod tests {
             row("int4", 2.0, 0.9, 100.0, 50.0),
         ]);
         let mut failed = row("int4", 0.0, 0.0, 1.0, 1.0);
+        failed.stats = Default::default();
         failed.status = PointStatus::Error("boom".into());
         let now = results(vec![row("fp16", 1.7, 0.8, 130.0, 50.0), failed]);
         let lim = ServeLimits {

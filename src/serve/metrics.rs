@@ -8,6 +8,7 @@ use std::str::FromStr;
 use super::engine::{RequestRecord, ServeOutcome, StepSample};
 use crate::error::{Error, Result};
 use crate::stats::percentile;
+use crate::util::record::csv_record;
 
 /// Service-level objectives a request must meet to count towards goodput, ms.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -79,83 +80,76 @@ impl Slo {
     }
 }
 
-/// p50, p95, p99 of a sample (NaN when empty), ms.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+/// p50, p95, p99 of a sample (none when it is empty), ms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Pcts {
     /// Median.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub p50: f64,
+    pub p50: Option<f64>,
     /// 95th percentile.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub p95: f64,
+    pub p95: Option<f64>,
     /// 99th percentile.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub p99: f64,
+    pub p99: Option<f64>,
 }
 
 fn pcts(mut xs: Vec<f64>) -> Pcts {
+    let mut p = |q: f64| Some(percentile(&mut xs, q)).filter(|v| v.is_finite());
     Pcts {
-        p50: percentile(&mut xs, 50.0),
-        p95: percentile(&mut xs, 95.0),
-        p99: percentile(&mut xs, 99.0),
+        p50: p(50.0),
+        p95: p(95.0),
+        p99: p(99.0),
     }
 }
 
-/// What one point (scheme × load) measured. Times in ms, rates per second, memory in bytes.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ServeStats {
-    /// Requests sent.
-    pub requests: usize,
-    /// Requests served to the end.
-    pub completed: usize,
-    /// Requests rejected (could never fit the pool).
-    pub rejected: usize,
-    /// From the first arrival to the last completion, s.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub duration_s: f64,
-    /// Completed requests per second.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub request_throughput: f64,
-    /// Generated tokens per second (completed requests).
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub output_tokens_per_s: f64,
-    /// Time to first token, ms.
-    pub ttft_ms: Pcts,
-    /// Time per output token after the first, per request, ms.
-    pub tpot_ms: Pcts,
-    /// Gaps between consecutive tokens, all requests pooled, ms.
-    pub itl_ms: Pcts,
-    /// End-to-end latency, ms.
-    pub e2e_ms: Pcts,
-    /// Requests per second that met the SLO.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub goodput: f64,
-    /// Share of requests that met the SLO, 0–1.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub slo_attainment: f64,
-    /// Decode-batch size averaged over time (each step weighted by its duration).
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub running_mean: f64,
-    /// Largest decode batch.
-    pub running_max: usize,
-    /// Preemptions (recompute), all requests.
-    pub preemptions: usize,
-    /// Blocks in use / blocks in the pool, averaged over time, 0–1.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub block_util_mean: f64,
-    /// Largest blocks-in-use share, 0–1.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub block_util_max: f64,
-    /// Share of the running sequences' block bytes not holding K/V (the last block's empty
-    /// slots; vLLM's internal fragmentation), averaged over time, 0–1.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub fragmentation_mean: f64,
-    /// Bytes the shared prefix saved (blocks the same sequences would take unshared, minus
-    /// blocks in use), averaged over time.
-    #[serde(deserialize_with = "crate::serve::workload::f64_or_nan")]
-    pub prefix_saved_bytes_mean: f64,
-    /// Largest bytes saved by the shared prefix.
-    pub prefix_saved_bytes_max: u64,
+csv_record! {
+    /// What one point (scheme × load) measured — at once its columns of a serving run's
+    /// `results.csv` (a new metric is one field here and its line in the renderer). Times in
+    /// ms, rates per second, memory in bytes; a value with nothing to measure (no request
+    /// completed, no decode step) is none.
+    #[derive(Debug, Clone, Default, PartialEq)]
+    pub struct ServeStats {
+        /// Requests sent.
+        pub requests: usize,
+        /// Requests served to the end.
+        pub completed: usize,
+        /// Requests rejected (could never fit the pool).
+        pub rejected: usize,
+        /// Largest decode batch.
+        pub running_max: usize,
+        /// Decode-batch size averaged over time (each step weighted by its duration).
+        pub running_mean: Option<f64>,
+        /// Preemptions (recompute), all requests.
+        pub preemptions: usize,
+        /// Completed requests per second.
+        pub request_throughput: Option<f64>,
+        /// Generated tokens per second (completed requests).
+        pub output_tokens_per_s: Option<f64>,
+        /// Requests per second that met the SLO.
+        pub goodput: Option<f64>,
+        /// Share of requests that met the SLO, 0–1.
+        pub slo_attainment: f64,
+        /// Time to first token, ms.
+        pub ttft_ms: Pcts { ttft_ms_p50: p50, ttft_ms_p95: p95, ttft_ms_p99: p99 },
+        /// Time per output token after the first, per request, ms.
+        pub tpot_ms: Pcts { tpot_ms_p50: p50, tpot_ms_p95: p95, tpot_ms_p99: p99 },
+        /// Gaps between consecutive tokens, all requests pooled, ms.
+        pub itl_ms: Pcts { itl_ms_p50: p50, itl_ms_p95: p95, itl_ms_p99: p99 },
+        /// End-to-end latency, ms.
+        pub e2e_ms: Pcts { e2e_ms_p50: p50, e2e_ms_p95: p95, e2e_ms_p99: p99 },
+        /// Blocks in use / blocks in the pool, averaged over time, 0–1.
+        pub block_util_mean: Option<f64>,
+        /// Largest blocks-in-use share, 0–1.
+        pub block_util_max: f64,
+        /// Share of the running sequences' block bytes not holding K/V (the last block's empty
+        /// slots; vLLM's internal fragmentation), averaged over time, 0–1.
+        pub fragmentation_mean: Option<f64>,
+        /// Bytes the shared prefix saved (blocks the same sequences would take unshared, minus
+        /// blocks in use), averaged over time.
+        pub prefix_saved_bytes_mean: Option<f64>,
+        /// Largest bytes saved by the shared prefix.
+        pub prefix_saved_bytes_max: u64,
+        /// From the first arrival to the last completion, s.
+        pub duration_s: f64,
+    }
 }
 
 /// Summarises a finished point against `slo`.
@@ -175,27 +169,19 @@ pub fn summarize(o: &ServeOutcome, slo: &Slo) -> ServeStats {
     } else {
         end - start.min(end)
     };
-    let per_s = |n: f64| {
-        if duration_s > 0.0 {
-            n / duration_s
-        } else {
-            f64::NAN
-        }
-    };
+    let per_s = |n: f64| (duration_s > 0.0).then(|| n / duration_s);
     let good = ok.iter().filter(|r| slo.met(r)).count();
     let weights = step_weights(&o.steps);
-    let wmean = |f: &dyn Fn(&StepSample) -> f64| -> f64 {
+    let wmean = |f: &dyn Fn(&StepSample) -> f64| -> Option<f64> {
         let w: f64 = weights.iter().sum();
-        if w > 0.0 {
+        (w > 0.0).then(|| {
             o.steps
                 .iter()
                 .zip(&weights)
                 .map(|(s, w)| f(s) * w)
                 .sum::<f64>()
                 / w
-        } else {
-            f64::NAN
-        }
+        })
     };
     let total = o.total_blocks.max(1) as f64;
     let bb = o.block_bytes as f64;
@@ -300,22 +286,33 @@ mod tests {
             prefix_prefill_s: 0.0,
         };
         let s = summarize(&o, &"tpot=200".parse().unwrap());
+        let near = |x: Option<f64>, want: f64| (x.unwrap() - want).abs() < 1e-9;
         assert!((s.duration_s - 1.5).abs() < 1e-12);
-        assert!((s.request_throughput - 2.0 / 1.5).abs() < 1e-12);
-        assert!((s.output_tokens_per_s - 5.0 / 1.5).abs() < 1e-12);
-        assert!((s.ttft_ms.p50 - 300.0).abs() < 1e-9);
-        assert!((s.e2e_ms.p95 - (500.0 + 0.95 * 300.0)).abs() < 1e-9);
-        assert!((s.tpot_ms.p50 - 275.0).abs() < 1e-9);
+        assert!(near(s.request_throughput, 2.0 / 1.5));
+        assert!(near(s.output_tokens_per_s, 5.0 / 1.5));
+        assert!(near(s.ttft_ms.p50, 300.0));
+        assert!(near(s.e2e_ms.p95, 500.0 + 0.95 * 300.0));
+        assert!(near(s.tpot_ms.p50, 275.0));
         // ITL pooled: 100, 200, 400 → median 200.
-        assert!((s.itl_ms.p50 - 200.0).abs() < 1e-9);
-        assert!((s.goodput - 1.0 / 1.5).abs() < 1e-12);
+        assert!(near(s.itl_ms.p50, 200.0));
+        assert!(near(s.goodput, 1.0 / 1.5));
         assert_eq!(s.slo_attainment, 0.5);
         // Time-weighted: 1 running for 1 s, 2 for 0.5 s → 4/3.
-        assert!((s.running_mean - 4.0 / 3.0).abs() < 1e-12);
+        assert!(near(s.running_mean, 4.0 / 3.0));
         assert_eq!(s.running_max, 2);
         assert!((s.block_util_max - 0.5).abs() < 1e-12);
         // Fragmentation: (200 − 150)/200 = 0.25 in both samples.
-        assert!((s.fragmentation_mean - 0.25).abs() < 1e-12);
+        assert!(near(s.fragmentation_mean, 0.25));
+        // Nothing served: no rates, no percentiles (empty cells, not NaN).
+        let none = summarize(
+            &ServeOutcome {
+                requests: Vec::new(),
+                steps: Vec::new(),
+                ..o
+            },
+            &Slo::default(),
+        );
+        assert_eq!((none.goodput, none.ttft_ms.p95, none.running_mean), (None, None, None));
     }
 
     #[test]

@@ -338,6 +338,24 @@ impl<'de> serde::Deserialize<'de> for Rate {
     }
 }
 
+/// A point's load in a results row: the request rate (req/s; `inf`: every request at once) or
+/// the closed-loop client count. In JSON and CSV a number, or `inf`; read from a number, `inf`,
+/// or `null` (NaN: rows written before this form).
+#[derive(Debug, Clone, Copy, Default, PartialEq, PartialOrd)]
+pub struct Load(pub f64);
+
+impl serde::Serialize for Load {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        load_serde::serialize(&self.0, s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Load {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        load_serde::deserialize(d).map(Load)
+    }
+}
+
 /// How open-loop requests are spaced (`--arrival`).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,

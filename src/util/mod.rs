@@ -4,6 +4,7 @@
 
 pub mod memory;
 pub mod noise;
+pub mod record;
 pub mod serde_text;
 pub mod size;
 pub mod time;

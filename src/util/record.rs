@@ -174,6 +174,33 @@ const fn same(a: &[u8], b: &[u8]) -> bool {
     true
 }
 
+/// The number of names in `parts`, for [`concat`].
+pub const fn total(parts: &[&[&'static str]]) -> usize {
+    let (mut n, mut i) = (0, 0);
+    while i < parts.len() {
+        n += parts[i].len();
+        i += 1;
+    }
+    n
+}
+
+/// `parts` joined into one array of `N` names (`N` = [`total`]`(parts)`): the column list of a
+/// row whose fields are columns, groups of columns and whole records.
+pub const fn concat<const N: usize>(parts: &[&[&'static str]]) -> [&'static str; N] {
+    let mut out = [""; N];
+    let (mut k, mut i) = (0, 0);
+    while i < parts.len() {
+        let mut j = 0;
+        while j < parts[i].len() {
+            out[k] = parts[i][j];
+            k += 1;
+            j += 1;
+        }
+        i += 1;
+    }
+    out
+}
+
 /// Declares a CSV row struct whose fields are its columns and implements [`Record`],
 /// `serde::Serialize` and `serde::Deserialize` for it (see the module documentation: a new
 /// column is one field).
@@ -186,8 +213,10 @@ const fn same(a: &[u8], b: &[u8]) -> bool {
 ///         /// A plain field: the column `scheme`.
 ///         pub scheme: String,
 ///         /// A group field: the columns `ttft_ms_mean`, `ttft_ms_p99` (from `Latency`'s
-///         /// `mean` and `p99`), in that order.
+///         /// `mean` and `p99`; a path such as `a.b` reaches into a nested value), in order.
 ///         pub ttft: Latency { ttft_ms_mean: mean, ttft_ms_p99: p99 },
+///         /// A record field: every column of another `csv_record!` type, in its order.
+///         pub stats: Stats { .. },
 ///     }
 /// }
 /// ```
@@ -200,45 +229,58 @@ macro_rules! csv_record {
         $(#[$meta:meta])*
         $vis:vis struct $name:ident { $($body:tt)* }
     ) => {
-        $crate::report::record::csv_record! {
+        $crate::util::record::csv_record! {
             @munch [$(#[$meta])* $vis struct $name] [] [] $($body)*
         }
     };
-    // A group field: one column per listed `column: sub_field`.
-    (@munch $head:tt [$($fields:tt)*] [$($cols:tt)*]
-        $(#[$fmeta:meta])* $fvis:vis $f:ident : $t:ty { $($col:ident : $sub:ident),+ $(,)? }
+    // A record field: every column of another row type.
+    (@munch $head:tt [$($fields:tt)*] [$($ents:tt)*]
+        $(#[$fmeta:meta])* $fvis:vis $f:ident : $t:ty { .. }
         $(, $($rest:tt)*)?
     ) => {
-        $crate::report::record::csv_record! {
+        $crate::util::record::csv_record! {
             @munch $head [$($fields)* $(#[$fmeta])* $fvis $f: $t,]
-            [$($cols)* $($col => $f . $sub;)+] $($($rest)*)?
+            [$($ents)* (rec $f : $t)] $($($rest)*)?
+        }
+    };
+    // A group field: one column per listed `column: sub.field`.
+    (@munch $head:tt [$($fields:tt)*] [$($ents:tt)*]
+        $(#[$fmeta:meta])* $fvis:vis $f:ident : $t:ty { $($col:ident : $($sub:ident).+),+ $(,)? }
+        $(, $($rest:tt)*)?
+    ) => {
+        $crate::util::record::csv_record! {
+            @munch $head [$($fields)* $(#[$fmeta])* $fvis $f: $t,]
+            [$($ents)* $((col $col => $f $(. $sub)+))+] $($($rest)*)?
         }
     };
     // A plain field: the column of its name.
-    (@munch $head:tt [$($fields:tt)*] [$($cols:tt)*]
+    (@munch $head:tt [$($fields:tt)*] [$($ents:tt)*]
         $(#[$fmeta:meta])* $fvis:vis $f:ident : $t:ty
         $(, $($rest:tt)*)?
     ) => {
-        $crate::report::record::csv_record! {
+        $crate::util::record::csv_record! {
             @munch $head [$($fields)* $(#[$fmeta])* $fvis $f: $t,]
-            [$($cols)* $f => $f;] $($($rest)*)?
+            [$($ents)* (col $f => $f)] $($($rest)*)?
         }
     };
-    // Every field read: emit the struct and its impls from the flat column list.
-    (@munch [$(#[$meta:meta])* $vis:vis struct $name:ident] [$($fields:tt)*]
-        [$($col:ident => $f:ident $(. $sub:ident)?;)*]
-    ) => {
+    // Every field read: emit the struct and its impls from the list of entries.
+    (@munch [$(#[$meta:meta])* $vis:vis struct $name:ident] [$($fields:tt)*] [$($ent:tt)*]) => {
         $(#[$meta])*
         $vis struct $name { $($fields)* }
 
-        impl $crate::report::record::Record for $name {
-            const COLUMNS: &'static [&'static str] = &[$(stringify!($col)),*];
+        impl $crate::util::record::Record for $name {
+            const COLUMNS: &'static [&'static str] = &{
+                const PARTS: &[&[&'static str]] =
+                    &[$($crate::util::record::csv_record!(@cols $ent)),*];
+                const N: usize = $crate::util::record::total(PARTS);
+                $crate::util::record::concat::<N>(PARTS)
+            };
 
             fn serialize_columns<S: ::serde::ser::SerializeStruct>(
                 &self,
                 s: &mut S,
             ) -> ::std::result::Result<(), S::Error> {
-                $( s.serialize_field(stringify!($col), &self.$f $(.$sub)?)?; )*
+                $( $crate::util::record::csv_record!(@ser self s $ent); )*
                 Ok(())
             }
 
@@ -247,24 +289,19 @@ macro_rules! csv_record {
                 name: &str,
                 value: D,
             ) -> ::std::result::Result<(), D::Error> {
-                $(
-                    if name == stringify!($col) {
-                        self.$f $(.$sub)? = ::serde::Deserialize::deserialize(value)?;
-                        return Ok(());
-                    }
-                )*
+                $( $crate::util::record::csv_record!(@set self name value $ent); )*
                 Err(<D::Error as ::serde::de::Error>::unknown_field(name, Self::COLUMNS))
             }
 
             fn into_columns(mut self) -> Self {
                 let mut out = Self::default();
-                $( out.$f $(.$sub)? = ::std::mem::take(&mut self.$f $(.$sub)?); )*
+                $( $crate::util::record::csv_record!(@take self out $ent); )*
                 out
             }
         }
 
         const _: () = assert!(
-            $crate::report::record::distinct(<$name as $crate::report::record::Record>::COLUMNS),
+            $crate::util::record::distinct(<$name as $crate::util::record::Record>::COLUMNS),
             concat!(stringify!($name), " names a column twice")
         );
 
@@ -273,7 +310,7 @@ macro_rules! csv_record {
                 &self,
                 s: S,
             ) -> ::std::result::Result<S::Ok, S::Error> {
-                $crate::report::record::serialize(self, s, stringify!($name))
+                $crate::util::record::serialize(self, s, stringify!($name))
             }
         }
 
@@ -281,9 +318,34 @@ macro_rules! csv_record {
             fn deserialize<D: ::serde::Deserializer<'de>>(
                 d: D,
             ) -> ::std::result::Result<Self, D::Error> {
-                $crate::report::record::deserialize(d, stringify!($name))
+                $crate::util::record::deserialize(d, stringify!($name))
             }
         }
+    };
+    (@cols (col $col:ident => $($p:ident).+)) => { &[stringify!($col)] };
+    (@cols (rec $f:ident : $t:ty)) => { <$t as $crate::util::record::Record>::COLUMNS };
+    (@ser $this:tt $s:ident (col $col:ident => $($p:ident).+)) => {
+        $s.serialize_field(stringify!($col), &$this.$($p).+)?
+    };
+    (@ser $this:tt $s:ident (rec $f:ident : $t:ty)) => {
+        $crate::util::record::Record::serialize_columns(&$this.$f, $s)?
+    };
+    (@set $this:tt $n:ident $v:ident (col $col:ident => $($p:ident).+)) => {
+        if $n == stringify!($col) {
+            $this.$($p).+ = ::serde::Deserialize::deserialize($v)?;
+            return Ok(());
+        }
+    };
+    (@set $this:tt $n:ident $v:ident (rec $f:ident : $t:ty)) => {
+        if <$t as $crate::util::record::Record>::COLUMNS.contains(&$n) {
+            return $crate::util::record::Record::set_column(&mut $this.$f, $n, $v);
+        }
+    };
+    (@take $this:tt $out:ident (col $col:ident => $($p:ident).+)) => {
+        $out.$($p).+ = ::std::mem::take(&mut $this.$($p).+)
+    };
+    (@take $this:tt $out:ident (rec $f:ident : $t:ty)) => {
+        $out.$f = $crate::util::record::Record::into_columns(::std::mem::take(&mut $this.$f))
     };
 }
 pub(crate) use csv_record;
