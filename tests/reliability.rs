@@ -346,8 +346,9 @@ fn serve_empty_schemes_is_a_usage_error() {
     let out = dir.join("run");
     let (code, _, err) = kvbench(&serve_args(out.to_str().unwrap(), &["--schemes", ""]));
     assert_eq!(code, 2, "{err}");
+    // Named by its one spelling (`--schemes` is its alias, issue #21).
     assert!(
-        err.contains("--schemes") && err.contains("names no scheme"),
+        err.contains("--dtypes") && err.contains("names no scheme"),
         "{err}"
     );
     std::fs::remove_dir_all(&dir).ok();
@@ -413,7 +414,7 @@ fn serve_duplicate_rates_and_schemes_run_once() {
         &["--schemes", "fp16,fp16", "--rate", "inf,inf"],
     ));
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("--schemes lists fp16 more than once"), "{err}");
+    assert!(err.contains("--dtypes lists fp16 more than once"), "{err}");
     assert!(err.contains("--rate lists"), "{err}");
     assert_eq!(csv_rows(&out).len(), 1);
     std::fs::remove_dir_all(&dir).ok();
@@ -502,7 +503,7 @@ fn serve_resume_survives_a_torn_line_and_refuses_what_it_cannot_keep() {
     let cut = raw.trim_end().len() - 40;
     std::fs::write(&raw_path, &raw[..cut]).unwrap();
     for (flags, named) in [
-        (vec!["--schemes", "int8"], "--schemes"),
+        (vec!["--schemes", "int8"], "--dtypes"),
         (vec!["--rate", "1"], "--rate"),
         (vec!["--num-requests", "9"], "--num-requests"),
         (vec!["--force"], "--force"),
@@ -578,7 +579,10 @@ fn suite_fifo_and_wrong_typed_serve_values_are_refused() {
         out.to_str().unwrap(),
     ]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("`input-len` is a boolean"), "{err}");
+    assert!(
+        err.contains("`input-len`") && err.contains("boolean"),
+        "{err}"
+    );
     assert!(!err.contains("Boolean(true)"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -1924,8 +1928,9 @@ fn report_keeps_a_point_recorded_twice_once() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// meta.json's `format` edited to a string, and a serve folder given to `report`: each named
-/// for what it is (the message said "format 0 … cannot be read by" the same version).
+/// meta.json's `format` edited to a string, and a sweep folder edited to claim it is a serve
+/// folder: each refused naming the file (the message said "format 0 … cannot be read by" the
+/// same version). `report` reads serve folders since issue #21.
 #[test]
 fn odd_meta_format_and_serve_folders_are_named() {
     let dir = tmp("meta-format");
@@ -1940,12 +1945,12 @@ fn odd_meta_format_and_serve_folders_are_named() {
     let (code, _, err) = kvbench(&["report", run.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("not a format number"), "{err}");
-    v["format"] = 1.into();
-    v["command"] = "serve".into();
+    v["format"] = 2.into();
+    v["kind"] = "serve".into();
     std::fs::write(&p, v.to_string()).unwrap();
     let (code, _, err) = kvbench(&["report", run.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("kvbench serve"), "{err}");
+    assert!(err.contains("meta.json"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

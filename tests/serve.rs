@@ -276,3 +276,124 @@ fn plan_tensor_parallel_70b() {
     assert!(err.contains("--tensor-parallel"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue #21: `report`, `gate` and `merge` take serve folders as they take sweep folders. Two
+/// runs of one experiment (fp16 in one, int4 in the other) are reported alone and side by
+/// side, gated against themselves (pass) and against a copy whose goodput was halved (exit 3,
+/// naming −50 %), merged into one run with both points (a point given twice is refused), and a
+/// serve folder written before the redesign (format 1, `tests/data/serve-v1`) still reads.
+#[test]
+fn report_gate_and_merge_take_serve_folders() {
+    common::smollm_f32();
+    let dir = std::env::temp_dir().join(format!("kvbench-serve-spine-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |scheme: &str, name: &str| {
+        let out = dir.join(name);
+        let (code, _, err) = common::kvbench(&[
+            "serve",
+            "--dtypes",
+            scheme,
+            "--kv-budget",
+            "4MiB",
+            "--num-requests",
+            "2",
+            "--input-len",
+            "32",
+            "--output-len",
+            "3",
+            "--rate",
+            "inf",
+            // Every request meets the SLO, so goodput is the throughput on any machine.
+            "--slo",
+            "ttft=600000,tpot=600000",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+    let (a, b) = (run("fp16", "a"), run("int4", "b"));
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let (code, out, err) = common::kvbench(&["report", &s(&a)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("| fp16 | poisson inf req/s |"), "{out}");
+    let cmp = dir.join("cmp");
+    let (code, _, err) = common::kvbench(&["report", &s(&a), &s(&b), "--out", &s(&cmp)]);
+    assert_eq!(code, 0, "{err}");
+    let csv = std::fs::read_to_string(cmp.join("results.csv")).unwrap();
+    assert!(
+        csv.contains("a · fp16") && csv.contains("b · int4"),
+        "{csv}"
+    );
+    // The gate: a run against itself passes; halved goodput fails by 50 %.
+    let gate = |base: &str, cur: &str| {
+        common::kvbench(&[
+            "gate",
+            "--baseline",
+            base,
+            "--current",
+            cur,
+            "--max-goodput-drop",
+            "10%",
+        ])
+    };
+    let (code, out, err) = gate(&s(&a), &s(&a));
+    assert_eq!(code, 0, "{out}{err}");
+    let mut rdr = csv::Reader::from_path(a.join("results.csv")).unwrap();
+    let header = rdr.headers().unwrap().clone();
+    let g = header.iter().position(|h| h == "goodput").unwrap();
+    let mut w = csv::Writer::from_path(dir.join("halved.csv")).unwrap();
+    w.write_record(&header).unwrap();
+    for rec in rdr.records() {
+        let rec = rec.unwrap();
+        let half = rec[g].parse::<f64>().unwrap() / 2.0;
+        let row: Vec<String> = rec
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i == g {
+                    half.to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect();
+        w.write_record(&row).unwrap();
+    }
+    w.flush().unwrap();
+    let (code, out, err) = gate(&s(&a), &s(&dir.join("halved.csv")));
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(out.contains("goodput −50.0%"), "{out}");
+    // Merge: both points in one run; the same point twice is refused.
+    let m = dir.join("merged");
+    let (code, _, err) = common::kvbench(&["merge", &s(&a), &s(&b), "--out", &s(&m)]);
+    assert_eq!(code, 0, "{err}");
+    let rows = std::fs::read_to_string(m.join("results.csv")).unwrap();
+    assert_eq!(rows.lines().count(), 3, "{rows}");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(m.join("meta.json")).unwrap()).unwrap();
+    assert_eq!(
+        (meta["status"].as_str(), meta["kind"].as_str()),
+        (Some("finished"), Some("serve"))
+    );
+    assert_eq!(
+        meta["settings"]["dtypes"],
+        serde_json::json!(["fp16", "int4"])
+    );
+    let (code, _, err) = common::kvbench(&["merge", &s(&a), &s(&a), "--out", &s(&dir.join("m2"))]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("measured by another of the runs"), "{err}");
+    // A folder of the format before issue #21 reads, re-renders and gates.
+    let old = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/serve-v1");
+    let (code, out, err) = common::kvbench(&["report", &s(&old), "--out", &s(&dir.join("old"))]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("| fp16 | poisson inf req/s | off | 11 | 2 | 2 | 1.5 |"),
+        "{out}"
+    );
+    assert!(out.contains("error: the backend failed"), "{out}");
+    let (code, out, err) = gate(&s(&old), &s(&old));
+    assert_eq!(code, 0, "{out}{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -36,13 +36,16 @@ pub struct Resumed {
     pub meta: serde_json::Value,
 }
 
-/// The flags given on the command line (clap ids), from the subcommand's matches.
+/// The flags given on the command line (clap ids), from the subcommand's matches. The groups
+/// clap's derive makes of each flattened struct (named after the type, `RunDirArgs`; an
+/// argument's id is its snake_case field name) are not flags.
 pub(crate) fn given(matches: Option<&clap::ArgMatches>) -> Vec<String> {
     let Some(m) = matches else {
         return Vec::new();
     };
     m.ids()
         .map(|id| id.as_str().to_string())
+        .filter(|id| !id.chars().any(|c| c.is_ascii_uppercase()))
         .filter(|id| m.value_source(id) == Some(ValueSource::CommandLine))
         .collect()
 }

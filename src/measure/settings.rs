@@ -386,19 +386,12 @@ pub trait Settings:
             .collect()
     }
 
-    /// Other spellings a key may take (a flag's visible aliases: `schemes` for `dtypes`), with
-    /// the canonical key.
+    /// Other spellings a key may take in a suite or `meta.json`, with the canonical key:
+    /// only the names earlier versions wrote (`schemes` for `dtypes`). A flag's other
+    /// command-line aliases (`--seq-len`) are not keys: a file holds each setting under one
+    /// name, so a near miss is refused as unknown rather than read.
     fn key_aliases() -> Vec<(String, String)> {
-        let cmd = Self::augment_args(clap::Command::new(Self::COMMAND));
-        let mut out = Vec::new();
-        for a in cmd.get_arguments() {
-            if let Some(long) = a.get_long() {
-                for alias in a.get_visible_aliases().unwrap_or_default() {
-                    out.push((alias.to_string(), long.to_string()));
-                }
-            }
-        }
-        out
+        vec![("schemes".into(), "dtypes".into())]
     }
 
     /// The clap id of a key (`batch-sizes` → `batch_sizes`), to ask whether it was given on

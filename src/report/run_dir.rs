@@ -151,7 +151,7 @@ pub fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Re
             Ok(o) => out.push(o),
             Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {
                 eprintln!(
-                    "warning: {}: dropped an incomplete last line (an interrupted write)",
+                    "warning: {}: dropped a last line cut short (an interrupted write); its work runs again on --resume",
                     path.display()
                 );
             }

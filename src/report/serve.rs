@@ -125,9 +125,13 @@ impl ServeRow {
     }
 }
 
-/// A line of a serving run's `raw.jsonl`.
+/// A line of a serving run's `raw.jsonl`. Rows written before a column existed (`run_id`,
+/// `model`, `rejected`, `contended`: kvbench before issue #21) read with that column filled in
+/// (empty names — the report fills them from `meta.json` —, requests not completed, contention
+/// from `other_cores`).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
+#[serde(try_from = "serde_json::Value")]
 pub enum RawLine {
     /// A request, written as it finishes.
     Request {
@@ -150,6 +154,62 @@ pub enum RawLine {
         /// Other processes' CPU use meanwhile.
         contention: Option<Contention>,
     },
+}
+
+/// [`RawLine`]'s own shape, read after the upgrade of older rows.
+#[derive(serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+enum RawLineRepr {
+    Request {
+        #[serde(flatten)]
+        point: PointKey,
+        #[serde(flatten)]
+        record: RequestRecord,
+    },
+    Point {
+        #[serde(flatten)]
+        point: PointKey,
+        row: ServeRow,
+        steps: Vec<StepSample>,
+        contention: Option<Contention>,
+    },
+}
+
+impl TryFrom<serde_json::Value> for RawLine {
+    type Error = serde_json::Error;
+    fn try_from(mut v: serde_json::Value) -> std::result::Result<Self, Self::Error> {
+        if let Some(row) = v.get_mut("row").and_then(|r| r.as_object_mut()) {
+            for key in ["run_id", "model"] {
+                row.entry(key).or_insert_with(|| "".into());
+            }
+            if !row.contains_key("rejected") {
+                let n = |k: &str| row.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+                let rejected = n("requests").saturating_sub(n("completed"));
+                row.insert("rejected".into(), rejected.into());
+            }
+            if !row.contains_key("contended") {
+                let busy = row
+                    .get("other_cores")
+                    .and_then(|c| c.as_f64())
+                    .is_some_and(|c| c > CONTENDED_CORES);
+                row.insert("contended".into(), busy.into());
+            }
+        }
+        Ok(match serde_json::from_value(v)? {
+            RawLineRepr::Request { point, record } => RawLine::Request { point, record },
+            RawLineRepr::Point {
+                point,
+                row,
+                steps,
+                contention,
+            } => RawLine::Point {
+                point,
+                row,
+                steps,
+                contention,
+            },
+        })
+    }
 }
 
 impl RawLine {
@@ -463,7 +523,12 @@ fn prefix_table(run: &ServeRun) -> String {
                 num(b, 0),
                 num(a.zip(b).map(|(a, b)| a - b), 0),
                 on.prefix_prefill_ms,
-                num(on.stats.prefix_saved_bytes_mean.map(|b| b / (1u64 << 20) as f64), 2),
+                num(
+                    on.stats
+                        .prefix_saved_bytes_mean
+                        .map(|b| b / (1u64 << 20) as f64),
+                    2
+                ),
                 mib(on.stats.prefix_saved_bytes_max)
             ));
         }
@@ -746,4 +811,136 @@ pub fn merge_runs(runs: &[ServeRun], allow_partial: bool) -> Result<MergedServe>
         lines,
         missing,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{CacheGeometry, KvScheme};
+    use crate::serve::engine::Backend;
+    use crate::serve::run::{plan_geometry, run, Workload};
+    use crate::serve::settings::{ServePlan, ServeSettings};
+    use crate::serve::virtual_backend::{FixedCost, VirtualBackend};
+    use crate::serve::workload::{LenDist, Rate};
+
+    fn plan() -> ServePlan {
+        let mut s = ServeSettings::default();
+        s.schemes.dtypes.0 = vec![KvScheme::FP16, "int4".parse().unwrap()];
+        s.load.rate = vec![Rate(f64::INFINITY), Rate(50.0)];
+        s.load.num_requests = 6;
+        s.load.input_len = LenDist::Uniform(20, 40);
+        s.load.output_len = LenDist::Uniform(4, 8);
+        s.pool.kv_budget = "2MiB".parse().unwrap();
+        ServePlan::build(&s).unwrap()
+    }
+
+    const GEOM: CacheGeometry = CacheGeometry {
+        layers: 30,
+        kv_heads: 3,
+        q_heads: 9,
+        head_dim: 64,
+    };
+
+    fn tmp(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("kvbench-serve-{name}-{}", std::process::id()));
+        std::fs::remove_dir_all(&d).ok();
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Serves `todo` of `plan` into `dir` on the virtual clock (1 ms per prefilled token,
+    /// 10 ms + 1 ms per sequence per decode step), after the lines `earlier`.
+    fn serve_into(dir: &Path, plan: &ServePlan, todo: &[PointKey], earlier: &[RawLine]) {
+        let text: Vec<u32> = (0..5000).collect();
+        let work = Workload::build(plan, &text, || unreachable!("no XSum lengths")).unwrap();
+        let ctx = ServeContext {
+            run_id: "r".into(),
+            model: "m".into(),
+            kv_budget_bytes: plan.budget,
+            mean_context_tokens: work.mean_ctx,
+        };
+        let mut log = ServeLog::open(dir, ctx, plan.settings.slo.slo, earlier).unwrap();
+        let model = plan_geometry("m", GEOM, 4096);
+        let cost = FixedCost {
+            prefill_token_s: 1e-3,
+            step_s: 0.010,
+            step_seq_s: 0.001,
+        };
+        run(
+            plan,
+            &model,
+            &work,
+            todo,
+            &mut |s| {
+                Ok(Box::new(VirtualBackend::new(cost, plan.sizer(s, GEOM))) as Box<dyn Backend>)
+            },
+            &mut log,
+            &(),
+        )
+        .unwrap();
+    }
+
+    /// The raw log without what depends on the machine (other processes' CPU use).
+    fn deterministic(dir: &Path) -> Vec<String> {
+        read_raw(dir)
+            .unwrap()
+            .into_iter()
+            .map(|mut l| {
+                if let RawLine::Point {
+                    row, contention, ..
+                } = &mut l
+                {
+                    (row.other_cores, row.contended, *contention) = (None, false, None);
+                }
+                serde_json::to_string(&l).unwrap()
+            })
+            .collect()
+    }
+
+    /// Issue #21: a serving run killed mid-point (two points done, part of the third's requests
+    /// written, the last line torn) and resumed leaves the same raw log, line for line, as a run
+    /// that was never interrupted — on a backend whose step times are known, so every time in
+    /// it is exact.
+    #[test]
+    fn a_resumed_serve_run_equals_an_uninterrupted_one() {
+        let plan = plan();
+        let points = plan.points();
+        assert_eq!(points.len(), 4);
+        let whole = tmp("whole");
+        serve_into(&whole, &plan, &points, &[]);
+        let cut = tmp("cut");
+        serve_into(&cut, &plan, &points[..2], &[]);
+        // The third point's first requests, then a torn line, as a kill -9 leaves them.
+        let third: Vec<String> = read_raw(&whole)
+            .unwrap()
+            .into_iter()
+            .filter(|l| matches!(l, RawLine::Request { .. }) && l.point() == &points[2])
+            .take(2)
+            .map(|l| serde_json::to_string(&l).unwrap())
+            .collect();
+        assert!(!third.is_empty());
+        let mut raw = std::fs::read_to_string(cut.join("raw.jsonl")).unwrap();
+        for l in &third {
+            raw.push_str(l);
+            raw.push('\n');
+        }
+        raw.push_str(&third[0][..third[0].len() / 2]);
+        std::fs::write(cut.join("raw.jsonl"), raw).unwrap();
+        let (earlier, done) = finished(read_raw(&cut).unwrap());
+        assert_eq!(done, points[..2]);
+        let todo: Vec<PointKey> = points
+            .iter()
+            .filter(|p| !done.contains(p))
+            .cloned()
+            .collect();
+        serve_into(&cut, &plan, &todo, &earlier);
+        let (a, b) = (deterministic(&whole), deterministic(&cut));
+        // 4 points × (6 requests + the point's line).
+        assert_eq!((a.len(), b.len()), (28, 28));
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(x, y, "line {i} differs");
+        }
+        std::fs::remove_dir_all(&whole).ok();
+        std::fs::remove_dir_all(&cut).ok();
+    }
 }

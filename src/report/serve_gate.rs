@@ -161,8 +161,20 @@ fn verdict(b: &ServeRow, current: &ServeResults, limits: &ServeLimits) -> ServeV
     }
     let pairs = [
         ("goodput", limits.max_goodput_drop_pct, v.goodput, -1.0, "%"),
-        ("TTFT p95", limits.max_ttft_regression_pct, v.ttft_p95, 1.0, "%"),
-        ("TPOT p95", limits.max_tpot_regression_pct, v.tpot_p95, 1.0, "%"),
+        (
+            "TTFT p95",
+            limits.max_ttft_regression_pct,
+            v.ttft_p95,
+            1.0,
+            "%",
+        ),
+        (
+            "TPOT p95",
+            limits.max_tpot_regression_pct,
+            v.tpot_p95,
+            1.0,
+            "%",
+        ),
     ];
     for (name, lim, (base, cur), sign, unit) in pairs {
         let Some(lim) = lim else { continue };
@@ -174,8 +186,9 @@ fn verdict(b: &ServeRow, current: &ServeResults, limits: &ServeLimits) -> ServeV
                 let change = sign * change_pct(b, c);
                 if change > lim {
                     let s = if sign < 0.0 { '−' } else { '+' };
-                    v.failures
-                        .push(format!("{name} {s}{change:.1}{unit} (limit {s}{lim}{unit})"));
+                    v.failures.push(format!(
+                        "{name} {s}{change:.1}{unit} (limit {s}{lim}{unit})"
+                    ));
                 }
             }
         }

@@ -401,49 +401,19 @@ pub(crate) mod tests {
     use super::*;
     use crate::kv::CacheGeometry;
 
-    /// A backend on a virtual clock: prefill costs 1 ms per token, a decode step 10 ms + 1 ms per
-    /// sequence; tokens are the step count; K/V bytes by the scheme's accounting.
-    pub(crate) struct Mock {
-        pub clock: f64,
-        pub seen: Vec<usize>,
-        pub sizer: BlockSizer,
-        pub prefix: usize,
-    }
+    use crate::serve::virtual_backend::{FixedCost, VirtualBackend};
 
-    impl Backend for Mock {
-        fn now(&self) -> f64 {
-            self.clock
-        }
-        fn wait_until(&mut self, t: f64) {
-            self.clock = self.clock.max(t);
-        }
-        fn prepare_prefix(&mut self, prefix: &[u32]) -> Result<f64> {
-            self.prefix = prefix.len();
-            self.clock += prefix.len() as f64 * 1e-3;
-            Ok(prefix.len() as f64 * 1e-3)
-        }
-        fn admit(&mut self, tokens: &[u32], after_prefix: bool) -> Result<u32> {
-            self.clock += tokens.len() as f64 * 1e-3;
-            self.seen
-                .push(tokens.len() + if after_prefix { self.prefix } else { 0 });
-            Ok(1)
-        }
-        fn step(&mut self, last: &[u32]) -> Result<Vec<u32>> {
-            assert_eq!(last.len(), self.seen.len());
-            self.clock += 0.010 + 0.001 * last.len() as f64;
-            self.seen.iter_mut().for_each(|s| *s += 1);
-            Ok(vec![2; last.len()])
-        }
-        fn remove(&mut self, i: usize) -> Result<()> {
-            self.seen.remove(i);
-            Ok(())
-        }
-        fn kv_bytes(&self) -> usize {
-            self.seen
-                .iter()
-                .map(|&s| self.sizer.seq_bytes(s) as usize)
-                .sum()
-        }
+    /// The scheduler's tests' clock: prefill costs 1 ms per token, a decode step 10 ms + 1 ms
+    /// per sequence.
+    pub(crate) fn mock(sizer: BlockSizer) -> VirtualBackend<FixedCost> {
+        VirtualBackend::new(
+            FixedCost {
+                prefill_token_s: 1e-3,
+                step_s: 0.010,
+                step_seq_s: 0.001,
+            },
+            sizer,
+        )
     }
 
     pub(crate) fn fp16_sizer() -> BlockSizer {
@@ -470,12 +440,7 @@ pub(crate) mod tests {
     }
 
     fn run(cfg: SchedConfig, r: &[Request], prefix: &[u32]) -> ServeOutcome {
-        let mut m = Mock {
-            clock: 0.0,
-            seen: Vec::new(),
-            sizer: cfg.sizer,
-            prefix: 0,
-        };
+        let mut m = mock(cfg.sizer);
         serve(
             &mut m,
             &cfg,
@@ -582,12 +547,7 @@ pub(crate) mod tests {
             prefix_tokens: 0,
             prefix_caching: false,
         };
-        let mut m = Mock {
-            clock: 0.0,
-            seen: Vec::new(),
-            sizer: s,
-            prefix: 0,
-        };
+        let mut m = mock(s);
         let o = serve(
             &mut m,
             &cfg,

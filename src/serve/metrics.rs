@@ -312,7 +312,10 @@ mod tests {
             },
             &Slo::default(),
         );
-        assert_eq!((none.goodput, none.ttft_ms.p95, none.running_mean), (None, None, None));
+        assert_eq!(
+            (none.goodput, none.ttft_ms.p95, none.running_mean),
+            (None, None, None)
+        );
     }
 
     #[test]

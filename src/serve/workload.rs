@@ -95,19 +95,26 @@ impl From<LenDist> for String {
 }
 
 impl<'de> serde::Deserialize<'de> for LenDist {
-    /// The text form (`"128..384"`), or a whole number of tokens (a suite's `input-len = 256`).
+    /// The text form (`"128..384"`), or a whole number of tokens (a suite's `input-len = 256`);
+    /// anything else is refused naming its type ("invalid type: boolean `true`").
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        #[derive(serde::Deserialize)]
-        #[serde(untagged)]
-        enum Form {
-            Tokens(u64),
-            Text(String),
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = LenDist;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a length like 256, 128..384 or xsum:64..512")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<LenDist, E> {
+                s.parse().map_err(E::custom)
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> std::result::Result<LenDist, E> {
+                self.visit_str(&n.to_string())
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> std::result::Result<LenDist, E> {
+                self.visit_str(&n.to_string())
+            }
         }
-        let text = match Form::deserialize(d)? {
-            Form::Tokens(n) => n.to_string(),
-            Form::Text(t) => t,
-        };
-        text.parse().map_err(serde::de::Error::custom)
+        d.deserialize_any(V)
     }
 }
 
