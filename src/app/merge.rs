@@ -127,16 +127,10 @@ pub fn run(args: &MergeArgs) -> anyhow::Result<()> {
     };
     drop(RunSink::create(&args.out, ctx, records)?);
     crate::app::sweep::finish(&args.out, "kvbench merge")?;
-    eprintln!(
-        "merged {} shard folders ({} points) into {}{}",
-        shards.len(),
-        points,
-        args.out.display(),
-        if merged.missing.is_empty() {
-            String::new()
-        } else {
-            format!(" — partial: {} missing", merged.missing.len())
-        }
+    merged_note(
+        &format!("{} shard folders ({points} points)", shards.len()),
+        &args.out,
+        merged.missing.len(),
     );
     Ok(())
 }
@@ -165,17 +159,25 @@ fn serves(args: &MergeArgs) -> anyhow::Result<()> {
         log.append(l)?;
     }
     print!("{}", render(&ServeRun::read(&args.out)?)?);
-    eprintln!(
-        "merged {} serve folders into {}{}",
-        runs.len(),
-        args.out.display(),
-        if merged.missing.is_empty() {
-            String::new()
-        } else {
-            format!(" — partial: {} missing", merged.missing.len())
-        }
+    merged_note(
+        &format!("{} serve folders", runs.len()),
+        &args.out,
+        merged.missing.len(),
     );
     Ok(())
+}
+
+/// The closing line: what was merged into `out`, and how much is missing.
+fn merged_note(what: &str, out: &std::path::Path, missing: usize) {
+    eprintln!(
+        "merged {what} into {}{}",
+        out.display(),
+        if missing == 0 {
+            String::new()
+        } else {
+            format!(" — partial: {missing} missing")
+        }
+    );
 }
 
 /// Whether `dir` lies inside `parent` (both resolved when they exist).

@@ -6,10 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use crate::measure::settings::{logical_cpus, Settings};
 use crate::model::{self, hub, WeightDtype};
 use crate::quality::{wikitext, xsum};
-use crate::report::meta::{self, Machine, RunKind, RunMode, RunStatus};
+use crate::report::meta::{self, RunKind, RunMode};
 use crate::report::run_dir::{check_resume, prepare_out, resume_identity, RunDir, RunDirArgs};
 use crate::report::serve::{
     finished, read_raw, render, ServeContext, ServeLog, ServeMeta, ServeRun,
@@ -124,23 +123,13 @@ pub fn run(
         Some(_) => finished(read_raw(&folder.dir)?),
         None => (Vec::new(), Vec::new()),
     };
-    let mut meta = ServeMeta {
-        format: meta::META_FORMAT,
-        kvbench: meta::version(),
-        kind: RunKind::Serve,
-        run_id: folder.run_id.clone(),
-        mode: RunMode::Model,
-        command: crate::util::command_line(),
-        started_at: folder.started_at.clone(),
-        finished_at: None,
-        status: Some(RunStatus::Running),
-        machine: Machine::probe(),
-        resumed_at: folder.resumed_at.clone(),
-        shard: None,
-        settings: plan.settings.recorded(logical_cpus()),
-        report_context: ctx.clone(),
-        details: details(&settings.model.model, &files, &cfg, &sha256),
-    };
+    let mut meta: ServeMeta = folder.meta(
+        RunKind::Serve,
+        RunMode::Model,
+        &plan.settings,
+        ctx.clone(),
+        details(&settings.model.model, &files, &cfg, &sha256),
+    );
     let meta_path = folder.dir.join(crate::report::META_FILE);
     meta::write_json(&meta_path, &meta)?;
 
@@ -177,12 +166,7 @@ pub fn run(
         &BarProgress::new(bar.clone()),
     );
     bar.finish_and_clear();
-    meta.finished_at = Some(crate::util::time::now_rfc3339());
-    meta.status = Some(if result.is_ok() && !log.all_failed() {
-        RunStatus::Finished
-    } else {
-        RunStatus::Failed
-    });
+    meta.finish(result.is_ok() && !log.all_failed());
     meta::write_json(&meta_path, &meta)?;
     result?;
     print!("{}", render(&ServeRun::read(&folder.dir)?)?);

@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::Context;
 
 use crate::measure::plan::SweepPlan;
-use crate::measure::settings::{logical_cpus, Settings, SweepSettings};
+use crate::measure::settings::SweepSettings;
 use crate::measure::shard::{Shard, ShardArgs, ShardRecord, TaskLoad};
 use crate::measure::sweep::{run_sweep, PhaseModels, QualityTasks, SweepSpec, SweepText, Work};
 use crate::measure::unit::work_units;
@@ -17,7 +17,7 @@ use crate::model::{self, hub, ModelLocation, WeightDtype};
 use crate::quality::passkey;
 use crate::quality::wikitext;
 use crate::quality::xsum::RougeTask;
-use crate::report::meta::{self, Machine, RunKind, RunMode, RunStatus};
+use crate::report::meta::{self, Machine, RunKind, RunMode};
 use crate::report::run_dir::{check_resume, prepare_out, resume_identity, RunDir, RunDirArgs};
 use crate::report::SweepMeta;
 use crate::report::{read_records, table, RawRecords, ResultRow, RowContext, RunSink, Tally};
@@ -314,23 +314,9 @@ fn run_meta(
     shard: Option<ShardRecord>,
     row_ctx: RowContext,
 ) -> SweepMeta {
-    SweepMeta {
-        format: meta::META_FORMAT,
-        kvbench: meta::version(),
-        kind: RunKind::Sweep,
-        run_id: folder.run_id.clone(),
-        mode,
-        command: crate::util::command_line(),
-        started_at: folder.started_at.clone(),
-        finished_at: None,
-        status: Some(RunStatus::Running),
-        machine: Machine::probe(),
-        resumed_at: folder.resumed_at.clone(),
-        shard,
-        settings: s.recorded(logical_cpus()),
-        report_context: row_ctx,
-        details: Default::default(),
-    }
+    let mut m = folder.meta(RunKind::Sweep, mode, s, row_ctx, Default::default());
+    m.shard = shard;
+    m
 }
 
 /// A sweep under way: its folder, `meta.json` and the sink its results go to.
@@ -362,12 +348,8 @@ impl Execution {
     /// Records how the run ended in `meta.json`, renders and prints the report, and fails when
     /// the loop did or when every point failed.
     fn finish(mut self, result: crate::Result<()>, title: &str) -> anyhow::Result<()> {
-        self.meta.finished_at = Some(crate::util::time::now_rfc3339());
-        self.meta.status = Some(if result.is_ok() && !self.sink.tally().all_failed() {
-            RunStatus::Finished
-        } else {
-            RunStatus::Failed
-        });
+        self.meta
+            .finish(result.is_ok() && !self.sink.tally().all_failed());
         meta::write_json(&self.folder.dir.join(crate::report::META_FILE), &self.meta)?;
         result?;
         finish(&self.folder.dir, title)?;

@@ -214,6 +214,19 @@ fn writer(value: &serde_json::Value) -> String {
         .to_string()
 }
 
+impl<S, C> RunMeta<S, C> {
+    /// Records how the run ended: `finished_at` now, `status` finished when `ok`, else failed
+    /// (the loop stopped on an error, or every point failed).
+    pub fn finish(&mut self, ok: bool) {
+        self.finished_at = Some(crate::util::time::now_rfc3339());
+        self.status = Some(if ok {
+            RunStatus::Finished
+        } else {
+            RunStatus::Failed
+        });
+    }
+}
+
 impl<S: Settings, C: ReportContext> RunMeta<S, C> {
     /// The kind of run this type reads.
     fn kind() -> RunKind {

@@ -134,6 +134,38 @@ pub fn kind_of(path: &Path) -> Result<super::meta::RunKind> {
     })
 }
 
+impl RunDir {
+    /// This run's `meta.json`, status `running`: the version, the command line, the machine,
+    /// when the run started and was resumed, `settings` as recorded (threads filled in), what
+    /// every row repeats, and the command's own `details`.
+    pub fn meta<S: crate::measure::settings::Settings, C>(
+        &self,
+        kind: super::meta::RunKind,
+        mode: super::meta::RunMode,
+        settings: &S,
+        report_context: C,
+        details: serde_json::Map<String, serde_json::Value>,
+    ) -> super::meta::RunMeta<S, C> {
+        super::meta::RunMeta {
+            format: super::meta::META_FORMAT,
+            kvbench: super::meta::version(),
+            kind,
+            run_id: self.run_id.clone(),
+            mode,
+            command: crate::util::command_line(),
+            started_at: self.started_at.clone(),
+            finished_at: None,
+            status: Some(super::meta::RunStatus::Running),
+            machine: super::meta::Machine::probe(),
+            resumed_at: self.resumed_at.clone(),
+            shard: None,
+            settings: settings.recorded(crate::measure::settings::logical_cpus()),
+            report_context,
+            details,
+        }
+    }
+}
+
 /// Reads a JSON-lines file of `what` records (`raw result`, `serve raw`). A last line cut short
 /// by an interrupted write (no newline after it) is dropped with a warning on stderr; a
 /// missing file reads as no records. Errors: [`Error::Io`] (unreadable, not a regular file);

@@ -131,7 +131,6 @@ impl ServeRow {
 /// from `other_cores`).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
-#[serde(try_from = "serde_json::Value")]
 pub enum RawLine {
     /// A request, written as it finishes.
     Request {
@@ -156,60 +155,26 @@ pub enum RawLine {
     },
 }
 
-/// [`RawLine`]'s own shape, read after the upgrade of older rows.
-#[derive(serde::Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-enum RawLineRepr {
-    Request {
-        #[serde(flatten)]
-        point: PointKey,
-        #[serde(flatten)]
-        record: RequestRecord,
-    },
-    Point {
-        #[serde(flatten)]
-        point: PointKey,
-        row: ServeRow,
-        steps: Vec<StepSample>,
-        contention: Option<Contention>,
-    },
-}
-
-impl TryFrom<serde_json::Value> for RawLine {
-    type Error = serde_json::Error;
-    fn try_from(mut v: serde_json::Value) -> std::result::Result<Self, Self::Error> {
-        if let Some(row) = v.get_mut("row").and_then(|r| r.as_object_mut()) {
-            for key in ["run_id", "model"] {
-                row.entry(key).or_insert_with(|| "".into());
-            }
-            if !row.contains_key("rejected") {
-                let n = |k: &str| row.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
-                let rejected = n("requests").saturating_sub(n("completed"));
-                row.insert("rejected".into(), rejected.into());
-            }
-            if !row.contains_key("contended") {
-                let busy = row
-                    .get("other_cores")
-                    .and_then(|c| c.as_f64())
-                    .is_some_and(|c| c > CONTENDED_CORES);
-                row.insert("contended".into(), busy.into());
-            }
+/// A raw line as JSON, with the columns of older rows filled in (see [`RawLine`]).
+fn upgrade(mut v: serde_json::Value) -> serde_json::Value {
+    if let Some(row) = v.get_mut("row").and_then(|r| r.as_object_mut()) {
+        for key in ["run_id", "model"] {
+            row.entry(key).or_insert_with(|| "".into());
         }
-        Ok(match serde_json::from_value(v)? {
-            RawLineRepr::Request { point, record } => RawLine::Request { point, record },
-            RawLineRepr::Point {
-                point,
-                row,
-                steps,
-                contention,
-            } => RawLine::Point {
-                point,
-                row,
-                steps,
-                contention,
-            },
-        })
+        if !row.contains_key("rejected") {
+            let n = |k: &str| row.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+            let rejected = n("requests").saturating_sub(n("completed"));
+            row.insert("rejected".into(), rejected.into());
+        }
+        if !row.contains_key("contended") {
+            let busy = row
+                .get("other_cores")
+                .and_then(|c| c.as_f64())
+                .is_some_and(|c| c > CONTENDED_CORES);
+            row.insert("contended".into(), busy.into());
+        }
     }
+    v
 }
 
 impl RawLine {
@@ -225,7 +190,17 @@ impl RawLine {
 /// interrupted write dropped with a warning). Errors: [`Error::Io`] (unreadable),
 /// [`Error::InvalidArgument`] naming the file and line of any other line that does not parse.
 pub fn read_raw(dir: &Path) -> Result<Vec<RawLine>> {
-    read_jsonl(&dir.join(super::run_dir::RAW_FILE), "serve raw")
+    let path = dir.join(super::run_dir::RAW_FILE);
+    read_jsonl::<serde_json::Value>(&path, "serve raw")?
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            serde_json::from_value(upgrade(v)).map_err(|e| Error::InvalidArgument {
+                name: format!("{}:{}", path.display(), i + 1),
+                reason: format!("not a kvbench serve raw line: {e}"),
+            })
+        })
+        .collect()
 }
 
 /// The lines of the points that finished, in file order (requests of an unfinished point are
