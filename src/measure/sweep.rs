@@ -571,6 +571,57 @@ impl Progress for () {}
 
 pub use super::unit::work_units;
 
+/// The schemes of timing point `batch` × `seq_len` still to run: those `selection` holds that
+/// `done` (a resumed run's finished points) lacks, in `spec` order; the selected ones already
+/// done count as progress at once.
+pub fn pending_at(
+    spec: &SweepSpec,
+    selection: &Selection,
+    done: &[PointOutcome],
+    batch: usize,
+    seq_len: usize,
+    progress: &dyn Progress,
+) -> Vec<KvScheme> {
+    let selected: Vec<KvScheme> = spec
+        .schemes
+        .iter()
+        .copied()
+        .filter(|&s| selection.has_timing(s, batch, seq_len))
+        .collect();
+    let todo: Vec<KvScheme> = selected
+        .iter()
+        .copied()
+        .filter(|&s| !is_done(done, s, batch, seq_len))
+        .collect();
+    progress.advance((selected.len() - todo.len()) as u64);
+    todo
+}
+
+/// Whether `done` holds the point `scheme` × `batch` × `seq_len`.
+fn is_done(done: &[PointOutcome], scheme: KvScheme, batch: usize, seq_len: usize) -> bool {
+    done.iter()
+        .any(|o| o.scheme == scheme && o.batch == batch && o.seq_len == seq_len)
+}
+
+/// Hands a timed (or failed) point to `sink` and counts it as progress.
+pub fn emit_point(
+    sink: &mut dyn PointSink,
+    progress: &dyn Progress,
+    scheme: KvScheme,
+    batch: usize,
+    seq_len: usize,
+    timing: std::result::Result<PointTiming, PointStatus>,
+) -> Result<()> {
+    sink.point(&PointOutcome {
+        scheme,
+        batch,
+        seq_len,
+        timing,
+    })?;
+    progress.advance(1);
+    Ok(())
+}
+
 /// The model in the weight dtype each phase runs with. All three share one set of files and one
 /// geometry; they differ only in how the linear layers compute (candle's f32 gemm is ~3× faster
 /// than its Q8_0 kernels for prefill, its Q8_0 kernels ~2× faster for memory-bound decode), as
@@ -609,10 +660,8 @@ pub fn run_sweep(
         s.validate(cfg.head_dim)?;
     }
     let done = work.done;
-    let is_done = |scheme: KvScheme, batch: usize, seq_len: usize| {
-        done.iter()
-            .any(|o| o.scheme == scheme && o.batch == batch && o.seq_len == seq_len)
-    };
+    let is_done =
+        |scheme: KvScheme, batch: usize, seq_len: usize| is_done(done, scheme, batch, seq_len);
     let fp16_earlier = work.earlier_quality(KvScheme::FP16);
     let mut baseline_rouge: Option<Vec<String>> = fp16_earlier
         .as_ref()
@@ -714,24 +763,15 @@ pub fn run_sweep(
     // Stage 2: timing, point by point (this shard's points), the schemes' repeats interleaved.
     for &batch in &spec.batch_sizes {
         for &seq_len in &spec.seq_lens {
-            let selected: Vec<usize> = (0..spec.schemes.len())
-                .filter(|&i| work.selection.has_timing(spec.schemes[i], batch, seq_len))
-                .collect();
-            let todo: Vec<usize> = selected
-                .iter()
-                .copied()
-                .filter(|&i| !is_done(spec.schemes[i], batch, seq_len))
-                .collect();
-            progress.advance((selected.len() - todo.len()) as u64);
-            if todo.is_empty() {
+            let schemes = pending_at(spec, work.selection, done, batch, seq_len, progress);
+            if schemes.is_empty() {
                 continue;
             }
             progress.start(&format!(
                 "batch {batch} × {seq_len} tokens: {} scheme{} interleaved",
-                todo.len(),
-                if todo.len() == 1 { "" } else { "s" }
+                schemes.len(),
+                if schemes.len() == 1 { "" } else { "s" }
             ));
-            let schemes: Vec<KvScheme> = todo.iter().map(|&i| spec.schemes[i]).collect();
             // The memory check comes before the prompts are built: they alone can be too big.
             let all_oom = schemes
                 .iter()
@@ -744,14 +784,8 @@ pub fn run_sweep(
             let order_seed = spec.seed ^ ((batch as u64) << 32 | seq_len as u64);
             let timings =
                 interleaved_point(models, &schemes, batch, seq_len, spec, &prompts, order_seed);
-            for (&i, timing) in todo.iter().zip(timings) {
-                sink.point(&PointOutcome {
-                    scheme: spec.schemes[i],
-                    batch,
-                    seq_len,
-                    timing,
-                })?;
-                progress.advance(1);
+            for (&scheme, timing) in schemes.iter().zip(timings) {
+                emit_point(sink, progress, scheme, batch, seq_len, timing)?;
             }
         }
     }

@@ -146,17 +146,8 @@ pub fn run(
     // Point by point, every scheme at a point in turn: the order a model sweep writes rows in.
     for &batch in &spec.batch_sizes {
         for &seq_len in &spec.seq_lens {
-            for &scheme in &spec.schemes {
-                if !selection.has_timing(scheme, batch, seq_len) {
-                    continue;
-                }
-                if done
-                    .iter()
-                    .any(|o| o.scheme == scheme && o.batch == batch && o.seq_len == seq_len)
-                {
-                    progress.advance(1);
-                    continue;
-                }
+            let todo = super::sweep::pending_at(spec, selection, done, batch, seq_len, progress);
+            for scheme in todo {
                 progress.start(&format!(
                     "{scheme}: batch {batch} × {seq_len} tokens (synthetic)"
                 ));
@@ -172,13 +163,7 @@ pub fn run(
                         point(geom, scheme, batch, seq_len, spec.gen, spec.seed)
                     })
                 };
-                sink.point(&super::sweep::PointOutcome {
-                    scheme,
-                    batch,
-                    seq_len,
-                    timing,
-                })?;
-                progress.advance(1);
+                super::sweep::emit_point(sink, progress, scheme, batch, seq_len, timing)?;
             }
         }
     }
