@@ -25,7 +25,7 @@ use crate::measure::settings::{check_threads, Settings};
 use crate::measure::sweep::Progress;
 use crate::model::ModelLocation;
 use crate::report::meta::{self, RunKind};
-use crate::report::run_dir::RunDirArgs;
+use crate::report::run_dir::{RunDir, RunDirArgs};
 
 /// A folder `--resume` continues: where, and its `meta.json` as written.
 #[derive(Debug, Clone)]
@@ -109,6 +109,32 @@ pub fn resolve_settings<S: Settings>(
         .map_err(|e| bad(format!("{} has no usable settings: {e}", path.display())))?;
     run.out = Some(dir.clone());
     Ok(Some(Resumed { dir, meta: value }))
+}
+
+/// The run folder: a resumed run's (its id and start time kept), else a new one (`--out`, else
+/// `reports/<run id>`, run id `<UTC time>-<label>`). Errors: as [`RunDir::create`] and
+/// [`RunDir::resume`].
+pub fn open_folder(
+    run: &RunDirArgs,
+    earlier: Option<&serde_json::Value>,
+    label: &str,
+) -> Result<RunDir> {
+    let now = crate::util::time::now_rfc3339();
+    if let (Some(m), Some(dir)) = (earlier, &run.out) {
+        return RunDir::resume(
+            dir.clone(),
+            m["run_id"].as_str().unwrap_or(label).to_string(),
+            m["started_at"].as_str().unwrap_or(&now).to_string(),
+            serde_json::from_value(m["resumed_at"].clone()).unwrap_or_default(),
+            &now,
+        );
+    }
+    let run_id = crate::util::time::run_id(&now, label);
+    let dir = run
+        .out
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from("reports").join(&run_id));
+    RunDir::create(dir, run.out.is_some(), run_id, &now)
 }
 
 /// Sizes the thread pool candle and kvbench share: `RAYON_NUM_THREADS` (candle's CPU kernels

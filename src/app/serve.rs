@@ -18,7 +18,9 @@ use crate::serve::engine::Backend;
 use crate::serve::run::{plan_geometry, Workload};
 use crate::serve::settings::{ServePlan, ServeSettings};
 
-use super::{model_files, print_above, progress_bar, resolve_settings, set_threads, BarProgress};
+use super::{
+    model_files, open_folder, print_above, progress_bar, resolve_settings, set_threads, BarProgress,
+};
 
 /// Arguments of `kvbench serve`: the run folder's flags and the settings (also a suite's keys
 /// and `meta.json`'s `settings`).
@@ -54,30 +56,21 @@ pub fn run(
     let resumed = resolve_settings(&mut settings, &mut run, matches)?;
     let plan = ServePlan::build(&settings)?;
     set_threads(settings.threads.threads)?;
-    let now = crate::util::time::now_rfc3339();
-    let dir = run.out.clone().unwrap_or_else(|| {
-        PathBuf::from("reports").join(format!("serve-{}", crate::util::time::compact(&now)))
-    });
-    let folder = match &resumed {
-        Some(r) => {
-            let m = &r.meta;
-            RunDir::resume(
-                dir,
-                m["run_id"]
-                    .as_str()
-                    .map_or_else(|| run_id(&now, &settings), str::to_string),
-                m["started_at"].as_str().unwrap_or(&now).to_string(),
-                serde_json::from_value(m["resumed_at"].clone()).unwrap_or_default(),
-                &now,
-            )?
-        }
-        None => {
-            prepare_out(&dir, run.force)?;
-            RunDir::create(dir, run.out.is_some(), run_id(&now, &settings), &now)?
-        }
-    };
+    if let (None, Some(out)) = (&resumed, &run.out) {
+        prepare_out(out, run.force)?;
+    }
     let location = hub::resolve(&settings.model.model)?;
     let (files, sha256) = model_files(&location)?;
+    let label = std::path::Path::new(&settings.model.model)
+        .file_stem()
+        .map_or(settings.model.model.clone(), |f| {
+            f.to_string_lossy().into_owned()
+        });
+    let folder = open_folder(
+        &run,
+        resumed.as_ref().map(|r| &r.meta),
+        &format!("serve-{label}"),
+    )?;
     if let Some(r) = &resumed {
         // Format 0 kept the sha256 at the top level; later formats under `model`.
         let mut m = r.meta.clone();
@@ -86,53 +79,73 @@ pub fn run(
         }
         check_resume(&folder.dir, &m, &resume_identity(sha256.clone()))?;
     }
-    let load = |dtype: WeightDtype| {
-        model::load_location(&settings.model.model, &location, dtype).with_context(|| {
-            format!(
-                "loading model `{}` with {dtype} weights",
-                settings.model.model
-            )
-        })
-    };
-    let decode = load(settings.weights.weights)?;
-    let prefill = if settings.weights.prefill_weights == settings.weights.weights {
-        None
-    } else {
-        Some(load(settings.weights.prefill_weights)?)
-    };
+    let (decode, prefill) = load_models(&settings, &location)?;
     let prefill_model = prefill.as_ref().map_or(&decode.model, |m| &m.model);
     let cfg = decode.model.config.clone();
-    let geom = cfg.cache_geometry();
-    plan.check_model(geom, cfg.max_ctx)?;
-    let text = decode.tokenizer.encode(wikitext::wikitext2_test_text())?;
-    let work = Workload::build(&plan, &text, || {
-        let (mut ti, mut to) = (Vec::new(), Vec::new());
-        for s in xsum::samples(100)? {
-            ti.push(decode.tokenizer.encode(&s.document)?.len());
-            to.push(decode.tokenizer.encode(&s.summary)?.len());
-        }
-        Ok((ti, to))
-    })?;
+    plan.check_model(cfg.cache_geometry(), cfg.max_ctx)?;
+    let work = workload(&plan, &decode.tokenizer)?;
     let ctx = ServeContext {
         run_id: folder.run_id.clone(),
         model: settings.model.model.clone(),
         kv_budget_bytes: plan.budget,
         mean_context_tokens: work.mean_ctx,
     };
-    let (earlier, done) = match &resumed {
-        Some(_) => finished(read_raw(&folder.dir)?),
-        None => (Vec::new(), Vec::new()),
+    let details = details(&settings.model.model, &files, &cfg, &sha256);
+    let meta = folder.meta(RunKind::Serve, RunMode::Model, &plan.settings, ctx, details);
+    let model = plan_geometry(&settings.model.model, cfg.cache_geometry(), cfg.max_ctx);
+    execute(folder, meta, &plan, &model, &work, &mut |scheme| {
+        Ok(Box::new(ModelBackend::new(prefill_model, &decode.model, scheme)) as Box<dyn Backend>)
+    })
+}
+
+/// The model in the decode weights, and in the prefill weights when they differ. Errors: the
+/// loader's, naming the model and the dtype.
+fn load_models(
+    s: &ServeSettings,
+    location: &model::ModelLocation,
+) -> anyhow::Result<(model::LoadedModel, Option<model::LoadedModel>)> {
+    let load = |dtype: WeightDtype| {
+        model::load_location(&s.model.model, location, dtype)
+            .with_context(|| format!("loading model `{}` with {dtype} weights", s.model.model))
     };
-    let mut meta: ServeMeta = folder.meta(
-        RunKind::Serve,
-        RunMode::Model,
-        &plan.settings,
-        ctx.clone(),
-        details(&settings.model.model, &files, &cfg, &sha256),
-    );
+    let decode = load(s.weights.weights)?;
+    let prefill = if s.weights.prefill_weights == s.weights.weights {
+        None
+    } else {
+        Some(load(s.weights.prefill_weights)?)
+    };
+    Ok((decode, prefill))
+}
+
+/// The run's requests, prompts cut from WikiText-2 with the model's tokenizer (and the XSum
+/// pairs' token lengths when a length follows that trace). Errors: the tokenizer's, the
+/// dataset's, [`Workload::build`]'s.
+fn workload(plan: &ServePlan, tok: &model::TextTokenizer) -> crate::Result<Workload> {
+    let text = tok.encode(wikitext::wikitext2_test_text())?;
+    Workload::build(plan, &text, || {
+        let (mut ti, mut to) = (Vec::new(), Vec::new());
+        for s in xsum::samples(100)? {
+            ti.push(tok.encode(&s.document)?.len());
+            to.push(tok.encode(&s.summary)?.len());
+        }
+        Ok((ti, to))
+    })
+}
+
+/// Serves the points `plan` has that the folder has not finished, on the backends `backend`
+/// makes, then records how the run ended in `meta.json`, renders the report and prints it.
+/// Errors: the loop's and the sink's I/O; every point failed.
+pub fn execute<'m>(
+    folder: RunDir,
+    mut meta: ServeMeta,
+    plan: &ServePlan,
+    model: &crate::model::geometry::ModelGeometry,
+    work: &Workload,
+    backend: &mut dyn FnMut(crate::kv::KvScheme) -> crate::Result<Box<dyn Backend + 'm>>,
+) -> anyhow::Result<()> {
+    let (earlier, done) = finished(read_raw(&folder.dir)?);
     let meta_path = folder.dir.join(crate::report::META_FILE);
     meta::write_json(&meta_path, &meta)?;
-
     let todo: Vec<_> = plan
         .points()
         .into_iter()
@@ -146,25 +159,13 @@ pub fn run(
             todo.len()
         );
     }
-    let bar = progress_bar((todo.len() * settings.load.num_requests) as u64);
+    let bar = progress_bar((todo.len() * plan.settings.load.num_requests) as u64);
     let printer = bar.clone();
-    let mut log = ServeLog::open(&folder.dir, ctx, settings.slo.slo, &earlier)?
+    let slo = plan.settings.slo.slo;
+    let mut log = ServeLog::open(&folder.dir, meta.report_context.clone(), slo, &earlier)?
         .on_row(move |r| print_above(&printer, crate::report::serve::point_line(r)));
-    let model_geom = plan_geometry(&settings.model.model, geom, cfg.max_ctx);
-    let result = crate::serve::run::run(
-        &plan,
-        &model_geom,
-        &work,
-        &todo,
-        &mut |scheme| {
-            Ok(
-                Box::new(ModelBackend::new(prefill_model, &decode.model, scheme))
-                    as Box<dyn Backend>,
-            )
-        },
-        &mut log,
-        &BarProgress::new(bar.clone()),
-    );
+    let progress = BarProgress::new(bar.clone());
+    let result = crate::serve::run::run(plan, model, work, &todo, backend, &mut log, &progress);
     bar.finish_and_clear();
     meta.finish(result.is_ok() && !log.all_failed());
     meta::write_json(&meta_path, &meta)?;
@@ -180,14 +181,6 @@ pub fn run(
         );
     }
     Ok(())
-}
-
-/// A serving run's id: `<UTC start>-serve-<model>`.
-fn run_id(now: &str, s: &ServeSettings) -> String {
-    let model = std::path::Path::new(&s.model.model)
-        .file_stem()
-        .map_or(s.model.model.clone(), |f| f.to_string_lossy().into_owned());
-    crate::util::time::run_id(now, &format!("serve-{model}"))
 }
 
 /// `meta.json`'s serve sections: the model (spec, files, config, sha256), the text, and the

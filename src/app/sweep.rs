@@ -22,7 +22,9 @@ use crate::report::run_dir::{check_resume, prepare_out, resume_identity, RunDir,
 use crate::report::SweepMeta;
 use crate::report::{read_records, table, RawRecords, ResultRow, RowContext, RunSink, Tally};
 
-use super::{model_files, print_above, progress_bar, resolve_settings, set_threads, BarProgress};
+use super::{
+    model_files, open_folder, print_above, progress_bar, resolve_settings, set_threads, BarProgress,
+};
 
 /// Arguments of `kvbench sweep`: the run folder's flags, the settings (also a suite's keys and
 /// `meta.json`'s `settings`) and the shard to run.
@@ -278,32 +280,6 @@ fn task_load(tasks: &QualityTasks<'_>) -> TaskLoad {
             + tasks.passkey.iter().map(|p| p.tokens.len()).sum::<usize>(),
         new_tokens: rouge.map_or(0, |r| r.prompts.len() * r.max_new) + tasks.passkey.len() * 8,
     }
-}
-
-/// The run folder: a resumed run's (its id and start time kept), else a new one (`--out`, else
-/// `reports/<run id>`, run id `<UTC time>-<label>`). Errors: as [`RunDir::create`] and
-/// [`RunDir::resume`].
-fn open_folder(
-    run: &RunDirArgs,
-    earlier: Option<&serde_json::Value>,
-    label: &str,
-) -> anyhow::Result<RunDir> {
-    let now = crate::util::time::now_rfc3339();
-    if let (Some(m), Some(dir)) = (earlier, &run.out) {
-        return Ok(RunDir::resume(
-            dir.clone(),
-            m["run_id"].as_str().unwrap_or(label).to_string(),
-            m["started_at"].as_str().unwrap_or(&now).to_string(),
-            serde_json::from_value(m["resumed_at"].clone()).unwrap_or_default(),
-            &now,
-        )?);
-    }
-    let run_id = crate::util::time::run_id(&now, label);
-    let dir = run
-        .out
-        .clone()
-        .unwrap_or_else(|| std::path::PathBuf::from("reports").join(&run_id));
-    Ok(RunDir::create(dir, run.out.is_some(), run_id, &now)?)
 }
 
 /// What every sweep's `meta.json` records, with status `running`.
