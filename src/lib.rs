@@ -10,6 +10,7 @@ pub mod error;
 pub mod kv;
 pub mod measure;
 pub mod model;
+pub mod perf;
 pub mod plan;
 pub mod quality;
 pub mod report;

@@ -6,7 +6,8 @@
 //! 2. `kv`: cache schemes and attention over their stored form;
 //! 3. `model`: the decoder that takes the cache from outside;
 //! 4. `quality`: perplexity, ROUGE, passkey through the cache;
-//! 5. `measure` (the sweep runner) and `plan` (capacity arithmetic);
+//! 5. `measure` (the sweep runner), `plan` (capacity arithmetic) and `perf` (the performance
+//!    model of a step);
 //! 6. `serve`: the serving load test (scheduler, block pool, workload, metrics);
 //! 7. `report`: turns finished results into bytes;
 //! 8. `app`: the measuring commands end to end (settings → plan → run folder → loop → report);
@@ -32,7 +33,7 @@ const FLOORS: &[&[&str]] = &[
     &["kv"],
     &["model"],
     &["quality"],
-    &["measure", "plan"],
+    &["measure", "plan", "perf"],
     &["serve"],
     &["report"],
     &["app"],

@@ -1,0 +1,327 @@
+//! A performance model of LLM decoding: what a prefill or a decode step of a model geometry
+//! costs with a KV scheme on a device, as the sum of terms, each a speed of light (bytes over
+//! bandwidth, FLOPs over peak) divided by the efficiency the device reaches for that term class
+//! — the form of AIConfigurator's and LLMServingSim's operator models (time = roofline bound ÷
+//! measured efficiency), with the KV scheme's stored bytes in the attention term, so a smaller
+//! cache reads faster exactly as far as the device is bandwidth-bound.
+//!
+//! A step's terms (per GPU of a tensor-parallel group of `tp`):
+//! - **linear layers**: max(weight bytes / (B · e_weights), 2 · params / tp · tokens /
+//!   (P · e_matmul)) — the matrix products read every weight once per step, and are
+//!   compute-bound only for many tokens (prefill, very large batches);
+//! - **attention**: max(K/V bytes read / (B · e_kv[scheme]), attention FLOPs / (P ·
+//!   e_attention)), K/V bytes in the scheme's stored form ([`KvScheme::bytes_per_token`],
+//!   eviction caps applied), attention FLOPs `4 · q_heads/tp · head_dim` per (query, key) pair
+//!   per layer;
+//! - **K/V writes**: new tokens' stored bytes / (B · e_kv_write);
+//! - **all-reduce** (tp > 1): two per layer (after attention and after the MLP, Megatron-LM,
+//!   Shoeybi et al. 2019, §3), each a ring all-reduce of `tokens · hidden · 2` bytes:
+//!   latency + 2(tp − 1)/tp · bytes / (link · e_allreduce);
+//! - **overhead**: per step + per layer.
+//!
+//! B is the profile's memory bandwidth, P its matmul peak ([`DeviceProfile`]).
+
+pub mod profile;
+
+use crate::error::{Error, Result};
+use crate::kv::{CacheGeometry, KvScheme};
+
+pub use profile::DeviceProfile;
+
+/// The model as the cost model sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelShape {
+    /// Decoder layers.
+    pub layers: usize,
+    /// Query heads.
+    pub q_heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Parameters (matrix products cost 2 FLOPs per parameter per token).
+    pub params: u64,
+    /// Bytes the weights a decode step reads occupy (all GPUs together).
+    pub decode_weight_bytes: u64,
+    /// Bytes the weights a prefill reads occupy (all GPUs together).
+    pub prefill_weight_bytes: u64,
+}
+
+impl ModelShape {
+    /// The hidden size, `q_heads · head_dim` (Llama-family models).
+    pub fn hidden(&self) -> usize {
+        self.q_heads * self.head_dim
+    }
+}
+
+/// One step's cost by term, seconds (each already divided by its efficiency).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct StepCost {
+    /// Reading the weights.
+    pub weights_s: f64,
+    /// The matrix products' arithmetic.
+    pub matmul_s: f64,
+    /// Reading cached K/V.
+    pub kv_read_s: f64,
+    /// Attention's arithmetic.
+    pub attention_s: f64,
+    /// Writing new K/V.
+    pub kv_write_s: f64,
+    /// Tensor-parallel all-reduces.
+    pub allreduce_s: f64,
+    /// Fixed per-step and per-layer costs.
+    pub overhead_s: f64,
+}
+
+impl StepCost {
+    /// The step's time: the linear layers' bound (weights or arithmetic), attention's bound
+    /// (K/V bytes or arithmetic), then writes, all-reduces and overhead, in sequence.
+    pub fn total_s(&self) -> f64 {
+        self.weights_s.max(self.matmul_s)
+            + self.kv_read_s.max(self.attention_s)
+            + self.kv_write_s
+            + self.allreduce_s
+            + self.overhead_s
+    }
+}
+
+/// A model, a scheme and a device: what its steps cost.
+#[derive(Debug, Clone)]
+pub struct PerfModel {
+    /// The device.
+    pub profile: DeviceProfile,
+    /// The model.
+    pub shape: ModelShape,
+    /// The KV scheme.
+    pub scheme: KvScheme,
+    /// GPUs one replica is split across (1: no tensor parallelism).
+    pub tp: usize,
+}
+
+impl PerfModel {
+    /// A model of `shape` with `scheme` on `profile` split over `tp` GPUs. Errors:
+    /// [`Error::InvalidArgument`] (`--tensor-parallel`) for tp 0, tp > 1 on a profile without a
+    /// link, or query heads that do not divide evenly (as vLLM requires).
+    pub fn new(
+        profile: DeviceProfile,
+        shape: ModelShape,
+        scheme: KvScheme,
+        tp: usize,
+    ) -> Result<Self> {
+        let bad = |reason: String| Error::InvalidArgument {
+            name: "--tensor-parallel".into(),
+            reason,
+        };
+        if tp == 0 {
+            return Err(bad("must be at least 1".into()));
+        }
+        if tp > 1 && profile.link.is_none() {
+            return Err(bad(format!(
+                "{} has no link between devices in its profile; tensor parallelism {tp} \
+                 cannot be modelled there",
+                profile.name
+            )));
+        }
+        if shape.q_heads % tp != 0 {
+            return Err(bad(format!(
+                "{} query heads do not split evenly over {tp} GPUs",
+                shape.q_heads
+            )));
+        }
+        Ok(PerfModel {
+            profile,
+            shape,
+            scheme,
+            tp,
+        })
+    }
+
+    /// The cache geometry one GPU holds: KV heads divided among the GPUs (at least one each,
+    /// replicated when there are more GPUs than KV heads, as vLLM).
+    pub fn gpu_geometry(&self) -> CacheGeometry {
+        CacheGeometry {
+            layers: self.shape.layers,
+            kv_heads: (self.shape.kv_heads / self.tp).max(1),
+            q_heads: self.shape.q_heads / self.tp,
+            head_dim: self.shape.head_dim,
+        }
+    }
+
+    fn bw(&self) -> f64 {
+        self.profile.mem_bw_gb_s * 1e9
+    }
+
+    fn peak(&self) -> f64 {
+        self.profile.matmul_tflops * 1e12
+    }
+
+    fn kv_efficiency(&self) -> f64 {
+        let e = &self.profile.efficiency;
+        e.kv_read_by_scheme
+            .get(&self.scheme.to_string())
+            .copied()
+            .unwrap_or(e.kv_read)
+    }
+
+    /// The linear layers, K/V writes, all-reduces and overhead of a forward pass over `tokens`
+    /// new tokens, reading `weight_bytes` (whole model).
+    fn common(&self, tokens: usize, weight_bytes: u64) -> StepCost {
+        let p = &self.profile;
+        let e = &p.efficiency;
+        let tp = self.tp as f64;
+        let n = tokens as f64;
+        let layers = self.shape.layers as f64;
+        let bpt = self.scheme.bytes_per_token(&self.gpu_geometry()) as f64;
+        let allreduce_s = match (&p.link, self.tp) {
+            (Some(l), t) if t > 1 => {
+                let bytes = n * self.shape.hidden() as f64 * 2.0;
+                let one = l.latency_us * 1e-6
+                    + 2.0 * (tp - 1.0) / tp * bytes / (l.bw_gb_s * 1e9 * e.allreduce);
+                2.0 * layers * one
+            }
+            _ => 0.0,
+        };
+        StepCost {
+            weights_s: weight_bytes as f64 / tp / (self.bw() * e.weights),
+            matmul_s: 2.0 * self.shape.params as f64 / tp * n / (self.peak() * e.matmul),
+            kv_write_s: n * bpt / (self.bw() * e.kv_write),
+            allreduce_s,
+            overhead_s: (p.overhead.step_us + layers * p.overhead.layer_us) * 1e-6,
+            ..Default::default()
+        }
+    }
+
+    /// Attention over `pairs` (query, key) pairs reading `held` cached tokens (per GPU).
+    fn attention(&self, cost: &mut StepCost, pairs: f64, held: f64) {
+        let g = self.gpu_geometry();
+        let bpt = self.scheme.bytes_per_token(&g) as f64;
+        let flops = 4.0 * (g.q_heads * g.head_dim * g.layers) as f64 * pairs;
+        cost.kv_read_s = held * bpt / (self.bw() * self.kv_efficiency());
+        cost.attention_s = flops / (self.peak() * self.profile.efficiency.attention);
+    }
+
+    /// One decode step of a batch whose sequences have seen `contexts` tokens each (before the
+    /// step's token): each attends over what it holds (eviction caps applied) plus its new
+    /// token.
+    pub fn decode(&self, contexts: &[usize]) -> StepCost {
+        let mut c = self.common(contexts.len(), self.shape.decode_weight_bytes);
+        let held: f64 = contexts
+            .iter()
+            .map(|&s| self.scheme.held_tokens(s) as f64 + 1.0)
+            .sum();
+        self.attention(&mut c, held, held);
+        c
+    }
+
+    /// Prefilling `tokens` new tokens of one sequence after `context` cached ones: causal
+    /// attention over the cached tokens and the new ones before each.
+    pub fn prefill(&self, tokens: usize, context: usize) -> StepCost {
+        let mut c = self.common(tokens, self.shape.prefill_weight_bytes);
+        let (t, ctx) = (tokens as f64, self.scheme.held_tokens(context) as f64);
+        let pairs = t * ctx + t * (t + 1.0) / 2.0;
+        self.attention(&mut c, pairs, ctx);
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device with round numbers: 1,000 GB/s, 100 TFLOP/s, link 100 GB/s with 10 µs latency,
+    /// every efficiency 0.5 (kv_read 0.25 for int4), overhead 10 µs + 1 µs per layer.
+    fn device() -> DeviceProfile {
+        DeviceProfile::parse(
+            r#"
+name = "round"
+description = "round numbers"
+calibrated = true
+memory_gib = 80
+mem_bw_gb_s = 1000
+matmul_tflops = 100
+[link]
+bw_gb_s = 100
+latency_us = 10
+[efficiency]
+weights = 0.5
+matmul = 0.5
+kv_read = 0.5
+kv_write = 0.5
+attention = 0.5
+allreduce = 0.5
+[efficiency.kv_read_by_scheme]
+int4 = 0.25
+[overhead]
+step_us = 10
+layer_us = 1
+"#,
+            "round.toml",
+        )
+        .unwrap()
+    }
+
+    /// 2 layers, 4 query heads, 2 KV heads of 32: fp16 holds K and V · 2 layers · 2 heads ·
+    /// 32 · 2 bytes = 512 bytes per token; 1e9 parameters in 2e9 bytes.
+    fn shape() -> ModelShape {
+        ModelShape {
+            layers: 2,
+            q_heads: 4,
+            kv_heads: 2,
+            head_dim: 32,
+            params: 1_000_000_000,
+            decode_weight_bytes: 2_000_000_000,
+            prefill_weight_bytes: 2_000_000_000,
+        }
+    }
+
+    /// Every term by hand for a decode step of two sequences at 999 and 1,999 tokens.
+    #[test]
+    fn decode_terms_by_hand() {
+        let m = PerfModel::new(device(), shape(), KvScheme::FP16, 1).unwrap();
+        let c = m.decode(&[999, 1999]);
+        // 2e9 bytes / (1e12 B/s · 0.5) = 4 ms; 2 · 1e9 · 2 tokens / (1e14 · 0.5) = 80 µs.
+        assert!((c.weights_s - 4e-3).abs() < 1e-12);
+        assert!((c.matmul_s - 8e-5).abs() < 1e-12);
+        // 3,000 tokens held · 512 bytes / (1e12 · 0.5) = 3.072 µs.
+        assert!((c.kv_read_s - 3.072e-6).abs() < 1e-15);
+        // 4 · 4 heads · 32 · 2 layers · 3,000 pairs = 3,072,000 FLOPs / 5e13 = 61.44 ns.
+        assert!((c.attention_s - 6.144e-8).abs() < 1e-18);
+        // 2 new tokens · 512 bytes / 5e11.
+        assert!((c.kv_write_s - 2.048e-9).abs() < 1e-18);
+        assert_eq!(c.allreduce_s, 0.0);
+        assert!((c.overhead_s - 12e-6).abs() < 1e-15);
+        let total = 4e-3 + 3.072e-6 + 2.048e-9 + 12e-6;
+        assert!((c.total_s() - total).abs() < 1e-12);
+        // int4, one group of 32 per head-row: 16 bytes of codes + an f16 scale and minimum =
+        // 20 bytes; K and V · 2 layers · 2 heads · 20 = 160 bytes per token, read at 0.25.
+        let int4: KvScheme = "int4".parse().unwrap();
+        let m4 = PerfModel::new(device(), shape(), int4, 1).unwrap();
+        assert!((m4.decode(&[999, 1999]).kv_read_s - 3000.0 * 160.0 / 2.5e11).abs() < 1e-15);
+    }
+
+    /// Tensor parallelism 2: weights and KV heads halve (256 bytes per token per GPU); two
+    /// all-reduces per layer of 2 tokens × hidden 128 × 2 bytes = 512 bytes: 10 µs +
+    /// (2·1/2)·512 / 5e10 each, four in all.
+    #[test]
+    fn tensor_parallel_terms_by_hand() {
+        let m = PerfModel::new(device(), shape(), KvScheme::FP16, 2).unwrap();
+        let c = m.decode(&[999, 1999]);
+        assert!((c.weights_s - 2e-3).abs() < 1e-12);
+        assert!((c.kv_read_s - 1.536e-6).abs() < 1e-15);
+        let one = 10e-6 + 512.0 / 5e10;
+        assert!((c.allreduce_s - 4.0 * one).abs() < 1e-15);
+        assert!(PerfModel::new(device(), shape(), KvScheme::FP16, 3).is_err());
+    }
+
+    /// Prefill of 100 tokens after 50: compute-bound linear layers (2·1e9·100 / 5e13 = 4 ms
+    /// equals the weight read, 4 ms), attention over 100·50 + 100·101/2 = 10,050 pairs.
+    #[test]
+    fn prefill_terms_by_hand() {
+        let m = PerfModel::new(device(), shape(), KvScheme::FP16, 1).unwrap();
+        let c = m.prefill(100, 50);
+        assert!((c.matmul_s - 4e-3).abs() < 1e-12);
+        let flops = 4.0 * 4.0 * 32.0 * 2.0 * 10_050.0;
+        assert!((c.attention_s - flops / 5e13).abs() < 1e-18);
+        assert!((c.kv_read_s - 50.0 * 512.0 / 5e11).abs() < 1e-18);
+    }
+}

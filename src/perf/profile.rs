@@ -1,0 +1,278 @@
+//! Device profiles: what a device can do (memory, bandwidth, matmul throughput, link) and how
+//! much of it kvbench's decode path reaches per term class ([`Efficiency`]), as data files with
+//! a source for every number. Shipped: H100 SXM, H200, A100 80GB, L40S, B200 (published peak
+//! figures, efficiencies assumed — `calibrated = false`, said in every output) in
+//! `profiles/*.toml`; `kvbench calibrate` writes a measured one for the machine at hand. A user
+//! profile is any file of the same form.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// Fractions of each speed of light the decode path reaches, per term class (0 < e ≤ 1).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Efficiency {
+    /// Reading the weights (a decode step's matrix–vector products), of the memory bandwidth.
+    pub weights: f64,
+    /// Matrix products when compute-bound (prefill, large batches), of the matmul peak.
+    pub matmul: f64,
+    /// Reading cached K/V in attention, of the memory bandwidth, for a scheme not listed in
+    /// `kv_read_by_scheme`.
+    pub kv_read: f64,
+    /// Per scheme (its printed name, e.g. `int4`): reading its cached K/V, dequantization
+    /// included, of the memory bandwidth.
+    #[serde(default)]
+    pub kv_read_by_scheme: BTreeMap<String, f64>,
+    /// Writing new K/V, of the memory bandwidth.
+    pub kv_write: f64,
+    /// Attention's arithmetic (QKᵀ and PV) when compute-bound (long prefills), of the matmul
+    /// peak.
+    pub attention: f64,
+    /// Tensor-parallel all-reduce, of the link bandwidth.
+    pub allreduce: f64,
+}
+
+/// Fixed costs, µs.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Overhead {
+    /// Per forward pass (a decode step or one prefill): launches, sampling, scheduling.
+    pub step_us: f64,
+    /// Per layer of a forward pass (norms, RoPE, small kernels).
+    pub layer_us: f64,
+}
+
+/// The link between the GPUs of a tensor-parallel group.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    /// Bandwidth per GPU and direction, GB/s (10⁹ bytes/s).
+    pub bw_gb_s: f64,
+    /// Latency of one collective, µs.
+    pub latency_us: f64,
+}
+
+/// A device profile (see the module docs). Every number > 0; overheads ≥ 0.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceProfile {
+    /// Short name (`h100-sxm`).
+    pub name: String,
+    /// What it is.
+    pub description: String,
+    /// Whether the efficiencies were measured on this device (`kvbench calibrate`); `false`:
+    /// published peaks with assumed efficiencies, flagged "uncalibrated" in every output.
+    pub calibrated: bool,
+    /// Device memory, GiB (what the framework reports as total, e.g. 79.1 for an 80 GB part).
+    pub memory_gib: f64,
+    /// Peak memory bandwidth, GB/s.
+    pub mem_bw_gb_s: f64,
+    /// Peak dense matmul throughput in the weights' dtype (bf16 on GPUs), TFLOP/s.
+    pub matmul_tflops: f64,
+    /// The tensor-parallel link; absent on a device that cannot run tensor parallelism.
+    #[serde(default)]
+    pub link: Option<Link>,
+    /// What the decode path reaches of each peak.
+    pub efficiency: Efficiency,
+    /// Fixed costs.
+    pub overhead: Overhead,
+    /// Where each number comes from, by field (`mem_bw_gb_s = "NVIDIA H100 datasheet"`).
+    #[serde(default)]
+    pub sources: BTreeMap<String, String>,
+}
+
+/// The shipped profiles: `(name, TOML)`.
+pub const SHIPPED: &[(&str, &str)] = &[
+    ("h100-sxm", include_str!("../../profiles/h100-sxm.toml")),
+    ("h200", include_str!("../../profiles/h200.toml")),
+    ("a100-80gb", include_str!("../../profiles/a100-80gb.toml")),
+    ("l40s", include_str!("../../profiles/l40s.toml")),
+    ("b200", include_str!("../../profiles/b200.toml")),
+];
+
+fn bad(name: &str, reason: String) -> Error {
+    Error::InvalidArgument {
+        name: name.into(),
+        reason,
+    }
+}
+
+impl DeviceProfile {
+    /// A shipped profile by name, or a profile file at `spec`. Errors:
+    /// [`Error::InvalidArgument`] (`--simulate`) naming the spec when it is neither (listing
+    /// the shipped names), or the file and field as [`DeviceProfile::parse`].
+    pub fn load(spec: &str) -> Result<DeviceProfile> {
+        if let Some((_, text)) = SHIPPED.iter().find(|(n, _)| *n == spec) {
+            return Self::parse(text, &format!("profiles/{spec}.toml"));
+        }
+        let path = Path::new(spec);
+        if !path.is_file() {
+            return Err(bad(
+                "--simulate",
+                format!(
+                    "`{spec}` is neither a shipped profile ({}) nor a profile file; write one \
+                     with `kvbench calibrate --out FILE` or copy a shipped one",
+                    SHIPPED
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        let text = crate::util::read_regular(path).map_err(|e| {
+            bad(
+                "--simulate",
+                format!("{}: cannot read it ({e})", path.display()),
+            )
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Reads a profile's TOML (`source` names it in errors) and checks it. Errors:
+    /// [`Error::InvalidArgument`] naming the source and the missing, unknown or out-of-range
+    /// field.
+    pub fn parse(text: &str, source: &str) -> Result<DeviceProfile> {
+        let p: DeviceProfile = toml::from_str(text).map_err(|e| {
+            bad(
+                "--simulate",
+                format!("{source}: {}", e.to_string().trim_end()),
+            )
+        })?;
+        p.validate().map_err(|e| match e {
+            Error::InvalidArgument { reason, .. } => {
+                bad("--simulate", format!("{source}: {reason}"))
+            }
+            e => e,
+        })?;
+        Ok(p)
+    }
+
+    /// Every rate and size finite and > 0, efficiencies in (0, 1], overheads finite and ≥ 0.
+    /// Errors: [`Error::InvalidArgument`] naming the field and its value.
+    pub fn validate(&self) -> Result<()> {
+        let positive = |field: &str, v: f64| -> Result<()> {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(bad(
+                    "profile",
+                    format!("`{field}` is {v}; it must be a number > 0"),
+                ))
+            }
+        };
+        let share = |field: &str, v: f64| -> Result<()> {
+            if v.is_finite() && v > 0.0 && v <= 1.0 {
+                Ok(())
+            } else {
+                Err(bad(
+                    "profile",
+                    format!("`{field}` is {v}; an efficiency is a share in (0, 1]"),
+                ))
+            }
+        };
+        positive("memory_gib", self.memory_gib)?;
+        positive("mem_bw_gb_s", self.mem_bw_gb_s)?;
+        positive("matmul_tflops", self.matmul_tflops)?;
+        if let Some(l) = &self.link {
+            positive("link.bw_gb_s", l.bw_gb_s)?;
+            if !(l.latency_us.is_finite() && l.latency_us >= 0.0) {
+                return Err(bad(
+                    "profile",
+                    format!("`link.latency_us` is {}; it must be ≥ 0", l.latency_us),
+                ));
+            }
+        }
+        let e = &self.efficiency;
+        for (f, v) in [
+            ("efficiency.weights", e.weights),
+            ("efficiency.matmul", e.matmul),
+            ("efficiency.kv_read", e.kv_read),
+            ("efficiency.kv_write", e.kv_write),
+            ("efficiency.attention", e.attention),
+            ("efficiency.allreduce", e.allreduce),
+        ] {
+            share(f, v)?;
+        }
+        for (scheme, v) in &e.kv_read_by_scheme {
+            share(&format!("efficiency.kv_read_by_scheme.{scheme}"), *v)?;
+        }
+        for (f, v) in [
+            ("overhead.step_us", self.overhead.step_us),
+            ("overhead.layer_us", self.overhead.layer_us),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(bad(
+                    "profile",
+                    format!("`{f}` is {v}; it must be a number ≥ 0"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The profile as TOML (what `kvbench calibrate` writes). Errors: the serializer's (none
+    /// for a valid profile).
+    pub fn to_toml(&self) -> Result<String> {
+        toml::to_string_pretty(self).map_err(|e| bad("profile", e.to_string()))
+    }
+
+    /// `name` and whether it is calibrated, for titles and rows: `h100-sxm (uncalibrated)`.
+    pub fn label(&self) -> String {
+        if self.calibrated {
+            self.name.clone()
+        } else {
+            format!("{} (uncalibrated)", self.name)
+        }
+    }
+
+    /// Device memory, bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        (self.memory_gib * (1u64 << 30) as f64) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every shipped profile reads and validates, is marked uncalibrated and names a source for
+    /// each peak figure.
+    #[test]
+    fn shipped_profiles_read() {
+        for (name, _) in SHIPPED {
+            let p = DeviceProfile::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(&p.name, name);
+            assert!(!p.calibrated, "{name}");
+            for f in ["memory_gib", "mem_bw_gb_s", "matmul_tflops"] {
+                assert!(p.sources.contains_key(f), "{name}: no source for {f}");
+            }
+        }
+    }
+
+    /// A missing field, an unknown one, a zero bandwidth and an efficiency above 1 are refused,
+    /// each naming the field and the file.
+    #[test]
+    fn bad_profiles_are_named() {
+        let good = SHIPPED[0].1;
+        let p = DeviceProfile::parse(&good.replace("mem_bw_gb_s = ", "# "), "x.toml");
+        let e = p.unwrap_err().to_string();
+        assert!(e.contains("mem_bw_gb_s") && e.contains("x.toml"), "{e}");
+        let e = DeviceProfile::parse(&format!("{good}\nbogus = 1\n"), "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bogus"), "{e}");
+        let mut p = DeviceProfile::parse(good, "x").unwrap();
+        p.mem_bw_gb_s = 0.0;
+        let e = p.validate().unwrap_err().to_string();
+        assert!(e.contains("mem_bw_gb_s") && e.contains("> 0"), "{e}");
+        let mut p = DeviceProfile::parse(good, "x").unwrap();
+        p.efficiency.kv_read = 1.5;
+        let e = p.validate().unwrap_err().to_string();
+        assert!(e.contains("efficiency.kv_read"), "{e}");
+        let e = DeviceProfile::load("h900").unwrap_err().to_string();
+        assert!(e.contains("h100-sxm") && e.contains("h900"), "{e}");
+    }
+}
