@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
+use crate::measure::settings::Settings;
 use crate::model::{self, hub, WeightDtype};
+use crate::perf::{DeviceProfile, ModelShape, PerfModel};
 use crate::quality::{wikitext, xsum};
 use crate::report::meta::{self, RunKind, RunMode};
 use crate::report::run_dir::{check_resume, prepare_out, resume_identity, RunDir, RunDirArgs};
@@ -17,6 +19,7 @@ use crate::serve::backend::ModelBackend;
 use crate::serve::engine::Backend;
 use crate::serve::run::{plan_geometry, Workload};
 use crate::serve::settings::{ServePlan, ServeSettings};
+use crate::serve::virtual_backend::VirtualBackend;
 
 use super::{
     model_files, open_folder, print_above, progress_bar, resolve_settings, set_threads, BarProgress,
@@ -59,6 +62,15 @@ pub fn run(
     if let (None, Some(out)) = (&resumed, &run.out) {
         prepare_out(out, run.force)?;
     }
+    if let Some(profile) = settings.sim.simulate.clone() {
+        // The budget a run records is the one it used: derived once, kept on --resume.
+        let budget_given = resumed.is_some()
+            || super::given(matches).iter().any(|g| g == "kv_budget")
+            || run.suite.as_ref().is_some_and(|p| {
+                ServeSettings::read_suite(p).is_ok_and(|t| t.contains_key("kv-budget"))
+            });
+        return simulate(plan, &run, resumed.as_ref(), &profile, budget_given);
+    }
     let location = hub::resolve(&settings.model.model)?;
     let (files, sha256) = model_files(&location)?;
     let label = std::path::Path::new(&settings.model.model)
@@ -89,6 +101,8 @@ pub fn run(
         model: settings.model.model.clone(),
         kv_budget_bytes: plan.budget,
         mean_context_tokens: work.mean_ctx,
+        mode: "measured".into(),
+        profile: String::new(),
     };
     let details = details(&settings.model.model, &files, &cfg, &sha256);
     let meta = folder.meta(RunKind::Serve, RunMode::Model, &plan.settings, ctx, details);
@@ -96,6 +110,134 @@ pub fn run(
     execute(folder, meta, &plan, &model, &work, &mut |scheme| {
         Ok(Box::new(ModelBackend::new(prefill_model, &decode.model, scheme)) as Box<dyn Backend>)
     })
+}
+
+/// `--simulate`: the run on a virtual clock whose steps cost what [`PerfModel`] says for
+/// `profile` (no weights loaded; the model's geometry only), the KV budget per device derived
+/// from the profile's memory unless `budget_given`. Errors: as [`run`], and the profile's.
+fn simulate(
+    mut plan: ServePlan,
+    run: &RunDirArgs,
+    resumed: Option<&super::Resumed>,
+    profile: &str,
+    budget_given: bool,
+) -> anyhow::Result<()> {
+    let device = DeviceProfile::load(profile)?;
+    let s = plan.settings.clone();
+    let geom = crate::model::geometry::for_model_arg(&s.model.model)?;
+    let tp = s.sim.tensor_parallel;
+    let shape = model_shape(&geom, &device)?;
+    if !budget_given {
+        plan = plan.with_budget(device_kv_budget(&device, &s, shape.decode_weight_bytes)?);
+    }
+    plan.check_model(geom.cache(), geom.max_ctx)?;
+    for scheme in plan.schemes() {
+        PerfModel::new(device.clone(), shape.clone(), *scheme, tp)?;
+    }
+    if [&s.load.input_len, &s.load.output_len]
+        .iter()
+        .any(|l| matches!(l, crate::serve::workload::LenDist::Xsum(..)))
+    {
+        return Err(crate::Error::InvalidArgument {
+            name: "--input-len".into(),
+            reason: "--simulate takes fixed or uniform lengths (128..384); the XSum trace needs                      the model's tokenizer"
+                .into(),
+        }
+        .into());
+    }
+    // Token ids do not matter on a virtual clock, only lengths: a counting "text".
+    let text: Vec<u32> =
+        (0..(s.load.shared_prefix + 4 * s.load.input_len.max() + 4096) as u32).collect();
+    let work = Workload::build(&plan, &text, || unreachable!("no XSum trace (checked)"))?;
+    let label = format!("sim-{}-{}", device.name, geom.name.replace('/', "_"));
+    let folder = open_folder(run, resumed.map(|r| &r.meta), &label)?;
+    let ctx = ServeContext {
+        run_id: folder.run_id.clone(),
+        model: s.model.model.clone(),
+        kv_budget_bytes: plan.budget,
+        mean_context_tokens: work.mean_ctx,
+        mode: "simulated".into(),
+        profile: device.label(),
+    };
+    let mut details = serde_json::Map::new();
+    details.insert("profile".into(), serde_json::to_value(&device)?);
+    details.insert("model_geometry".into(), serde_json::to_value(&geom)?);
+    details.insert("scheduler".into(), SCHEDULER.into());
+    let meta = folder.meta(
+        RunKind::Serve,
+        RunMode::Simulated,
+        &plan.settings,
+        ctx,
+        details,
+    );
+    let model = crate::model::geometry::ModelGeometry {
+        name: s.model.model.clone(),
+        ..geom
+    };
+    let sizer_geom = plan.pool_geometry(model.cache());
+    execute(folder, meta, &plan, &model, &work, &mut |scheme| {
+        let perf = PerfModel::new(device.clone(), shape.clone(), scheme, tp)?;
+        Ok(Box::new(VirtualBackend::new(perf, plan.sizer(scheme, sizer_geom))) as Box<dyn Backend>)
+    })
+}
+
+/// The model as the performance model sees it: its geometry and parameters, its weights in
+/// the profile's dtypes (else its own). Errors: a dtype kvbench does not know.
+fn model_shape(
+    geom: &crate::model::geometry::ModelGeometry,
+    device: &DeviceProfile,
+) -> crate::Result<ModelShape> {
+    let bytes = |dtype: Option<&String>| -> crate::Result<u64> {
+        let d = dtype.map_or(geom.weight_dtype.as_str(), |d| d.as_str());
+        if d == "gguf" {
+            return Ok(std::fs::metadata(&geom.name).map_or(0, |m| m.len()));
+        }
+        Ok((geom.params as f64 * crate::model::geometry::weight_bytes_per_param(d)?) as u64)
+    };
+    let decode = bytes(device.weights_dtype.as_ref())?;
+    let prefill = match &device.prefill_weights_dtype {
+        Some(d) => bytes(Some(d))?,
+        None => decode,
+    };
+    Ok(ModelShape {
+        layers: geom.layers,
+        q_heads: geom.q_heads,
+        kv_heads: geom.kv_heads,
+        head_dim: geom.head_dim,
+        params: geom.params,
+        decode_weight_bytes: decode,
+        prefill_weight_bytes: prefill,
+    })
+}
+
+/// The KV budget of one device, bytes: its memory × `--gpu-memory-utilization`, less the
+/// weights it holds (`weight_bytes` over `--tensor-parallel` GPUs) and `--non-kv-reserve`
+/// (vLLM's own accounting: `gpu_memory_utilization` × total, minus the weights and the peak
+/// of its profile run). Errors: [`crate::Error::InvalidArgument`] when nothing is left.
+fn device_kv_budget(
+    device: &DeviceProfile,
+    s: &ServeSettings,
+    weight_bytes: u64,
+) -> crate::Result<u64> {
+    let usable = device.memory_bytes() as f64 * s.sim.gpu_memory_utilization;
+    let weights = weight_bytes as f64 / s.sim.tensor_parallel as f64;
+    let left = usable - weights - s.sim.non_kv_reserve.bytes as f64;
+    if left < (1u64 << 20) as f64 {
+        return Err(crate::Error::InvalidArgument {
+            name: "--tensor-parallel".into(),
+            reason: format!(
+                "{} GiB × {} = {:.1} GiB per device, less {:.1} GiB of weights per GPU and \
+                 {} of reserve, leaves no room for KV; use more GPUs (--tensor-parallel), a \
+                 larger device or a smaller model",
+                device.memory_gib,
+                s.sim.gpu_memory_utilization,
+                usable / (1u64 << 30) as f64,
+                weights / (1u64 << 30) as f64,
+                s.sim.non_kv_reserve
+            ),
+        });
+    }
+    Ok(left as u64)
 }
 
 /// The model in the decode weights, and in the prefill weights when they differ. Errors: the

@@ -56,7 +56,7 @@ impl ModelShape {
 
 /// One step's cost by term, seconds (each already divided by its efficiency).
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
-pub struct StepCost {
+pub struct Terms {
     /// Reading the weights.
     pub weights_s: f64,
     /// The matrix products' arithmetic.
@@ -73,7 +73,7 @@ pub struct StepCost {
     pub overhead_s: f64,
 }
 
-impl StepCost {
+impl Terms {
     /// The step's time: the linear layers' bound (weights or arithmetic), attention's bound
     /// (K/V bytes or arithmetic), then writes, all-reduces and overhead, in sequence.
     pub fn total_s(&self) -> f64 {
@@ -165,7 +165,7 @@ impl PerfModel {
 
     /// The linear layers, K/V writes, all-reduces and overhead of a forward pass over `tokens`
     /// new tokens, reading `weight_bytes` (whole model).
-    fn common(&self, tokens: usize, weight_bytes: u64) -> StepCost {
+    fn common(&self, tokens: usize, weight_bytes: u64) -> Terms {
         let p = &self.profile;
         let e = &p.efficiency;
         let tp = self.tp as f64;
@@ -181,7 +181,7 @@ impl PerfModel {
             }
             _ => 0.0,
         };
-        StepCost {
+        Terms {
             weights_s: weight_bytes as f64 / tp / (self.bw() * e.weights),
             matmul_s: 2.0 * self.shape.params as f64 / tp * n / (self.peak() * e.matmul),
             kv_write_s: n * bpt / (self.bw() * e.kv_write),
@@ -192,7 +192,7 @@ impl PerfModel {
     }
 
     /// Attention over `pairs` (query, key) pairs reading `held` cached tokens (per GPU).
-    fn attention(&self, cost: &mut StepCost, pairs: f64, held: f64) {
+    fn attention(&self, cost: &mut Terms, pairs: f64, held: f64) {
         let g = self.gpu_geometry();
         let bpt = self.scheme.bytes_per_token(&g) as f64;
         let flops = 4.0 * (g.q_heads * g.head_dim * g.layers) as f64 * pairs;
@@ -203,7 +203,7 @@ impl PerfModel {
     /// One decode step of a batch whose sequences have seen `contexts` tokens each (before the
     /// step's token): each attends over what it holds (eviction caps applied) plus its new
     /// token.
-    pub fn decode(&self, contexts: &[usize]) -> StepCost {
+    pub fn decode(&self, contexts: &[usize]) -> Terms {
         let mut c = self.common(contexts.len(), self.shape.decode_weight_bytes);
         let held: f64 = contexts
             .iter()
@@ -215,7 +215,7 @@ impl PerfModel {
 
     /// Prefilling `tokens` new tokens of one sequence after `context` cached ones: causal
     /// attention over the cached tokens and the new ones before each.
-    pub fn prefill(&self, tokens: usize, context: usize) -> StepCost {
+    pub fn prefill(&self, tokens: usize, context: usize) -> Terms {
         let mut c = self.common(tokens, self.shape.prefill_weight_bytes);
         let (t, ctx) = (tokens as f64, self.scheme.held_tokens(context) as f64);
         let pairs = t * ctx + t * (t + 1.0) / 2.0;

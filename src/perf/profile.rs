@@ -71,6 +71,14 @@ pub struct DeviceProfile {
     pub mem_bw_gb_s: f64,
     /// Peak dense matmul throughput in the weights' dtype (bf16 on GPUs), TFLOP/s.
     pub matmul_tflops: f64,
+    /// The dtype the decode path's weights are read in on this device (`q8_0` for kvbench's
+    /// CPU decode); absent: the model's own (bf16 for the shipped aliases), as vLLM serves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights_dtype: Option<String>,
+    /// The dtype of the prefill's weights (`f32` for kvbench's CPU prefill); absent: as
+    /// `weights_dtype`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_weights_dtype: Option<String>,
     /// The tensor-parallel link; absent on a device that cannot run tensor parallelism.
     #[serde(default)]
     pub link: Option<Link>,

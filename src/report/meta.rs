@@ -75,6 +75,9 @@ pub enum RunMode {
     Model,
     /// `kvbench sweep --synthetic`: attention + append only on synthetic K/V, no weights.
     Synthetic,
+    /// `kvbench serve --simulate`: the scheduler on a virtual clock whose steps cost what the
+    /// performance model says (`crate::perf`); nothing was measured.
+    Simulated,
 }
 
 impl<'de> serde::Deserialize<'de> for RunMode {
@@ -83,9 +86,10 @@ impl<'de> serde::Deserialize<'de> for RunMode {
         let s = String::deserialize(d)?;
         match s.as_str() {
             "model" => Ok(RunMode::Model),
+            "simulated" => Ok(RunMode::Simulated),
             m if m == "synthetic" || m.starts_with("synthetic:") => Ok(RunMode::Synthetic),
             other => Err(serde::de::Error::custom(format!(
-                "unknown run mode `{other}` (this kvbench knows `model` and `synthetic`)"
+                "unknown run mode `{other}` (this kvbench knows `model`, `synthetic` and `simulated`)"
             ))),
         }
     }

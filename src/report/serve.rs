@@ -36,6 +36,17 @@ pub struct ServeContext {
     /// Mean request length (prefix + prompt + output), tokens: the length `kvbench plan`'s
     /// predicted concurrency is for.
     pub mean_context_tokens: usize,
+    /// `measured` (the real decode path) or `simulated` (`--simulate`).
+    #[serde(default = "measured")]
+    pub mode: String,
+    /// The device profile a simulated run ran on (`h100-sxm (uncalibrated)`); empty when
+    /// measured.
+    #[serde(default)]
+    pub profile: String,
+}
+
+fn measured() -> String {
+    "measured".into()
 }
 
 impl ReportContext for ServeContext {
@@ -46,6 +57,8 @@ impl ReportContext for ServeContext {
             model: meta["settings"]["model"].as_str()?.to_string(),
             kv_budget_bytes: meta["kv_budget_bytes"].as_u64()?,
             mean_context_tokens: meta["mean_context_tokens"].as_u64()? as usize,
+            mode: measured(),
+            profile: String::new(),
         })
     }
 }
@@ -60,6 +73,10 @@ csv_record! {
         pub run_id: String,
         /// Model (`--model` as given).
         pub model: String,
+        /// `measured`, or `simulated` (`--simulate`: nothing here was measured).
+        pub mode: String,
+        /// The device profile of a simulated run; empty when measured.
+        pub profile: String,
         /// KV scheme.
         pub scheme: String,
         /// Arrival process and load, e.g. `poisson 2 req/s`.
@@ -99,10 +116,16 @@ impl ServeRow {
             Ok(o) => (summarize(o, slo), PointStatus::Ok, Some(o)),
             Err(e) => (ServeStats::default(), PointStatus::Error(e.clone()), None),
         };
-        let other_cores = p.contention.map(|c| c.other_cores);
+        // A simulated point's times are the model's: other processes cannot stretch them.
+        let other_cores = p
+            .contention
+            .filter(|_| ctx.mode != "simulated")
+            .map(|c| c.other_cores);
         ServeRow {
             run_id: ctx.run_id.clone(),
             model: ctx.model.clone(),
+            mode: ctx.mode.clone(),
+            profile: ctx.profile.clone(),
             scheme: p.key.scheme.clone(),
             arrival: p.key.arrival.label(),
             load: Load(p.key.arrival.load()),
@@ -158,9 +181,10 @@ pub enum RawLine {
 /// A raw line as JSON, with the columns of older rows filled in (see [`RawLine`]).
 fn upgrade(mut v: serde_json::Value) -> serde_json::Value {
     if let Some(row) = v.get_mut("row").and_then(|r| r.as_object_mut()) {
-        for key in ["run_id", "model"] {
+        for key in ["run_id", "model", "profile"] {
             row.entry(key).or_insert_with(|| "".into());
         }
+        row.entry("mode").or_insert_with(|| "measured".into());
         if !row.contains_key("rejected") {
             let n = |k: &str| row.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
             let rejected = n("requests").saturating_sub(n("completed"));
@@ -344,6 +368,9 @@ impl ServeRun {
                 if row.model.is_empty() {
                     row.model = ctx.model.clone();
                 }
+                if row.mode != ctx.mode {
+                    row.mode = ctx.mode.clone();
+                }
                 row.contended = row.contended();
                 rows.push(row);
                 traces.push((point, steps));
@@ -373,6 +400,15 @@ impl ServeRun {
 
 fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
+}
+
+/// ` (simulated on <profile>)` for a simulated run, else nothing: in every title and caption.
+fn simulated_on(ctx: &ServeContext) -> String {
+    if ctx.mode == "simulated" {
+        format!(" (simulated on {})", ctx.profile)
+    } else {
+        String::new()
+    }
 }
 
 /// `x` to `prec` decimals, `-` when there is nothing to show.
@@ -410,11 +446,19 @@ fn markdown(run: &ServeRun) -> String {
     let (s, ctx) = (&run.meta.settings, &run.meta.report_context);
     let l = &s.load;
     let mut md = format!(
-        "# kvbench serve — {}\n\nKV budget {:.1} MiB, blocks of {} tokens; {} requests per point, \
-         prompts {} tokens{} (WikiText-2 text), outputs {} tokens; SLO {}; max {} running; \
+        "# kvbench serve — {}{}\n\n{}KV budget {:.1} MiB, blocks of {} tokens; {} requests per point, \
+         prompts {} tokens{} ({}), outputs {} tokens; SLO {}; max {} running; \
          seed {}. Predicted concurrency: `kvbench plan` at this budget for a sequence of the mean \
          length ({} tokens).\n\n",
         ctx.model,
+        simulated_on(ctx),
+        if ctx.mode == "simulated" {
+            "**Simulated, not measured**: every time below is the performance model's \
+             (`crate::perf`) for this device profile, on the same scheduler, block pool and \
+             requests as a measured run. "
+        } else {
+            ""
+        },
         mib(ctx.kv_budget_bytes),
         s.pool.block_size,
         l.num_requests,
@@ -423,6 +467,11 @@ fn markdown(run: &ServeRun) -> String {
             format!(" after a shared prefix of {}", l.shared_prefix)
         } else {
             String::new()
+        },
+        if ctx.mode == "simulated" {
+            "lengths only"
+        } else {
+            "WikiText-2 text"
         },
         l.output_len,
         s.slo.slo,
@@ -535,8 +584,9 @@ fn charts(run: &ServeRun) -> Result<()> {
         "concurrent clients (closed loop)"
     };
     let caption = format!(
-        "{} · KV budget {:.1} MiB · {} requests, prompts {}, outputs {} · kvbench {}",
+        "{}{} · KV budget {:.1} MiB · {} requests, prompts {}, outputs {} · kvbench {}",
         ctx.model,
+        simulated_on(ctx),
         mib(ctx.kv_budget_bytes),
         s.load.num_requests,
         s.load.input_len,
@@ -833,6 +883,8 @@ mod tests {
             model: "m".into(),
             kv_budget_bytes: plan.budget,
             mean_context_tokens: work.mean_ctx,
+            mode: "simulated".into(),
+            profile: "fixed costs".into(),
         };
         let mut log = ServeLog::open(dir, ctx, plan.settings.slo.slo, earlier).unwrap();
         let model = plan_geometry("m", GEOM, 4096);

@@ -118,7 +118,7 @@ pub fn predicted_concurrency(
         reserve: 0.0,
         weight_bytes: 0,
         block: plan.settings.pool.block_size,
-        tensor_parallel: 1,
+        tensor_parallel: plan.settings.sim.tensor_parallel,
     };
     Ok(crate::plan::plan(&input, &[scheme], &[mean_ctx])?[0].max_concurrency)
 }
@@ -137,7 +137,7 @@ pub fn run<'m>(
     sink: &mut dyn ServeSink,
     progress: &dyn Progress,
 ) -> Result<()> {
-    let geom = model.cache();
+    let geom = plan.pool_geometry(model.cache());
     for key in todo {
         let scheme: KvScheme = key.scheme.parse()?;
         progress.start(&format!("{} · {}", key.scheme, key.arrival.label()));

@@ -87,6 +87,48 @@ pub struct SloArgs {
     pub slo: Slo,
 }
 
+/// `--simulate` and what it needs: the device, the tensor-parallel group, the memory share.
+#[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct SimArgs {
+    /// Simulate instead of measuring: the same scheduler, block pool and requests on a virtual
+    /// clock whose steps cost what the performance model says for this device profile (a
+    /// shipped one — h100-sxm, h200, a100-80gb, l40s, b200 — or a profile file, e.g. from
+    /// `kvbench calibrate`). `--model` then needs only its geometry (an alias such as
+    /// llama-3-70b is enough).
+    #[arg(long, value_name = "PROFILE")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulate: Option<String>,
+    /// With --simulate: GPUs one replica is split across (weights, KV heads and the block pool
+    /// per GPU, two all-reduces per layer).
+    #[arg(long, default_value_t = 1)]
+    #[serde(default = "one")]
+    pub tensor_parallel: usize,
+    /// With --simulate and no --kv-budget: the share of device memory the engine may use
+    /// (vLLM's --gpu-memory-utilization); the KV budget per GPU is that, less the weights per
+    /// GPU and --non-kv-reserve.
+    #[arg(long, default_value_t = 0.9)]
+    #[serde(default = "util")]
+    pub gpu_memory_utilization: f64,
+    /// With --simulate and no --kv-budget: memory per GPU kept for activations, CUDA graphs and
+    /// communication buffers (vLLM's profile run peak and reserves).
+    #[arg(long, default_value = "2GiB")]
+    #[serde(default = "reserve")]
+    pub non_kv_reserve: ByteSize,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn util() -> f64 {
+    0.9
+}
+
+fn reserve() -> ByteSize {
+    "2GiB".parse().expect("a size")
+}
+
 /// Every setting of `kvbench serve` that changes a number (see the module docs).
 #[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
 #[command(mut_arg("dtypes", |a| a.default_value(DEFAULT_SCHEMES)))]
@@ -124,6 +166,10 @@ pub struct ServeSettings {
     #[command(flatten)]
     #[serde(flatten)]
     pub threads: ThreadArgs,
+    /// `--simulate`, `--tensor-parallel`, `--gpu-memory-utilization`, `--non-kv-reserve`.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub sim: SimArgs,
 }
 
 impl Default for ServeSettings {
@@ -197,7 +243,8 @@ impl ServePlan {
         }
         dedup_with_note("--dtypes", &mut s.schemes.dtypes.0);
         let budget = s.pool.kv_budget.bytes;
-        check_pool(&s.pool)?;
+        check_pool(&s.pool, s.sim.simulate.is_none())?;
+        check_sim(&s.sim)?;
         check_requests(&s.load)?;
         let loads = loads(&mut s.load)?;
         let arms = if s.load.shared_prefix > 0 {
@@ -211,6 +258,14 @@ impl ServePlan {
             loads,
             arms,
         })
+    }
+
+    /// The plan with a KV budget of `bytes` per device (what `--simulate` derives from the
+    /// profile when no `--kv-budget` is given), recorded in its settings.
+    pub fn with_budget(mut self, bytes: u64) -> Self {
+        self.budget = bytes;
+        self.settings.pool.kv_budget = ByteSize::from_bytes(bytes);
+        self
     }
 
     /// The schemes, in the order given.
@@ -246,6 +301,17 @@ impl ServePlan {
         l.shared_prefix + l.input_len.max() + l.output_len.max()
     }
 
+    /// The cache geometry one device's block pool holds: the model's, with its KV heads divided
+    /// among `--tensor-parallel` GPUs (at least one each, as vLLM).
+    pub fn pool_geometry(&self, model: CacheGeometry) -> CacheGeometry {
+        let tp = self.settings.sim.tensor_parallel.max(1);
+        CacheGeometry {
+            kv_heads: (model.kv_heads / tp).max(1),
+            q_heads: model.q_heads / tp,
+            ..model
+        }
+    }
+
     /// How `scheme`'s bytes map to blocks of `--block-size` tokens for `geom`.
     pub fn sizer(&self, scheme: KvScheme, geom: CacheGeometry) -> BlockSizer {
         BlockSizer {
@@ -261,6 +327,7 @@ impl ServePlan {
     /// request would be rejected. Errors: [`Error::InvalidArgument`] naming `--output-len`,
     /// `--input-len` or `--kv-budget` with the sizes; a scheme's own for the head size.
     pub fn check_model(&self, geom: CacheGeometry, max_ctx: usize) -> Result<()> {
+        let geom = self.pool_geometry(geom);
         let l = &self.settings.load;
         let longest = self.longest();
         if longest > max_ctx {
@@ -301,12 +368,35 @@ impl ServePlan {
     }
 }
 
-/// The pool's bounds: a budget the machine can hold, a block size within 1 to
-/// [`crate::plan::MAX_BLOCK_TOKENS`], at least one running sequence.
-fn check_pool(p: &PoolArgs) -> Result<()> {
+/// `--simulate`'s companions: a tensor-parallel size of 1 or more (and only with
+/// `--simulate`), a memory share in (0, 1].
+fn check_sim(s: &SimArgs) -> Result<()> {
+    if s.tensor_parallel == 0 {
+        return Err(usage("--tensor-parallel", "must be at least 1".into()));
+    }
+    if s.tensor_parallel > 1 && s.simulate.is_none() {
+        return Err(usage(
+            "--tensor-parallel",
+            "measured serving runs on one device; tensor parallelism is for --simulate".into(),
+        ));
+    }
+    let u = s.gpu_memory_utilization;
+    if !(u.is_finite() && u > 0.0 && u <= 1.0) {
+        return Err(usage(
+            "--gpu-memory-utilization",
+            format!("{u} is not a share in (0, 1], e.g. 0.9"),
+        ));
+    }
+    Ok(())
+}
+
+/// The pool's bounds: a budget the machine can hold (`in_ram`: the cache lives here, not in a
+/// simulated device), a block size within 1 to [`crate::plan::MAX_BLOCK_TOKENS`], at least one
+/// running sequence.
+fn check_pool(p: &PoolArgs, in_ram: bool) -> Result<()> {
     // On the CPU the cache lives in RAM: a budget past the machine's memory cannot be held,
     // and its block table alone would exhaust memory before the first request.
-    if let Some(mem) = crate::util::memory::total_bytes() {
+    if let (true, Some(mem)) = (in_ram, crate::util::memory::total_bytes()) {
         if p.kv_budget.bytes > mem {
             return Err(usage(
                 "--kv-budget",

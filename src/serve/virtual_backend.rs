@@ -40,6 +40,16 @@ impl StepCost for FixedCost {
     }
 }
 
+/// The performance model as a step cost: what `serve --simulate` runs on.
+impl StepCost for crate::perf::PerfModel {
+    fn prefill_s(&self, tokens: usize, context: usize) -> f64 {
+        self.prefill(tokens, context).total_s()
+    }
+    fn decode_s(&self, contexts: &[usize]) -> f64 {
+        self.decode(contexts).total_s()
+    }
+}
+
 /// The virtual-clock backend: generated tokens are all `1` (prefill) and `2` (decode), as no
 /// model picks them; only their count and timing matter to the scheduler.
 #[derive(Debug, Clone)]
@@ -98,5 +108,99 @@ impl<C: StepCost> Backend for VirtualBackend<C> {
             .iter()
             .map(|&s| self.sizer.seq_bytes(s) as usize)
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{CacheGeometry, KvScheme};
+    use crate::perf::{DeviceProfile, ModelShape, PerfModel};
+    use crate::serve::engine::{serve, SchedConfig};
+    use crate::serve::workload::{Arrival, Request};
+
+    /// Issue #23: five requests on the performance model's clock, scheduled by hand. The device
+    /// reads 1e9 bytes of weights in 1 ms and does 2 · 5e8 FLOPs per token in 10 µs, so a
+    /// decode step costs 1 ms and a 100-token prefill max(1 ms, 100 · 10 µs) = 1 ms (the K/V
+    /// terms of a 1-layer, 2-element head are below a nanosecond). At most 2 run at once; all
+    /// arrive at 0 and want 3 tokens (the prefill's, then two decode steps):
+    /// r0 prefilled → 1 ms, r1 → 2 ms, steps → 3, 4 ms (both done); r2 → 5, r3 → 6, steps → 7,
+    /// 8; r4 → 9, steps → 10, 11 ms.
+    #[test]
+    fn five_requests_on_the_model_clock_by_hand() {
+        let profile = DeviceProfile::parse(
+            r#"
+name = "hand"
+description = "round numbers"
+calibrated = true
+memory_gib = 1
+mem_bw_gb_s = 1000
+matmul_tflops = 100
+[efficiency]
+weights = 1.0
+matmul = 1.0
+kv_read = 1.0
+kv_write = 1.0
+attention = 1.0
+allreduce = 1.0
+[overhead]
+step_us = 0
+layer_us = 0
+"#,
+            "hand.toml",
+        )
+        .unwrap();
+        let shape = ModelShape {
+            layers: 1,
+            q_heads: 1,
+            kv_heads: 1,
+            head_dim: 2,
+            params: 500_000_000,
+            decode_weight_bytes: 1_000_000_000,
+            prefill_weight_bytes: 1_000_000_000,
+        };
+        let perf = PerfModel::new(profile, shape, KvScheme::FP16, 1).unwrap();
+        let sizer = BlockSizer {
+            scheme: KvScheme::FP16,
+            geom: CacheGeometry {
+                layers: 1,
+                kv_heads: 1,
+                q_heads: 1,
+                head_dim: 2,
+            },
+            block_tokens: 16,
+        };
+        let cfg = SchedConfig {
+            sizer,
+            kv_budget: 1 << 20,
+            max_num_seqs: 2,
+            prefix_tokens: 0,
+            prefix_caching: false,
+        };
+        let requests: Vec<Request> = (0..5)
+            .map(|id| Request {
+                id,
+                prompt: vec![1; 100],
+                output_len: 3,
+            })
+            .collect();
+        let mut b = VirtualBackend::new(perf, sizer);
+        let arrival = Arrival::Poisson {
+            rate: f64::INFINITY,
+        };
+        let o = serve(&mut b, &cfg, &requests, arrival, &[], 0, &mut |_| Ok(())).unwrap();
+        let mut by_id = o.requests.clone();
+        by_id.sort_by_key(|r| r.id);
+        let ms = |s: f64| (s * 1e3 * 1e4).round() / 1e4;
+        let first: Vec<f64> = by_id.iter().map(|r| ms(r.first_token_s)).collect();
+        let last: Vec<f64> = by_id
+            .iter()
+            .map(|r| ms(*r.token_s.last().unwrap()))
+            .collect();
+        assert_eq!(first, [1.0, 2.0, 5.0, 6.0, 9.0]);
+        assert_eq!(last, [4.0, 4.0, 8.0, 8.0, 11.0]);
+        assert!(by_id
+            .iter()
+            .all(|r| r.preemptions == 0 && r.output_tokens == 3));
     }
 }

@@ -52,6 +52,18 @@ pub struct ByteSize {
     text: String,
 }
 
+impl ByteSize {
+    /// `bytes` as a size, written `<n>MiB` when a whole number of MiB, else in bytes.
+    pub fn from_bytes(bytes: u64) -> ByteSize {
+        let text = if bytes % (1 << 20) == 0 {
+            format!("{}MiB", bytes >> 20)
+        } else {
+            bytes.to_string()
+        };
+        ByteSize { bytes, text }
+    }
+}
+
 impl PartialEq for ByteSize {
     fn eq(&self, other: &Self) -> bool {
         self.bytes == other.bytes
