@@ -7,6 +7,7 @@
 //! folder, the thread pool, the model files' hashes, the progress display.
 
 pub mod attn_bench;
+pub mod calibrate;
 pub mod gate;
 pub mod merge;
 pub mod plan;

@@ -3,6 +3,7 @@
 //! found by `kvbench gate`.
 
 pub mod attn_bench;
+pub mod calibrate;
 pub mod fetch;
 pub mod gate;
 pub mod interrupt;
@@ -57,6 +58,9 @@ pub enum Command {
     /// (or closed-loop clients) per KV scheme; goodput, TTFT/TPOT/E2E percentiles, running
     /// sequences, preemptions; written to reports/serve-<time>/.
     Serve(serve::ServeArgs),
+    /// Fit a device profile to this machine's own prefills and decode steps (the serving
+    /// path's), for `kvbench serve --simulate <profile.toml>`.
+    Calibrate(calibrate::CalibrateArgs),
     /// Fetch the default model (SmolLM2-135M-Instruct Q4_1 GGUF) and print its path.
     Fetch(fetch::FetchArgs),
 }
@@ -96,6 +100,7 @@ pub fn main() -> ExitCode {
         Command::Rouge(a) => done(rouge::run(a)),
         Command::Gate(a) => gate::run(a),
         Command::Fetch(a) => done(fetch::run(a)),
+        Command::Calibrate(a) => done(calibrate::run(a)),
         Command::Serve(a) => done(serve::run(a, matches.subcommand_matches("serve"))),
         Command::AttnBench(a) => done(attn_bench::run(a)),
         Command::Plan(a) => done(plan::run(a)),

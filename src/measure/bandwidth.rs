@@ -66,6 +66,23 @@ pub fn measure_read(bytes: usize, passes: usize) -> Option<ReadBandwidth> {
     })
 }
 
+/// The best f32 matrix-product rate candle reaches on the CPU, TFLOP/s: `passes` timed
+/// products of two `n × n` matrices (after one untimed one), 2·n³ FLOPs each. The peak the
+/// calibrated performance model's arithmetic efficiencies are relative to. Errors: candle's.
+pub fn measure_gemm(n: usize, passes: usize) -> crate::Result<f64> {
+    use candle_core::{Device, Tensor};
+    let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+    let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+    std::hint::black_box(a.matmul(&b)?);
+    let mut best = f64::INFINITY;
+    for _ in 0..passes.max(1) {
+        let t = Instant::now();
+        std::hint::black_box(a.matmul(&b)?);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * (n as f64).powi(3) / best / 1e12)
+}
+
 /// Wrapping sum with four independent lanes (vectorized by the compiler: AVX2 adds 4 × u64
 /// per instruction), so the loop is bound by loads, not by one add chain.
 #[inline(never)]

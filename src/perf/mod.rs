@@ -21,6 +21,7 @@
 //!
 //! B is the profile's memory bandwidth, P its matmul peak ([`DeviceProfile`]).
 
+pub mod fit;
 pub mod profile;
 
 use crate::error::{Error, Result};
@@ -74,11 +75,14 @@ pub struct Terms {
 }
 
 impl Terms {
-    /// The step's time: the linear layers' bound (weights or arithmetic), attention's bound
-    /// (K/V bytes or arithmetic), then writes, all-reduces and overhead, in sequence.
-    pub fn total_s(&self) -> f64 {
-        self.weights_s.max(self.matmul_s)
-            + self.kv_read_s.max(self.attention_s)
+    /// The step's time: the linear layers (weights and arithmetic), attention (K/V bytes and
+    /// arithmetic), then writes, all-reduces and overhead, in sequence. `overlap`: within an
+    /// op, memory traffic and arithmetic overlap (the larger bound counts, as on GPUs) or add
+    /// up (as kvbench's CPU kernels measure).
+    pub fn total_s(&self, overlap: bool) -> f64 {
+        let op = |a: f64, b: f64| if overlap { a.max(b) } else { a + b };
+        op(self.weights_s, self.matmul_s)
+            + op(self.kv_read_s, self.attention_s)
             + self.kv_write_s
             + self.allreduce_s
             + self.overhead_s
@@ -163,9 +167,14 @@ impl PerfModel {
             .unwrap_or(e.kv_read)
     }
 
+    /// The step's time, seconds ([`Terms::total_s`] with the profile's `overlap`).
+    pub fn seconds(&self, t: &Terms) -> f64 {
+        t.total_s(self.profile.overlap)
+    }
+
     /// The linear layers, K/V writes, all-reduces and overhead of a forward pass over `tokens`
-    /// new tokens, reading `weight_bytes` (whole model).
-    fn common(&self, tokens: usize, weight_bytes: u64) -> Terms {
+    /// new tokens, reading `weight_bytes` (whole model) with matmul efficiency `e_mm`.
+    fn common(&self, tokens: usize, weight_bytes: u64, e_mm: f64) -> Terms {
         let p = &self.profile;
         let e = &p.efficiency;
         let tp = self.tp as f64;
@@ -183,7 +192,7 @@ impl PerfModel {
         };
         Terms {
             weights_s: weight_bytes as f64 / tp / (self.bw() * e.weights),
-            matmul_s: 2.0 * self.shape.params as f64 / tp * n / (self.peak() * e.matmul),
+            matmul_s: 2.0 * self.shape.params as f64 / tp * n / (self.peak() * e_mm),
             kv_write_s: n * bpt / (self.bw() * e.kv_write),
             allreduce_s,
             overhead_s: (p.overhead.step_us + layers * p.overhead.layer_us) * 1e-6,
@@ -204,7 +213,9 @@ impl PerfModel {
     /// step's token): each attends over what it holds (eviction caps applied) plus its new
     /// token.
     pub fn decode(&self, contexts: &[usize]) -> Terms {
-        let mut c = self.common(contexts.len(), self.shape.decode_weight_bytes);
+        let e = &self.profile.efficiency;
+        let e_mm = e.decode_matmul.unwrap_or(e.matmul);
+        let mut c = self.common(contexts.len(), self.shape.decode_weight_bytes, e_mm);
         let held: f64 = contexts
             .iter()
             .map(|&s| self.scheme.held_tokens(s) as f64 + 1.0)
@@ -216,7 +227,8 @@ impl PerfModel {
     /// Prefilling `tokens` new tokens of one sequence after `context` cached ones: causal
     /// attention over the cached tokens and the new ones before each.
     pub fn prefill(&self, tokens: usize, context: usize) -> Terms {
-        let mut c = self.common(tokens, self.shape.prefill_weight_bytes);
+        let e_mm = self.profile.efficiency.matmul;
+        let mut c = self.common(tokens, self.shape.prefill_weight_bytes, e_mm);
         let (t, ctx) = (tokens as f64, self.scheme.held_tokens(context) as f64);
         let pairs = t * ctx + t * (t + 1.0) / 2.0;
         self.attention(&mut c, pairs, ctx);
@@ -291,7 +303,9 @@ layer_us = 1
         assert_eq!(c.allreduce_s, 0.0);
         assert!((c.overhead_s - 12e-6).abs() < 1e-15);
         let total = 4e-3 + 3.072e-6 + 2.048e-9 + 12e-6;
-        assert!((c.total_s() - total).abs() < 1e-12);
+        assert!((c.total_s(true) - total).abs() < 1e-12);
+        // Without overlap the arithmetic adds: + 80 µs + 61.44 ns.
+        assert!((c.total_s(false) - (total + 8e-5 + 6.144e-8)).abs() < 1e-12);
         // int4, one group of 32 per head-row: 16 bytes of codes + an f16 scale and minimum =
         // 20 bytes; K and V · 2 layers · 2 heads · 20 = 160 bytes per token, read at 0.25.
         let int4: KvScheme = "int4".parse().unwrap();

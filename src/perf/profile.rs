@@ -18,6 +18,10 @@ pub struct Efficiency {
     pub weights: f64,
     /// Matrix products when compute-bound (prefill, large batches), of the matmul peak.
     pub matmul: f64,
+    /// The decode step's matrix products (another kernel than prefill's on some devices:
+    /// kvbench's CPU decode runs Q8_0 dot products, its prefill an f32 GEMM); absent: `matmul`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_matmul: Option<f64>,
     /// Reading cached K/V in attention, of the memory bandwidth, for a scheme not listed in
     /// `kv_read_by_scheme`.
     pub kv_read: f64,
@@ -65,6 +69,11 @@ pub struct DeviceProfile {
     /// Whether the efficiencies were measured on this device (`kvbench calibrate`); `false`:
     /// published peaks with assumed efficiencies, flagged "uncalibrated" in every output.
     pub calibrated: bool,
+    /// Whether memory traffic and arithmetic overlap within an operation, as on GPUs (an op
+    /// takes the larger of its two bounds, the roofline), or add up, as kvbench's CPU kernels
+    /// measure (`false`). Default `true`.
+    #[serde(default = "yes")]
+    pub overlap: bool,
     /// Device memory, GiB (what the framework reports as total, e.g. 79.1 for an 80 GB part).
     pub memory_gib: f64,
     /// Peak memory bandwidth, GB/s.
@@ -89,6 +98,10 @@ pub struct DeviceProfile {
     /// Where each number comes from, by field (`mem_bw_gb_s = "NVIDIA H100 datasheet"`).
     #[serde(default)]
     pub sources: BTreeMap<String, String>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The shipped profiles: `(name, TOML)`.
@@ -203,6 +216,9 @@ impl DeviceProfile {
             ("efficiency.allreduce", e.allreduce),
         ] {
             share(f, v)?;
+        }
+        if let Some(v) = e.decode_matmul {
+            share("efficiency.decode_matmul", v)?;
         }
         for (scheme, v) in &e.kv_read_by_scheme {
             share(&format!("efficiency.kv_read_by_scheme.{scheme}"), *v)?;

@@ -8,6 +8,7 @@
 //! `kvbench serve` (`crate::cli::serve`) wires them and writes the run folder.
 
 pub mod backend;
+pub mod calibrate;
 pub mod engine;
 pub mod metrics;
 pub mod pool;

@@ -43,10 +43,10 @@ impl StepCost for FixedCost {
 /// The performance model as a step cost: what `serve --simulate` runs on.
 impl StepCost for crate::perf::PerfModel {
     fn prefill_s(&self, tokens: usize, context: usize) -> f64 {
-        self.prefill(tokens, context).total_s()
+        self.seconds(&self.prefill(tokens, context))
     }
     fn decode_s(&self, contexts: &[usize]) -> f64 {
-        self.decode(contexts).total_s()
+        self.seconds(&self.decode(contexts))
     }
 }
 

@@ -1,0 +1,174 @@
+//! `kvbench calibrate` end to end: the model in each phase's weights, the serving path's own
+//! prefills and decode steps timed ([`crate::serve::calibrate::measure`]), a device profile
+//! fitted to them ([`crate::perf::fit::fit`]) and written as TOML — what
+//! `kvbench serve --simulate <file>` then runs on — with every timing against the profile's
+//! prediction.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use crate::measure::settings::{ModelArgs, SchemeArgs, ThreadArgs, WeightArgs};
+use crate::model::{self, hub};
+use crate::perf::fit::fit;
+use crate::perf::ModelShape;
+use crate::quality::wikitext;
+use crate::report::meta::Machine;
+use crate::serve::calibrate::{measure, CalibrationSpec};
+
+use super::{progress_bar, set_threads, BarProgress};
+
+/// Arguments of `kvbench calibrate`: the shared `--model`, `--dtypes` (the schemes whose K/V
+/// reads are fitted), `--weights`, `--prefill-weights`, `--threads`, and what to time.
+#[derive(Debug, clap::Args)]
+#[command(mut_arg("dtypes", |a| a.default_value("fp16,int8,int4,window:size=128,sinks=4")))]
+pub struct CalibrateArgs {
+    /// `--model`.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// `--dtypes`.
+    #[command(flatten)]
+    pub schemes: SchemeArgs,
+    /// `--weights`, `--prefill-weights`.
+    #[command(flatten)]
+    pub weights: WeightArgs,
+    /// `--threads`.
+    #[command(flatten)]
+    pub threads: ThreadArgs,
+    /// Prompt lengths of the timed prefills, tokens, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "32,128,256,384")]
+    pub prefill_lens: Vec<usize>,
+    /// Batch sizes of the timed decode steps, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    pub batch_sizes: Vec<usize>,
+    /// Context of the per-scheme decode steps, tokens.
+    #[arg(long, default_value_t = 1024)]
+    pub long_ctx: usize,
+    /// Timed runs per timing (the median is kept).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// The profile's name (default: cpu-<host name>).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Profile file to write (default: reports/calibrate-<time>/profile.toml, with
+    /// calibration.csv beside it).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Runs `kvbench calibrate`. Errors: usage errors for bad flags or models; the fit's when the
+/// timings cannot be separated; I/O.
+pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
+    set_threads(a.threads.threads)?;
+    if a.repeats == 0 || a.prefill_lens.len() < 3 || a.batch_sizes.len() < 2 {
+        return Err(crate::Error::InvalidArgument {
+            name: "kvbench calibrate".into(),
+            reason: "need --repeats ≥ 1, three or more --prefill-lens and two or more \
+                     --batch-sizes to separate the terms"
+                .into(),
+        }
+        .into());
+    }
+    let location = hub::resolve(&a.model.model)?;
+    let load = |dtype| {
+        model::load_location(&a.model.model, &location, dtype)
+            .with_context(|| format!("loading model `{}` with {dtype} weights", a.model.model))
+    };
+    let decode = load(a.weights.weights)?;
+    let prefill = load(a.weights.prefill_weights)?;
+    let text = decode.tokenizer.encode(wikitext::wikitext2_test_text())?;
+    let spec = CalibrationSpec {
+        prefill_lens: a.prefill_lens.clone(),
+        batches: a.batch_sizes.clone(),
+        short_ctx: 32,
+        schemes: a.schemes.dtypes.0.clone(),
+        scheme_batch: 4,
+        long_ctx: a.long_ctx,
+        repeats: a.repeats,
+    };
+    for s in &spec.schemes {
+        s.validate(decode.model.config.head_dim)?;
+    }
+    let units = spec.prefill_lens.len() + spec.batches.len() + spec.schemes.len();
+    let bar = progress_bar(units as u64);
+    let samples = measure(
+        &prefill.model,
+        &decode.model,
+        &text,
+        &spec,
+        &BarProgress::new(bar.clone()),
+    )?;
+    bar.finish_and_clear();
+    let cfg = &decode.model.config;
+    let shape = ModelShape {
+        layers: cfg.layers,
+        q_heads: cfg.q_heads,
+        kv_heads: cfg.kv_heads,
+        head_dim: cfg.head_dim,
+        params: crate::model::geometry::for_model_arg(&a.model.model)?.params,
+        decode_weight_bytes: decode.model.weight_bytes() as u64,
+        prefill_weight_bytes: prefill.model.weight_bytes() as u64,
+    };
+    let machine = Machine::probe();
+    let name = a
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("cpu-{}", machine.hostname));
+    let description = format!(
+        "{}, {} threads: kvbench's CPU serving path ({} decode, {} prefill weights)",
+        machine.cpu, machine.threads, a.weights.weights, a.weights.prefill_weights
+    );
+    let (mut profile, points) = fit(&name, &description, &shape, &samples)?;
+    profile.weights_dtype = Some(a.weights.weights.to_string());
+    profile.prefill_weights_dtype = Some(a.weights.prefill_weights.to_string());
+    let how = format!(
+        "kvbench calibrate {} on {} ({} threads), model {} — fitted to the timings in \
+         calibration.csv beside this file",
+        crate::util::time::now_rfc3339(),
+        machine.cpu,
+        machine.threads,
+        a.model.model
+    );
+    for f in [
+        "memory_gib",
+        "mem_bw_gb_s",
+        "matmul_tflops",
+        "efficiency",
+        "overhead",
+    ] {
+        profile.sources.insert(f.into(), how.clone());
+    }
+    let out = a.out.clone().unwrap_or_else(|| {
+        PathBuf::from("reports")
+            .join(format!("calibrate-{}", crate::util::time::now_compact()))
+            .join("profile.toml")
+    });
+    let dir = out.parent().map_or(PathBuf::from("."), PathBuf::from);
+    crate::report::run_dir::create_out(&dir)?;
+    std::fs::write(&out, profile.to_toml()?).map_err(|e| crate::Error::io(&out, e))?;
+    let csv_path = dir.join("calibration.csv");
+    let mut w = csv::Writer::from_path(&csv_path)?;
+    for p in &points {
+        w.serialize(p)?;
+    }
+    w.flush()?;
+    println!(
+        "{:<28} {:>12} {:>12} {:>8}",
+        "timing", "measured ms", "model ms", "error"
+    );
+    for p in &points {
+        println!(
+            "{:<28} {:>12.3} {:>12.3} {:>+7.1}%",
+            p.what,
+            p.measured_ms,
+            p.predicted_ms,
+            p.error_pct()
+        );
+    }
+    println!(
+        "probes: read {:.1} GB/s, GEMM {:.3} TFLOP/s; profile peaks {:.1} GB/s, {:.3} TFLOP/s",
+        samples.probe_bw_gb_s, samples.probe_tflops, profile.mem_bw_gb_s, profile.matmul_tflops
+    );
+    println!("wrote {} and {}", out.display(), csv_path.display());
+    Ok(())
+}
