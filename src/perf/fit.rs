@@ -137,9 +137,21 @@ pub fn fit(
     let [a_p, s_p, q_p] = least_squares(&rows, &y)?[..] else {
         unreachable!("three columns")
     };
-    let r_attn = rate(q_p / (2.0 * qdl), "prefill attention")?;
-    // The slope holds the matmul and attention's linear part (2·q·d·L·T).
-    let r_mm = rate((s_p - 2.0 * qdl / r_attn) / (2.0 * n), "prefill matmul")?;
+    let (a_p, r_mm, r_attn) = if q_p > 0.0 {
+        let r_attn = rate(q_p / (2.0 * qdl), "prefill attention")?;
+        // The slope holds the matmul and attention's linear part (2·q·d·L·T).
+        let r_mm = rate((s_p - 2.0 * qdl / r_attn) / (2.0 * n), "prefill matmul")?;
+        (a_p, r_mm, r_attn)
+    } else {
+        // The prompts are too short for attention's T² to stand out of the noise: attention's
+        // arithmetic is taken to run at the matmuls' rate, and the line refitted.
+        let rows: Vec<Vec<f64>> = rows.iter().map(|r| r[..2].to_vec()).collect();
+        let [a, s] = least_squares(&rows, &y)?[..] else {
+            unreachable!("two columns")
+        };
+        let r = rate(s / (2.0 * n + 2.0 * qdl), "prefill matmul")?;
+        (a, r, r)
+    };
     // Decode at a short context: y = a + s·b (the short cache's reads are in the slope).
     let rows: Vec<Vec<f64>> = samples
         .decode
@@ -175,7 +187,9 @@ pub fn fit(
         };
         let bytes = held * scheme.bytes_per_token(&geom) as f64;
         let rest = t - fp16_decode(b as f64) - 4.0 * qdl * held / r_attn;
-        let r = rate(rest / bytes, &format!("{scheme} K/V read"))?;
+        // A scheme whose reads vanish in the noise (an eviction window's few tokens) is read
+        // as fast as the weights.
+        let r = if rest > 0.0 { bytes / rest } else { r_w };
         r_kv.entry(scheme.to_string())
             .and_modify(|x| *x = x.min(r))
             .or_insert(r);
