@@ -44,6 +44,9 @@ use statrs::function::erf::erfc;
 use super::codec::{f16_round_down, f16_round_up, RowCodec};
 use super::{Fp8Kind, Fp8Scale, Quant};
 use crate::error::{Error, Result};
+/// Re-exported from [`crate::util::noise`], its home: `quality::paired` and `measure::sweep`
+/// still name it by this path.
+pub use crate::util::noise::SplitMix64;
 
 /// Bit widths [`Codebook`] solves (1–4: 2 to 16 levels).
 pub const CODEBOOK_BITS: std::ops::RangeInclusive<u8> = 1..=4;
@@ -252,40 +255,6 @@ impl Codebook {
 // ---------------------------------------------------------------------------------------------
 // Seeded randomness and the rotation
 // ---------------------------------------------------------------------------------------------
-
-/// SplitMix64 (Steele, Lea & Flood 2014, "Fast splittable pseudorandom number generators",
-/// OOPSLA; the generator Java's `SplittableRandom` and xoshiro's seeding use): a fixed,
-/// documented stream, so a recorded seed reproduces TurboQuant's rotation and QJL matrix on any
-/// build.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in (0, 1): the top 53 bits, offset by half a step so 0 never appears.
-    pub fn next_open01(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-
-    /// A standard normal draw (Box–Muller, one of the pair).
-    pub fn next_gaussian(&mut self) -> f64 {
-        let (u1, u2) = (self.next_open01(), self.next_open01());
-        (-2.0 * u1.ln()).sqrt() * (2.0 * PI * u2).cos()
-    }
-}
 
 /// The randomized Hadamard rotation `R x = H·D·x / √d` (`D` = diagonal of ±1 signs, `H` the
 /// Sylvester–Hadamard matrix), applied in place to rows of `d` f32 values; `R⁻¹ = D·H/√d`.

@@ -1,6 +1,6 @@
 //! Ground-floor helpers every layer may use and that know nothing about KV caches, models or
-//! benchmarks: process memory probes, the UTC clock and run ids, and the one seeded noise
-//! generator.
+//! benchmarks: process memory probes, the UTC clock and run ids, and the seeded generators
+//! ([`noise`]: `Noise` and `SplitMix64`).
 
 pub mod memory;
 pub mod noise;
