@@ -12,6 +12,8 @@
 //! whole tree only from `crate::error`):
 //! - [`params`], [`simd`], [`intdot`], [`codec`]: parameter parsing helpers, AVX2 primitives,
 //!   scoring on codes, the row-codec contract;
+//! - [`quant`]: the quantizer building blocks formats share (bit packing, Lloyd–Max codebook,
+//!   Hadamard rotations, TurboQuant_mse/prod, asymmetric min/max parameters);
 //! - [`stream`]: the stored rows of one (sequence, kv head) — [`stream::RowStream`] for every
 //!   per-token format;
 //! - [`formats`]: one file per K/V format behind the closed registry [`Quant`] (parameters,
@@ -30,6 +32,7 @@ pub mod format;
 pub mod formats;
 pub mod intdot;
 pub mod params;
+pub mod quant;
 pub mod scheme;
 pub mod simd;
 pub mod spec;
@@ -44,9 +47,10 @@ pub use evict::h2o::{h2o_budget, Budget};
 pub use evict::Eviction;
 pub use formats::fp8::{Fp8Kind, Fp8Scale};
 pub use formats::{GpuFormat, Quant, ScaleScope};
+use quant::rotation::hadamard;
 pub use scheme::{CacheGeometry, KvScheme};
 pub use spec::{parse_scheme_list, split_scheme_list, VALID_SCHEMES};
-use stream::{hadamard, Stream};
+use stream::Stream;
 
 impl AttentionCache for KvCache {
     fn seen(&self, b: usize) -> usize {

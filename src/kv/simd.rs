@@ -4,6 +4,8 @@
 //! - [`dot_many`]: `out[j] = q_j · row` for several queries at once, so one decoded key row is
 //!   loaded once per 8 lanes for all queries of a GQA group.
 //! - [`axpy_many`]: `acc_j += w_j · row` for several queries.
+//! - [`dot`]: one f32 dot product in portable code the compiler vectorizes (TurboQuant's keys,
+//!   scored in the rotated basis).
 
 /// Little-endian IEEE binary16 values (`src`: `2·dst.len()` bytes) to f32, with F16C where
 /// the build targets it.
@@ -193,6 +195,24 @@ pub fn fp8_to_f32(src: &[u8], e4m3: bool, scale: f32, dst: &mut [f32]) {
         let f = half::f16::from_bits(bits).to_f32();
         dst[k] = f * if e4m3 { scale * 256.0 } else { scale };
     }
+}
+
+/// f32 dot product with eight independent accumulators, so the compiler emits packed FMAs.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for k in 0..8 {
+            acc[k] = x[k].mul_add(y[k], acc[k]);
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
 }
 
 /// `out[j] = Σ_c qs[j·d + c] · row[c]`, `d = row.len()`, for `j < out.len()`.
