@@ -18,6 +18,8 @@
 
 use half::f16;
 
+use crate::util::simd::simd_dispatch;
+
 /// Elements per integer block.
 const B: usize = 32;
 
@@ -99,21 +101,12 @@ pub fn scores(
 ) {
     let n = t1 - t0;
     assert!(out.len() >= n * q.nq && data.len() >= t1 * rb && q.d.is_multiple_of(B));
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    {
+    simd_dispatch!(
+        ["avx2", "fma"],
         // SAFETY: features enabled at compile time; every row read is inside `data` (asserted).
-        unsafe { avx::scores(f, data, rb, t0, t1, q, out) };
-    }
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    )))]
-    scalar_scores(f, data, rb, t0, t1, q, out);
+        unsafe { avx::scores(f, data, rb, t0, t1, q, out) },
+        scalar_scores(f, data, rb, t0, t1, q, out)
+    )
 }
 
 #[inline(always)]

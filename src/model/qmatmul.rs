@@ -24,6 +24,8 @@
 
 use half::f16;
 
+use crate::util::simd::simd_dispatch;
+
 /// Elements per block.
 pub const BLOCK: usize = 32;
 
@@ -222,21 +224,12 @@ fn dot_rows(
     mr: usize,
     sums: &mut [f32; MAX_M],
 ) {
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    {
+    simd_dispatch!(
+        ["avx2", "fma"],
         // SAFETY: features enabled at compile time; every block read is inside `w`/`act`.
-        unsafe { avx::dot_rows(format, w, nb, act, r0, mr, sums) };
-    }
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    )))]
-    scalar_dot_rows(format, w, nb, act, r0, mr, sums);
+        unsafe { avx::dot_rows(format, w, nb, act, r0, mr, sums) },
+        scalar_dot_rows(format, w, nb, act, r0, mr, sums)
+    )
 }
 
 /// The same arithmetic in scalar integer code: the reference the SIMD kernel is tested

@@ -1,9 +1,10 @@
 //! Ground-floor helpers every layer may use and that know nothing about KV caches, models or
-//! benchmarks: process memory probes, the UTC clock and run ids, and the seeded generators
-//! ([`noise`]: `Noise` and `SplitMix64`).
+//! benchmarks: process memory probes, the UTC clock and run ids, the seeded generators
+//! ([`noise`]: `Noise` and `SplitMix64`) and the one SIMD dispatch ([`simd`]).
 
 pub mod memory;
 pub mod noise;
+pub mod simd;
 pub mod time;
 
 /// Opens `path` for reading only if it is a regular file: a FIFO (or a device) given where a
