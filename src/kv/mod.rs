@@ -409,21 +409,21 @@ impl KvCache {
     /// Bytes of K/V held over all layers and sequences: codes, scales, zero-points, residual
     /// rows, eviction bookkeeping and per-layer fp8 scales.
     pub fn kv_bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| {
-                l.heads.iter().map(Head::bytes).sum::<usize>()
-                    + 4 * l.tensor_scales.iter().flatten().count()
-            })
-            .sum()
+        self.sum_bytes(Head::bytes)
     }
 
     /// Bytes the cache has allocated (buffer capacity, ≥ `kv_bytes`).
     pub fn reserved_bytes(&self) -> usize {
+        self.sum_bytes(Head::reserved)
+    }
+
+    /// `per_head` over every (layer, sequence, kv head), plus 4 bytes per per-layer fp8 scale
+    /// set.
+    fn sum_bytes(&self, per_head: fn(&Head) -> usize) -> usize {
         self.layers
             .iter()
             .map(|l| {
-                l.heads.iter().map(Head::reserved).sum::<usize>()
+                l.heads.iter().map(per_head).sum::<usize>()
                     + 4 * l.tensor_scales.iter().flatten().count()
             })
             .sum()
