@@ -39,18 +39,24 @@ pub fn f16_to_f32(src: &[u8], dst: &mut [f32]) {
 #[inline(always)]
 pub fn i8_to_f32(src: &[u8], scale: f32, dst: &mut [f32]) {
     assert!(src.len() >= dst.len());
-    let mut i = 0;
-    simd_dispatch!(["avx2", "fma"], unsafe {
-        use std::arch::x86_64::*;
-        let s = _mm256_set1_ps(scale);
-        while i + 8 <= dst.len() {
-            let b = _mm_loadl_epi64(src.as_ptr().add(i) as *const __m128i);
-            let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_mul_ps(x, s));
-            i += 8;
-        }
-    });
-    for k in i..dst.len() {
+    // Elements the vector loop converted: whole groups of 8 with AVX2, none without.
+    let done = simd_dispatch!(
+        ["avx2", "fma"],
+        unsafe {
+            use std::arch::x86_64::*;
+            let s = _mm256_set1_ps(scale);
+            let mut i = 0;
+            while i + 8 <= dst.len() {
+                let b = _mm_loadl_epi64(src.as_ptr().add(i) as *const __m128i);
+                let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_mul_ps(x, s));
+                i += 8;
+            }
+            i
+        },
+        0
+    );
+    for k in done..dst.len() {
         dst[k] = (src[k] as i8) as f32 * scale;
     }
 }
@@ -125,29 +131,35 @@ pub fn q4_0_to_f32(src: &[u8], d: f32, dst: &mut [f32]) {
 #[inline(always)]
 pub fn fp8_to_f32(src: &[u8], e4m3: bool, scale: f32, dst: &mut [f32]) {
     assert!(src.len() >= dst.len());
-    let mut i = 0;
-    simd_dispatch!(["avx2", "f16c"], unsafe {
-        use std::arch::x86_64::*;
-        let s = _mm256_set1_ps(if e4m3 { scale * 256.0 } else { scale });
-        while i + 8 <= dst.len() {
-            let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(src.as_ptr().add(i) as *const __m128i));
-            let h = if e4m3 {
-                let sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
-                _mm_or_si128(
-                    sign,
-                    _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
-                )
-            } else {
-                _mm_slli_epi16(b, 8)
-            };
-            _mm256_storeu_ps(
-                dst.as_mut_ptr().add(i),
-                _mm256_mul_ps(_mm256_cvtph_ps(h), s),
-            );
-            i += 8;
-        }
-    });
-    for k in i..dst.len() {
+    // Elements the vector loop converted: whole groups of 8 with AVX2 and F16C, none without.
+    let done = simd_dispatch!(
+        ["avx2", "f16c"],
+        unsafe {
+            use std::arch::x86_64::*;
+            let s = _mm256_set1_ps(if e4m3 { scale * 256.0 } else { scale });
+            let mut i = 0;
+            while i + 8 <= dst.len() {
+                let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(src.as_ptr().add(i) as *const __m128i));
+                let h = if e4m3 {
+                    let sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
+                    _mm_or_si128(
+                        sign,
+                        _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
+                    )
+                } else {
+                    _mm_slli_epi16(b, 8)
+                };
+                _mm256_storeu_ps(
+                    dst.as_mut_ptr().add(i),
+                    _mm256_mul_ps(_mm256_cvtph_ps(h), s),
+                );
+                i += 8;
+            }
+            i
+        },
+        0
+    );
+    for k in done..dst.len() {
         let b = src[k] as u16;
         let bits = if e4m3 {
             ((b & 0x80) << 8) | ((b & 0x7f) << 7)
@@ -291,10 +303,9 @@ pub fn exp_f32(x: f32) -> f32 {
 pub fn max_per_query(w: &[f32], nq: usize, max: &mut [f32]) {
     assert!(max.len() == nq && w.len().is_multiple_of(nq));
     max.iter_mut().for_each(|m| *m = f32::NEG_INFINITY);
-    let chunk = 8 * nq;
-    let body = w.len() - w.len() % chunk;
-    simd_dispatch!(
-        ["avx2", "fma"],
+    simd_dispatch!(["avx2", "fma"], {
+        let chunk = 8 * nq;
+        let body = w.len() - w.len() % chunk;
         if nq <= 8 && body > 0 {
             // SAFETY: features enabled at compile time; every load is inside `w[..body]`.
             unsafe {
@@ -315,7 +326,7 @@ pub fn max_per_query(w: &[f32], nq: usize, max: &mut [f32]) {
             }
             return;
         }
-    );
+    });
     // Many queries (a prefill block): each slot row is `nq` values, vectorized along the row.
     for row in w.chunks_exact(nq) {
         for (m, &x) in max.iter_mut().zip(row) {
@@ -333,10 +344,9 @@ pub fn exp_sub_sum(w: &mut [f32], nq: usize, max: &[f32], sum: &mut [f32]) {
         .iter()
         .map(|&m| if m == f32::NEG_INFINITY { 0.0 } else { m })
         .collect();
-    let chunk = 8 * nq;
-    let body = w.len() - w.len() % chunk;
-    simd_dispatch!(
-        ["avx2", "fma"],
+    simd_dispatch!(["avx2", "fma"], {
+        let chunk = 8 * nq;
+        let body = w.len() - w.len() % chunk;
         if nq <= 8 && body > 0 {
             // SAFETY: as in `max_per_query`.
             unsafe {
@@ -369,7 +379,7 @@ pub fn exp_sub_sum(w: &mut [f32], nq: usize, max: &[f32], sum: &mut [f32]) {
             }
             return;
         }
-    );
+    });
     // Many queries (a prefill block): vectorized along each slot row of `nq` values.
     for row in w.chunks_exact_mut(nq) {
         // The vector loop's reach: every whole 8 lanes with AVX2, none without.
