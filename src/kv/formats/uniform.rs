@@ -64,7 +64,7 @@ impl FormatSpec for Uniform {
                 _ => return Err(p.unknown(k, "group=G|row")),
             }
         }
-        if group != 0 && (group * bits as usize) % 8 != 0 {
+        if group != 0 && !(group * bits as usize).is_multiple_of(8) {
             return Err(format!(
                 "{} group {group} must be > 0 with group × {bits} bits a whole number of bytes \
                  (a multiple of {})",
