@@ -9,7 +9,8 @@
 
 //!
 //! Layout (lower floors first; a module imports only from those above it in this list, and the
-//! whole tree only from `crate::error`):
+//! whole tree only from `crate::error` and `crate::util`: the seeded generator, the SIMD
+//! dispatch):
 //! - [`params`], [`simd`], [`intdot`], [`codec`]: parameter parsing helpers, AVX2 primitives,
 //!   scoring on codes, the row-codec contract;
 //! - [`quant`]: the quantizer building blocks formats share (bit packing, Lloyd–Max codebook,
@@ -22,6 +23,9 @@
 //! - [`scheme`] ([`KvScheme`] and its byte accounting), [`spec`] (the `evict@K/V+rot` grammar);
 //! - [`attention`], this module's [`KvCache`], and [`cuda`] (its launch [`cuda::plan`] is pure
 //!   and compiled in every build; the device side needs the `cuda` feature).
+//!
+//! [`turboquant_core`] only re-exports `SplitMix64` from [`crate::util::noise`] for the callers
+//! outside `kv` that still name it there.
 
 pub mod attention;
 pub mod codec;
