@@ -5,7 +5,7 @@ Standard library only (no numpy on the build machines). Re-derives, with code th
 nothing with the Rust implementation:
 
 - the Lloyd-Max quantizer of N(0, 1) at 1-4 bits (Lloyd's iteration, libm erfc), to compare
-  with Max (1960) Table I as pinned in src/kv/turboquant_core/tests.rs;
+  with Max (1960) Table I as pinned in src/kv/quant/codebook.rs;
 - SplitMix64's first outputs for seed 0;
 - the numbers pinned in src/quality/paired/tests.rs (paired t interval, llama.cpp ppl_se,
   type-7 KL percentiles, noise floor).

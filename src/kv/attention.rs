@@ -261,24 +261,6 @@ fn partial(
     }
 }
 
-/// f32 dot product with eight independent accumulators, so the compiler emits packed FMAs.
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for k in 0..8 {
-            acc[k] = x[k].mul_add(y[k], acc[k]);
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
-}
-
 /// `y += a · x`.
 #[inline]
 fn axpy(a: f32, x: &[f32], y: &mut [f32]) {

@@ -18,6 +18,8 @@
 
 use half::f16;
 
+use crate::util::simd::simd_dispatch;
+
 /// Elements per integer block.
 const B: usize = 32;
 
@@ -99,26 +101,39 @@ pub fn scores(
 ) {
     let n = t1 - t0;
     assert!(out.len() >= n * q.nq && data.len() >= t1 * rb && q.d.is_multiple_of(B));
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    {
+    simd_dispatch!(
+        ["avx2", "fma"],
         // SAFETY: features enabled at compile time; every row read is inside `data` (asserted).
-        unsafe { avx::scores(f, data, rb, t0, t1, q, out) };
-    }
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    )))]
-    scalar_scores(f, data, rb, t0, t1, q, out);
+        unsafe { avx::scores(f, data, rb, t0, t1, q, out) },
+        scalar_scores(f, data, rb, t0, t1, q, out)
+    )
 }
 
+/// The little-endian f16 at byte `at` of `b`, as f32.
 #[inline(always)]
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// `Σ_i (k_i as i8) · c_i` over the shorter of `k` and `c`: the integer dot product of int8
+/// codes stored as bytes (an int8-token key row, a Q8_0 block) with int8 query or activation
+/// codes. Exact: each product is within ±127·128, far from i32's range for a row.
+#[inline(always)]
+pub(crate) fn dot_i8(k: &[u8], c: &[i8]) -> i32 {
+    k.iter()
+        .zip(c)
+        .map(|(&k, &c)| k as i8 as i32 * c as i32)
+        .sum()
+}
+
+/// `Σ_{i<16} (n_i & 15) · c_i + (n_i >> 4) · c_{16+i}`: 16 bytes of nibbles `n` against 32
+/// codes `c` whose first half pairs with the low nibbles and second half with the high ones
+/// (ggml's Q4_0/Q4_1 block order; int4 keys reach it through the reordered query codes).
+#[inline(always)]
+pub(crate) fn dot_nibbles(n: &[u8], c: &[i8]) -> i32 {
+    (0..16)
+        .map(|i| (n[i] & 15) as i32 * c[i] as i32 + (n[i] >> 4) as i32 * c[16 + i] as i32)
+        .sum()
 }
 
 /// The same integer arithmetic in scalar code: the path without AVX2 and the reference the
@@ -141,43 +156,26 @@ pub fn scalar_scores(
             let mut acc = 0f32;
             match f {
                 IntKeys::Int8Token => {
-                    let dot: i32 = row[2..2 + d]
-                        .iter()
-                        .zip(c)
-                        .map(|(&k, &c)| k as i8 as i32 * c as i32)
-                        .sum();
-                    acc = f16_at(row, 0) * dot as f32;
+                    acc = f16_at(row, 0) * dot_i8(&row[2..2 + d], c) as f32;
                 }
                 IntKeys::Q8_0 => {
                     for b in 0..nb {
                         let blk = &row[b * 34..(b + 1) * 34];
-                        let dot: i32 = (0..B)
-                            .map(|i| blk[2 + i] as i8 as i32 * c[b * B + i] as i32)
-                            .sum();
+                        let dot = dot_i8(&blk[2..], &c[b * B..(b + 1) * B]);
                         acc += f16_at(blk, 0) * dot as f32;
                     }
                 }
                 IntKeys::Q4_0 => {
                     for b in 0..nb {
                         let blk = &row[b * 18..(b + 1) * 18];
-                        let dot: i32 = (0..16)
-                            .map(|i| {
-                                (blk[2 + i] & 15) as i32 * c[b * B + i] as i32
-                                    + (blk[2 + i] >> 4) as i32 * c[b * B + 16 + i] as i32
-                            })
-                            .sum();
+                        let dot = dot_nibbles(&blk[2..], &c[b * B..(b + 1) * B]);
                         acc += f16_at(blk, 0) * (dot as f32 - 8.0 * q.bsum[j * nb + b]);
                     }
                 }
                 IntKeys::Int4G32 => {
                     for b in 0..nb {
                         let blk = &row[b * 20..(b + 1) * 20];
-                        let dot: i32 = (0..16)
-                            .map(|i| {
-                                (blk[4 + i] & 15) as i32 * cp[b * B + i] as i32
-                                    + (blk[4 + i] >> 4) as i32 * cp[b * B + 16 + i] as i32
-                            })
-                            .sum();
+                        let dot = dot_nibbles(&blk[4..], &cp[b * B..(b + 1) * B]);
                         acc += f16_at(blk, 0) * dot as f32 + f16_at(blk, 2) * q.bsum[j * nb + b];
                     }
                 }

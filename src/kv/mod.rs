@@ -9,9 +9,12 @@
 
 //!
 //! Layout (lower floors first; a module imports only from those above it in this list, and the
-//! whole tree only from `crate::error`):
+//! whole tree only from `crate::error` and `crate::util`: the seeded generator, the SIMD
+//! dispatch):
 //! - [`params`], [`simd`], [`intdot`], [`codec`]: parameter parsing helpers, AVX2 primitives,
 //!   scoring on codes, the row-codec contract;
+//! - [`quant`]: the quantizer building blocks formats share (bit packing, Lloyd–Max codebook,
+//!   Hadamard rotations, TurboQuant_mse/prod, asymmetric min/max parameters);
 //! - [`stream`]: the stored rows of one (sequence, kv head) — [`stream::RowStream`] for every
 //!   per-token format;
 //! - [`formats`]: one file per K/V format behind the closed registry [`Quant`] (parameters,
@@ -30,11 +33,11 @@ pub mod format;
 pub mod formats;
 pub mod intdot;
 pub mod params;
+pub mod quant;
 pub mod scheme;
 pub mod simd;
 pub mod spec;
 pub mod stream;
-pub mod turboquant_core;
 
 use rayon::prelude::*;
 
@@ -44,9 +47,10 @@ pub use evict::h2o::{h2o_budget, Budget};
 pub use evict::Eviction;
 pub use formats::fp8::{Fp8Kind, Fp8Scale};
 pub use formats::{GpuFormat, Quant, ScaleScope};
+use quant::rotation::hadamard;
 pub use scheme::{CacheGeometry, KvScheme};
 pub use spec::{parse_scheme_list, split_scheme_list, VALID_SCHEMES};
-use stream::{hadamard, Stream};
+use stream::Stream;
 
 impl AttentionCache for KvCache {
     fn seen(&self, b: usize) -> usize {
@@ -405,21 +409,21 @@ impl KvCache {
     /// Bytes of K/V held over all layers and sequences: codes, scales, zero-points, residual
     /// rows, eviction bookkeeping and per-layer fp8 scales.
     pub fn kv_bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| {
-                l.heads.iter().map(Head::bytes).sum::<usize>()
-                    + 4 * l.tensor_scales.iter().flatten().count()
-            })
-            .sum()
+        self.sum_bytes(Head::bytes)
     }
 
     /// Bytes the cache has allocated (buffer capacity, ≥ `kv_bytes`).
     pub fn reserved_bytes(&self) -> usize {
+        self.sum_bytes(Head::reserved)
+    }
+
+    /// `per_head` over every (layer, sequence, kv head), plus 4 bytes per per-layer fp8 scale
+    /// set.
+    fn sum_bytes(&self, per_head: fn(&Head) -> usize) -> usize {
         self.layers
             .iter()
             .map(|l| {
-                l.heads.iter().map(Head::reserved).sum::<usize>()
+                l.heads.iter().map(per_head).sum::<usize>()
                     + 4 * l.tensor_scales.iter().flatten().count()
             })
             .sum()

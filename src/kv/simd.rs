@@ -4,74 +4,59 @@
 //! - [`dot_many`]: `out[j] = q_j · row` for several queries at once, so one decoded key row is
 //!   loaded once per 8 lanes for all queries of a GQA group.
 //! - [`axpy_many`]: `acc_j += w_j · row` for several queries.
+//! - [`dot`]: one f32 dot product in portable code the compiler vectorizes (TurboQuant's keys,
+//!   scored in the rotated basis).
+
+use crate::util::simd::simd_dispatch;
 
 /// Little-endian IEEE binary16 values (`src`: `2·dst.len()` bytes) to f32, with F16C where
 /// the build targets it.
 #[inline(always)]
 pub fn f16_to_f32(src: &[u8], dst: &mut [f32]) {
     assert!(src.len() >= 2 * dst.len());
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "f16c",
-        target_feature = "avx2"
-    ))]
-    unsafe {
-        use std::arch::x86_64::*;
-        let n = dst.len() - dst.len() % 8;
-        let mut i = 0;
-        while i < n {
-            let h = _mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i);
-            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-            i += 8;
+    simd_dispatch!(
+        ["f16c", "avx2"],
+        unsafe {
+            use std::arch::x86_64::*;
+            let n = dst.len() - dst.len() % 8;
+            let mut i = 0;
+            while i < n {
+                let h = _mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i);
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+                i += 8;
+            }
+            for i in n..dst.len() {
+                dst[i] = half::f16::from_le_bytes([src[2 * i], src[2 * i + 1]]).to_f32();
+            }
+        },
+        for (o, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+            *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
         }
-        for i in n..dst.len() {
-            dst[i] = half::f16::from_le_bytes([src[2 * i], src[2 * i + 1]]).to_f32();
-        }
-    }
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        target_feature = "f16c",
-        target_feature = "avx2"
-    )))]
-    for (o, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
-        *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
-    }
+    )
 }
-
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma"
-))]
-const AVX: bool = true;
-#[cfg(not(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma"
-)))]
-const AVX: bool = false;
 
 /// `dst[i] = (src[i] as i8) · scale`.
 #[inline(always)]
 pub fn i8_to_f32(src: &[u8], scale: f32, dst: &mut [f32]) {
     assert!(src.len() >= dst.len());
-    let mut i = 0;
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    unsafe {
-        use std::arch::x86_64::*;
-        let s = _mm256_set1_ps(scale);
-        while i + 8 <= dst.len() {
-            let b = _mm_loadl_epi64(src.as_ptr().add(i) as *const __m128i);
-            let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_mul_ps(x, s));
-            i += 8;
-        }
-    }
-    for k in i..dst.len() {
+    // Elements the vector loop converted: whole groups of 8 with AVX2, none without.
+    let done = simd_dispatch!(
+        ["avx2", "fma"],
+        unsafe {
+            use std::arch::x86_64::*;
+            let s = _mm256_set1_ps(scale);
+            let mut i = 0;
+            while i + 8 <= dst.len() {
+                let b = _mm_loadl_epi64(src.as_ptr().add(i) as *const __m128i);
+                let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_mul_ps(x, s));
+                i += 8;
+            }
+            i
+        },
+        0
+    );
+    for k in done..dst.len() {
         dst[k] = (src[k] as i8) as f32 * scale;
     }
 }
@@ -82,12 +67,7 @@ pub fn i8_to_f32(src: &[u8], scale: f32, dst: &mut [f32]) {
 pub fn u4_pairs_to_f32(src: &[u8], d: f32, m: f32, dst: &mut [f32]) {
     assert!(2 * src.len() >= dst.len());
     let mut i = 0;
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    unsafe {
+    simd_dispatch!(["avx2", "fma"], unsafe {
         use std::arch::x86_64::*;
         let (dv, mv, mask) = (_mm256_set1_ps(d), _mm256_set1_ps(m), _mm_set1_epi16(0x0f));
         while i + 16 <= dst.len() {
@@ -100,7 +80,7 @@ pub fn u4_pairs_to_f32(src: &[u8], d: f32, m: f32, dst: &mut [f32]) {
             }
             i += 16;
         }
-    }
+    });
     while i < dst.len() {
         let b = src[i / 2];
         dst[i] = m + (b & 0x0f) as f32 * d;
@@ -116,12 +96,8 @@ pub fn u4_pairs_to_f32(src: &[u8], d: f32, m: f32, dst: &mut [f32]) {
 #[inline(always)]
 pub fn q4_0_to_f32(src: &[u8], d: f32, dst: &mut [f32]) {
     assert!(src.len() >= 16 && dst.len() >= 32);
-    if AVX {
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))]
+    simd_dispatch!(
+        ["avx2", "fma"],
         unsafe {
             use std::arch::x86_64::*;
             let dv = _mm256_set1_ps(d);
@@ -140,13 +116,12 @@ pub fn q4_0_to_f32(src: &[u8], d: f32, dst: &mut [f32]) {
                     _mm256_mul_ps(_mm256_cvtepi32_ps(hi), dv),
                 );
             }
+        },
+        for j in 0..16 {
+            dst[j] = ((src[j] & 0x0f) as i32 - 8) as f32 * d;
+            dst[j + 16] = ((src[j] >> 4) as i32 - 8) as f32 * d;
         }
-        return;
-    }
-    for j in 0..16 {
-        dst[j] = ((src[j] & 0x0f) as i32 - 8) as f32 * d;
-        dst[j + 16] = ((src[j] >> 4) as i32 - 8) as f32 * d;
-    }
+    )
 }
 
 /// FP8 codes to f32 times `scale`, by widening to IEEE binary16 bits and F16C: E5M2 is the top
@@ -156,34 +131,35 @@ pub fn q4_0_to_f32(src: &[u8], d: f32, dst: &mut [f32]) {
 #[inline(always)]
 pub fn fp8_to_f32(src: &[u8], e4m3: bool, scale: f32, dst: &mut [f32]) {
     assert!(src.len() >= dst.len());
-    let mut i = 0;
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "f16c"
-    ))]
-    unsafe {
-        use std::arch::x86_64::*;
-        let s = _mm256_set1_ps(if e4m3 { scale * 256.0 } else { scale });
-        while i + 8 <= dst.len() {
-            let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(src.as_ptr().add(i) as *const __m128i));
-            let h = if e4m3 {
-                let sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
-                _mm_or_si128(
-                    sign,
-                    _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
-                )
-            } else {
-                _mm_slli_epi16(b, 8)
-            };
-            _mm256_storeu_ps(
-                dst.as_mut_ptr().add(i),
-                _mm256_mul_ps(_mm256_cvtph_ps(h), s),
-            );
-            i += 8;
-        }
-    }
-    for k in i..dst.len() {
+    // Elements the vector loop converted: whole groups of 8 with AVX2 and F16C, none without.
+    let done = simd_dispatch!(
+        ["avx2", "f16c"],
+        unsafe {
+            use std::arch::x86_64::*;
+            let s = _mm256_set1_ps(if e4m3 { scale * 256.0 } else { scale });
+            let mut i = 0;
+            while i + 8 <= dst.len() {
+                let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(src.as_ptr().add(i) as *const __m128i));
+                let h = if e4m3 {
+                    let sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
+                    _mm_or_si128(
+                        sign,
+                        _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
+                    )
+                } else {
+                    _mm_slli_epi16(b, 8)
+                };
+                _mm256_storeu_ps(
+                    dst.as_mut_ptr().add(i),
+                    _mm256_mul_ps(_mm256_cvtph_ps(h), s),
+                );
+                i += 8;
+            }
+            i
+        },
+        0
+    );
+    for k in done..dst.len() {
         let b = src[k] as u16;
         let bits = if e4m3 {
             ((b & 0x80) << 8) | ((b & 0x7f) << 7)
@@ -195,64 +171,64 @@ pub fn fp8_to_f32(src: &[u8], e4m3: bool, scale: f32, dst: &mut [f32]) {
     }
 }
 
+/// f32 dot product with eight independent accumulators, so the compiler emits packed FMAs.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for k in 0..8 {
+            acc[k] = x[k].mul_add(y[k], acc[k]);
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
 /// `out[j] = Σ_c qs[j·d + c] · row[c]`, `d = row.len()`, for `j < out.len()`.
 #[inline(always)]
 pub fn dot_many(row: &[f32], qs: &[f32], out: &mut [f32]) {
     assert!(qs.len() >= out.len() * row.len());
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    {
+    simd_dispatch!(
+        ["avx2", "fma"],
         // SAFETY: the target features are enabled at compile time; bounds asserted above.
-        unsafe { avx::dot_many(row, qs, out) }
-    }
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    )))]
-    {
-        let d = row.len();
-        for (j, o) in out.iter_mut().enumerate() {
-            *o = qs[j * d..(j + 1) * d]
-                .iter()
-                .zip(row)
-                .map(|(a, b)| a * b)
-                .sum();
+        unsafe { avx::dot_many(row, qs, out) },
+        {
+            let d = row.len();
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = qs[j * d..(j + 1) * d]
+                    .iter()
+                    .zip(row)
+                    .map(|(a, b)| a * b)
+                    .sum();
+            }
         }
-    }
+    )
 }
 
 /// `acc[j·d + c] += w[j] · row[c]` for every `j` with `w[j] ≠ 0`, `d = row.len()`.
 #[inline(always)]
 pub fn axpy_many(w: &[f32], row: &[f32], acc: &mut [f32]) {
     assert!(acc.len() >= w.len() * row.len());
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    {
+    simd_dispatch!(
+        ["avx2", "fma"],
         // SAFETY: as above.
-        unsafe { avx::axpy_many(w, row, acc) }
-    }
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    )))]
-    {
-        let d = row.len();
-        for (j, &a) in w.iter().enumerate() {
-            if a != 0.0 {
-                for (y, &x) in acc[j * d..(j + 1) * d].iter_mut().zip(row) {
-                    *y = a.mul_add(x, *y);
+        unsafe { avx::axpy_many(w, row, acc) },
+        {
+            let d = row.len();
+            for (j, &a) in w.iter().enumerate() {
+                if a != 0.0 {
+                    for (y, &x) in acc[j * d..(j + 1) * d].iter_mut().zip(row) {
+                        *y = a.mul_add(x, *y);
+                    }
                 }
             }
         }
-    }
+    )
 }
 
 /// Dots of a decoded tile of rows with several queries: `out[r·nq + j] = tile_r · q_j` for
@@ -263,16 +239,14 @@ pub fn tile_dots(tile: &[f32], qs: &[f32], d: usize, out: &mut [f32]) {
     let rows = tile.len() / d;
     let nq = qs.len() / d;
     assert!(out.len() >= rows * nq && tile.len() == rows * d);
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    if d.is_multiple_of(8) {
-        // SAFETY: target features enabled at compile time; shapes asserted above.
-        unsafe { avx::tile_dots(tile, qs, d, out) };
-        return;
-    }
+    simd_dispatch!(
+        ["avx2", "fma"],
+        if d.is_multiple_of(8) {
+            // SAFETY: target features enabled at compile time; shapes asserted above.
+            unsafe { avx::tile_dots(tile, qs, d, out) };
+            return;
+        }
+    );
     for r in 0..rows {
         dot_many(
             &tile[r * d..(r + 1) * d],
@@ -289,16 +263,14 @@ pub fn tile_axpy(w: &[f32], tile: &[f32], d: usize, acc: &mut [f32]) {
     let rows = tile.len() / d;
     let nq = acc.len() / d;
     assert!(w.len() >= rows * nq && tile.len() == rows * d);
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    if d.is_multiple_of(8) {
-        // SAFETY: as above.
-        unsafe { avx::tile_axpy(w, tile, d, acc) };
-        return;
-    }
+    simd_dispatch!(
+        ["avx2", "fma"],
+        if d.is_multiple_of(8) {
+            // SAFETY: as above.
+            unsafe { avx::tile_axpy(w, tile, d, acc) };
+            return;
+        }
+    );
     for r in 0..rows {
         axpy_many(&w[r * nq..(r + 1) * nq], &tile[r * d..(r + 1) * d], acc);
     }
@@ -312,23 +284,16 @@ pub fn tile_axpy(w: &[f32], tile: &[f32], d: usize, acc: &mut [f32]) {
 /// through the exponent bits. The scalar fallback is `f32::exp`.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    unsafe {
-        use std::arch::x86_64::*;
-        let mut o = [0f32; 8];
-        _mm256_storeu_ps(o.as_mut_ptr(), avx::exp8(_mm256_set1_ps(x)));
-        o[0]
-    }
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    )))]
-    x.exp()
+    simd_dispatch!(
+        ["avx2", "fma"],
+        unsafe {
+            use std::arch::x86_64::*;
+            let mut o = [0f32; 8];
+            _mm256_storeu_ps(o.as_mut_ptr(), avx::exp8(_mm256_set1_ps(x)));
+            o[0]
+        },
+        x.exp()
+    )
 }
 
 /// Softmax pieces of one attention partial over `rows` slots × `nq` queries, slot-major
@@ -338,33 +303,30 @@ pub fn exp_f32(x: f32) -> f32 {
 pub fn max_per_query(w: &[f32], nq: usize, max: &mut [f32]) {
     assert!(max.len() == nq && w.len().is_multiple_of(nq));
     max.iter_mut().for_each(|m| *m = f32::NEG_INFINITY);
-    let chunk = 8 * nq;
-    let body = w.len() - w.len() % chunk;
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    if nq <= 8 && body > 0 {
-        // SAFETY: features enabled at compile time; every load is inside `w[..body]`.
-        unsafe {
-            use std::arch::x86_64::*;
-            let mut acc = [_mm256_set1_ps(f32::NEG_INFINITY); 8];
-            let p = w.as_ptr();
-            let mut i = 0;
-            while i < body {
-                for (v, a) in acc.iter_mut().enumerate().take(nq) {
-                    *a = _mm256_max_ps(*a, _mm256_loadu_ps(p.add(i + 8 * v)));
+    simd_dispatch!(["avx2", "fma"], {
+        let chunk = 8 * nq;
+        let body = w.len() - w.len() % chunk;
+        if nq <= 8 && body > 0 {
+            // SAFETY: features enabled at compile time; every load is inside `w[..body]`.
+            unsafe {
+                use std::arch::x86_64::*;
+                let mut acc = [_mm256_set1_ps(f32::NEG_INFINITY); 8];
+                let p = w.as_ptr();
+                let mut i = 0;
+                while i < body {
+                    for (v, a) in acc.iter_mut().enumerate().take(nq) {
+                        *a = _mm256_max_ps(*a, _mm256_loadu_ps(p.add(i + 8 * v)));
+                    }
+                    i += chunk;
                 }
-                i += chunk;
+                avx::fold_lanes(&acc[..nq], nq, |j, x| max[j] = max[j].max(x));
             }
-            avx::fold_lanes(&acc[..nq], nq, |j, x| max[j] = max[j].max(x));
+            for (k, &x) in w[body..].iter().enumerate() {
+                max[k % nq] = max[k % nq].max(x);
+            }
+            return;
         }
-        for (k, &x) in w[body..].iter().enumerate() {
-            max[k % nq] = max[k % nq].max(x);
-        }
-        return;
-    }
+    });
     // Many queries (a prefill block): each slot row is `nq` values, vectorized along the row.
     for row in w.chunks_exact(nq) {
         for (m, &x) in max.iter_mut().zip(row) {
@@ -382,75 +344,70 @@ pub fn exp_sub_sum(w: &mut [f32], nq: usize, max: &[f32], sum: &mut [f32]) {
         .iter()
         .map(|&m| if m == f32::NEG_INFINITY { 0.0 } else { m })
         .collect();
-    let chunk = 8 * nq;
-    let body = w.len() - w.len() % chunk;
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    if nq <= 8 && body > 0 {
-        // SAFETY: as in `max_per_query`.
-        unsafe {
-            use std::arch::x86_64::*;
-            let mut pattern = [0f32; 64];
-            for (k, x) in pattern[..chunk].iter_mut().enumerate() {
-                *x = m[k % nq];
-            }
-            let mut mv = [_mm256_setzero_ps(); 8];
-            let mut acc = [_mm256_setzero_ps(); 8];
-            for (v, x) in mv.iter_mut().enumerate().take(nq) {
-                *x = _mm256_loadu_ps(pattern.as_ptr().add(8 * v));
-            }
-            let p = w.as_mut_ptr();
-            let mut i = 0;
-            while i < body {
-                for (v, (a, m)) in acc.iter_mut().zip(&mv).enumerate().take(nq) {
-                    let x = _mm256_sub_ps(_mm256_loadu_ps(p.add(i + 8 * v)), *m);
-                    let e = avx::exp8(x);
-                    _mm256_storeu_ps(p.add(i + 8 * v), e);
-                    *a = _mm256_add_ps(*a, e);
+    simd_dispatch!(["avx2", "fma"], {
+        let chunk = 8 * nq;
+        let body = w.len() - w.len() % chunk;
+        if nq <= 8 && body > 0 {
+            // SAFETY: as in `max_per_query`.
+            unsafe {
+                use std::arch::x86_64::*;
+                let mut pattern = [0f32; 64];
+                for (k, x) in pattern[..chunk].iter_mut().enumerate() {
+                    *x = m[k % nq];
                 }
-                i += chunk;
+                let mut mv = [_mm256_setzero_ps(); 8];
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for (v, x) in mv.iter_mut().enumerate().take(nq) {
+                    *x = _mm256_loadu_ps(pattern.as_ptr().add(8 * v));
+                }
+                let p = w.as_mut_ptr();
+                let mut i = 0;
+                while i < body {
+                    for (v, (a, m)) in acc.iter_mut().zip(&mv).enumerate().take(nq) {
+                        let x = _mm256_sub_ps(_mm256_loadu_ps(p.add(i + 8 * v)), *m);
+                        let e = avx::exp8(x);
+                        _mm256_storeu_ps(p.add(i + 8 * v), e);
+                        *a = _mm256_add_ps(*a, e);
+                    }
+                    i += chunk;
+                }
+                avx::fold_lanes(&acc[..nq], nq, |j, x| sum[j] += x);
             }
-            avx::fold_lanes(&acc[..nq], nq, |j, x| sum[j] += x);
+            for (k, x) in w[body..].iter_mut().enumerate() {
+                *x = exp_f32(*x - m[k % nq]);
+                sum[k % nq] += *x;
+            }
+            return;
         }
-        for (k, x) in w[body..].iter_mut().enumerate() {
-            *x = exp_f32(*x - m[k % nq]);
-            sum[k % nq] += *x;
-        }
-        return;
-    }
+    });
     // Many queries (a prefill block): vectorized along each slot row of `nq` values.
     for row in w.chunks_exact_mut(nq) {
-        let body = nq - nq % 8;
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))]
-        // SAFETY: features enabled at compile time; loads and stores inside `row`, `m`, `sum`.
-        unsafe {
-            use std::arch::x86_64::*;
-            let mut j = 0;
-            while j < body {
-                let x = _mm256_sub_ps(
-                    _mm256_loadu_ps(row.as_ptr().add(j)),
-                    _mm256_loadu_ps(m.as_ptr().add(j)),
-                );
-                let e = avx::exp8(x);
-                _mm256_storeu_ps(row.as_mut_ptr().add(j), e);
-                let s = _mm256_add_ps(_mm256_loadu_ps(sum.as_ptr().add(j)), e);
-                _mm256_storeu_ps(sum.as_mut_ptr().add(j), s);
-                j += 8;
-            }
-        }
-        #[cfg(not(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        )))]
-        let body = 0;
+        // The vector loop's reach: every whole 8 lanes with AVX2, none without.
+        let body = simd_dispatch!(
+            ["avx2", "fma"],
+            {
+                let body = nq - nq % 8;
+                // SAFETY: features enabled at compile time; loads and stores inside `row`, `m`,
+                // `sum`.
+                unsafe {
+                    use std::arch::x86_64::*;
+                    let mut j = 0;
+                    while j < body {
+                        let x = _mm256_sub_ps(
+                            _mm256_loadu_ps(row.as_ptr().add(j)),
+                            _mm256_loadu_ps(m.as_ptr().add(j)),
+                        );
+                        let e = avx::exp8(x);
+                        _mm256_storeu_ps(row.as_mut_ptr().add(j), e);
+                        let s = _mm256_add_ps(_mm256_loadu_ps(sum.as_ptr().add(j)), e);
+                        _mm256_storeu_ps(sum.as_mut_ptr().add(j), s);
+                        j += 8;
+                    }
+                }
+                body
+            },
+            0
+        );
         for j in body..nq {
             row[j] = exp_f32(row[j] - m[j]);
             sum[j] += row[j];

@@ -30,134 +30,109 @@ pub use super::formats::channel::{DEFAULT_CHANNEL_GROUP, DEFAULT_RESIDUAL};
 pub use super::formats::fp8::{Fp8Kind, Fp8Scale};
 pub use super::formats::int4::DEFAULT_INT4_GROUP;
 
-/// How schemes compose, after the list of formats and policies in [`VALID_SCHEMES`], and the
-/// presets ([`PRESETS`], written out by hand; a test checks the two agree).
-const COMPOSE: &str =
-    "; compose as EVICT@K/V+rot, e.g. window:size=1024@int8, int4-channel/int4, q4_0+rot; \
-     presets: k4v2 = int4-channel/int2, k2v4 = int2-channel/int4, \
-     turboquant_k8v4 = fp8:scale=none/int4-row, turboquant_4bit_nc = turboquant-nc/int4-row, \
-     turboquant_k3v4_nc = turboquant-nc:bits=3/int4-row, \
-     turboquant_3bit_nc = turboquant-nc:bits=3/int3:group=row";
+/// How schemes compose, after the list of formats and policies in [`VALID_SCHEMES`]; the
+/// presets follow, written from [`PRESETS`].
+const COMPOSE: &str = "; compose as EVICT@K/V+rot, e.g. window:size=1024@int8, int4-channel/int4, \
+                       q4_0+rot; presets: ";
 
-/// Named K/V pairs: `(name, keys, values)`. A spec that is only a preset name parses to its
-/// pair, and a scheme storing that pair prints as the name.
+/// Named K/V pairs, stated once here: `(name, expansion)`, the expansion being the `K/V` spec
+/// the name stands for. A spec that is only a preset name parses to its pair, a scheme storing
+/// that pair prints as the name, and `--help` lists `name = expansion`.
 ///
 /// - `k4v2`, `k2v4`: KIVI-style per-channel keys with per-token values at different widths
 ///   (KV-AdaQuant, arXiv 2502.15075, finds keys need the bits: K4V2 ≫ K2V4).
 /// - `turboquant_*`: vLLM's TurboQuant presets (`--kv-cache-dtype`, vLLM's
-///   `quantization/turboquant/config.py`; [`super::turboquant_core::TurboQuantPreset`]):
-///   FP8 (E4M3, no scale) or TurboQuant_mse keys with norm correction, and uniform values with
-///   one group per row.
-pub const PRESETS: &[(&str, Quant, Quant)] = {
-    use super::formats::turboquant::{TqKind, DEFAULT_TQ_SEED};
-    const fn tq(bits: u8) -> Quant {
-        Quant::TurboQuant {
-            kind: TqKind::MseNc,
-            bits,
-            seed: DEFAULT_TQ_SEED,
-        }
-    }
-    const fn chan(bits: u8) -> Quant {
-        Quant::Channel {
-            bits,
-            group: DEFAULT_CHANNEL_GROUP,
-            residual: DEFAULT_RESIDUAL,
-        }
-    }
-    const ROW4: Quant = Quant::Uniform { bits: 4, group: 0 };
-    &[
-        (
-            "k4v2",
-            chan(4),
-            Quant::Uniform {
-                bits: 2,
-                group: super::formats::uniform::DEFAULT_UNIFORM_GROUP,
-            },
-        ),
-        (
-            "k2v4",
-            chan(2),
-            Quant::Int4 {
-                group: DEFAULT_INT4_GROUP,
-            },
-        ),
-        (
-            "turboquant_k8v4",
-            Quant::Fp8 {
-                kind: Fp8Kind::E4M3,
-                scale: Fp8Scale::None,
-            },
-            ROW4,
-        ),
-        ("turboquant_4bit_nc", tq(4), ROW4),
-        ("turboquant_k3v4_nc", tq(3), ROW4),
-        (
-            "turboquant_3bit_nc",
-            tq(3),
-            Quant::Uniform { bits: 3, group: 0 },
-        ),
-    ]
-};
+///   `quantization/turboquant/config.py` `TQ_PRESETS`): FP8 (E4M3, no scale) or TurboQuant_mse
+///   keys with norm correction, and uniform values with one group per row (the tests check the
+///   pairs against vLLM's key/value bits and byte formulas).
+pub const PRESETS: &[(&str, &str)] = &[
+    ("k4v2", "int4-channel/int2"),
+    ("k2v4", "int2-channel/int4"),
+    ("turboquant_k8v4", "fp8:scale=none/int4-row"),
+    ("turboquant_4bit_nc", "turboquant-nc/int4-row"),
+    ("turboquant_k3v4_nc", "turboquant-nc:bits=3/int4-row"),
+    ("turboquant_3bit_nc", "turboquant-nc:bits=3/int3:group=row"),
+];
+
+/// [`PRESETS`] parsed: `(name, keys, values)`, in the same order (parsed once per process).
+/// Panics if an expansion does not parse or names a preset (the tests parse every one).
+pub fn preset_pairs() -> &'static [(&'static str, Quant, Quant)] {
+    static PAIRS: std::sync::OnceLock<Vec<(&'static str, Quant, Quant)>> =
+        std::sync::OnceLock::new();
+    PAIRS.get_or_init(|| {
+        PRESETS
+            .iter()
+            .map(|&(name, expansion)| {
+                assert!(
+                    PRESETS.iter().all(|(n, _)| *n != expansion),
+                    "preset {name}'s expansion is a preset name"
+                );
+                let s = Parser { input: expansion }
+                    .scheme()
+                    .unwrap_or_else(|e| panic!("preset {name}: {e}"));
+                (name, s.k, s.v)
+            })
+            .collect()
+    })
+}
 
 /// Every accepted spec, for error messages and `--help`: each registered format's and policy's
-/// help entry (from its file), then how they compose.
+/// help entry (from its file), how they compose, then the presets as `name = expansion`.
 pub const VALID_SCHEMES: &str = {
-    const PARTS: [&[&str]; 2] = [super::formats::HELP, super::evict::HELP];
-    const LEN: usize = joined_len(&PARTS) + COMPOSE.len();
-    const BYTES: [u8; LEN] = join::<LEN>(&PARTS, COMPOSE);
+    const LEN: usize = valid_schemes(&mut []);
+    const BYTES: [u8; LEN] = {
+        let mut out = [0u8; LEN];
+        valid_schemes(&mut out);
+        out
+    };
     match std::str::from_utf8(&BYTES) {
         Ok(s) => s,
         Err(_) => panic!("help entries are UTF-8"),
     }
 };
 
-/// Length of every entry of `parts` joined with ", ".
-const fn joined_len(parts: &[&[&str]]) -> usize {
-    let (mut n, mut count, mut i) = (0, 0, 0);
-    while i < parts.len() {
+/// Writes [`VALID_SCHEMES`] into `out` when it is long enough (else only counts); returns its
+/// length in bytes.
+const fn valid_schemes(out: &mut [u8]) -> usize {
+    const PARTS: [&[&str]; 2] = [super::formats::HELP, super::evict::HELP];
+    let (mut at, mut i) = (0, 0);
+    while i < PARTS.len() {
         let mut j = 0;
-        while j < parts[i].len() {
-            n += parts[i][j].len();
-            count += 1;
+        while j < PARTS[i].len() {
+            if at > 0 {
+                at = put(out, at, ", ");
+            }
+            at = put(out, at, PARTS[i][j]);
             j += 1;
         }
         i += 1;
     }
-    n + 2 * (count - 1)
+    at = put(out, at, COMPOSE);
+    let mut p = 0;
+    while p < PRESETS.len() {
+        if p > 0 {
+            at = put(out, at, ", ");
+        }
+        at = put(out, at, PRESETS[p].0);
+        at = put(out, at, " = ");
+        at = put(out, at, PRESETS[p].1);
+        p += 1;
+    }
+    at
 }
 
-/// Every entry of `parts` joined with ", ", then `tail` (N is the total length).
-const fn join<const N: usize>(parts: &[&[&str]], tail: &str) -> [u8; N] {
-    let mut out = [0u8; N];
-    let (mut at, mut i, mut first) = (0, 0, true);
-    while i < parts.len() {
-        let mut j = 0;
-        while j < parts[i].len() {
-            if !first {
-                out[at] = b',';
-                out[at + 1] = b' ';
-                at += 2;
-            }
-            first = false;
-            let s = parts[i][j].as_bytes();
-            let mut k = 0;
-            while k < s.len() {
-                out[at] = s[k];
-                at += 1;
-                k += 1;
-            }
-            j += 1;
+/// Copies `s` into `out` at `at` when it fits (a counting pass passes an empty `out`); returns
+/// the position after it.
+const fn put(out: &mut [u8], at: usize, s: &str) -> usize {
+    let s = s.as_bytes();
+    if out.len() >= at + s.len() {
+        let mut k = 0;
+        while k < s.len() {
+            out[at + k] = s[k];
+            k += 1;
         }
-        i += 1;
     }
-    let s = tail.as_bytes();
-    let mut k = 0;
-    while k < s.len() {
-        out[at] = s[k];
-        at += 1;
-        k += 1;
-    }
-    out
+    at + s.len()
 }
 
 impl fmt::Display for KvScheme {
@@ -166,7 +141,7 @@ impl fmt::Display for KvScheme {
             write!(f, "{e}")?;
         }
         let implied_pair = self.k.per_channel() && self.v == self.k.value_partner();
-        let preset = PRESETS
+        let preset = preset_pairs()
             .iter()
             .find(|&&(_, k, v)| (k, v) == (self.k, self.v));
         let store = if let Some((name, _, _)) = preset {
@@ -274,7 +249,12 @@ impl Parser<'_> {
                 None => (None, s.clone()),
             },
         };
-        let preset = PRESETS.iter().find(|(name, _, _)| *name == store);
+        // The name table first: parsing the expansions (inside `preset_pairs`) never asks for
+        // the parsed pairs.
+        let preset = match PRESETS.iter().any(|(name, _)| *name == store) {
+            true => preset_pairs().iter().find(|(name, _, _)| *name == store),
+            false => None,
+        };
         let (k, v) = match store.split_once('/') {
             _ if preset.is_some() => {
                 let &(_, k, v) = preset.expect("checked");
@@ -502,34 +482,59 @@ pub(crate) mod tests {
         );
     }
 
+    /// vLLM's TurboQuant presets as its `quantization/turboquant/config.py` `TQ_PRESETS` states
+    /// them: `(name, key bits, value bits)`, key bits 8 meaning FP8 E4M3 without a scale, else
+    /// TurboQuant_mse with norm correction; values uniform with one group per row.
+    const VLLM_TQ_PRESETS: [(&str, u8, u8); 4] = [
+        ("turboquant_k8v4", 8, 4),
+        ("turboquant_4bit_nc", 4, 4),
+        ("turboquant_k3v4_nc", 3, 4),
+        ("turboquant_3bit_nc", 3, 3),
+    ];
+
+    /// vLLM's slot size (bytes per token, kv head and layer, K + V, before its rounding up to an
+    /// even number) from its formulas: keys `d` (FP8) or `key_packed_size = ceil(d·b/8) + 2`,
+    /// values `value_packed_size = ceil(d·b/8) + 4`.
+    fn vllm_slot_bytes(d: usize, key_bits: u8, value_bits: u8) -> usize {
+        let packed = |b: u8| (d * b as usize).div_ceil(8);
+        let key = if key_bits == 8 {
+            d
+        } else {
+            packed(key_bits) + 2
+        };
+        key + packed(value_bits) + 4
+    }
+
     /// The presets the help text writes out are the ones [`PRESETS`] holds, and the vLLM ones
-    /// match vLLM's table ([`TurboQuantPreset`]: key kind and bits, value bits, and the slot
-    /// size `slot_bytes(d)` — hand values for d = 128 in the core's tests).
+    /// match vLLM's table ([`VLLM_TQ_PRESETS`]: key kind and bits, value bits, and the slot
+    /// size by vLLM's formulas).
     #[test]
     fn presets_match_help_and_vllm() {
         use crate::kv::formats::turboquant::TqKind;
-        use crate::kv::turboquant_core::{TqKeys, TurboQuantPreset};
-        let listed = COMPOSE.split("presets: ").nth(1).unwrap();
+        let listed = VALID_SCHEMES.split("presets: ").nth(1).unwrap();
         let pairs: Vec<(&str, &str)> = listed
             .split(", ")
             .map(|p| p.split_once(" = ").unwrap())
             .collect();
         assert_eq!(pairs.len(), PRESETS.len());
-        for ((name, expansion), &(pname, k, v)) in pairs.iter().zip(PRESETS) {
+        for ((name, expansion), &(pname, k, v)) in pairs.iter().zip(preset_pairs()) {
             assert_eq!(*name, pname);
             let s: KvScheme = expansion.parse().unwrap();
             assert_eq!((s.k, s.v), (k, v), "{name}");
             assert_eq!(name.parse::<KvScheme>().unwrap(), s, "{name}");
         }
-        for p in TurboQuantPreset::ALL {
-            let s: KvScheme = p.name().parse().unwrap();
-            match (p.keys(), s.k) {
-                (TqKeys::Fp8, k) => assert_eq!(Some(k), p.fp8_keys_quant()),
+        for (p, key_bits, value_bits) in VLLM_TQ_PRESETS {
+            let s: KvScheme = p.parse().unwrap();
+            match (key_bits, s.k) {
+                (8, k) => assert_eq!(
+                    k,
+                    Quant::Fp8 {
+                        kind: Fp8Kind::E4M3,
+                        scale: Fp8Scale::None
+                    }
+                ),
                 (
-                    TqKeys::Mse {
-                        bits,
-                        norm_correction: true,
-                    },
+                    bits,
                     Quant::TurboQuant {
                         kind: TqKind::MseNc,
                         bits: b,
@@ -541,7 +546,7 @@ pub(crate) mod tests {
             assert_eq!(
                 s.v,
                 Quant::Uniform {
-                    bits: p.value_bits(),
+                    bits: value_bits,
                     group: 0
                 },
                 "{p}"
@@ -549,7 +554,7 @@ pub(crate) mod tests {
             for d in [64, 128] {
                 assert_eq!(
                     s.k.row_bytes(d) + s.v.row_bytes(d),
-                    p.slot_bytes(d),
+                    vllm_slot_bytes(d, key_bits, value_bits),
                     "{p} d={d}"
                 );
             }
@@ -565,6 +570,30 @@ pub(crate) mod tests {
             let s: KvScheme = name.parse().unwrap();
             assert_eq!(s.k.row_bytes(64) + s.v.row_bytes(64), want, "{name}");
         }
+    }
+
+    /// vLLM's byte formulas by hand for d = 128: FP8 keys 128 B; MSE keys 128·b/8 + 2; values
+    /// 128·b/8 + 4. k8v4 = 128 + 68 = 196 (512/196 = 2.6×, vLLM's figure); 4bit_nc = 66 + 68 = 134
+    /// (3.8×, vLLM's figure); k3v4_nc = 50 + 68 = 118; 3bit_nc = 50 + 52 = 102. Each name prints
+    /// as itself, and an unknown one is refused naming the presets.
+    #[test]
+    fn presets_parse_and_count_bytes() {
+        let want = [196, 134, 118, 102];
+        for ((p, key_bits, value_bits), w) in VLLM_TQ_PRESETS.into_iter().zip(want) {
+            let s: KvScheme = p.parse().unwrap();
+            assert_eq!(s.to_string(), p);
+            assert_eq!(vllm_slot_bytes(128, key_bits, value_bits), w, "{p}");
+            assert_eq!(s.k.row_bytes(128) + s.v.row_bytes(128), w, "{p}");
+        }
+        assert!((512.0 / 196.0f64 - 2.6).abs() < 0.05 && (512.0 / 134.0f64 - 3.8).abs() < 0.05);
+        let e = "turboquant_2bit"
+            .parse::<KvScheme>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("turboquant_k8v4") && e.contains("turboquant_3bit_nc"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -736,7 +765,7 @@ pub(crate) mod tests {
                 stores.push((k, v));
             }
         }
-        for &(name, k, v) in PRESETS {
+        for &(name, k, v) in preset_pairs() {
             assert!(stores.contains(&(k, v)), "preset {name} outside the grid");
         }
         let mut out = Vec::new();
@@ -783,7 +812,7 @@ pub(crate) mod tests {
         same(&split_scheme_list(&joined), &names);
         same(&parse_scheme_list(&joined).unwrap(), &all);
         // Every preset name appears as printed.
-        for (name, _, _) in PRESETS {
+        for (name, _) in PRESETS {
             assert!(names.iter().any(|n| n == name), "{name}");
         }
         // meta.json's `SchemeList` round trip: `measure::settings`' tests (kv cannot reach up).

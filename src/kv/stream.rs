@@ -251,45 +251,6 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
     }
 }
 
-/// In-place normalized Walsh–Hadamard transform of each block of `block` values (a power of
-/// two): `x ← H x / √block`. Orthogonal and its own inverse, so rotating Q and K preserves
-/// every q·k, and rotating V is undone by rotating the attention output (QuaRot §3).
-pub fn hadamard(x: &mut [f32], block: usize) {
-    let norm = 1.0 / (block as f32).sqrt();
-    for b in x.chunks_exact_mut(block) {
-        let mut h = 1;
-        while h < block {
-            for i in (0..block).step_by(2 * h) {
-                for j in i..i + h {
-                    let (a, c) = (b[j], b[j + h]);
-                    b[j] = a + c;
-                    b[j + h] = a - c;
-                }
-            }
-            h *= 2;
-        }
-        b.iter_mut().for_each(|v| *v *= norm);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// H₄/2 by hand: (1,0,0,0) → (½,½,½,½); (1,2,3,4) → (5, −1, −2, 0); applying twice restores.
-    #[test]
-    fn hadamard_by_hand() {
-        let mut x = [1.0f32, 0.0, 0.0, 0.0];
-        hadamard(&mut x, 4);
-        assert_eq!(x, [0.5; 4]);
-        let mut y = [1.0f32, 2.0, 3.0, 4.0];
-        hadamard(&mut y, 4);
-        assert_eq!(y, [5.0, -1.0, -2.0, 0.0]);
-        hadamard(&mut y, 4);
-        assert_eq!(y, [1.0, 2.0, 3.0, 4.0]);
-    }
-}
-
 /// Removes row `slot` from `data` (rows of `row_bytes` bytes) by moving the last row into its
 /// place (eviction's O(1) removal; row order is not kept). Panics on an empty buffer or a slot
 /// out of range (a caller's bookkeeping bug).

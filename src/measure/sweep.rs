@@ -103,7 +103,7 @@ fn with_noise_floor(
 /// ([`crate::quality::paired::perturb_rounding`]), the SplitMix64 stream seeded by `seed` and
 /// advancing with every forward call: the same seed and calls give the same numbers.
 pub fn rounding_perturbed(model: &Model, seed: u64) -> Model {
-    let rng = std::sync::Mutex::new(crate::kv::turboquant_core::SplitMix64::new(seed));
+    let rng = std::sync::Mutex::new(crate::util::noise::SplitMix64::new(seed));
     model.with_layer_input_hook(crate::model::LayerInputHook(std::sync::Arc::new(
         move |x: &mut [f32]| {
             // A poisoned lock only means another thread panicked mid-stream; the state is plain.

@@ -261,10 +261,14 @@ pub struct ModelSource {
     pub repo: Option<String>,
 }
 
+/// The function a [`LayerInputHook`] holds: called with one layer's input hidden state
+/// (`[batch, tokens, hidden]`, flattened to f32) to change it in place.
+pub type LayerInputFn = dyn Fn(&mut [f32]) + Send + Sync;
+
 /// A function applied in place to every decoder layer's input hidden state
 /// ([`Model::with_layer_input_hook`]).
 #[derive(Clone)]
-pub struct LayerInputHook(pub std::sync::Arc<dyn Fn(&mut [f32]) + Send + Sync>);
+pub struct LayerInputHook(pub std::sync::Arc<LayerInputFn>);
 
 impl std::fmt::Debug for LayerInputHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -225,93 +225,95 @@ impl<R: Read> Cursor<'_, R> {
     }
 }
 
-/// Scans the header of the GGUF file `r` (read from its start, `len` bytes long). Errors: a
-/// message naming what is wrong and where (the caller adds the path).
-pub fn scan<R: Read + Seek>(r: &mut R) -> Result<ScannedHeader, String> {
-    let len = r
-        .seek(SeekFrom::End(0))
-        .map_err(|e| format!("cannot seek: {e}"))?;
-    r.seek(SeekFrom::Start(0))
-        .map_err(|e| format!("cannot seek: {e}"))?;
-    let mut c = Cursor { r, pos: 0, len };
-    let magic = c
-        .bytes::<4>("the magic number")
-        .map_err(|_| format!("not a GGUF file: {len} bytes, too short for a GGUF header"))?;
-    if &magic != b"GGUF" {
-        return Err(format!(
-            "not a GGUF file: it starts with bytes {:02x} {:02x} {:02x} {:02x}, not `GGUF`",
-            magic[0], magic[1], magic[2], magic[3]
-        ));
-    }
-    let version = c.u32("the version")?;
-    match version {
-        2 | 3 => {}
-        1 => {
-            return Err(
-                "GGUF version 1 (written by llama.cpp before August 2023) is not \
-                 supported; convert the model again with a current llama.cpp \
-                 (convert_hf_to_gguf.py) to get version 3"
-                    .into(),
-            )
+impl<R: Read + Seek> Cursor<'_, R> {
+    /// The version (2 or 3) and the metadata and tensor counts after the magic number, each
+    /// count checked against the bytes left. Errors: as [`scan`].
+    fn counts(&mut self) -> Result<(u32, u64, u64), String> {
+        let version = self.u32("the version")?;
+        match version {
+            2 | 3 => {}
+            1 => {
+                return Err(
+                    "GGUF version 1 (written by llama.cpp before August 2023) is not \
+                     supported; convert the model again with a current llama.cpp \
+                     (convert_hf_to_gguf.py) to get version 3"
+                        .into(),
+                )
+            }
+            v => {
+                return Err(format!(
+                    "GGUF version {v} is not supported (kvbench reads versions 2 and 3)"
+                ))
+            }
         }
-        v => {
+        let n_tensors = self.u64("the tensor count")?;
+        let n_kv = self.u64("the metadata count")?;
+        // Smallest entries: a key/value is 8 + 1 + 4 + 1 bytes, a tensor info 8 + 1 + 4 + 8 + 4 + 8.
+        let fits = |n: u64, each: u64, left: u64| n.checked_mul(each).is_some_and(|b| b <= left);
+        if !fits(n_kv, 14, self.left()) {
             return Err(format!(
-                "GGUF version {v} is not supported (kvbench reads versions 2 and 3)"
-            ))
-        }
-    }
-    let n_tensors = c.u64("the tensor count")?;
-    let n_kv = c.u64("the metadata count")?;
-    // Smallest entries: a key/value is 8 + 1 + 4 + 1 bytes, a tensor info 8 + 1 + 4 + 8 + 4 + 8.
-    let fits = |n: u64, each: u64, left: u64| n.checked_mul(each).is_some_and(|b| b <= left);
-    if !fits(n_kv, 14, c.left()) {
-        return Err(format!(
-            "the header claims {n_kv} metadata entries, more than the {} bytes after it can hold; is the file truncated?",
-            c.left()
-        ));
-    }
-    if !fits(n_tensors, 33, c.left()) {
-        return Err(format!(
-            "the header claims {n_tensors} tensors, more than the {} bytes after it can hold; is the file truncated?",
-            c.left()
-        ));
-    }
-    let mut keys = Vec::with_capacity(n_kv as usize);
-    let mut seen = HashSet::new();
-    let mut alignment = None;
-    for i in 0..n_kv {
-        let key = c.string(MAX_KEY_LEN, &format!("metadata key #{i}"))?;
-        if !seen.insert(key.clone()) {
-            return Err(format!(
-                "metadata key `{key}` appears twice; a GGUF file names each key once (which \
-                 value is meant is unknown)"
+                "the header claims {n_kv} metadata entries, more than the {} bytes after it can hold; is the file truncated?",
+                self.left()
             ));
         }
-        let ty = c.u32(&key)?;
-        let v = c.value(ty, 0, &key)?;
-        if key == "general.alignment" {
-            let a = v.ok_or_else(|| {
-                format!("metadata `general.alignment` has value type {ty}, not u32 (4)")
-            })?;
-            let a = u64::from(a);
-            if !a.is_power_of_two() || a > MAX_ALIGNMENT {
+        if !fits(n_tensors, 33, self.left()) {
+            return Err(format!(
+                "the header claims {n_tensors} tensors, more than the {} bytes after it can hold; is the file truncated?",
+                self.left()
+            ));
+        }
+        Ok((version, n_kv, n_tensors))
+    }
+
+    /// The `n_kv` metadata entries: their keys in file order (each once) and the data alignment
+    /// (`general.alignment`, a power of two up to [`MAX_ALIGNMENT`]; 32 when absent).
+    /// Errors: as [`scan`].
+    fn metadata(&mut self, n_kv: u64) -> Result<(Vec<String>, u64), String> {
+        let mut keys = Vec::with_capacity(n_kv as usize);
+        let mut seen = HashSet::new();
+        let mut alignment = None;
+        for i in 0..n_kv {
+            let key = self.string(MAX_KEY_LEN, &format!("metadata key #{i}"))?;
+            if !seen.insert(key.clone()) {
                 return Err(format!(
-                    "`general.alignment` is {a}; it must be a power of two up to {MAX_ALIGNMENT}"
+                    "metadata key `{key}` appears twice; a GGUF file names each key once (which \
+                     value is meant is unknown)"
                 ));
             }
-            alignment = Some(a);
+            let ty = self.u32(&key)?;
+            let v = self.value(ty, 0, &key)?;
+            if key == "general.alignment" {
+                let a = v.ok_or_else(|| {
+                    format!("metadata `general.alignment` has value type {ty}, not u32 (4)")
+                })?;
+                let a = u64::from(a);
+                if !a.is_power_of_two() || a > MAX_ALIGNMENT {
+                    return Err(format!(
+                        "`general.alignment` is {a}; it must be a power of two up to {MAX_ALIGNMENT}"
+                    ));
+                }
+                alignment = Some(a);
+            }
+            keys.push(key);
         }
-        keys.push(key);
+        let alignment = alignment.unwrap_or(32);
+        Ok((keys, alignment))
     }
-    let alignment = alignment.unwrap_or(32);
-    let mut tensors = Vec::with_capacity(n_tensors as usize);
-    let mut names = HashSet::new();
-    for i in 0..n_tensors {
-        let name = c.string(MAX_TENSOR_NAME_LEN, &format!("the name of tensor #{i}"))?;
+
+    /// Tensor info `#i`: name (not in `names` yet; added), dimensions, ggml type and offset (a
+    /// multiple of `alignment`), with its byte size from the ggml block table. Errors: as
+    /// [`scan`].
+    fn tensor_info(
+        &mut self,
+        i: u64,
+        alignment: u64,
+        names: &mut HashSet<String>,
+    ) -> Result<ScannedTensor, String> {
+        let name = self.string(MAX_TENSOR_NAME_LEN, &format!("the name of tensor #{i}"))?;
         if !names.insert(name.clone()) {
             return Err(format!("tensor `{name}` appears twice"));
         }
-        let n_dims = c.u32(&name)?;
+        let n_dims = self.u32(&name)?;
         if !(1..=MAX_DIMS).contains(&n_dims) {
             return Err(format!(
                 "tensor `{name}` has {n_dims} dimensions (1 to {MAX_DIMS} allowed)"
@@ -319,10 +321,10 @@ pub fn scan<R: Read + Seek>(r: &mut R) -> Result<ScannedHeader, String> {
         }
         let mut dims = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {
-            dims.push(c.u64(&name)?);
+            dims.push(self.u64(&name)?);
         }
-        let ggml_type = c.u32(&name)?;
-        let offset = c.u64(&name)?;
+        let ggml_type = self.u32(&name)?;
+        let offset = self.u64(&name)?;
         let (block, block_bytes) = ggml_block(ggml_type)
             .ok_or_else(|| format!("tensor `{name}` has unknown ggml type {ggml_type}"))?;
         let elems = dims
@@ -346,13 +348,40 @@ pub fn scan<R: Read + Seek>(r: &mut R) -> Result<ScannedHeader, String> {
                 "tensor `{name}`: offset {offset} is not a multiple of the alignment {alignment}"
             ));
         }
-        tensors.push(ScannedTensor {
+        Ok(ScannedTensor {
             name,
             dims,
             ggml_type,
             offset,
             bytes,
-        });
+        })
+    }
+}
+
+/// Scans the header of the GGUF file `r` (read from its start, `len` bytes long). Errors: a
+/// message naming what is wrong and where (the caller adds the path).
+pub fn scan<R: Read + Seek>(r: &mut R) -> Result<ScannedHeader, String> {
+    let len = r
+        .seek(SeekFrom::End(0))
+        .map_err(|e| format!("cannot seek: {e}"))?;
+    r.seek(SeekFrom::Start(0))
+        .map_err(|e| format!("cannot seek: {e}"))?;
+    let mut c = Cursor { r, pos: 0, len };
+    let magic = c
+        .bytes::<4>("the magic number")
+        .map_err(|_| format!("not a GGUF file: {len} bytes, too short for a GGUF header"))?;
+    if &magic != b"GGUF" {
+        return Err(format!(
+            "not a GGUF file: it starts with bytes {:02x} {:02x} {:02x} {:02x}, not `GGUF`",
+            magic[0], magic[1], magic[2], magic[3]
+        ));
+    }
+    let (version, n_kv, n_tensors) = c.counts()?;
+    let (keys, alignment) = c.metadata(n_kv)?;
+    let mut tensors = Vec::with_capacity(n_tensors as usize);
+    let mut names = HashSet::new();
+    for i in 0..n_tensors {
+        tensors.push(c.tensor_info(i, alignment, &mut names)?);
     }
     let data_offset = c
         .pos

@@ -184,18 +184,9 @@ fn from_hub(spec: &str, repo_id: &str) -> Result<ModelLocation> {
     match fetch("model.safetensors.index.json") {
         Ok(index) => {
             let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
-            let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-            let mut files: Vec<String> = v["weight_map"]
-                .as_object()
-                .map(|m| {
-                    m.values()
-                        .filter_map(|f| f.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default();
-            files.sort();
-            files.dedup();
-            for f in files {
+            // An index that is not JSON fetches no shard here; `folder` below reports it
+            // (`safetensors::shards_in` reads the same file).
+            for f in safetensors::index_shard_names(&text).unwrap_or_default() {
                 fetch(&f)?;
             }
         }

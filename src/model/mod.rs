@@ -22,8 +22,8 @@ pub mod shapes;
 pub mod tokenizer;
 
 pub use decoder::{
-    argmax_rows, Block, LayerInputHook, Linear, Model, ModelConfig, ModelSource, RopeStyle,
-    WeightDtype,
+    argmax_rows, Block, LayerInputFn, LayerInputHook, Linear, Model, ModelConfig, ModelSource,
+    RopeStyle, WeightDtype,
 };
 pub use device::DeviceSpec;
 pub use hub::ModelLocation;

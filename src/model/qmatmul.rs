@@ -22,7 +22,8 @@
 //! Without AVX2 the same arithmetic runs in scalar integer code. Results differ from the f32
 //! product only by the activation rounding (at most `dx/2` per element).
 
-use half::f16;
+use crate::kv::intdot::{dot_i8, dot_nibbles, f16_at};
+use crate::util::simd::simd_dispatch;
 
 /// Elements per block.
 pub const BLOCK: usize = 32;
@@ -206,11 +207,6 @@ impl Activations {
     }
 }
 
-#[inline(always)]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
-
 /// `sums[r] = Σ_blocks` of weight row `w` (`nb` blocks) against activation rows `r0..r0+mr`.
 #[inline(always)]
 fn dot_rows(
@@ -222,21 +218,12 @@ fn dot_rows(
     mr: usize,
     sums: &mut [f32; MAX_M],
 ) {
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
-    {
+    simd_dispatch!(
+        ["avx2", "fma"],
         // SAFETY: features enabled at compile time; every block read is inside `w`/`act`.
-        unsafe { avx::dot_rows(format, w, nb, act, r0, mr, sums) };
-    }
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    )))]
-    scalar_dot_rows(format, w, nb, act, r0, mr, sums);
+        unsafe { avx::dot_rows(format, w, nb, act, r0, mr, sums) },
+        scalar_dot_rows(format, w, nb, act, r0, mr, sums)
+    )
 }
 
 /// The same arithmetic in scalar integer code: the reference the SIMD kernel is tested
@@ -261,21 +248,10 @@ fn scalar_dot_rows(
             let dw = f16_at(blk, 0);
             match format {
                 BlockFormat::Q8_0 => {
-                    let dot: i32 = blk[2..]
-                        .iter()
-                        .zip(x)
-                        .map(|(&q, &c)| q as i8 as i32 * c as i32)
-                        .sum();
-                    acc += dw * dx * dot as f32;
+                    acc += dw * dx * dot_i8(&blk[2..], x) as f32;
                 }
                 BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
-                    let qs = &blk[bb - 16..];
-                    let dot: i32 = (0..16)
-                        .map(|j| {
-                            (qs[j] & 0x0f) as i32 * x[j] as i32
-                                + (qs[j] >> 4) as i32 * x[j + 16] as i32
-                        })
-                        .sum();
+                    let dot = dot_nibbles(&blk[bb - 16..], x);
                     let min = if format == BlockFormat::Q4_1 {
                         f16_at(blk, 2)
                     } else {
@@ -463,6 +439,8 @@ mod avx {
 
 #[cfg(test)]
 mod tests {
+    use half::f16;
+
     use super::*;
 
     /// ggml blocks built by hand from integer codes, so the exact f32 product is known.

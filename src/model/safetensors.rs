@@ -172,26 +172,35 @@ pub fn load(
     Ok((model, tokenizer, source))
 }
 
+/// The shard files a sharded checkpoint's index (`model.safetensors.index.json`, as
+/// `transformers` writes it: `{"weight_map": {tensor name: shard file name}}`) names: the
+/// `weight_map` values, sorted, each once; none when there is no `weight_map` object (values
+/// that are not strings are skipped). Errors: the JSON parser's, when `text` is not JSON.
+pub fn index_shard_names(text: &str) -> serde_json::Result<Vec<String>> {
+    let v: serde_json::Value = serde_json::from_str(text)?;
+    let mut files: Vec<String> = v["weight_map"]
+        .as_object()
+        .map(|m| {
+            m.values()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files.dedup();
+    Ok(files)
+}
+
 /// The safetensors shards of a folder: `model.safetensors.index.json`'s files, else every
 /// `*.safetensors`, sorted.
 pub fn shards_in(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::ModelFormat {
+        let files = index_shard_names(&text).map_err(|e| Error::ModelFormat {
             path: index.clone(),
             reason: e.to_string(),
         })?;
-        let mut files: Vec<String> = v["weight_map"]
-            .as_object()
-            .map(|m| {
-                m.values()
-                    .filter_map(|f| f.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default();
-        files.sort();
-        files.dedup();
         return Ok(files.into_iter().map(|f| dir.join(f)).collect());
     }
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -207,4 +216,30 @@ pub fn shards_in(dir: &Path) -> Result<Vec<PathBuf>> {
         });
     }
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// By hand: three tensors in two shards, listed out of order, give the two shard names
+    /// sorted and once each; a non-string value is skipped; no `weight_map` gives none; text
+    /// that is not JSON is an error.
+    #[test]
+    fn index_shard_names_by_hand() {
+        let index = r#"{"metadata": {"total_size": 12},
+            "weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors",
+                           "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                           "model.norm.weight": "model-00002-of-00002.safetensors",
+                           "odd": 7}}"#;
+        assert_eq!(
+            index_shard_names(index).unwrap(),
+            [
+                "model-00001-of-00002.safetensors",
+                "model-00002-of-00002.safetensors"
+            ]
+        );
+        assert!(index_shard_names(r#"{"metadata": {}}"#).unwrap().is_empty());
+        assert!(index_shard_names("{not json").is_err());
+    }
 }

@@ -16,8 +16,8 @@
 //! window means is the token mean, so `exp` of it is the usual perplexity.
 
 use crate::error::{Error, Result};
-use crate::kv::turboquant_core::SplitMix64;
 use crate::stats::percentile;
+use crate::util::noise::SplitMix64;
 
 /// Two-sided confidence level of every interval here.
 pub const LEVEL: f64 = 0.95;

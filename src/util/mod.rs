@@ -1,11 +1,12 @@
 //! Ground-floor helpers every layer may use and that know nothing about KV caches, models or
-//! benchmarks: process memory probes, the UTC clock and run ids, and the one seeded noise
-//! generator.
+//! benchmarks: process memory probes, the UTC clock and run ids, the seeded generators
+//! ([`noise`]: `Noise` and `SplitMix64`) and the one SIMD dispatch ([`simd`]).
 
 pub mod memory;
 pub mod noise;
 pub mod record;
 pub mod serde_text;
+pub mod simd;
 pub mod size;
 pub mod time;
 

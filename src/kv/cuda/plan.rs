@@ -728,8 +728,39 @@ impl Planner {
                 Arg::Ptr(ml),
             ],
         }));
-        let score = h2o.then(|| Buf::at(Kind::Score, layer));
-        if let (Some(logits), Some(ml), Some(score)) = (logits, ml, score) {
+        self.push_eviction(&mut steps, layer, n_q, logits.zip(ml));
+        if layer + 1 == g.layers {
+            let evicts = self.scheme.evicts();
+            self.finish_forward(&mut steps, evicts);
+        }
+        for b in [Some(q), Some(part_o), Some(part_ml), logits, ml]
+            .into_iter()
+            .flatten()
+        {
+            steps.push(Step::Free(b));
+        }
+        steps.push(Step::Output(out));
+        steps
+    }
+
+    /// The launches after [`attend`](Self::attend)'s combine: H2O's score accumulation (with
+    /// `h2o`: the `Logits` and `Ml` buffers of the partial pass) and the scheme's eviction, for
+    /// `layer` after `n_q` new queries.
+    fn push_eviction(
+        &self,
+        steps: &mut Vec<Step>,
+        layer: usize,
+        n_q: usize,
+        h2o: Option<(Buf, Buf)>,
+    ) {
+        let g = self.geom;
+        let (bhs, cap) = (self.bhs(), self.cap);
+        let rows = g.q_heads / g.kv_heads * n_q;
+        let (ka, va) = (self.stream_arg(layer, false), self.stream_arg(layer, true));
+        let lens = Arg::Ptr(Some(Buf::at(Kind::Lens, layer)));
+        let (kvh, nq) = (Arg::I32(g.kv_heads as i32), Arg::I32(n_q as i32));
+        let score = h2o.map(|_| Buf::at(Kind::Score, layer));
+        if let (Some((logits, ml)), Some(score)) = (h2o, score) {
             steps.push(Step::Launch(Launch {
                 kernel: "kv_h2o_scores".into(),
                 grid: ((cap as u32).div_ceil(256), bhs as u32, 1),
@@ -768,18 +799,6 @@ impl Planner {
                 ],
             }));
         }
-        if layer + 1 == g.layers {
-            let evicts = self.scheme.evicts();
-            self.finish_forward(&mut steps, evicts);
-        }
-        for b in [Some(q), Some(part_o), Some(part_ml), logits, ml]
-            .into_iter()
-            .flatten()
-        {
-            steps.push(Step::Free(b));
-        }
-        steps.push(Step::Output(out));
-        steps
     }
 
     /// Steps that drop every cached token but keep the allocations.

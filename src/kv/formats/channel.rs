@@ -16,7 +16,7 @@ use crate::kv::codec::{f16_round_down, f16_round_up, RowCodec};
 use crate::kv::formats::fp16::F16Row;
 use crate::kv::params::Params;
 use crate::kv::stream::{axpy_rows_with, dot_rows_with, Stream};
-use crate::kv::turboquant_core::{asym_code, asym_params};
+use crate::kv::quant::asym::{asym_code, asym_params};
 
 /// Default token-group size of per-channel key quantization (KIVI §4: G = 32).
 pub const DEFAULT_CHANNEL_GROUP: usize = 32;
@@ -147,7 +147,7 @@ impl Format for Channel {
 /// - 4-bit: asymmetric, f16 scale and f16 minimum per channel per block; codes `[group, d/2]`
 ///   bytes (channel `2j` low nibble, `2j+1` high nibble).
 /// - 2-bit: as 4-bit with 4 levels ([`asym_params`], [`asym_code`]); codes `[group, d/4]` bytes
-///   packed LSB-first (as [`crate::kv::turboquant_core::pack_bits`]: channel `4j + i` at bits `2i..2i+2` of byte `j`).
+///   packed LSB-first (as [`crate::kv::quant::bits::pack_bits`]: channel `4j + i` at bits `2i..2i+2` of byte `j`).
 #[derive(Debug, Clone)]
 pub struct ChannelStream {
     bits: u8,

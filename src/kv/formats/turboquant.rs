@@ -12,12 +12,13 @@
 //!   bytes per row; attention scores keys with the unbiased QJL estimator.
 //!
 //! The rotation signs (and QJL's d×d Gaussian matrix) are drawn from `seed` by SplitMix64
-//! ([`crate::kv::turboquant_core::SplitMix64`]); the spec string carries a non-default seed, so
+//! ([`crate::util::noise::SplitMix64`]); the spec string carries a non-default seed, so
 //! it identifies the stored form exactly. One codec per (head_dim, kind, bits, seed) is built
 //! and shared by every layer, kv head and sequence; it is a constant of the format (a function
 //! of the spec and head_dim, like fp8's code table), not cache contents, so `kv_bytes` counts
 //! only the rows (codebook: 2^B f32; signs: d; QJL matrix: d² f32 — see the README).
-//! Attention reads the stored form ([`TurboQuantStream`]). CPU only: no CUDA kernels yet.
+//! Attention reads the stored form ([`TurboQuantStream`], in `turboquant/stream.rs`). The
+//! quantizers themselves are [`crate::kv::quant`]'s. CPU only: no CUDA kernels yet.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -25,8 +26,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::{Format, FormatSpec};
 use crate::kv::params::Params;
+use crate::kv::quant::mse::TurboQuantMse;
+use crate::kv::quant::prod::TurboQuantProd;
 use crate::kv::stream::Stream;
-use crate::kv::turboquant_core::{TqCodec, TurboQuantMse, TurboQuantProd, TurboQuantStream};
+
+mod stream;
+pub use stream::{TqCodec, TurboQuantStream};
 
 /// Default rotation seed ("TurboQnt" in ASCII): every run without `seed=` uses the same
 /// rotation, so results are reproducible across runs and builds.

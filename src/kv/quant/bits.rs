@@ -1,0 +1,101 @@
+//! Bit packing of quantization codes, little-endian and LSB-first: code `i` of `b` bits
+//! occupies bits `i·b .. (i+1)·b` of the byte string, so at 4 bits element `2j` is the low
+//! nibble of byte `j` (the layout of [`crate::kv::format::Int4GroupRow`] and KIVI's 4-bit
+//! channel blocks, KIVI §3.1), and a 3-bit code may straddle two bytes. TurboQuant's indices
+//! (Zandieh et al. 2025, arXiv 2504.19874, §3) and QJL's sign bits (Zandieh et al. 2024,
+//! arXiv 2406.03482) are stored this way, as vLLM's TurboQuant packs them.
+
+/// Bytes `n` codes of `bits` bits take packed: `ceil(n·bits/8)`.
+pub const fn packed_bytes(n: usize, bits: u8) -> usize {
+    (n * bits as usize).div_ceil(8)
+}
+
+/// Packs `codes` (each `< 2^bits`, `bits` 1–8) LSB-first into `out`
+/// (`packed_bytes(codes.len(), bits)` bytes; overwritten). Panics on a wrong `out` length
+/// (a caller's sizing bug, not user input).
+pub fn pack_bits(codes: &[u8], bits: u8, out: &mut [u8]) {
+    assert_eq!(
+        out.len(),
+        packed_bytes(codes.len(), bits),
+        "packed buffer size"
+    );
+    out.fill(0);
+    let mask = ((1u16 << bits) - 1) as u8;
+    for (i, &c) in codes.iter().enumerate() {
+        let bit = i * bits as usize;
+        let v = ((c & mask) as u16) << (bit % 8);
+        out[bit / 8] |= v as u8;
+        if bit % 8 + bits as usize > 8 {
+            out[bit / 8 + 1] |= (v >> 8) as u8;
+        }
+    }
+}
+
+/// Unpacks `out.len()` codes of `bits` bits from `packed` (the inverse of [`pack_bits`]).
+/// Panics when `packed` is shorter than `packed_bytes(out.len(), bits)`.
+#[inline]
+pub fn unpack_bits(packed: &[u8], bits: u8, out: &mut [u8]) {
+    assert!(
+        packed.len() >= packed_bytes(out.len(), bits),
+        "packed buffer size"
+    );
+    let mask = (1u16 << bits) - 1;
+    for (i, o) in out.iter_mut().enumerate() {
+        let bit = i * bits as usize;
+        let lo = packed[bit / 8] as u16;
+        let hi = if bit % 8 + bits as usize > 8 {
+            (packed[bit / 8 + 1] as u16) << 8
+        } else {
+            0
+        };
+        *o = (((lo | hi) >> (bit % 8)) & mask) as u8;
+    }
+}
+
+/// Code `i` of a packed string (see [`pack_bits`]).
+#[inline]
+pub(crate) fn code_at(packed: &[u8], bits: u8, i: usize) -> usize {
+    let bit = i * bits as usize;
+    let lo = packed[bit / 8] as u16;
+    let hi = if bit % 8 + bits as usize > 8 {
+        (packed[bit / 8 + 1] as u16) << 8
+    } else {
+        0
+    };
+    (((lo | hi) >> (bit % 8)) & ((1u16 << bits) - 1)) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// LSB-first packing by hand. 2 bits (0,1,2,3) → 0b11_10_01_00 = 0xE4. 3 bits
+    /// (1,2,3,4,5,6,7,0): byte 0 = 1 | 2<<3 | (3&3)<<6 = 0xD1; byte 1 = (3>>2) | 4<<1 | 5<<4 |
+    /// (6&1)<<7 = 0x58; byte 2 = 6>>1 | 7<<2 | 0<<5 = 0x1F. 4 bits (1, 2) → 0x21.
+    #[test]
+    fn bit_packing_by_hand() {
+        let mut out = [0u8; 1];
+        pack_bits(&[0, 1, 2, 3], 2, &mut out);
+        assert_eq!(out, [0xE4]);
+        let mut out3 = [0u8; 3];
+        let codes = [1u8, 2, 3, 4, 5, 6, 7, 0];
+        pack_bits(&codes, 3, &mut out3);
+        assert_eq!(out3, [0xD1, 0x58, 0x1F]);
+        let mut back = [0u8; 8];
+        unpack_bits(&out3, 3, &mut back);
+        assert_eq!(back, codes);
+        pack_bits(&[1, 2], 4, &mut out);
+        assert_eq!(out, [0x21]);
+        assert_eq!(packed_bytes(64, 3), 24);
+        assert_eq!(packed_bytes(5, 3), 2);
+        // Odd lengths round trip at every width.
+        for bits in 1..=8u8 {
+            let codes: Vec<u8> = (0..13).map(|i| ((i * 7 + 3) % (1 << bits)) as u8).collect();
+            let mut p = vec![0u8; packed_bytes(13, bits)];
+            pack_bits(&codes, bits, &mut p);
+            let mut u = vec![0u8; 13];
+            unpack_bits(&p, bits, &mut u);
+            assert_eq!(u, codes, "bits {bits}");
+        }
+    }
+}
