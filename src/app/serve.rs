@@ -127,7 +127,10 @@ fn simulate(
     let geom = crate::model::geometry::for_model_arg(&s.model.model)?;
     let tp = s.sim.tensor_parallel;
     let shape = model_shape(&geom, &device)?;
-    if !budget_given {
+    if let Some(n) = s.sim.num_gpu_blocks_override {
+        let fp16 = plan.sizer(crate::kv::KvScheme::FP16, plan.pool_geometry(geom.cache()));
+        plan = plan.with_budget(n * fp16.block_bytes());
+    } else if !budget_given {
         plan = plan.with_budget(device_kv_budget(&device, &s, shape.decode_weight_bytes)?);
     }
     plan.check_model(geom.cache(), geom.max_ctx)?;

@@ -115,6 +115,12 @@ pub struct SimArgs {
     #[arg(long, default_value = "2GiB")]
     #[serde(default = "reserve")]
     pub non_kv_reserve: ByteSize,
+    /// With --simulate: the fp16 blocks (of --block-size tokens) each GPU holds, as vLLM logs them
+    /// (`# GPU blocks: N`, or its `--num-gpu-blocks-override`): the KV budget per GPU is then
+    /// N × the fp16 block's bytes for every scheme, the most faithful way to match an engine.
+    #[arg(long, value_name = "N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_gpu_blocks_override: Option<u64>,
 }
 
 fn one() -> usize {
