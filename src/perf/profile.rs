@@ -109,6 +109,7 @@ pub const SHIPPED: &[(&str, &str)] = &[
     ("h100-sxm", include_str!("../../profiles/h100-sxm.toml")),
     ("h200", include_str!("../../profiles/h200.toml")),
     ("a100-80gb", include_str!("../../profiles/a100-80gb.toml")),
+    ("a100-40gb", include_str!("../../profiles/a100-40gb.toml")),
     ("l40s", include_str!("../../profiles/l40s.toml")),
     ("b200", include_str!("../../profiles/b200.toml")),
 ];
