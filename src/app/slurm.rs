@@ -428,23 +428,45 @@ fn sweep_flags(matches: &clap::ArgMatches) -> Vec<String> {
 }
 
 /// Writes the scripts under `<out>/slurm/` and submits them (or prints them with `--dry-run`).
+/// Errors: those of `checked_shards`, `job_spec` and [`scripts`], before anything is written,
+/// then those of `submit`.
 pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Result<()> {
-    let usage = |name: &str, reason: String| -> anyhow::Error {
-        crate::Error::InvalidArgument {
-            name: name.into(),
-            reason,
-        }
-        .into()
-    };
+    let shards = checked_shards(&args, matches)?;
+    let job = job_spec(&args, matches, shards)?;
+    let s = scripts(&job)?;
+    let dir = job.out.join("slurm");
+    let (sweep_path, merge_path) = (dir.join("sweep.sbatch"), dir.join("merge.sbatch"));
+    if args.dry_run {
+        print_dry_run(&s, &sweep_path, &merge_path, args.wait);
+        return Ok(());
+    }
+    submit(&s, &job.out, shards, &sweep_path, &merge_path, args.wait)
+}
+
+/// A usage error (exit code 2) naming `name`.
+fn usage_error(name: &str, reason: String) -> anyhow::Error {
+    crate::Error::InvalidArgument {
+        name: name.into(),
+        reason,
+    }
+    .into()
+}
+
+/// The number of shards, once the flags are known to make a job every task can run: `--shards`
+/// given and in range ([`check_shards`]), neither `--shard` nor `--resume` given (each task
+/// sets its own), the sweep's settings valid as every task's sweep would check them (the suite
+/// applied), and `--cpus-per-task` not 0. Errors: usage errors naming the flag, and the
+/// settings' own.
+fn checked_shards(args: &SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Result<usize> {
     let shards = args.sweep.shard.shards.ok_or_else(|| {
-        usage(
+        usage_error(
             "--shards",
             "give the number of shards (array tasks), e.g. --shards 4".into(),
         )
     })?;
     check_shards(shards)?;
     if args.sweep.shard.shard.is_some() || args.sweep.run.resume.is_some() {
-        return Err(usage(
+        return Err(usage_error(
             if args.sweep.shard.shard.is_some() {
                 "--shard"
             } else {
@@ -461,12 +483,26 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
     crate::app::resolve_settings(&mut check.settings, &mut check.run, matches)?;
     crate::measure::plan::SweepPlan::check(&check.settings)?;
     if args.cpus_per_task == Some(0) {
-        return Err(usage(
+        return Err(usage_error(
             "--cpus-per-task",
             "0 CPUs cannot run a shard (it would be each sweep's --threads 0); give 1 or more"
                 .into(),
         ));
     }
+    Ok(shards)
+}
+
+/// What the scripts of a `shards`-task job hold: the working directory, the job's folder
+/// (`--out`, else `reports/slurm-<time>`, made absolute against the working directory), this
+/// kvbench binary, the sweep flags given, and the Slurm options (partition and account for
+/// both jobs; time, GPUs, CPUs and memory for the shards). `--cpus-per-task` becomes the
+/// shards' `--threads` unless the sweep flags give it. Errors: reading the working directory
+/// or locating the binary.
+fn job_spec(
+    args: &SlurmArgs,
+    matches: Option<&clap::ArgMatches>,
+    shards: usize,
+) -> anyhow::Result<JobSpec> {
     let workdir = std::env::current_dir().context("reading the working directory")?;
     let out = args.sweep.run.out.clone().unwrap_or_else(|| {
         let t = crate::util::time::now_compact();
@@ -504,10 +540,10 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
         (Some(_), _) => None, // given among the sweep flags
         (None, c) => c,
     };
-    let job = JobSpec {
+    Ok(JobSpec {
         exe,
         workdir,
-        out: out.clone(),
+        out,
         shards,
         sweep_flags: matches.map(sweep_flags).unwrap_or_default(),
         threads,
@@ -515,43 +551,61 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
         sbatch_args: args.sbatch_args.clone(),
         merge_options,
         job_name: args.job_name.clone(),
-    };
-    let s = scripts(&job)?;
-    let dir = out.join("slurm");
-    let (sweep_path, merge_path) = (dir.join("sweep.sbatch"), dir.join("merge.sbatch"));
-    let merge_submit = |array_id: &str| -> Vec<String> {
-        let mut a = vec![
-            "--parsable".to_string(),
-            format!("--dependency=afterok:{array_id}"),
-            "--kill-on-invalid-dep=yes".to_string(),
-        ];
-        if args.wait {
-            a.push("--wait".into());
-        }
-        a.push(merge_path.display().to_string());
-        a
-    };
-    if args.dry_run {
-        println!("# {}\n{}", sweep_path.display(), s.sweep);
-        println!("# {}\n{}", merge_path.display(), s.merge);
-        println!("# submit:");
-        println!(
-            "sbatch --parsable {}",
-            sh_quote(&sweep_path.display().to_string())
-        );
-        println!(
-            "sbatch {}",
-            merge_submit("<array job id>")
-                .iter()
-                .map(|a| sh_quote(a))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
-        return Ok(());
+    })
+}
+
+/// `sbatch`'s arguments for the merge job at `merge_path`, to start once every task of array
+/// job `array_id` succeeded (`--wait` too when `wait`).
+fn merge_submit_args(array_id: &str, wait: bool, merge_path: &Path) -> Vec<String> {
+    let mut a = vec![
+        "--parsable".to_string(),
+        format!("--dependency=afterok:{array_id}"),
+        "--kill-on-invalid-dep=yes".to_string(),
+    ];
+    if wait {
+        a.push("--wait".into());
     }
+    a.push(merge_path.display().to_string());
+    a
+}
+
+/// `--dry-run`: prints both scripts, each under its path, and the two sbatch commands that
+/// would submit them.
+fn print_dry_run(s: &Scripts, sweep_path: &Path, merge_path: &Path, wait: bool) {
+    println!("# {}\n{}", sweep_path.display(), s.sweep);
+    println!("# {}\n{}", merge_path.display(), s.merge);
+    println!("# submit:");
+    println!(
+        "sbatch --parsable {}",
+        sh_quote(&sweep_path.display().to_string())
+    );
+    println!(
+        "sbatch {}",
+        merge_submit_args("<array job id>", wait, merge_path)
+            .iter()
+            .map(|a| sh_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+}
+
+/// Writes the scripts to `sweep_path` and `merge_path` (in `<out>/slurm/`) and submits the
+/// `shards`-task array, then the merge job after it; with `wait`, waits for the merge job and
+/// checks that it wrote `<out>/merged`. Errors: a usage error naming `--out` when it already
+/// holds a merged run; writing the scripts; [`sbatch`]'s; with `wait`, a merge job that did not
+/// run (what to resubmit is named).
+fn submit(
+    s: &Scripts,
+    out: &Path,
+    shards: usize,
+    sweep_path: &Path,
+    merge_path: &Path,
+    wait: bool,
+) -> anyhow::Result<()> {
+    let dir = out.join("slurm");
     let merged_meta = out.join("merged").join(crate::report::META_FILE);
     if merged_meta.exists() {
-        return Err(usage(
+        return Err(usage_error(
             "--out",
             format!(
                 "{} already holds a merged run; give a new folder",
@@ -560,17 +614,17 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
         ));
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::write(&sweep_path, &s.sweep)
+    std::fs::write(sweep_path, &s.sweep)
         .with_context(|| format!("writing {}", sweep_path.display()))?;
-    std::fs::write(&merge_path, &s.merge)
+    std::fs::write(merge_path, &s.merge)
         .with_context(|| format!("writing {}", merge_path.display()))?;
     let array_id = sbatch(&["--parsable".into(), sweep_path.display().to_string()])?;
     println!(
         "submitted the sweep: array job {array_id} ({shards} tasks, logs in {}/shard-<i>.log)",
         dir.display()
     );
-    let merge_args = merge_submit(&array_id);
-    if args.wait {
+    let merge_args = merge_submit_args(&array_id, wait, merge_path);
+    if wait {
         println!(
             "submitting the merge job (afterok:{array_id}) and waiting for it; merged run: {}",
             out.join("merged").display()
@@ -581,7 +635,7 @@ pub fn run(args: SlurmArgs, matches: Option<&clap::ArgMatches>) -> anyhow::Resul
         "merge job {merge_id} (after every task of {array_id} succeeded) writes {}",
         out.join("merged").display()
     );
-    if args.wait {
+    if wait {
         // sbatch --wait exits 0 when the merge job was cancelled because a task failed (its
         // dependency can never be met), so the merged folder is the proof of success.
         if !merged_meta.exists() {

@@ -653,29 +653,37 @@ pub fn run_sweep(
     sink: &mut dyn PointSink,
     progress: &dyn Progress,
 ) -> Result<()> {
-    let SweepText { tokens, bos, tasks } = text;
     let cfg = &models.decode.config;
-    spec.validate(cfg.max_ctx, tokens.len())?;
+    spec.validate(cfg.max_ctx, text.tokens.len())?;
     for s in &spec.schemes {
         s.validate(cfg.head_dim)?;
     }
-    let done = work.done;
-    let is_done =
-        |scheme: KvScheme, batch: usize, seq_len: usize| is_done(done, scheme, batch, seq_len);
+    quality_stage(models, text, spec, work, sink, progress)?;
+    timing_stage(models, text.tokens, spec, work, sink, progress)
+}
+
+/// Stage 1 of [`run_sweep`]: quality, once per scheme whose quality unit runs here, in `spec`
+/// order (the baseline's ROUGE summaries serve the schemes after it). A scheme is skipped
+/// when it has no timing point left to run and its quality unit is elsewhere or already done
+/// (a done unit still counts as progress); otherwise its perplexity ([`scheme_perplexity`]) and
+/// generation tasks ([`scheme_tasks`]) are measured or taken from the earlier run, and results
+/// measured here go to `sink`. Errors: perplexity and generation failures, the sink's.
+fn quality_stage(
+    models: PhaseModels<'_>,
+    text: SweepText<'_>,
+    spec: &SweepSpec,
+    work: Work<'_>,
+    sink: &mut dyn PointSink,
+    progress: &dyn Progress,
+) -> Result<()> {
     let fp16_earlier = work.earlier_quality(KvScheme::FP16);
     let mut baseline_rouge: Option<Vec<String>> = fp16_earlier
         .as_ref()
         .and_then(|q| q.rouge.as_ref().map(|r| r.predictions.clone()));
-    let quality_units =
-        spec.ppl.as_ref().map_or(0, |p| p.windows.unwrap_or(0)) + tasks.map_or(0, |t| t.units());
-    // Stage 1: quality, once per scheme whose quality unit runs here.
+    let quality_units = spec.ppl.as_ref().map_or(0, |p| p.windows.unwrap_or(0))
+        + text.tasks.map_or(0, |t| t.units());
     for &scheme in &spec.schemes {
-        let todo = spec
-            .batch_sizes
-            .iter()
-            .flat_map(|&b| spec.seq_lens.iter().map(move |&l| (b, l)))
-            .filter(|&(b, l)| work.selection.has_timing(scheme, b, l) && !is_done(scheme, b, l))
-            .count();
+        let todo = points_to_run(spec, work, scheme);
         // This process runs the scheme's quality unit (sharded runs: maybe without any of its
         // points); an earlier run's results are reused rather than measured again.
         let quality_here = work.selection.has_quality(scheme);
@@ -686,71 +694,27 @@ pub fn run_sweep(
             }
             continue;
         }
-        let earlier_ppl = earlier.as_ref().and_then(|q| q.ppl.clone());
-        let ppl = match (&spec.ppl, earlier_ppl) {
-            (Some(proto), Some(r)) => {
-                progress.advance(proto.windows.unwrap_or(0) as u64);
-                Some(r)
-            }
-            (Some(proto), None) if quality_here => {
-                progress.start(&format!("{scheme}: perplexity"));
-                let baseline = spec.kl.then_some(KvScheme::FP16);
-                let r = perplexity_vs(
-                    models.quality,
-                    tokens,
-                    scheme,
-                    baseline,
-                    proto,
-                    bos,
-                    |_, _| progress.advance(1),
-                )?;
-                Some(with_noise_floor(
-                    r,
-                    spec,
-                    models.quality,
-                    tokens,
-                    scheme,
-                    proto,
-                    bos,
-                )?)
-            }
-            _ => None,
+        let ppl = scheme_perplexity(
+            models.quality,
+            text,
+            spec,
+            scheme,
+            quality_here,
+            earlier.as_ref(),
+            progress,
+        )?;
+        let (rouge, passkey) = match text.tasks {
+            Some(t) => scheme_tasks(
+                models.quality,
+                t,
+                scheme,
+                quality_here,
+                earlier.as_ref(),
+                &mut baseline_rouge,
+                progress,
+            )?,
+            None => (None, None),
         };
-        let (mut rouge, mut passkey) = (None, None);
-        if let Some(t) = tasks {
-            let earlier_rouge = earlier.as_ref().and_then(|o| o.rouge.clone());
-            rouge = match (&t.rouge, earlier_rouge) {
-                (Some(task), Some(r)) => {
-                    progress.advance(task.prompts.len() as u64);
-                    Some(r)
-                }
-                (Some(task), None) if quality_here => {
-                    let base = baseline_rouge.as_deref().filter(|_| !scheme.is_baseline());
-                    Some(summarize_xsum(
-                        models.quality,
-                        scheme,
-                        task,
-                        t,
-                        base,
-                        progress,
-                    )?)
-                }
-                _ => None,
-            };
-            if scheme.is_baseline() {
-                baseline_rouge = rouge.as_ref().map(|r| r.predictions.clone());
-            }
-            passkey = match earlier.as_ref().and_then(|o| o.passkey.clone()) {
-                Some(p) => {
-                    progress.advance(t.passkey.len() as u64);
-                    Some(p)
-                }
-                None if quality_here && !t.passkey.is_empty() => {
-                    Some(passkey_trials(models.quality, scheme, t, progress)?)
-                }
-                None => None,
-            };
-        }
         if quality_here && !work.done_quality.iter().any(|q| q.scheme == scheme) {
             sink.quality(&QualityOutcome {
                 scheme,
@@ -760,10 +724,123 @@ pub fn run_sweep(
             })?;
         }
     }
-    // Stage 2: timing, point by point (this shard's points), the schemes' repeats interleaved.
+    Ok(())
+}
+
+/// Timing points of `scheme` this process still runs: selected and not done earlier.
+fn points_to_run(spec: &SweepSpec, work: Work<'_>, scheme: KvScheme) -> usize {
+    spec.batch_sizes
+        .iter()
+        .flat_map(|&b| spec.seq_lens.iter().map(move |&l| (b, l)))
+        .filter(|&(b, l)| {
+            work.selection.has_timing(scheme, b, l) && !is_done(work.done, scheme, b, l)
+        })
+        .count()
+}
+
+/// `scheme`'s perplexity when `spec` asks for it: the `earlier` run's result (its windows count
+/// as progress at once), else measured on `model` when the quality unit runs here (with KL vs
+/// fp16 when `spec.kl`, and the noise floor when asked for; one progress unit per window),
+/// else none. Errors: [`perplexity_vs`]'s and [`with_noise_floor`]'s.
+fn scheme_perplexity(
+    model: &Model,
+    text: SweepText<'_>,
+    spec: &SweepSpec,
+    scheme: KvScheme,
+    quality_here: bool,
+    earlier: Option<&QualityOutcome>,
+    progress: &dyn Progress,
+) -> Result<Option<PplResult>> {
+    let earlier_ppl = earlier.and_then(|q| q.ppl.clone());
+    Ok(match (&spec.ppl, earlier_ppl) {
+        (Some(proto), Some(r)) => {
+            progress.advance(proto.windows.unwrap_or(0) as u64);
+            Some(r)
+        }
+        (Some(proto), None) if quality_here => {
+            progress.start(&format!("{scheme}: perplexity"));
+            let baseline = spec.kl.then_some(KvScheme::FP16);
+            let r = perplexity_vs(
+                model,
+                text.tokens,
+                scheme,
+                baseline,
+                proto,
+                text.bos,
+                |_, _| progress.advance(1),
+            )?;
+            Some(with_noise_floor(
+                r,
+                spec,
+                model,
+                text.tokens,
+                scheme,
+                proto,
+                text.bos,
+            )?)
+        }
+        _ => None,
+    })
+}
+
+/// `scheme`'s generation tasks `t`: ROUGE on XSum (when asked for) and passkey retrieval (when
+/// it has prompts), each the `earlier` run's result (counted as progress at once), else
+/// measured on `model` when the quality unit runs here, else none. ROUGE is scored against
+/// `baseline_rouge`, the fp16 summaries, which the baseline scheme itself sets (to none when it
+/// has no summaries). Errors: generation failures.
+fn scheme_tasks(
+    model: &Model,
+    t: &QualityTasks<'_>,
+    scheme: KvScheme,
+    quality_here: bool,
+    earlier: Option<&QualityOutcome>,
+    baseline_rouge: &mut Option<Vec<String>>,
+    progress: &dyn Progress,
+) -> Result<(Option<RougeResult>, Option<PasskeyResult>)> {
+    let earlier_rouge = earlier.and_then(|o| o.rouge.clone());
+    let rouge = match (&t.rouge, earlier_rouge) {
+        (Some(task), Some(r)) => {
+            progress.advance(task.prompts.len() as u64);
+            Some(r)
+        }
+        (Some(task), None) if quality_here => {
+            let base = baseline_rouge.as_deref().filter(|_| !scheme.is_baseline());
+            Some(summarize_xsum(model, scheme, task, t, base, progress)?)
+        }
+        _ => None,
+    };
+    if scheme.is_baseline() {
+        *baseline_rouge = rouge.as_ref().map(|r| r.predictions.clone());
+    }
+    let passkey = match earlier.and_then(|o| o.passkey.clone()) {
+        Some(p) => {
+            progress.advance(t.passkey.len() as u64);
+            Some(p)
+        }
+        None if quality_here && !t.passkey.is_empty() => {
+            Some(passkey_trials(model, scheme, t, progress)?)
+        }
+        None => None,
+    };
+    Ok((rouge, passkey))
+}
+
+/// Stage 2 of [`run_sweep`]: timing, point by point (this process's points, those done earlier
+/// skipped), the schemes of a point timed together with their repeats interleaved; prompts
+/// come from `tokens` at seeded offsets, and none are built when every scheme is predicted out
+/// of memory. Each point goes to `sink` as it finishes. Errors: the sink's only (a failing point
+/// is recorded as such).
+fn timing_stage(
+    models: PhaseModels<'_>,
+    tokens: &[u32],
+    spec: &SweepSpec,
+    work: Work<'_>,
+    sink: &mut dyn PointSink,
+    progress: &dyn Progress,
+) -> Result<()> {
     for &batch in &spec.batch_sizes {
         for &seq_len in &spec.seq_lens {
-            let schemes = pending_at(spec, work.selection, done, batch, seq_len, progress);
+            let schemes = pending_at(spec, work.selection, work.done, batch, seq_len, progress);
             if schemes.is_empty() {
                 continue;
             }

@@ -303,11 +303,37 @@ pub fn perplexity_vs(
     mut on_window: impl FnMut(usize, usize),
 ) -> Result<PplResult> {
     let baseline = baseline.filter(|b| *b != scheme);
-    let mut agree: Vec<(f64, bool, f64)> = Vec::new();
     proto.validate(model.config.max_ctx, tokens.len())?;
+    let windows = cut_windows(tokens, proto, bos);
+    let run = WindowRun {
+        model,
+        scheme,
+        baseline,
+        proto,
+        first: proto.first_scored(),
+        n_windows: windows.len(),
+    };
+    let mut scores = Scores {
+        window_nll: Vec::with_capacity(run.n_windows),
+        all_nll: Vec::with_capacity(run.n_windows * run.scored_per_window()),
+        agree: Vec::new(),
+        kv_bytes: 0,
+    };
+    let mode = proto.mode.resolve(&scheme);
+    match mode {
+        PplMode::Decode => run.decode(&windows, &mut scores, &mut on_window)?,
+        PplMode::Chunked | PplMode::Auto => run.chunked(&windows, &mut scores, &mut on_window)?,
+    }
+    run.result(scores, mode)
+}
+
+/// The windows of `tokens` the protocol scores: non-overlapping, `proto.ctx` tokens each from
+/// the start, full ones only, at most `proto.windows`; each window's first token is `bos` when
+/// the protocol asks for it and the model has one.
+fn cut_windows(tokens: &[u32], proto: &PplProtocol, bos: Option<u32>) -> Vec<Vec<u32>> {
     let available = tokens.len() / proto.ctx;
     let n_windows = proto.windows.map_or(available, |w| w.min(available));
-    let windows: Vec<Vec<u32>> = (0..n_windows)
+    (0..n_windows)
         .map(|w| {
             let mut win = tokens[w * proto.ctx..(w + 1) * proto.ctx].to_vec();
             if let (true, Some(b)) = (proto.bos, bos) {
@@ -315,107 +341,181 @@ pub fn perplexity_vs(
             }
             win
         })
-        .collect();
-    let mode = proto.mode.resolve(&scheme);
-    let geom = model.config.cache_geometry();
-    let first = proto.first_scored();
-    let mut window_nll = Vec::with_capacity(n_windows);
-    let mut all_nll: Vec<f64> = Vec::with_capacity(n_windows * (proto.ctx - 1 - first));
-    let mut kv_bytes = 0;
-    match mode {
-        PplMode::Decode => {
-            for group in windows.chunks(proto.batch) {
-                let b = group.len();
-                let dev = model.device();
-                let mut cache = AnyCache::new(scheme, geom, b, proto.ctx, dev)?
-                    .exact_attention(proto.exact_attention);
-                let mut base_cache = baseline
-                    .map(|s| {
-                        AnyCache::new(s, geom, b, proto.ctx, dev)
-                            .map(|c| c.exact_attention(proto.exact_attention))
-                    })
-                    .transpose()?;
-                let mut sums = vec![0f64; b];
-                let mut group_agree: Vec<Vec<(f64, bool, f64)>> = vec![Vec::new(); b];
-                for t in 0..proto.ctx - 1 {
-                    let step: Vec<u32> = group.iter().map(|w| w[t]).collect();
-                    let hidden = model.forward_hidden(&step, b, Some(cache.as_attention()))?;
-                    let base_hidden = match base_cache.as_mut() {
-                        Some(c) => Some(model.forward_hidden(&step, b, Some(c.as_attention()))?),
-                        None => None,
-                    };
-                    if t >= first {
-                        let logits = model.logits(&hidden.squeeze(1)?)?;
-                        let targets: Vec<u32> = group.iter().map(|w| w[t + 1]).collect();
-                        for (s, nll) in sums.iter_mut().zip(token_nll(&logits, &targets)?) {
-                            *s += nll;
-                            all_nll.push(nll);
-                        }
-                        if let Some(h) = base_hidden {
-                            let bl = model.logits(&h.squeeze(1)?)?;
-                            for (w, c) in group_agree.iter_mut().zip(compare_logits(&bl, &logits)?)
-                            {
-                                w.push(c);
-                            }
-                        }
+        .collect()
+}
+
+/// What every window of one perplexity run shares.
+struct WindowRun<'a> {
+    model: &'a Model,
+    /// The scheme measured.
+    scheme: KvScheme,
+    /// The scheme compared against in lockstep, if any (never `scheme` itself).
+    baseline: Option<KvScheme>,
+    proto: &'a PplProtocol,
+    /// First position whose logits are scored ([`PplProtocol::first_scored`]).
+    first: usize,
+    /// Windows in the run.
+    n_windows: usize,
+}
+
+/// What the windows of a run have scored so far.
+struct Scores {
+    /// Mean NLL of each finished window, nats, in window order.
+    window_nll: Vec<f64>,
+    /// Every scored token's NLL, nats, in scoring order.
+    all_nll: Vec<f64>,
+    /// Per scored token vs the baseline: (KL, top-1 equal, |Δp| of the baseline's top token),
+    /// window by window.
+    agree: Vec<(f64, bool, f64)>,
+    /// KV bytes held at the end of the last window (per window, in decode groups), bytes.
+    kv_bytes: usize,
+}
+
+impl WindowRun<'_> {
+    /// Tokens scored per window: logits at positions `first..ctx−1` predict `first+1..ctx`.
+    fn scored_per_window(&self) -> usize {
+        self.proto.ctx - 1 - self.first
+    }
+
+    /// Empty caches for `batch` windows of `ctx` tokens: the scheme's, and the baseline's when
+    /// there is one. Errors: [`AnyCache::new`]'s.
+    fn caches(&self, batch: usize) -> Result<(AnyCache, Option<AnyCache>)> {
+        let geom = self.model.config.cache_geometry();
+        let dev = self.model.device();
+        let exact = self.proto.exact_attention;
+        let cache =
+            AnyCache::new(self.scheme, geom, batch, self.proto.ctx, dev)?.exact_attention(exact);
+        let base_cache = self
+            .baseline
+            .map(|s| {
+                AnyCache::new(s, geom, batch, self.proto.ctx, dev).map(|c| c.exact_attention(exact))
+            })
+            .transpose()?;
+        Ok((cache, base_cache))
+    }
+
+    /// `decode` mode: windows in groups of `proto.batch`, each group fed token by token
+    /// through fresh caches ([`WindowRun::decode_group`]); then each window's mean NLL is
+    /// recorded and `on_window(done, n_windows)` called. Errors: the caches' and the model's.
+    fn decode(
+        &self,
+        windows: &[Vec<u32>],
+        scores: &mut Scores,
+        on_window: &mut dyn FnMut(usize, usize),
+    ) -> Result<()> {
+        for group in windows.chunks(self.proto.batch) {
+            let sums = self.decode_group(group, scores)?;
+            for s in sums {
+                scores.window_nll.push(s / self.scored_per_window() as f64);
+                on_window(scores.window_nll.len(), self.n_windows);
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes one group of windows together, step by step through fresh caches (the
+    /// baseline's in lockstep), scoring each step from `first` on: every scored token's NLL goes
+    /// to `scores` as it is computed (the group's windows interleaved), the comparisons with the
+    /// baseline window by window after the group, and the cache's bytes per window. Returns
+    /// each window's summed NLL, nats. Errors: the caches' and the model's.
+    fn decode_group(&self, group: &[Vec<u32>], scores: &mut Scores) -> Result<Vec<f64>> {
+        let model = self.model;
+        let b = group.len();
+        let (mut cache, mut base_cache) = self.caches(b)?;
+        let mut sums = vec![0f64; b];
+        let mut group_agree: Vec<Vec<(f64, bool, f64)>> = vec![Vec::new(); b];
+        for t in 0..self.proto.ctx - 1 {
+            let step: Vec<u32> = group.iter().map(|w| w[t]).collect();
+            let hidden = model.forward_hidden(&step, b, Some(cache.as_attention()))?;
+            let base_hidden = match base_cache.as_mut() {
+                Some(c) => Some(model.forward_hidden(&step, b, Some(c.as_attention()))?),
+                None => None,
+            };
+            if t >= self.first {
+                let logits = model.logits(&hidden.squeeze(1)?)?;
+                let targets: Vec<u32> = group.iter().map(|w| w[t + 1]).collect();
+                for (s, nll) in sums.iter_mut().zip(token_nll(&logits, &targets)?) {
+                    *s += nll;
+                    scores.all_nll.push(nll);
+                }
+                if let Some(h) = base_hidden {
+                    let bl = model.logits(&h.squeeze(1)?)?;
+                    for (w, c) in group_agree.iter_mut().zip(compare_logits(&bl, &logits)?) {
+                        w.push(c);
                     }
                 }
-                agree.extend(group_agree.into_iter().flatten());
-                kv_bytes = cache.kv_bytes() / b;
-                for s in sums {
-                    window_nll.push(s / (proto.ctx - 1 - first) as f64);
-                    on_window(window_nll.len(), n_windows);
-                }
             }
         }
-        PplMode::Chunked | PplMode::Auto => {
-            let dev = model.device();
-            let mut cache = AnyCache::new(scheme, geom, 1, proto.ctx, dev)?
-                .exact_attention(proto.exact_attention);
-            let mut base_cache = baseline
-                .map(|s| {
-                    AnyCache::new(s, geom, 1, proto.ctx, dev)
-                        .map(|c| c.exact_attention(proto.exact_attention))
-                })
-                .transpose()?;
-            for win in &windows {
-                cache.clear()?;
-                let hidden = model.forward_hidden(win, 1, Some(cache.as_attention()))?;
-                kv_bytes = cache.kv_bytes();
-                // Logits at positions first..ctx-1 predict tokens first+1..ctx.
-                let h = hidden.squeeze(0)?.narrow(0, first, proto.ctx - 1 - first)?;
-                let logits = model.logits(&h)?;
-                if let Some(c) = base_cache.as_mut() {
-                    c.clear()?;
-                    let bh = model.forward_hidden(win, 1, Some(c.as_attention()))?;
-                    let bh = bh.squeeze(0)?.narrow(0, first, proto.ctx - 1 - first)?;
-                    agree.extend(compare_logits(&model.logits(&bh)?, &logits)?);
-                }
-                let nll = token_nll(&logits, &win[first + 1..])?;
-                all_nll.extend_from_slice(&nll);
-                window_nll.push(nll.iter().sum::<f64>() / nll.len() as f64);
-                on_window(window_nll.len(), n_windows);
-            }
-        }
+        scores.agree.extend(group_agree.into_iter().flatten());
+        scores.kv_bytes = cache.kv_bytes() / b;
+        Ok(sums)
     }
-    let mean_nll = finite_mean(&window_nll, &scheme)?;
-    let ppl_se = paired::ppl_estimate(&all_nll)?.ppl_se;
-    let agreement = match baseline {
-        Some(_) => Some(summarize_agreement(&agree, proto.ctx - 1 - first)?),
-        None => None,
-    };
-    Ok(PplResult {
-        perplexity: mean_nll.exp(),
-        mean_nll,
-        scored_tokens: n_windows * (proto.ctx - 1 - first),
-        windows: n_windows,
-        window_nll,
-        ppl_se: ppl_se.is_finite().then_some(ppl_se),
-        noise_floor: None,
-        kv_bytes_per_window: kv_bytes,
-        mode,
-        agreement,
-    })
+
+    /// `chunked` mode: each window as one prefill through the cleared caches (the baseline's
+    /// too, for the comparison), scoring positions `first..ctx−1`; after each window its mean
+    /// NLL is recorded and `on_window(done, n_windows)` called. Errors: the caches' and the
+    /// model's.
+    fn chunked(
+        &self,
+        windows: &[Vec<u32>],
+        scores: &mut Scores,
+        on_window: &mut dyn FnMut(usize, usize),
+    ) -> Result<()> {
+        let model = self.model;
+        let (first, scored) = (self.first, self.scored_per_window());
+        let (mut cache, mut base_cache) = self.caches(1)?;
+        for win in windows {
+            cache.clear()?;
+            let hidden = model.forward_hidden(win, 1, Some(cache.as_attention()))?;
+            scores.kv_bytes = cache.kv_bytes();
+            // Logits at positions first..ctx-1 predict tokens first+1..ctx.
+            let h = hidden.squeeze(0)?.narrow(0, first, scored)?;
+            let logits = model.logits(&h)?;
+            if let Some(c) = base_cache.as_mut() {
+                c.clear()?;
+                let bh = model.forward_hidden(win, 1, Some(c.as_attention()))?;
+                let bh = bh.squeeze(0)?.narrow(0, first, scored)?;
+                scores
+                    .agree
+                    .extend(compare_logits(&model.logits(&bh)?, &logits)?);
+            }
+            let nll = token_nll(&logits, &win[first + 1..])?;
+            scores.all_nll.extend_from_slice(&nll);
+            scores
+                .window_nll
+                .push(nll.iter().sum::<f64>() / nll.len() as f64);
+            on_window(scores.window_nll.len(), self.n_windows);
+        }
+        Ok(())
+    }
+
+    /// The run's result from its `scores` in `mode`: perplexity = exp(mean of the windows'
+    /// mean NLLs), llama.cpp's standard error over every scored token, and the agreement with
+    /// the baseline when there is one. Errors: [`Error::NonFinite`] for a window whose NLL is
+    /// NaN or infinite; [`paired::ppl_estimate`]'s and the agreement summary's.
+    fn result(&self, scores: Scores, mode: PplMode) -> Result<PplResult> {
+        let mean_nll = finite_mean(&scores.window_nll, &self.scheme)?;
+        let ppl_se = paired::ppl_estimate(&scores.all_nll)?.ppl_se;
+        let agreement = match self.baseline {
+            Some(_) => Some(summarize_agreement(
+                &scores.agree,
+                self.scored_per_window(),
+            )?),
+            None => None,
+        };
+        Ok(PplResult {
+            perplexity: mean_nll.exp(),
+            mean_nll,
+            scored_tokens: self.n_windows * self.scored_per_window(),
+            windows: self.n_windows,
+            window_nll: scores.window_nll,
+            ppl_se: ppl_se.is_finite().then_some(ppl_se),
+            noise_floor: None,
+            kv_bytes_per_window: scores.kv_bytes,
+            mode,
+            agreement,
+        })
+    }
 }
 
 /// Mean of per-window NLLs; any NaN or infinity is an error naming the window, never averaged.

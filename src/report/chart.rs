@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::sync::Once;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -83,21 +84,81 @@ impl LineChart {
     }
 }
 
+/// A line chart's plotting area: f64 coordinates on both axes.
+type Plot<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// Series colours, in series order and then repeating (matplotlib's `tab10`).
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
+/// A plotters drawing error as the message [`Draw::draw`] returns.
+fn area_err<E: std::error::Error + Send + Sync>(x: DrawingAreaErrorKind<E>) -> String {
+    x.to_string()
+}
+
 impl Draw for LineChart {
     fn draw<DB: DrawingBackend>(
         &self,
         root: &DrawingArea<DB, Shift>,
     ) -> std::result::Result<(), String> {
-        let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
         let body = header(root, &self.title, &self.caption, 70)?;
-        // A log axis is drawn as log₂(x) on a linear axis, so ticks land on powers of two
-        // (4k, 8k, …, 128k for context lengths) and are labelled with the original values.
-        let log_x = self.log_x;
-        let tx = move |x: f64| if log_x { x.log2() } else { x };
+        let (x_range, y_range) = self.ranges();
+        let mut chart = self.axes(&body, x_range, y_range)?;
+        for (i, s) in self.series.iter().enumerate() {
+            let c = PALETTE[i % PALETTE.len()];
+            let pts: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (self.tx(x), y)).collect();
+            if s.style == Style::Markers {
+                draw_markers(&mut chart, s, &pts, c, x_range)?;
+            } else if s.style == Style::Guide {
+                draw_guide(&mut chart, s, &pts)?;
+            } else {
+                draw_line(&mut chart, s, &pts, c)?;
+            }
+        }
+        chart
+            .configure_series_labels()
+            .label_font((FAMILY, 14))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(area_err)?;
+
+        Ok(())
+    }
+}
+
+impl LineChart {
+    /// `x` on the drawn x axis. A log axis is drawn as log₂(x) on a linear axis, so ticks land
+    /// on powers of two (4k, 8k, …, 128k for context lengths) and are labelled with the
+    /// original values.
+    fn tx(&self, x: f64) -> f64 {
+        if self.log_x {
+            x.log2()
+        } else {
+            x
+        }
+    }
+
+    /// The axis ranges `((x0, x1), (y0, y1))`, x in drawn units ([`LineChart::tx`]). y spans
+    /// every finite point and error bar, and 0, padded by 8 % (0 stays the bottom unless
+    /// values are negative); x spans the points (1–2 without any), rounded out to whole powers
+    /// of two on a log axis, else from 0 with 5 % room at the right.
+    fn ranges(&self) -> ((f64, f64), (f64, f64)) {
         let xs = self
             .series
             .iter()
-            .flat_map(|s| s.points.iter().map(move |p| tx(p.0)));
+            .flat_map(|s| s.points.iter().map(move |p| self.tx(p.0)));
         let ys = self
             .series
             .iter()
@@ -120,31 +181,34 @@ impl Draw for LineChart {
             (1.0, 2.0)
         };
         // Linear axes start at zero (no exaggerated differences) and leave room at the right.
-        let (x0, x1) = if log_x {
+        let (x0, x1) = if self.log_x {
             (x0.floor(), x1.ceil())
         } else {
             (x0.min(0.0), x1 + 0.05 * (x1 - x0.min(0.0)))
         };
+        ((x0, x1), (y0, y1))
+    }
+
+    /// The plotting area on `body` over `x` × `y` (drawn units), with its mesh drawn: 8 y
+    /// ticks, 8 x ticks (one per power of two on a log axis), [`compact`] tick labels and the
+    /// axis labels. Errors: plotters' drawing errors, as text.
+    fn axes<'b, DB: DrawingBackend>(
+        &self,
+        body: &'b DrawingArea<DB, Shift>,
+        (x0, x1): (f64, f64),
+        (y0, y1): (f64, f64),
+    ) -> std::result::Result<Plot<'b, DB>, String> {
+        let log_x = self.log_x;
         let n_x_labels = if log_x { (x1 - x0) as usize + 1 } else { 8 };
         let label_x = move |x: &f64| compact(if log_x { x.exp2() } else { *x });
-        let mut builder = ChartBuilder::on(&body);
+        let mut builder = ChartBuilder::on(body);
         builder
             .margin(20)
             .x_label_area_size(50)
             .y_label_area_size(80);
-        let colors = [
-            RGBColor(31, 119, 180),
-            RGBColor(255, 127, 14),
-            RGBColor(44, 160, 44),
-            RGBColor(214, 39, 40),
-            RGBColor(148, 103, 189),
-            RGBColor(140, 86, 75),
-            RGBColor(227, 119, 194),
-            RGBColor(127, 127, 127),
-            RGBColor(188, 189, 34),
-            RGBColor(23, 190, 207),
-        ];
-        let mut chart = builder.build_cartesian_2d(x0..x1, y0..y1).map_err(e)?;
+        let mut chart = builder
+            .build_cartesian_2d(x0..x1, y0..y1)
+            .map_err(area_err)?;
         chart
             .configure_mesh()
             .x_labels(n_x_labels)
@@ -156,74 +220,86 @@ impl Draw for LineChart {
             .label_style((FAMILY, 14))
             .axis_desc_style((FAMILY, 16))
             .draw()
-            .map_err(e)?;
-        for (i, s) in self.series.iter().enumerate() {
-            let c = colors[i % colors.len()];
-            let pts: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (tx(x), y)).collect();
-            if s.style == Style::Markers {
-                chart
-                    .draw_series(pts.iter().map(|&p| Circle::new(p, 6, c.filled())))
-                    .map_err(e)?
-                    .label(s.name.as_str())
-                    .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
-                // Error bars: a vertical stroke lo..hi with caps 1 % of the x span wide
-                // (plotters' ErrorBar needs a feature this build leaves out).
-                let cap = 0.01 * (x1 - x0);
-                for (&(x, _), &(lo, hi)) in pts.iter().zip(&s.y_bars) {
-                    if !(lo.is_finite() && hi.is_finite()) {
-                        continue;
-                    }
-                    let paths = [
-                        vec![(x, lo), (x, hi)],
-                        vec![(x - cap, lo), (x + cap, lo)],
-                        vec![(x - cap, hi), (x + cap, hi)],
-                    ];
-                    chart
-                        .draw_series(
-                            paths
-                                .into_iter()
-                                .map(|p| PathElement::new(p, c.stroke_width(2))),
-                        )
-                        .map_err(e)?;
-                }
-            } else if s.style == Style::Guide {
-                let grey = RGBColor(60, 60, 60);
-                chart
-                    .draw_series(DashedLineSeries::new(
-                        pts.iter().copied(),
-                        6,
-                        4,
-                        grey.stroke_width(1),
-                    ))
-                    .map_err(e)?
-                    .label(s.name.as_str())
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], grey.stroke_width(1))
-                    });
-            } else {
-                chart
-                    .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
-                    .map_err(e)?
-                    .label(s.name.as_str())
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3))
-                    });
-                chart
-                    .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
-                    .map_err(e)?;
-            }
-        }
-        chart
-            .configure_series_labels()
-            .label_font((FAMILY, 14))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(e)?;
-
-        Ok(())
+            .map_err(area_err)?;
+        Ok(chart)
     }
+}
+
+/// Draws `s` as markers at `pts` (drawn units) in colour `c`, with its legend entry and its
+/// error bars: a vertical stroke lo..hi with caps 1 % of the x range `(x0, x1)` wide (plotters'
+/// ErrorBar needs a feature this build leaves out); bars with a non-finite end are left out.
+/// Errors: plotters' drawing errors, as text.
+fn draw_markers<DB: DrawingBackend>(
+    chart: &mut Plot<'_, DB>,
+    s: &Series,
+    pts: &[(f64, f64)],
+    c: RGBColor,
+    (x0, x1): (f64, f64),
+) -> std::result::Result<(), String> {
+    chart
+        .draw_series(pts.iter().map(|&p| Circle::new(p, 6, c.filled())))
+        .map_err(area_err)?
+        .label(s.name.as_str())
+        .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
+    let cap = 0.01 * (x1 - x0);
+    for (&(x, _), &(lo, hi)) in pts.iter().zip(&s.y_bars) {
+        if !(lo.is_finite() && hi.is_finite()) {
+            continue;
+        }
+        let paths = [
+            vec![(x, lo), (x, hi)],
+            vec![(x - cap, lo), (x + cap, lo)],
+            vec![(x - cap, hi), (x + cap, hi)],
+        ];
+        chart
+            .draw_series(
+                paths
+                    .into_iter()
+                    .map(|p| PathElement::new(p, c.stroke_width(2))),
+            )
+            .map_err(area_err)?;
+    }
+    Ok(())
+}
+
+/// Draws `s` as a thin dark grey dashed guide through `pts` (drawn units), with its legend
+/// entry. Errors: plotters' drawing errors, as text.
+fn draw_guide<DB: DrawingBackend>(
+    chart: &mut Plot<'_, DB>,
+    s: &Series,
+    pts: &[(f64, f64)],
+) -> std::result::Result<(), String> {
+    let grey = RGBColor(60, 60, 60);
+    chart
+        .draw_series(DashedLineSeries::new(
+            pts.iter().copied(),
+            6,
+            4,
+            grey.stroke_width(1),
+        ))
+        .map_err(area_err)?
+        .label(s.name.as_str())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], grey.stroke_width(1)));
+    Ok(())
+}
+
+/// Draws `s` as a line through `pts` (drawn units) in colour `c` with a marker at every point,
+/// with its legend entry. Errors: plotters' drawing errors, as text.
+fn draw_line<DB: DrawingBackend>(
+    chart: &mut Plot<'_, DB>,
+    s: &Series,
+    pts: &[(f64, f64)],
+    c: RGBColor,
+) -> std::result::Result<(), String> {
+    chart
+        .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+        .map_err(area_err)?
+        .label(s.name.as_str())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+    chart
+        .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
+        .map_err(area_err)?;
+    Ok(())
 }
 
 /// A grid of heat-map panels, one per series (e.g. passkey accuracy per scheme: rows are

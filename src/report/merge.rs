@@ -16,7 +16,7 @@ use super::read_records;
 use super::SweepMeta;
 use crate::error::{Error, Result};
 use crate::kv::KvScheme;
-use crate::measure::shard::{ShardRecord, Unit, MAX_SHARDS};
+use crate::measure::shard::{Assigned, ShardRecord, Unit, MAX_SHARDS};
 use crate::measure::sweep::{PointOutcome, QualityOutcome};
 
 /// One shard's run folder, read back.
@@ -207,8 +207,30 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
             reason: "no shard folders given".into(),
         });
     }
-    // Before anything is sized by it: a count edited into a meta.json (2^40) would allocate the
-    // shard table's terabytes, or overflow (issue #25, found writing the merge fuzz target).
+    check_counts(shards)?;
+    check_same_sweep(shards)?;
+    let count = shards[0].record.count;
+    let plan = &shards[0].record.plan;
+    let by_index = shard_table(shards, count)?;
+    let missing = missing_units(&by_index, plan, allow_partial)?;
+    check_no_stray_results(shards)?;
+    let (points, quality) = join_results(&by_index, plan);
+    let meta = merged_meta(&by_index, &missing);
+    Ok(Merged {
+        meta,
+        points,
+        quality,
+        missing,
+    })
+}
+
+/// Checks every shard's `shard.count` and plan before anything is sized by them: a count
+/// edited into a meta.json (2^40) would allocate the shard table's terabytes, or overflow
+/// (issue #25, found writing the merge fuzz target), and the plan names each unit's shard,
+/// which indexes the shard table. Errors: [`Error::Shards`] naming `shard.count` for a count
+/// outside 1 to [`MAX_SHARDS`], `shard.plan` for a unit assigned to a shard past the count;
+/// both name the folder.
+fn check_counts(shards: &[ShardFolder]) -> Result<()> {
     for s in shards {
         let count = s.record.count;
         if count == 0 || count > MAX_SHARDS {
@@ -222,7 +244,6 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
                 ),
             });
         }
-        // The plan names each unit's shard, which indexes the shard table below.
         if let Some(a) = s.record.plan.iter().find(|a| a.shard >= count) {
             return Err(Error::Shards {
                 field: "shard.plan".into(),
@@ -236,9 +257,13 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
             });
         }
     }
-    check_same_sweep(shards)?;
-    let count = shards[0].record.count;
-    let plan = &shards[0].record.plan;
+    Ok(())
+}
+
+/// The shard table: entry `i` is the folder of shard `i` of `count`, `None` where no folder was
+/// given. Errors: [`Error::Shards`] naming `shard.index` for an index past the count or a shard
+/// given twice (both folders named).
+fn shard_table(shards: &[ShardFolder], count: usize) -> Result<Vec<Option<&ShardFolder>>> {
     let mut by_index: Vec<Option<&ShardFolder>> = vec![None; count];
     for s in shards {
         let i = s.record.index;
@@ -263,6 +288,19 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
         }
         by_index[i] = Some(s);
     }
+    Ok(by_index)
+}
+
+/// What each shard of the table failed to deliver, one description per shard in index order:
+/// a missing shard's planned units, or the assigned units a given shard has no result for.
+/// Errors (unless `allow_partial`): [`Error::Shards`] for the first such shard, naming
+/// `shard.index` (missing) or `shard.units` (unfinished: resume it).
+fn missing_units(
+    by_index: &[Option<&ShardFolder>],
+    plan: &[Assigned],
+    allow_partial: bool,
+) -> Result<Vec<String>> {
+    let count = by_index.len();
     let mut missing = Vec::new();
     for (i, s) in by_index.iter().enumerate() {
         let units: Vec<Unit> = match s {
@@ -304,7 +342,13 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
         }
         missing.push(what);
     }
-    // A shard holding a result it was not assigned is not a shard of this split.
+    Ok(missing)
+}
+
+/// Checks that no shard holds a result its split assigns to another shard (it would not be a
+/// shard of this split). Errors: [`Error::Shards`] naming `shard.units`, the folder and the
+/// first such point (or, without one, quality result).
+fn check_no_stray_results(shards: &[ShardFolder]) -> Result<()> {
     for s in shards {
         let assigned: Vec<&Unit> = s.assigned().collect();
         let stray = s
@@ -334,7 +378,16 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
             });
         }
     }
+    Ok(())
+}
 
+/// Every delivered result in `plan` order, each from the shard the plan assigns its unit to:
+/// the timing points, and the quality results with `rouge_l_vs_fp16` recomputed against the
+/// fp16 summaries ([`with_fp16_rouge`]). Units no shard delivered are skipped.
+fn join_results(
+    by_index: &[Option<&ShardFolder>],
+    plan: &[Assigned],
+) -> (Vec<PointOutcome>, Vec<QualityOutcome>) {
     let owner = |u: &Unit| -> Option<&ShardFolder> {
         plan.iter()
             .find(|a| a.unit == *u)
@@ -371,7 +424,13 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
             }
         }
     }
+    (points, quality)
+}
 
+/// `meta.json` of the merged folder: the lowest present shard's, without `shard`, with
+/// `merged_from` (each present shard's index, host, folder, run id, times and status, by
+/// index), `status` (`finished`, or `partial` when `missing` is not empty) and `missing`.
+fn merged_meta(by_index: &[Option<&ShardFolder>], missing: &[String]) -> Value {
     let mut present: Vec<&ShardFolder> = by_index.iter().flatten().copied().collect();
     present.sort_by_key(|s| s.record.index);
     let mut meta = present[0].meta.clone();
@@ -405,15 +464,10 @@ pub fn merge(shards: &[ShardFolder], allow_partial: bool) -> Result<Merged> {
             .into(),
         );
         if !missing.is_empty() {
-            m.insert("missing".into(), missing.clone().into());
+            m.insert("missing".into(), missing.to_vec().into());
         }
     }
-    Ok(Merged {
-        meta,
-        points,
-        quality,
-        missing,
-    })
+    meta
 }
 
 /// `rouge` with `rouge_l_vs_fp16` against the fp16 summaries, as the sweep computes it (none

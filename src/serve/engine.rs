@@ -156,8 +156,9 @@ struct State {
 
 /// Serves `requests` arriving as `arrival` (open-loop arrival times from `times`, seeded by
 /// the caller) on `backend` under `cfg`; `on_finish` sees each record as its request finishes
-/// (raw.jsonl is written from it). Errors: the pool's ([`BlockPool::new`], the prefix not
-/// fitting), the backend's.
+/// (raw.jsonl is written from it). Errors: `--max-num-seqs` 0, the pool's ([`BlockPool::new`],
+/// the prefix not fitting), the backend's, `on_finish`'s, and a schedule with nothing left to
+/// run or wait for.
 pub fn serve(
     backend: &mut dyn Backend,
     cfg: &SchedConfig,
@@ -167,28 +168,15 @@ pub fn serve(
     seed: u64,
     on_finish: &mut dyn FnMut(&RequestRecord) -> Result<()>,
 ) -> Result<ServeOutcome> {
-    if cfg.max_num_seqs == 0 {
-        return Err(Error::InvalidArgument {
-            name: "--max-num-seqs".into(),
-            reason: "must be at least 1".into(),
-        });
-    }
-    let sizer = cfg.sizer;
-    let mut pool = BlockPool::new(cfg.kv_budget, sizer.block_bytes())?;
-    let caching = cfg.prefix_caching && cfg.prefix_tokens > 0;
-    // Only whole blocks are shared (vLLM hashes full blocks): the rest is in every sequence.
-    let shared = if caching {
-        sizer.blocks_for(cfg.prefix_tokens / sizer.block_tokens * sizer.block_tokens)
-    } else {
-        0
-    };
-    let mut prefix_prefill_s = 0.0;
-    if caching {
-        pool.hold_prefix(shared)?;
-        prefix_prefill_s = backend.prepare_prefix(prefix)?;
-    }
-    let n = requests.len();
-    let mut arrivals: VecDeque<(f64, usize)> = match arrival.times(n, seed) {
+    Scheduler::new(backend, cfg, requests, arrival, prefix, seed, on_finish)?.run()
+}
+
+/// The queue of requests not yet arrived, `(arrival time s, request index)` in arrival order,
+/// and the index of the next request a closed-loop client sends when one of its requests
+/// finishes (`n`, i.e. none, for open loops). Open loops take every time from
+/// [`Arrival::times`]; a closed loop of `c` clients starts with `min(c, n)` requests at 0 s.
+fn initial_arrivals(arrival: Arrival, n: usize, seed: u64) -> (VecDeque<(f64, usize)>, usize) {
+    let arrivals = match arrival.times(n, seed) {
         Some(t) => t.into_iter().zip(0..n).collect(),
         None => {
             let clients = match arrival {
@@ -198,25 +186,165 @@ pub fn serve(
             (0..clients.min(n)).map(|i| (0.0, i)).collect()
         }
     };
-    let mut next_closed = match arrival {
+    let next_closed = match arrival {
         Arrival::Closed { clients } => clients.min(n),
         _ => n,
     };
-    let offset = backend.now();
-    let mut states: Vec<Option<State>> = (0..n).map(|_| None).collect();
-    let mut waiting: VecDeque<usize> = VecDeque::new();
-    let mut running: Vec<Running> = Vec::new();
-    let mut done = Vec::with_capacity(n);
-    let mut steps = Vec::new();
-    let mut finished = 0;
-    while finished < n {
-        let now = backend.now() - offset;
-        while arrivals.front().is_some_and(|&(t, _)| t <= now) {
-            let (t, i) = arrivals.pop_front().expect("checked");
-            states[i] = Some(State {
+    (arrivals, next_closed)
+}
+
+/// One serving run in progress: the pool, the queues and every request's progress. [`serve`]
+/// builds it ([`Scheduler::new`]) and runs it ([`Scheduler::run`]); each iteration is a fixed
+/// sequence of the steps below (arrivals, admission, retirement, growth with preemption, one
+/// decode step, retirement, completion). Every time it records is the backend's clock minus
+/// `offset`, read exactly where a step says it is read.
+struct Scheduler<'a> {
+    backend: &'a mut dyn Backend,
+    cfg: &'a SchedConfig,
+    requests: &'a [Request],
+    /// The shared prefix's tokens (prefilled with every prompt unless `caching`).
+    prefix: &'a [u32],
+    on_finish: &'a mut dyn FnMut(&RequestRecord) -> Result<()>,
+    pool: BlockPool,
+    /// Prefix caching is on and there is a prefix to cache.
+    caching: bool,
+    /// Blocks of the prefix held once and shared by every sequence (0 without caching).
+    shared: usize,
+    /// Seconds the one prefill of the shared prefix took (0 without caching).
+    prefix_prefill_s: f64,
+    /// The backend's clock when the run began, s.
+    offset: f64,
+    /// Requests not yet arrived, `(arrival s, index)` ([`initial_arrivals`]).
+    arrivals: VecDeque<(f64, usize)>,
+    /// The request a closed-loop client sends next (`n`: none).
+    next_closed: usize,
+    /// Per request: its record and tokens so far, from arrival until it finishes.
+    states: Vec<Option<State>>,
+    /// Arrived requests not running, in admission order (preempted ones at the front).
+    waiting: VecDeque<usize>,
+    /// The decode batch, in the backend's order (admission order).
+    running: Vec<Running>,
+    /// Finished requests' records, in completion order.
+    done: Vec<RequestRecord>,
+    /// One sample per decode step.
+    steps: Vec<StepSample>,
+    /// Requests finished (served or rejected).
+    finished: usize,
+}
+
+impl<'a> Scheduler<'a> {
+    /// Sets a run up: checks `max_num_seqs`, sizes the pool, holds and prefills the shared
+    /// prefix when caching it, queues the arrivals, and takes the backend's clock as time 0.
+    /// Errors: [`Error::InvalidArgument`] for `--max-num-seqs` 0, [`BlockPool::new`]'s and
+    /// [`BlockPool::hold_prefix`]'s, and [`Backend::prepare_prefix`]'s.
+    fn new(
+        backend: &'a mut dyn Backend,
+        cfg: &'a SchedConfig,
+        requests: &'a [Request],
+        arrival: Arrival,
+        prefix: &'a [u32],
+        seed: u64,
+        on_finish: &'a mut dyn FnMut(&RequestRecord) -> Result<()>,
+    ) -> Result<Self> {
+        if cfg.max_num_seqs == 0 {
+            return Err(Error::InvalidArgument {
+                name: "--max-num-seqs".into(),
+                reason: "must be at least 1".into(),
+            });
+        }
+        let sizer = cfg.sizer;
+        let mut pool = BlockPool::new(cfg.kv_budget, sizer.block_bytes())?;
+        let caching = cfg.prefix_caching && cfg.prefix_tokens > 0;
+        // Only whole blocks are shared (vLLM hashes full blocks): the rest is in every sequence.
+        let shared = if caching {
+            sizer.blocks_for(cfg.prefix_tokens / sizer.block_tokens * sizer.block_tokens)
+        } else {
+            0
+        };
+        let mut prefix_prefill_s = 0.0;
+        if caching {
+            pool.hold_prefix(shared)?;
+            prefix_prefill_s = backend.prepare_prefix(prefix)?;
+        }
+        let n = requests.len();
+        let (arrivals, next_closed) = initial_arrivals(arrival, n, seed);
+        let offset = backend.now();
+        Ok(Scheduler {
+            backend,
+            cfg,
+            requests,
+            prefix,
+            on_finish,
+            pool,
+            caching,
+            shared,
+            prefix_prefill_s,
+            offset,
+            arrivals,
+            next_closed,
+            states: (0..n).map(|_| None).collect(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            done: Vec::with_capacity(n),
+            steps: Vec::new(),
+            finished: 0,
+        })
+    }
+
+    /// Runs iterations until every request finished, then returns the outcome. Each
+    /// iteration: arrivals join the queue, the queue is admitted, requests done at admission
+    /// retire; with nothing running, those complete and the run waits for the next arrival;
+    /// otherwise the batch grows by a token each (preempting as needed), one decode step runs,
+    /// and everything that finished retires and completes (decoded ones first). Errors: every
+    /// step's.
+    fn run(mut self) -> Result<ServeOutcome> {
+        let n = self.requests.len();
+        while self.finished < n {
+            self.arrive();
+            let just_finished = self.admit()?;
+            self.retire(&just_finished)?;
+            if self.running.is_empty() {
+                self.complete(just_finished)?;
+                if self.finished >= n {
+                    break;
+                }
+                if self.waiting.is_empty() {
+                    self.wait_for_arrival()?;
+                }
+                continue;
+            }
+            self.preempt_until_fits()?;
+            self.grow_running()?;
+            let mut ended = self.decode_step()?;
+            ended.extend(just_finished);
+            self.retire(&ended)?;
+            self.complete(ended)?;
+        }
+        Ok(ServeOutcome {
+            requests: self.done,
+            steps: self.steps,
+            total_blocks: self.pool.total(),
+            block_bytes: self.pool.block_bytes(),
+            prefix_blocks: self.pool.prefix_blocks(),
+            prefix_prefill_s: self.prefix_prefill_s,
+        })
+    }
+
+    /// Seconds since the run began, by the backend's clock (one clock read).
+    fn now(&self) -> f64 {
+        self.backend.now() - self.offset
+    }
+
+    /// Moves every request whose arrival time has passed (reading the clock once) from the
+    /// arrival queue to the back of the waiting queue, with a fresh record.
+    fn arrive(&mut self) {
+        let now = self.now();
+        while self.arrivals.front().is_some_and(|&(t, _)| t <= now) {
+            let (t, i) = self.arrivals.pop_front().expect("checked");
+            self.states[i] = Some(State {
                 record: RequestRecord {
-                    id: requests[i].id,
-                    prompt_tokens: cfg.prefix_tokens + requests[i].prompt.len(),
+                    id: self.requests[i].id,
+                    prompt_tokens: self.cfg.prefix_tokens + self.requests[i].prompt.len(),
                     output_tokens: 0,
                     arrival_s: t,
                     first_token_s: f64::NAN,
@@ -226,163 +354,199 @@ pub fn serve(
                 },
                 generated: Vec::new(),
             });
-            waiting.push_back(i);
+            self.waiting.push_back(i);
         }
-        // Admission, first come first served.
+    }
+
+    /// Admission, first come first served: takes requests from the front of the waiting
+    /// queue while fewer than `max_num_seqs` run and the pool has the blocks the head's whole
+    /// context needs; each is prefilled ([`Scheduler::prefill`]). A head that could never fit
+    /// an empty pool is rejected (its status says why). Returns the requests finished here
+    /// (rejected, or done after their prefill's token), in that order. Errors: the pool's and
+    /// the backend's.
+    fn admit(&mut self) -> Result<Vec<usize>> {
+        let sizer = self.cfg.sizer;
         let mut just_finished: Vec<usize> = Vec::new();
-        while let Some(&i) = waiting.front() {
-            if running.len() >= cfg.max_num_seqs {
+        while let Some(&i) = self.waiting.front() {
+            if self.running.len() >= self.cfg.max_num_seqs {
                 break;
             }
-            let req = &requests[i];
-            let st = states[i].as_mut().expect("arrived");
-            let total = cfg.prefix_tokens + req.prompt.len() + st.generated.len();
+            let req = &self.requests[i];
+            let st = self.states[i].as_mut().expect("arrived");
+            let total = self.cfg.prefix_tokens + req.prompt.len() + st.generated.len();
             let need = sizer.blocks_for(total);
             // A request whose whole life cannot fit an empty pool would wait forever.
-            let lifetime = sizer.peak_blocks(cfg.prefix_tokens + req.prompt.len() + req.output_len);
-            if lifetime.saturating_sub(shared) + shared > pool.total() {
-                waiting.pop_front();
+            let lifetime =
+                sizer.peak_blocks(self.cfg.prefix_tokens + req.prompt.len() + req.output_len);
+            if lifetime.saturating_sub(self.shared) + self.shared > self.pool.total() {
+                self.waiting.pop_front();
                 st.record.status = format!(
                     "rejected: needs {lifetime} blocks, the pool has {}",
-                    pool.total()
+                    self.pool.total()
                 );
                 just_finished.push(i);
                 continue;
             }
-            if !pool.can_grow(i, need, shared) {
+            if !self.pool.can_grow(i, need, self.shared) {
                 break;
             }
-            waiting.pop_front();
-            pool.grow(i, need, shared)?;
-            let mut tokens: Vec<u32> = Vec::with_capacity(total);
-            if !caching {
-                tokens.extend_from_slice(prefix);
-            }
-            tokens.extend_from_slice(&req.prompt);
-            tokens.extend_from_slice(&st.generated);
-            let tok = backend.admit(&tokens, caching)?;
-            let t = backend.now() - offset;
-            if st.generated.is_empty() {
-                st.record.first_token_s = t;
-            } else {
-                st.record.token_s.push(t);
-            }
-            st.generated.push(tok);
-            running.push(Running {
-                req: i,
-                seen: total,
-                last: tok,
-            });
-            if st.generated.len() >= req.output_len {
+            self.waiting.pop_front();
+            if self.prefill(i, total, need)? {
                 just_finished.push(i);
             }
         }
-        retire(&mut running, &just_finished, backend, &mut pool)?;
-        if running.is_empty() {
-            for &i in &just_finished {
-                finished += 1;
-                finish(states[i].take(), &mut done, on_finish)?;
-                if next_closed < n {
-                    arrivals.push_back((backend.now() - offset, next_closed));
-                    next_closed += 1;
-                }
-            }
-            if finished >= n {
-                break;
-            }
-            if waiting.is_empty() {
-                match arrivals.front() {
-                    Some(&(t, _)) => backend.wait_until(t + offset),
-                    None => {
-                        return Err(Error::InvalidArgument {
-                            name: "serve".into(),
-                            reason: "no request is running, waiting or due".into(),
-                        })
-                    }
-                }
-            }
-            continue;
+        Ok(just_finished)
+    }
+
+    /// Admits request `i`, whose context (prefix, prompt and the tokens it generated before a
+    /// preemption) is `total` tokens in `need` blocks: takes the blocks, prefills the context
+    /// on the backend (after the cached prefix when caching), records the token's time (its
+    /// first token, or the next one of a recomputed request) and appends it to the running
+    /// batch. Returns whether it has all its output tokens now. Errors: the pool's (blocks
+    /// short: callers check [`BlockPool::can_grow`] first) and [`Backend::admit`]'s.
+    fn prefill(&mut self, i: usize, total: usize, need: usize) -> Result<bool> {
+        let req = &self.requests[i];
+        let st = self.states[i].as_mut().expect("arrived");
+        self.pool.grow(i, need, self.shared)?;
+        let mut tokens: Vec<u32> = Vec::with_capacity(total);
+        if !self.caching {
+            tokens.extend_from_slice(self.prefix);
         }
-        // Blocks for one more token each; preempt the newest until they fit.
+        tokens.extend_from_slice(&req.prompt);
+        tokens.extend_from_slice(&st.generated);
+        let tok = self.backend.admit(&tokens, self.caching)?;
+        let t = self.backend.now() - self.offset;
+        if st.generated.is_empty() {
+            st.record.first_token_s = t;
+        } else {
+            st.record.token_s.push(t);
+        }
+        st.generated.push(tok);
+        self.running.push(Running {
+            req: i,
+            seen: total,
+            last: tok,
+        });
+        Ok(st.generated.len() >= req.output_len)
+    }
+
+    /// With nothing running or waiting, waits for the next arrival. Errors:
+    /// [`Error::InvalidArgument`] when none is due either (the schedule cannot go on).
+    fn wait_for_arrival(&mut self) -> Result<()> {
+        let Some(&(t, _)) = self.arrivals.front() else {
+            return Err(Error::InvalidArgument {
+                name: "serve".into(),
+                reason: "no request is running, waiting or due".into(),
+            });
+        };
+        self.backend.wait_until(t + self.offset);
+        Ok(())
+    }
+
+    /// Before a decode step every running sequence needs the blocks for one more token; while
+    /// the free list is short of them, preempts the newest running sequence (vLLM's recompute
+    /// preemption): its blocks are freed, its cache dropped, and it goes to the front of the
+    /// waiting queue, keeping the tokens it generated. The last running sequence is never
+    /// preempted. Errors: [`Backend::remove`]'s.
+    fn preempt_until_fits(&mut self) -> Result<()> {
+        let sizer = self.cfg.sizer;
         loop {
-            let need: usize = running
+            let need: usize = self
+                .running
                 .iter()
-                .map(|r| pool.new_blocks(r.req, sizer.blocks_for(r.seen + 1), shared))
+                .map(|r| {
+                    self.pool
+                        .new_blocks(r.req, sizer.blocks_for(r.seen + 1), self.shared)
+                })
                 .sum();
-            if need <= pool.free() || running.len() <= 1 {
+            if need <= self.pool.free() || self.running.len() <= 1 {
                 break;
             }
-            let r = running.pop().expect("len > 1");
-            pool.release(r.req);
-            backend.remove(running.len())?;
-            let st = states[r.req].as_mut().expect("running");
+            let r = self.running.pop().expect("len > 1");
+            self.pool.release(r.req);
+            self.backend.remove(self.running.len())?;
+            let st = self.states[r.req].as_mut().expect("running");
             st.record.preemptions += 1;
-            waiting.push_front(r.req);
+            self.waiting.push_front(r.req);
         }
-        for r in &running {
-            pool.grow(r.req, sizer.blocks_for(r.seen + 1), shared)?;
+        Ok(())
+    }
+
+    /// Gives every running sequence the blocks for one more token, in batch order. Errors:
+    /// the pool's, when the blocks are short (a lone sequence that outgrew the pool).
+    fn grow_running(&mut self) -> Result<()> {
+        let sizer = self.cfg.sizer;
+        for r in &self.running {
+            self.pool
+                .grow(r.req, sizer.blocks_for(r.seen + 1), self.shared)?;
         }
-        let last: Vec<u32> = running.iter().map(|r| r.last).collect();
-        let next = backend.step(&last)?;
-        let t = backend.now() - offset;
+        Ok(())
+    }
+
+    /// Runs one decode step over the running batch, records each sequence's new token at the
+    /// clock read after the step, and appends the step's [`StepSample`]. Returns the requests
+    /// that now have all their output tokens, in batch order. Errors: [`Backend::step`]'s.
+    fn decode_step(&mut self) -> Result<Vec<usize>> {
+        let last: Vec<u32> = self.running.iter().map(|r| r.last).collect();
+        let next = self.backend.step(&last)?;
+        let t = self.backend.now() - self.offset;
         let mut ended = Vec::new();
-        for (r, tok) in running.iter_mut().zip(next) {
+        for (r, tok) in self.running.iter_mut().zip(next) {
             r.seen += 1;
             r.last = tok;
-            let st = states[r.req].as_mut().expect("running");
+            let st = self.states[r.req].as_mut().expect("running");
             st.generated.push(tok);
             st.record.token_s.push(t);
-            if st.generated.len() >= requests[r.req].output_len {
+            if st.generated.len() >= self.requests[r.req].output_len {
                 ended.push(r.req);
             }
         }
-        steps.push(StepSample {
+        let sizer = self.cfg.sizer;
+        self.steps.push(StepSample {
             t_s: t,
-            running: running.len(),
-            waiting: waiting.len(),
-            used_blocks: pool.used(),
-            table_blocks: pool.table_entries(),
-            accounted_bytes: running.iter().map(|r| sizer.seq_bytes(r.seen)).sum(),
-            stored_bytes: backend.kv_bytes() as u64,
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            used_blocks: self.pool.used(),
+            table_blocks: self.pool.table_entries(),
+            accounted_bytes: self.running.iter().map(|r| sizer.seq_bytes(r.seen)).sum(),
+            stored_bytes: self.backend.kv_bytes() as u64,
         });
-        ended.extend(just_finished);
-        retire(&mut running, &ended, backend, &mut pool)?;
-        for i in ended {
-            finished += 1;
-            finish(states[i].take(), &mut done, on_finish)?;
-            if next_closed < n {
-                arrivals.push_back((backend.now() - offset, next_closed));
-                next_closed += 1;
+        Ok(ended)
+    }
+
+    /// Removes finished requests `ids` from the running batch (backend and pool), from the
+    /// back of the batch to the front; ids not running are ignored. Errors:
+    /// [`Backend::remove`]'s.
+    fn retire(&mut self, ids: &[usize]) -> Result<()> {
+        for idx in (0..self.running.len()).rev() {
+            if ids.contains(&self.running[idx].req) {
+                let r = self.running.remove(idx);
+                self.pool.release(r.req);
+                self.backend.remove(idx)?;
             }
         }
+        Ok(())
     }
-    Ok(ServeOutcome {
-        requests: done,
-        steps,
-        total_blocks: pool.total(),
-        block_bytes: pool.block_bytes(),
-        prefix_blocks: pool.prefix_blocks(),
-        prefix_prefill_s,
-    })
-}
 
-/// Removes finished requests `ids` from the running batch (backend and pool).
-fn retire(
-    running: &mut Vec<Running>,
-    ids: &[usize],
-    backend: &mut dyn Backend,
-    pool: &mut BlockPool,
-) -> Result<()> {
-    for idx in (0..running.len()).rev() {
-        if ids.contains(&running[idx].req) {
-            let r = running.remove(idx);
-            pool.release(r.req);
-            backend.remove(idx)?;
+    /// Completes finished requests `ids`, in order: each record gets its output token count
+    /// and goes to `on_finish` and the outcome, and in a closed loop its client sends the next
+    /// request, arriving now (one clock read each). Errors: `on_finish`'s.
+    fn complete(&mut self, ids: Vec<usize>) -> Result<()> {
+        let n = self.requests.len();
+        for i in ids {
+            self.finished += 1;
+            finish(self.states[i].take(), &mut self.done, &mut *self.on_finish)?;
+            if self.next_closed < n {
+                self.arrivals.push_back((self.now(), self.next_closed));
+                self.next_closed += 1;
+            }
         }
+        Ok(())
     }
-    Ok(())
 }
 
+/// Closes a finished request's record (its output token count), hands it to `on_finish`, then
+/// keeps it in `done`. Errors: `on_finish`'s (the record is then not kept).
 fn finish(
     st: Option<State>,
     done: &mut Vec<RequestRecord>,
