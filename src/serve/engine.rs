@@ -336,10 +336,18 @@ impl<'a> Scheduler<'a> {
     }
 
     /// Moves every request whose arrival time has passed (reading the clock once) from the
-    /// arrival queue to the back of the waiting queue, with a fresh record.
+    /// arrival queue to the back of the waiting queue, with a fresh record. Compared in the
+    /// backend's own time (`t + offset`, the instant [`Self::wait_for_arrival`] waits for):
+    /// `(t + offset) − offset` can round below `t`, and a virtual clock set to exactly
+    /// `t + offset` then never let the request in (the run spun with nothing due).
     fn arrive(&mut self) {
-        let now = self.now();
-        while self.arrivals.front().is_some_and(|&(t, _)| t <= now) {
+        let now = self.backend.now();
+        let offset = self.offset;
+        while self
+            .arrivals
+            .front()
+            .is_some_and(|&(t, _)| t + offset <= now)
+        {
             let (t, i) = self.arrivals.pop_front().expect("checked");
             self.states[i] = Some(State {
                 record: RequestRecord {
@@ -617,6 +625,40 @@ pub(crate) mod tests {
             &mut |_| Ok(()),
         )
         .unwrap()
+    }
+
+    /// A request arriving while nothing runs, after a prefix prefill moved the clock's origin
+    /// (offset 0.5 s): at 12.5 req/s the second arrives at t = 0.08, and `(0.08 + 0.5) − 0.5`
+    /// is 0.07999999999999996 in floating point. On a virtual clock set to exactly 0.58 the run
+    /// waited there forever (found by the scheduler's split, issue #21); now it serves all 3.
+    #[test]
+    fn an_arrival_after_an_offset_origin_is_let_in() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let s = fp16_sizer();
+            let cfg = SchedConfig {
+                sizer: s,
+                kv_budget: 100 * s.block_bytes(),
+                max_num_seqs: 64,
+                prefix_tokens: 500,
+                prefix_caching: true,
+            };
+            let mut m = mock(s);
+            let o = serve(
+                &mut m,
+                &cfg,
+                &reqs(3, 4, 1),
+                Arrival::Constant { rate: 12.5 },
+                &[7; 500],
+                0,
+                &mut |_| Ok(()),
+            );
+            let _ = tx.send(o.map(|o| o.requests.len()));
+        });
+        let served = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the scheduler finished (it spun before the fix)");
+        assert_eq!(served.unwrap(), 3);
     }
 
     /// A pool of 10 blocks (16 tokens each), 4 requests of 40 prompt tokens (3 blocks) and 10
