@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use super::{Format, FormatSpec};
+use super::contract::{Format, FormatSpec};
 use super::gpu::{self, GpuFormat};
 use crate::kv::codec::{f16_round_down, f16_round_up, RowCodec};
 use crate::kv::formats::fp16::F16Row;

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::{Format, FormatSpec};
+use super::contract::{Format, FormatSpec};
 use crate::kv::params::Params;
 use crate::kv::quant::mse::TurboQuantMse;
 use crate::kv::quant::prod::TurboQuantProd;
