@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use super::{GpuEvict, Policy, PolicySpec};
+use super::contract::{GpuEvict, Policy, PolicySpec};
 use crate::kv::formats::gpu::EVICT_H2O;
 use crate::kv::params::Params;
 

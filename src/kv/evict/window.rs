@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::{GpuEvict, Policy, PolicySpec};
+use super::contract::{GpuEvict, Policy, PolicySpec};
 use crate::kv::formats::gpu::EVICT_WINDOW;
 use crate::kv::params::Params;
 

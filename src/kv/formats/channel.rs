@@ -8,10 +8,8 @@
 
 use std::fmt;
 
+use super::contract::{Format, FormatSpec};
 use super::gpu::{self, GpuFormat};
-use super::int4::DEFAULT_INT4_GROUP;
-use super::uniform::DEFAULT_UNIFORM_GROUP;
-use super::{Format, FormatSpec, Quant};
 use crate::kv::codec::{f16_round_down, f16_round_up, RowCodec};
 use crate::kv::formats::fp16::F16Row;
 use crate::kv::params::Params;
@@ -111,16 +109,13 @@ impl Format for Channel {
     fn per_channel(&self) -> bool {
         true
     }
-    fn value_partner(&self) -> Option<Quant> {
+    /// KIVI's values: per-token at the same width, default groups (`int8` is int8-token,
+    /// `int4` groups of 32, `int2` groups of 32).
+    fn value_partner(&self) -> Option<&'static str> {
         Some(match self.bits {
-            8 => Quant::Int8Token,
-            4 => Quant::Int4 {
-                group: DEFAULT_INT4_GROUP,
-            },
-            _ => Quant::Uniform {
-                bits: 2,
-                group: DEFAULT_UNIFORM_GROUP,
-            },
+            8 => "int8",
+            4 => "int4",
+            _ => "int2",
         })
     }
     fn new_stream(&self, d: usize) -> Box<dyn Stream> {

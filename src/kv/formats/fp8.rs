@@ -11,7 +11,7 @@ use std::fmt;
 use half::f16;
 
 use super::gpu::{self, GpuFormat};
-use super::{Format, FormatSpec, ScaleScope};
+use super::contract::{Format, FormatSpec, ScaleScope};
 use crate::kv::codec::{f16_round_up, RowCodec};
 use crate::kv::params::Params;
 use crate::kv::stream::{RowStream, Stream};

@@ -9,7 +9,7 @@ use std::fmt;
 use half::f16;
 
 use super::gpu::{self, GpuFormat};
-use super::{Format, FormatSpec};
+use super::contract::{Format, FormatSpec};
 use crate::kv::codec::{f16_round_down, f16_round_up, RowCodec};
 use crate::kv::params::Params;
 use crate::kv::stream::{RowStream, Stream};

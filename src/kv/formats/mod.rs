@@ -7,7 +7,12 @@
 //! (mistral.rs-style: a `Copy` enum whose methods delegate), generated with every delegation
 //! by the [`formats!`] invocation at the bottom of this file — adding a format is its file plus
 //! one line there (see the README's "Layout" section for a worked example).
+//!
+//! Floors inside this folder (issue #21): `gpu` (the CUDA layout) → `contract` (the traits every
+//! format implements) → the format files (a file may use another's codec, never the registry) →
+//! the registry here, which names them all.
 
+mod contract;
 pub mod gpu;
 
 use std::fmt;
@@ -15,76 +20,8 @@ use std::fmt;
 use super::params::Params;
 use super::stream::Stream;
 use crate::error::{Error, Result};
+pub use contract::{Format, FormatSpec, ScaleScope};
 pub use gpu::GpuFormat;
-
-/// Where a format's external scale lives (fp8 with `scale=head` or `scale=tensor`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScaleScope {
-    /// One scale per (sequence, kv head, layer), counted in that stream's bytes.
-    Head,
-    /// One scale per layer (K and V apart), counted once per layer.
-    Tensor,
-}
-
-/// What every format file implements (object-safe: [`Quant::with`] hands out `&dyn Format`).
-/// `d` is head_dim; byte counts are exact, as the CPU cache stores them.
-pub trait Format: fmt::Debug {
-    /// Writes the spec string (the inverse of [`FormatSpec::parse`]; defaults omitted).
-    fn write(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
-    /// Checks the format against a model's head_dim; `Err` is the reason and what to change.
-    fn validate(&self, _d: usize) -> std::result::Result<(), String> {
-        Ok(())
-    }
-    /// Bytes one stored row of `d` elements takes (formats whose cost depends on the token
-    /// count report their per-row part and override [`Self::stream_bytes`]).
-    fn row_bytes(&self, d: usize) -> usize;
-    /// Exact bytes one (sequence, kv head, K or V) stream holds after `n` tokens.
-    fn stream_bytes(&self, d: usize, n: usize) -> usize {
-        n * self.row_bytes(d)
-    }
-    /// Bytes per layer (K or V) outside the streams once anything is written (a per-tensor
-    /// scale), else 0.
-    fn layer_bytes(&self) -> usize {
-        0
-    }
-    /// Tokens quantized together (KIVI's token group), else 1.
-    fn token_group(&self) -> usize {
-        1
-    }
-    /// Whether the format quantizes along tokens per channel (keys only; no eviction).
-    fn per_channel(&self) -> bool {
-        false
-    }
-    /// The value format a spec naming only this key format pairs it with (KIVI: per-channel
-    /// keys, per-token values of the same width); `None`: values use the same format.
-    fn value_partner(&self) -> Option<Quant> {
-        None
-    }
-    /// Where the external scale lives, for formats that need one before the first write.
-    fn external_scale(&self) -> Option<ScaleScope> {
-        None
-    }
-    /// The external scale for the first write `x` (formats with [`Self::external_scale`]).
-    fn calibrate(&self, _x: &[f32]) -> f32 {
-        1.0
-    }
-    /// A new, empty CPU stream for rows of `d` elements.
-    fn new_stream(&self, d: usize) -> Box<dyn Stream>;
-    /// The CUDA kernels' form of this format; `None`: CPU only.
-    fn gpu(&self) -> Option<GpuFormat> {
-        None
-    }
-}
-
-/// The names and parser of a format (the static half of [`Format`]).
-pub trait FormatSpec: Format + Sized {
-    /// The names this format answers to (aliases included), e.g. `["int8", "int8-token"]`.
-    const NAMES: &'static [&'static str];
-    /// Its entry in [`crate::kv::VALID_SCHEMES`], e.g. `int4[:group=G]`.
-    const HELP: &'static str;
-    /// Parses `name[:k=v,…]` (`p.name` is one of [`Self::NAMES`]); `Err` is the reason.
-    fn parse(p: &Params<'_>) -> std::result::Result<Self, String>;
-}
 
 /// A parser of the registry: the names it takes and the function.
 pub(crate) type Parser = (
@@ -114,6 +51,13 @@ macro_rules! formats {
             pub fn with<R>(self, f: impl FnOnce(&dyn Format) -> R) -> R {
                 match self {
                     $( Quant::$variant $({ $($field),* })? => f(&$module::$ty $({ $($field),* })?), )*
+                }
+            }
+
+            /// The names this format's registry entry answers to (its [`FormatSpec::NAMES`]).
+            pub fn names(self) -> &'static [&'static str] {
+                match self {
+                    $( Quant::$variant { .. } => <$module::$ty as FormatSpec>::NAMES, )*
                 }
             }
         }
@@ -149,11 +93,11 @@ impl Quant {
 
     /// Per-token formats smaller than fp16 that store rows of `d` elements: every registered
     /// name with its default parameters that passes its own [`Format::validate`] at `d`, the
-    /// registry entry named `skip` left out (the format asking, which must not recurse from its
-    /// own check), aliases counted once. Ordered by how far their row (bytes) is from `near`
-    /// bytes, registry order on ties; at most `n`. What a format refusing `d` suggests instead,
-    /// so the advice is always valid at that head_dim.
-    pub(crate) fn valid_at(d: usize, skip: &[&str], near: usize, n: usize) -> Vec<Quant> {
+    /// registry entry named `skip` left out (the format asking), aliases counted once. Ordered
+    /// by how far their row (bytes) is from `near` bytes, registry order on ties; at most `n`.
+    /// What a format refusing `d` suggests instead (see [`Self::check`]), so the advice is
+    /// always valid at that head_dim.
+    fn valid_at(d: usize, skip: &[&str], near: usize, n: usize) -> Vec<Quant> {
         let mut found: Vec<Quant> = Vec::new();
         for &(names, parse) in PARSERS.iter().filter(|(names, _)| *names != skip) {
             for &name in names {
@@ -162,7 +106,8 @@ impl Quant {
                     pairs: Vec::new(),
                 };
                 let Ok(q) = parse(&bare) else { continue };
-                let fits = !q.per_channel() && q.check(d).is_ok() && q.row_bytes(d) < 2 * d;
+                let valid = q.with(|f| f.validate(d)).is_ok();
+                let fits = !q.per_channel() && valid && q.row_bytes(d) < 2 * d;
                 if fits && !found.contains(&q) {
                     found.push(q);
                 }
@@ -199,9 +144,20 @@ impl Quant {
     }
 
     /// The value format a spec naming only this key format implies (see
-    /// [`Format::value_partner`]).
+    /// [`Format::value_partner`]): that name parsed with its default parameters.
     pub fn value_partner(self) -> Quant {
-        self.with(|f| f.value_partner()).unwrap_or(self)
+        let Some(name) = self.with(|f| f.value_partner()) else {
+            return self;
+        };
+        let bare = Params {
+            name,
+            pairs: Vec::new(),
+        };
+        match Quant::parse(&bare) {
+            Ok(Some(q)) => q,
+            // A registry invariant, pinned by the tests below: not an input error.
+            _ => panic!("`{self}` pairs with `{name}`, which the registry does not parse"),
+        }
     }
 
     /// Where this format's external scale lives, if it has one.
@@ -214,9 +170,28 @@ impl Quant {
         self.with(|f| f.new_stream(d))
     }
 
-    /// Checks this format against head_dim `d`; `Err` is the reason.
+    /// Checks this format against head_dim `d`; `Err` is the reason, followed for a format that
+    /// [`Format::suggests_alternatives`] by up to three formats that do store `d`, nearest to
+    /// its row size first ("; use `a`, `b` or `c` for this model").
     pub fn check(self, d: usize) -> std::result::Result<(), String> {
-        self.with(|f| f.validate(d))
+        let Err(reason) = self.with(|f| f.validate(d)) else {
+            return Ok(());
+        };
+        if !self.with(|f| f.suggests_alternatives()) {
+            return Err(reason);
+        }
+        // Only what stores this head_dim (int4's default group and q4_0's blocks of 32 do not
+        // divide 80, say): the formats that validate at `d`, nearest in size.
+        let names: Vec<String> = Quant::valid_at(d, self.names(), self.row_bytes(d), 3)
+            .iter()
+            .map(|q| format!("`{q}`"))
+            .collect();
+        let advice = match names.as_slice() {
+            [] => String::new(),
+            [one] => format!("; use {one} for this model"),
+            [rest @ .., last] => format!("; use {} or {last} for this model", rest.join(", ")),
+        };
+        Err(format!("{reason}{advice}"))
     }
 
     /// The CUDA form of this format. Errors: [`Error::InvalidArgument`] naming the formats the
@@ -281,6 +256,35 @@ mod tests {
         assert_eq!(roundtrip(int8::Int8TokenRow, &x), x.to_vec());
         assert_eq!(roundtrip(int4::Int4GroupRow { group: 32 }, &x), x.to_vec());
         assert_eq!(roundtrip(fp16::F16Row, &x), x.to_vec());
+    }
+
+    /// KIVI's pairing by hand: a per-channel key format names its value format by registry
+    /// name, which parses to per-token values of the same width (default groups); every other
+    /// format pairs with itself.
+    #[test]
+    fn value_partners_by_hand() {
+        let q = |s: &str| s.parse::<crate::kv::KvScheme>().unwrap().k;
+        assert_eq!(q("int8-channel").value_partner(), Quant::Int8Token);
+        assert_eq!(
+            q("int4-channel:group=64,residual=0").value_partner(),
+            Quant::Int4 { group: 32 }
+        );
+        assert_eq!(
+            q("int2-channel").value_partner(),
+            Quant::Uniform { bits: 2, group: 32 }
+        );
+        for (names, parse) in PARSERS {
+            for &name in *names {
+                let bare = Params {
+                    name,
+                    pairs: Vec::new(),
+                };
+                let k = parse(&bare).unwrap();
+                let v = k.value_partner();
+                assert_eq!(v == k, !k.per_channel(), "{name}");
+                assert!(!v.per_channel(), "{name} pairs with {v}");
+            }
+        }
     }
 
     /// The CUDA support table by format, and the registry's names are unique.

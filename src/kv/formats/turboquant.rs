@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::{Format, FormatSpec};
+use super::contract::{Format, FormatSpec};
 use crate::kv::params::Params;
 use crate::kv::quant::mse::TurboQuantMse;
 use crate::kv::quant::prod::TurboQuantProd;
@@ -96,7 +96,7 @@ impl TurboQuant {
                 TurboQuantProd::new(d, self.bits, self.seed).map(|c| TqCodec::Prod(Arc::new(c)))
             }
         }
-        .map_err(|e| format!("{}: {e}", super::Quant::from(*self)))?;
+        .map_err(|e| format!("{}: {e}", self as &dyn Format))?;
         map.insert((d, *self), c.clone());
         Ok(c)
     }
@@ -148,22 +148,15 @@ impl Format for TurboQuant {
     }
     fn validate(&self, d: usize) -> Result<(), String> {
         if !d.is_power_of_two() {
-            // Suggest only what stores this head_dim (int4's default group and q4_0's blocks of
-            // 32 do not divide 80, say): the formats that validate at `d`, nearest in size.
-            let names: Vec<String> = super::Quant::valid_at(d, Self::NAMES, self.row_bytes(d), 3)
-                .iter()
-                .map(|q| format!("`{q}`"))
-                .collect();
-            let advice = match names.as_slice() {
-                [] => String::new(),
-                [one] => format!("; use {one} for this model"),
-                [rest @ .., last] => format!("; use {} or {last} for this model", rest.join(", ")),
-            };
             return Err(format!(
-                "TurboQuant's Hadamard rotation needs head_dim a power of two (model: {d}){advice}"
+                "TurboQuant's Hadamard rotation needs head_dim a power of two (model: {d})"
             ));
         }
         Ok(())
+    }
+    /// No parameter fixes the head_dim: the registry names the formats that do store it.
+    fn suggests_alternatives(&self) -> bool {
+        true
     }
     /// MSE: `ceil(d·B/8) + 2`; prod: `ceil(d·(B−1)/8) + 4 + ceil(d/8)`.
     fn row_bytes(&self, d: usize) -> usize {

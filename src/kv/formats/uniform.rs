@@ -14,7 +14,7 @@ use std::fmt;
 
 use half::f16;
 
-use super::{Format, FormatSpec};
+use super::contract::{Format, FormatSpec};
 use crate::error::Error;
 use crate::kv::codec::RowCodec;
 use crate::kv::params::Params;
