@@ -45,7 +45,7 @@ pub struct CalibrateArgs {
     #[arg(long, default_value_t = 1024)]
     pub long_ctx: usize,
     /// Timed runs per timing (the median is kept).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 9)]
     pub repeats: usize,
     /// The profile's name (default: cpu-<host name>).
     #[arg(long)]
@@ -118,6 +118,15 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         "{}, {} threads: kvbench's CPU serving path ({} decode, {} prefill weights)",
         machine.cpu, machine.threads, a.weights.weights, a.weights.prefill_weights
     );
+    let out = a.out.clone().unwrap_or_else(|| {
+        PathBuf::from("reports")
+            .join(format!("calibrate-{}", crate::util::time::now_compact()))
+            .join("profile.toml")
+    });
+    let dir = out.parent().map_or(PathBuf::from("."), PathBuf::from);
+    crate::report::run_dir::create_out(&dir)?;
+    // The raw timings first: a fit that fails still leaves what was measured.
+    write_timings(&dir.join("timings.csv"), &samples)?;
     let (mut profile, points) = fit(&name, &description, &shape, &samples)?;
     profile.weights_dtype = Some(a.weights.weights.to_string());
     profile.prefill_weights_dtype = Some(a.weights.prefill_weights.to_string());
@@ -138,13 +147,6 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
     ] {
         profile.sources.insert(f.into(), how.clone());
     }
-    let out = a.out.clone().unwrap_or_else(|| {
-        PathBuf::from("reports")
-            .join(format!("calibrate-{}", crate::util::time::now_compact()))
-            .join("profile.toml")
-    });
-    let dir = out.parent().map_or(PathBuf::from("."), PathBuf::from);
-    crate::report::run_dir::create_out(&dir)?;
     std::fs::write(&out, profile.to_toml()?).map_err(|e| crate::Error::io(&out, e))?;
     let csv_path = dir.join("calibration.csv");
     let mut w = csv::Writer::from_path(&csv_path)?;
@@ -170,5 +172,42 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         samples.probe_bw_gb_s, samples.probe_tflops, profile.mem_bw_gb_s, profile.matmul_tflops
     );
     println!("wrote {} and {}", out.display(), csv_path.display());
+    Ok(())
+}
+
+/// One timing of `kvbench calibrate` as `timings.csv` holds it: what ran (`prefill`, `decode`
+/// at the short context, `scheme` at the long one), its batch and context, seconds (median).
+#[derive(serde::Serialize)]
+struct Timing<'a> {
+    kind: &'a str,
+    scheme: String,
+    batch: usize,
+    tokens: usize,
+    seconds: f64,
+}
+
+/// Writes every timing of `samples` to `path` (CSV, one row per timing; the probes as rows of
+/// kind `probe_read_gb_s` / `probe_gemm_tflops` with the figure in `seconds`). Errors: I/O.
+fn write_timings(path: &std::path::Path, samples: &crate::perf::fit::Samples) -> anyhow::Result<()> {
+    let mut w = csv::Writer::from_path(path)?;
+    let row = |kind, scheme: String, batch, tokens, seconds| Timing {
+        kind,
+        scheme,
+        batch,
+        tokens,
+        seconds,
+    };
+    w.serialize(row("probe_read_gb_s", String::new(), 0, 0, samples.probe_bw_gb_s))?;
+    w.serialize(row("probe_gemm_tflops", String::new(), 0, 0, samples.probe_tflops))?;
+    for &(t, s) in &samples.prefill {
+        w.serialize(row("prefill", "fp16".into(), 1, t, s))?;
+    }
+    for &(b, c, s) in &samples.decode {
+        w.serialize(row("decode", "fp16".into(), b, c, s))?;
+    }
+    for &(k, b, c, s) in &samples.scheme_steps {
+        w.serialize(row("scheme", k.to_string(), b, c, s))?;
+    }
+    w.flush()?;
     Ok(())
 }

@@ -214,7 +214,7 @@ impl PerfModel {
     /// token.
     pub fn decode(&self, contexts: &[usize]) -> Terms {
         let e = &self.profile.efficiency;
-        let e_mm = e.decode_matmul.unwrap_or(e.matmul);
+        let e_mm = e.decode_matmul_at(contexts.len());
         let mut c = self.common(contexts.len(), self.shape.decode_weight_bytes, e_mm);
         let held: f64 = contexts
             .iter()
@@ -227,7 +227,7 @@ impl PerfModel {
     /// Prefilling `tokens` new tokens of one sequence after `context` cached ones: causal
     /// attention over the cached tokens and the new ones before each.
     pub fn prefill(&self, tokens: usize, context: usize) -> Terms {
-        let e_mm = self.profile.efficiency.matmul;
+        let e_mm = self.profile.efficiency.prefill_matmul_at(tokens);
         let mut c = self.common(tokens, self.shape.prefill_weight_bytes, e_mm);
         let (t, ctx) = (tokens as f64, self.scheme.held_tokens(context) as f64);
         let pairs = t * ctx + t * (t + 1.0) / 2.0;

@@ -22,6 +22,16 @@ pub struct Efficiency {
     /// kvbench's CPU decode runs Q8_0 dot products, its prefill an f32 GEMM); absent: `matmul`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode_matmul: Option<f64>,
+    /// The prefill's matrix products by prompt length, `[[tokens, efficiency], …]` with tokens
+    /// rising: the efficiency measured at the nearest shapes, interpolated in log(tokens) and
+    /// held at the ends (AIConfigurator's method: speed of light ÷ the efficiency measured at
+    /// the nearest shape). Empty: `matmul` for every length. `kvbench calibrate` fills it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matmul_by_tokens: Vec<(u64, f64)>,
+    /// The decode step's matrix products by batch size, `[[batch, efficiency], …]`, as
+    /// `matmul_by_tokens`. Empty: `decode_matmul` (or `matmul`) for every batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decode_matmul_by_batch: Vec<(u64, f64)>,
     /// Reading cached K/V in attention, of the memory bandwidth, for a scheme not listed in
     /// `kv_read_by_scheme`.
     pub kv_read: f64,
@@ -36,6 +46,39 @@ pub struct Efficiency {
     pub attention: f64,
     /// Tensor-parallel all-reduce, of the link bandwidth.
     pub allreduce: f64,
+}
+
+impl Efficiency {
+    /// The prefill matmuls' efficiency for `tokens` new tokens: `matmul_by_tokens` at that
+    /// length (log-interpolated, held at the ends), else `matmul`.
+    pub fn prefill_matmul_at(&self, tokens: usize) -> f64 {
+        interpolate(&self.matmul_by_tokens, tokens).unwrap_or(self.matmul)
+    }
+
+    /// The decode matmuls' efficiency at batch `batch`: `decode_matmul_by_batch` there, else
+    /// `decode_matmul`, else `matmul`.
+    pub fn decode_matmul_at(&self, batch: usize) -> f64 {
+        interpolate(&self.decode_matmul_by_batch, batch)
+            .or(self.decode_matmul)
+            .unwrap_or(self.matmul)
+    }
+}
+
+/// `table`'s value at `n`: linear in log(n) between the two nearest sizes, the end value
+/// beyond either end; `None` for an empty table.
+pub fn interpolate(table: &[(u64, f64)], n: usize) -> Option<f64> {
+    let (first, last) = (table.first()?, table.last()?);
+    let n = n.max(1) as f64;
+    if n <= first.0 as f64 {
+        return Some(first.1);
+    }
+    if n >= last.0 as f64 {
+        return Some(last.1);
+    }
+    let i = table.iter().position(|&(m, _)| m as f64 >= n)?;
+    let ((n0, e0), (n1, e1)) = (table[i - 1], table[i]);
+    let f = (n.ln() - (n0 as f64).ln()) / ((n1 as f64).ln() - (n0 as f64).ln());
+    Some(e0 + f * (e1 - e0))
 }
 
 /// Fixed costs, µs.
@@ -221,6 +264,20 @@ impl DeviceProfile {
         if let Some(v) = e.decode_matmul {
             share("efficiency.decode_matmul", v)?;
         }
+        for (f, table) in [
+            ("efficiency.matmul_by_tokens", &e.matmul_by_tokens),
+            ("efficiency.decode_matmul_by_batch", &e.decode_matmul_by_batch),
+        ] {
+            for (i, &(n, v)) in table.iter().enumerate() {
+                if n == 0 || (i > 0 && n <= table[i - 1].0) {
+                    return Err(bad(
+                        "profile",
+                        format!("`{f}`: sizes must be > 0 and rising; entry {i} is {n}"),
+                    ));
+                }
+                share(&format!("{f}[{i}]"), v)?;
+            }
+        }
         for (scheme, v) in &e.kv_read_by_scheme {
             share(&format!("efficiency.kv_read_by_scheme.{scheme}"), *v)?;
         }
@@ -275,6 +332,24 @@ mod tests {
                 assert!(p.sources.contains_key(f), "{name}: no source for {f}");
             }
         }
+    }
+
+    /// Interpolation by hand: at 1 and 100 tokens 0.2 and 0.6; at 10 (halfway in log) 0.4;
+    /// below and above, the ends; a table that does not rise is refused.
+    #[test]
+    fn tables_interpolate_in_log_size() {
+        let t = [(1u64, 0.2), (100, 0.6)];
+        assert_eq!(interpolate(&t, 1), Some(0.2));
+        assert!((interpolate(&t, 10).unwrap() - 0.4).abs() < 1e-12);
+        assert_eq!(interpolate(&t, 1000), Some(0.6));
+        assert_eq!(interpolate(&[], 10), None);
+        let mut p = DeviceProfile::parse(SHIPPED[0].1, "x").unwrap();
+        p.efficiency.matmul_by_tokens = vec![(128, 0.5), (32, 0.4)];
+        let e = p.validate().unwrap_err().to_string();
+        assert!(e.contains("matmul_by_tokens") && e.contains("rising"), "{e}");
+        p.efficiency.matmul_by_tokens = vec![(32, 0.4), (128, 0.5)];
+        let back = DeviceProfile::parse(&p.to_toml().unwrap(), "y").unwrap();
+        assert_eq!(back.efficiency.prefill_matmul_at(64), p.efficiency.prefill_matmul_at(64));
     }
 
     /// A missing field, an unknown one, a zero bandwidth and an efficiency above 1 are refused,
