@@ -6,7 +6,8 @@ Usage: scripts/compare-sim.py MEASURED_DIR SIMULATED_DIR [--markdown]
 Reads each folder's results.csv (kvbench serve), pairs points by scheme and arrival, and prints
 for each: request throughput, TTFT p50/p95 and TPOT p50/p95, measured | simulated | error %.
 A point is within target when throughput is within 10 % and all four latencies within 15 %.
-Exits 0; the last line counts the points within target.
+Exits 0; the last line counts the points within target. With --markdown, a cell outside its
+target is bold.
 """
 import csv
 import sys
@@ -30,7 +31,9 @@ def main():
     meas, sim = rows(args[0]), rows(args[1])
     cols = [("request_throughput", 10.0), ("ttft_ms_p50", 15.0), ("ttft_ms_p95", 15.0),
             ("tpot_ms_p50", 15.0), ("tpot_ms_p95", 15.0)]
-    head = ["scheme", "load"] + [f"{c} meas | sim | err" for c, _ in cols] + ["within"]
+    head = ["scheme", "load"] + [f"{c}: measured → simulated (error)" for c, _ in cols] + [
+        "within"
+    ]
     if md:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
@@ -38,6 +41,7 @@ def main():
         print("\t".join(head))
     ok = total = 0
     errs = {c: [] for c, _ in cols}
+    inside = {c: 0 for c, _ in cols}
     for key, m in meas.items():
         s = sim.get(key)
         if s is None or m["status"] != "ok" or s["status"] != "ok":
@@ -51,8 +55,10 @@ def main():
                 continue
             e = 100.0 * (b / a - 1.0)
             errs[c].append(abs(e))
+            inside[c] += abs(e) <= lim
             good &= abs(e) <= lim
-            cells.append(f"{a:.4g} | {b:.4g} | {e:+.1f} %")
+            cell = f"{a:.4g} → {b:.4g} ({e:+.1f} %)"
+            cells.append(cell if abs(e) <= lim or not md else f"**{cell}**")
         ok += good
         line = [key[0], key[1]] + cells + ["yes" if good else "no"]
         print(("| " + " | ".join(line) + " |") if md else "\t".join(line))
@@ -60,7 +66,8 @@ def main():
     for c, _ in cols:
         e = sorted(errs[c])
         if e:
-            print(f"{c}: median |error| {e[len(e) // 2]:.1f} %, worst {e[-1]:.1f} %")
+            print(f"{c}: median |error| {e[len(e) // 2]:.1f} %, worst {e[-1]:.1f} %, "
+                  f"{inside[c]} of {len(e)} within target")
     print(f"{ok} of {total} points within target (throughput ±10 %, TTFT/TPOT p50/p95 ±15 %)")
 
 

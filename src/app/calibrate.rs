@@ -188,7 +188,10 @@ struct Timing<'a> {
 
 /// Writes every timing of `samples` to `path` (CSV, one row per timing; the probes as rows of
 /// kind `probe_read_gb_s` / `probe_gemm_tflops` with the figure in `seconds`). Errors: I/O.
-fn write_timings(path: &std::path::Path, samples: &crate::perf::fit::Samples) -> anyhow::Result<()> {
+fn write_timings(
+    path: &std::path::Path,
+    samples: &crate::perf::fit::Samples,
+) -> anyhow::Result<()> {
     let mut w = csv::Writer::from_path(path)?;
     let row = |kind, scheme: String, batch, tokens, seconds| Timing {
         kind,
@@ -197,8 +200,20 @@ fn write_timings(path: &std::path::Path, samples: &crate::perf::fit::Samples) ->
         tokens,
         seconds,
     };
-    w.serialize(row("probe_read_gb_s", String::new(), 0, 0, samples.probe_bw_gb_s))?;
-    w.serialize(row("probe_gemm_tflops", String::new(), 0, 0, samples.probe_tflops))?;
+    w.serialize(row(
+        "probe_read_gb_s",
+        String::new(),
+        0,
+        0,
+        samples.probe_bw_gb_s,
+    ))?;
+    w.serialize(row(
+        "probe_gemm_tflops",
+        String::new(),
+        0,
+        0,
+        samples.probe_tflops,
+    ))?;
     for &(t, s) in &samples.prefill {
         w.serialize(row("prefill", "fp16".into(), 1, t, s))?;
     }

@@ -204,10 +204,7 @@ pub fn fit(
     // The prefill intercept from (1, T, T²) where the curve bends up (attention's T²), else
     // from (1, T).
     let quad = {
-        let rows: Vec<Vec<f64>> = prefill
-            .iter()
-            .map(|&(t, _)| vec![1.0, t, t * t])
-            .collect();
+        let rows: Vec<Vec<f64>> = prefill.iter().map(|&(t, _)| vec![1.0, t, t * t]).collect();
         let y: Vec<f64> = prefill.iter().map(|p| p.1).collect();
         least_squares(&rows, &y).ok().filter(|b| b[2] > 0.0)
     };
@@ -246,7 +243,10 @@ pub fn fit(
         // The prompts are too short for attention's T² to stand out: its arithmetic runs at
         // the rate the longest prefill's matrix products reach.
         let &(t, y) = prefill.last().expect("two or more");
-        rate((y - w_p / r_w - o).max(0.0) / (2.0 * n * t), "prefill matmul")?
+        rate(
+            (y - w_p / r_w - o).max(0.0) / (2.0 * n * t),
+            "prefill matmul",
+        )?
     };
     let attn_s = |pairs: f64| 4.0 * qdl * pairs / r_attn;
     // 3. K/V reads: the extra tokens of the long context over the short one.
@@ -269,13 +269,14 @@ pub fn fit(
     // 4. The matmuls at each measured shape: first make sure the weights leave room.
     // New tokens' K/V are written at the weights' read rate (fp16, the baseline's cache).
     let bpt16 = KvScheme::FP16.bytes_per_token(&geom) as f64;
-    let prefill_rest = |r_w: f64, o: f64, t: f64, y: f64| {
-        y - (w_p + t * bpt16) / r_w - o - attn_s(attn_pairs(t))
-    };
+    let prefill_rest =
+        |r_w: f64, o: f64, t: f64, y: f64| y - (w_p + t * bpt16) / r_w - o - attn_s(attn_pairs(t));
     let decode_rest = |r_w: f64, o: f64, b: usize, c: usize, y: f64| {
         y - (w_d + b as f64 * bpt16) / r_w - o - kv_short_s(b, c) - attn_s(short_held(b, c))
     };
-    let tight = prefill.iter().any(|&(t, y)| prefill_rest(r_w, o, t, y) < 0.1 * y)
+    let tight = prefill
+        .iter()
+        .any(|&(t, y)| prefill_rest(r_w, o, t, y) < 0.1 * y)
         || samples
             .decode
             .iter()
@@ -311,17 +312,20 @@ pub fn fit(
     let mut mm_prefill = Vec::new();
     for &(t, y) in &samples.prefill {
         let rest = prefill_rest(r_w, o, t as f64, y);
-        mm_prefill.push((t as u64, rate(rest / (2.0 * n * t as f64), "prefill matmul")?));
+        mm_prefill.push((
+            t as u64,
+            rate(rest / (2.0 * n * t as f64), "prefill matmul")?,
+        ));
     }
     let mut mm_decode = Vec::new();
     for &(b, c, y) in &samples.decode {
         let rest = decode_rest(r_w, o, b, c, y);
-        mm_decode.push((b as u64, rate(rest / (2.0 * n * b as f64), "decode matmul")?));
+        mm_decode.push((
+            b as u64,
+            rate(rest / (2.0 * n * b as f64), "decode matmul")?,
+        ));
     }
-    let bw = r_kv
-        .values()
-        .fold(fastest_seen, |m, &r| m.max(r))
-        .max(r_w);
+    let bw = r_kv.values().fold(fastest_seen, |m, &r| m.max(r)).max(r_w);
     let peak = mm_prefill
         .iter()
         .chain(&mm_decode)
@@ -498,10 +502,7 @@ mod tests {
                 (8, 35, 0.03291),
                 (16, 35, 0.05554),
             ],
-            scheme_steps: vec![
-                (KvScheme::FP16, 4, 1027, 0.02551),
-                (int4, 4, 1027, 0.02009),
-            ],
+            scheme_steps: vec![(KvScheme::FP16, 4, 1027, 0.02551), (int4, 4, 1027, 0.02009)],
         };
         let (p, points) = fit("cpu", "test", &shape(), &samples).unwrap();
         p.validate().unwrap();

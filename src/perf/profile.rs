@@ -266,7 +266,10 @@ impl DeviceProfile {
         }
         for (f, table) in [
             ("efficiency.matmul_by_tokens", &e.matmul_by_tokens),
-            ("efficiency.decode_matmul_by_batch", &e.decode_matmul_by_batch),
+            (
+                "efficiency.decode_matmul_by_batch",
+                &e.decode_matmul_by_batch,
+            ),
         ] {
             for (i, &(n, v)) in table.iter().enumerate() {
                 if n == 0 || (i > 0 && n <= table[i - 1].0) {
@@ -346,10 +349,16 @@ mod tests {
         let mut p = DeviceProfile::parse(SHIPPED[0].1, "x").unwrap();
         p.efficiency.matmul_by_tokens = vec![(128, 0.5), (32, 0.4)];
         let e = p.validate().unwrap_err().to_string();
-        assert!(e.contains("matmul_by_tokens") && e.contains("rising"), "{e}");
+        assert!(
+            e.contains("matmul_by_tokens") && e.contains("rising"),
+            "{e}"
+        );
         p.efficiency.matmul_by_tokens = vec![(32, 0.4), (128, 0.5)];
         let back = DeviceProfile::parse(&p.to_toml().unwrap(), "y").unwrap();
-        assert_eq!(back.efficiency.prefill_matmul_at(64), p.efficiency.prefill_matmul_at(64));
+        assert_eq!(
+            back.efficiency.prefill_matmul_at(64),
+            p.efficiency.prefill_matmul_at(64)
+        );
     }
 
     /// A missing field, an unknown one, a zero bandwidth and an efficiency above 1 are refused,

@@ -58,6 +58,11 @@ pub struct LoadArgs {
     /// Arrival process for `--rate`: poisson (exponential gaps) or constant.
     #[arg(long, value_enum, default_value = "poisson")]
     pub arrival: ArrivalProcess,
+    /// With poisson arrivals: gamma-distributed gaps of this shape instead (vLLM's `bench
+    /// serve --burstiness`): below 1 burstier than Poisson, above 1 more even; 1 is Poisson.
+    #[arg(long, default_value_t = 1.0)]
+    #[serde(default = "one_f64")]
+    pub burstiness: f64,
     /// Closed loop instead of `--rate`: this many clients, comma-separated for several loads.
     #[arg(long, value_delimiter = ',')]
     pub concurrency: Vec<usize>,
@@ -121,6 +126,10 @@ pub struct SimArgs {
     #[arg(long, value_name = "N")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_gpu_blocks_override: Option<u64>,
+}
+
+fn one_f64() -> f64 {
+    1.0
 }
 
 fn one() -> usize {
@@ -502,7 +511,25 @@ fn loads(l: &mut LoadArgs) -> Result<Vec<Arrival>> {
             ));
         }
     }
-    Ok(l.rate.iter().map(|&r| l.arrival.at(r)).collect())
+    if !(l.burstiness.is_finite() && l.burstiness > 0.0) {
+        return Err(usage(
+            "--burstiness",
+            format!(
+                "{} is not a gamma shape; give a number > 0 (1 = Poisson)",
+                l.burstiness
+            ),
+        ));
+    }
+    if l.burstiness != 1.0 && l.arrival == ArrivalProcess::Constant {
+        return Err(usage(
+            "--burstiness",
+            "shapes poisson arrivals; with --arrival constant leave it at 1".into(),
+        ));
+    }
+    Ok(l.rate
+        .iter()
+        .map(|&r| l.arrival.at(r, l.burstiness))
+        .collect())
 }
 
 #[cfg(test)]
