@@ -149,7 +149,6 @@ pub const MAX_BLOCK_TOKENS: usize = 1 << 16;
 /// [`plan_gpus`] for several replicas. Errors: [`PlanInput::validate_tp`]'s and
 /// [`PlanInput::kv_budget`]'s, and [`Error::InvalidArgument`] naming `--block-size` outside
 /// 1 to [`MAX_BLOCK_TOKENS`].
-
 pub fn plan(input: &PlanInput, schemes: &[KvScheme], ctxs: &[usize]) -> Result<Vec<PlanRow>> {
     plan_gpus(input, schemes, ctxs, input.tensor_parallel.max(1))
 }

@@ -94,7 +94,7 @@ pub fn run(args: &MergeArgs) -> anyhow::Result<()> {
     if kinds.iter().all(|k| *k == RunKind::Serve) {
         return serves(args);
     }
-    if kinds.iter().any(|k| *k == RunKind::Serve) {
+    if kinds.contains(&RunKind::Serve) {
         return Err(crate::Error::InvalidArgument {
             name: "kvbench merge".into(),
             reason: "the folders mix sweep and serve runs; merge each kind on its own".into(),

@@ -792,7 +792,8 @@ mod tests {
         let (name, reason) = usage(scripts(&j).unwrap_err());
         assert_eq!(name, "--partition");
         assert!(reason.contains(r#""gpu\ntouch /tmp/x""#), "{reason}");
-        let cases: Vec<(&str, Box<dyn Fn(&mut JobSpec)>)> = vec![
+        type Edit = Box<dyn Fn(&mut JobSpec)>;
+        let cases: Vec<(&str, Edit)> = vec![
             (
                 "--account",
                 Box::new(|j| j.shard_options = vec![("account".into(), "a\rb".into())]),

@@ -84,11 +84,12 @@ fn least_squares(rows: &[Vec<f64>], y: &[f64]) -> Result<Vec<f64>> {
                 "the timings do not separate the terms (singular fit)".into()
             ));
         }
-        for r in 0..k {
+        let pivot = a[c].clone();
+        for (r, row) in a.iter_mut().enumerate() {
             if r != c {
-                let f = a[r][c] / a[c][c];
-                for j in c..=k {
-                    a[r][j] -= f * a[c][j];
+                let f = row[c] / pivot[c];
+                for (x, p) in row.iter_mut().zip(&pivot).skip(c) {
+                    *x -= f * p;
                 }
             }
         }

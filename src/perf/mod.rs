@@ -126,7 +126,7 @@ impl PerfModel {
                 profile.name
             )));
         }
-        if shape.q_heads % tp != 0 {
+        if !shape.q_heads.is_multiple_of(tp) {
             return Err(bad(format!(
                 "{} query heads do not split evenly over {tp} GPUs",
                 shape.q_heads

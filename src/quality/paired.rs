@@ -101,21 +101,16 @@ pub fn ppl_estimate(nll: &[f64]) -> Result<PplEstimate> {
 /// How the paired interval is computed. Written (CLI `--ppl-ci`, suites, `meta.json`, the
 /// `ci_method` column) as `t` or `bootstrap:B:seed` ([`FromStr`](std::str::FromStr) also takes
 /// `bootstrap` and `bootstrap:B`, with B = 10000 resamples and seed 0 by default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
 #[serde(try_from = "String", into = "String")]
 pub enum CiMethod {
     /// `d̄ ± t₀.₉₇₅,ₙ₋₁ · s_d/√n` on the paired differences (Student 1908; statrs's t quantile).
     /// Needs n ≥ 2.
+    #[default]
     StudentT,
     /// Percentile bootstrap (Efron & Tibshirani 1993, §13.3): `resamples` means of n pairs drawn
     /// with replacement (SplitMix64 from `seed`), the 2.5th and 97.5th percentiles (type 7).
     Bootstrap { resamples: usize, seed: u64 },
-}
-
-impl Default for CiMethod {
-    fn default() -> Self {
-        CiMethod::StudentT
-    }
 }
 
 impl std::fmt::Display for CiMethod {

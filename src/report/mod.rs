@@ -634,7 +634,9 @@ struct LegacyPointQuality {
     passkey: Option<PasskeyResult>,
 }
 
-/// One line of `raw.jsonl`, either kind.
+/// One line of `raw.jsonl`, either kind. Read one line at a time and taken apart at once, so
+/// the size difference between the variants costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum RawLine {
     Point(PointOutcome, Option<QualityOutcome>),
     Quality(QualityOutcome),
@@ -658,14 +660,13 @@ impl<'de> serde::Deserialize<'de> for RawLine {
         let legacy: LegacyPointQuality =
             serde_json::from_value(v.clone()).map_err(D::Error::custom)?;
         let point: PointOutcome = serde_json::from_value(v).map_err(D::Error::custom)?;
-        let q = (legacy.ppl.is_some() || legacy.rouge.is_some() || legacy.passkey.is_some()).then(
-            || QualityOutcome {
+        let q = (legacy.ppl.is_some() || legacy.rouge.is_some() || legacy.passkey.is_some())
+            .then_some(QualityOutcome {
                 scheme: point.scheme,
                 ppl: legacy.ppl,
                 rouge: legacy.rouge,
                 passkey: legacy.passkey,
-            },
-        );
+            });
         Ok(RawLine::Point(point, q))
     }
 }

@@ -141,7 +141,9 @@ pub fn charts(rows: &[ResultRow], caption: &Caption) -> Vec<(&'static str, LineC
     ];
     // Quality vs memory: one point per scheme (perplexity does not depend on the timing point).
     // Error bars: the paired 95 % interval of ΔPPL (runs made before it have none).
-    let mut quality: Vec<(String, f64, f64, Option<(f64, f64)>)> = Vec::new();
+    // (scheme, KV bytes per token, ΔPPL %, ΔPPL's paired interval).
+    type QualityPoint = (String, f64, f64, Option<(f64, f64)>);
+    let mut quality: Vec<QualityPoint> = Vec::new();
     for (name, rs) in by_scheme(&ok) {
         if let Some(r) = rs.iter().find(|r| r.ppl_delta_pct.is_some()) {
             if let (Some(b), Some(d)) = (r.kv_bytes_per_token, r.ppl_delta_pct) {

@@ -152,8 +152,11 @@ impl ServeRow {
 /// `model`, `rejected`, `contended`: kvbench before issue #21) read with that column filled in
 /// (empty names — the report fills them from `meta.json` —, requests not completed, contention
 /// from `other_cores`).
+/// Written and read one line at a time, so the size difference between the variants costs
+/// nothing worth a box.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
+#[allow(clippy::large_enum_variant)]
 pub enum RawLine {
     /// A request, written as it finishes.
     Request {

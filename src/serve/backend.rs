@@ -23,6 +23,9 @@ use crate::error::Result;
 use crate::kv::{AttentionCache, CacheGeometry, KvCache, KvScheme};
 use crate::model::{argmax_rows, Model};
 
+/// One layer's recorded K and V (f32, `[1, kv_heads, n, head_dim]` flattened).
+type LayerKv = (Vec<f32>, Vec<f32>);
+
 /// The model, the scheme and the running batch.
 pub struct ModelBackend<'a> {
     prefill: &'a Model,
@@ -32,7 +35,7 @@ pub struct ModelBackend<'a> {
     batch: Option<KvCache>,
     start: Instant,
     /// Recorded prefix K/V per layer (`[1, kv_heads, n, head_dim]` f32, flattened) and n.
-    prefix: Option<(Vec<(Vec<f32>, Vec<f32>)>, usize)>,
+    prefix: Option<(Vec<LayerKv>, usize)>,
 }
 
 impl<'a> ModelBackend<'a> {

@@ -55,7 +55,7 @@ pub struct ByteSize {
 impl ByteSize {
     /// `bytes` as a size, written `<n>MiB` when a whole number of MiB, else in bytes.
     pub fn from_bytes(bytes: u64) -> ByteSize {
-        let text = if bytes % (1 << 20) == 0 {
+        let text = if bytes.is_multiple_of(1 << 20) {
             format!("{}MiB", bytes >> 20)
         } else {
             bytes.to_string()
