@@ -273,8 +273,12 @@ fn suite_seeds() -> Vec<Vec<u8>> {
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        // serve.toml holds `kvbench serve` settings, not a sweep suite.
-        .filter(|p| p.file_name().is_some_and(|n| n != "serve.toml"))
+        // serve*.toml hold `kvbench serve` settings, not sweep suites.
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| !n.starts_with("serve"))
+        })
         .map(|p| std::fs::read(p).unwrap())
         .collect()
 }
@@ -771,16 +775,17 @@ fn read_serve_suite(bytes: &[u8]) {
 /// its settings checked.
 static SERVE_STAGES: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 
-/// suites/serve.toml and a suite with the keys it does not use (closed loop, fixed and XSum
-/// lengths, a shared prefix, weights, threads).
+/// suites/serve.toml, suites/serve-decode.toml and a suite with the keys they do not use
+/// (closed loop, fixed and XSum lengths, a shared prefix, weights, threads).
 fn serve_suite_seeds() -> Vec<Vec<u8>> {
-    let shipped = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/suites/serve.toml")).unwrap();
+    let read = |f: &str| std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join(f)).unwrap();
+    let (shipped, decode) = (read("suites/serve.toml"), read("suites/serve-decode.toml"));
     let other = b"description = \"closed loop\"\nschemes = \"fp16,int4\"\nconcurrency = [1, 4]\n\
                   input-len = 256\noutput-len = \"xsum:8..64\"\nshared-prefix = 32\n\
                   weights = \"f32\"\nprefill-weights = \"native\"\nthreads = 2\n\
                   rate = [\"inf\", 0.5]\nnum-requests = 8\nblock-size = 32\n"
         .to_vec();
-    vec![shipped, other]
+    vec![shipped, decode, other]
 }
 
 /// Runs the three serve targets for `count` executions each; returns their (executions,
