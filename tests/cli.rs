@@ -200,9 +200,17 @@ fn vllm_flags_get_a_hint() {
 /// kvbench's names (checked through `plan`, which prints each scheme without a model run).
 #[test]
 fn vllm_dtype_names_work_on_the_command_line() {
+    let dir = std::env::temp_dir().join(format!("kvbench-plan26-{}", std::process::id()));
     let (code, out, err) = kvbench(&[
-        "plan", "--dtypes", "auto,fp8_e4m3,fp8_e5m2", "--memory", "80GiB",
+        "plan",
+        "--dtypes",
+        "auto,fp8_e4m3,fp8_e5m2",
+        "--memory",
+        "80GiB",
+        "--out",
+        dir.to_str().unwrap(),
     ]);
+    std::fs::remove_dir_all(&dir).ok();
     assert_eq!(code, 0, "{err}");
     for printed in ["fp16", "fp8:scale=tensor", "fp8-e5m2:scale=none"] {
         assert!(out.contains(printed), "{printed}: {out}");
