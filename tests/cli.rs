@@ -175,7 +175,10 @@ fn vllm_flags_get_a_hint() {
             &["sweep", "--request-rate", "4"][..],
             "kvbench serve --request-rate R",
         ),
-        (&["sweep", "--max-num-seqs=8"][..], "kvbench serve --max-num-seqs N"),
+        (
+            &["sweep", "--max-num-seqs=8"][..],
+            "kvbench serve --max-num-seqs N",
+        ),
         (
             &["sweep", "--kv-cache-dtype", "fp8"][..],
             "vLLM's `fp8` is `fp8_e4m3` there",
@@ -188,7 +191,10 @@ fn vllm_flags_get_a_hint() {
         let (code, _, err) = kvbench(args);
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains("unexpected argument"), "{args:?}: {err}");
-        assert!(err.contains("hint: ") && err.contains(hint), "{args:?}: {err}");
+        assert!(
+            err.contains("hint: ") && err.contains(hint),
+            "{args:?}: {err}"
+        );
     }
     // serve takes --request-rate itself: no hint, the flag parses (a bad value is refused).
     let (code, _, err) = kvbench(&["serve", "--request-rate", "x"]);

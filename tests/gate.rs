@@ -46,9 +46,15 @@ fn gate_vs_fp16_in_one_run_passes_and_fails_by_hand() {
     let (code, out, err) = gate(&["--current", &cur, "--vs", "fp16", "--max-ppl-delta", "1%"]);
     assert_eq!(code, 3, "{out}{err}");
     assert!(out.contains("**FAIL**: perplexity +5.0000% > 1%"), "{out}");
-    assert!(out.contains("| int8-token | 1 | 64 | 20.0000 | 20.1000 | +0.50% |"), "{out}");
+    assert!(
+        out.contains("| int8-token | 1 | 64 | 20.0000 | 20.1000 | +0.50% |"),
+        "{out}"
+    );
     assert!(out.contains("1 of 2 points regress"), "{out}");
-    assert!(!out.contains("| fp16 |"), "fp16 is the reference, not a point: {out}");
+    assert!(
+        !out.contains("| fp16 |"),
+        "fp16 is the reference, not a point: {out}"
+    );
     let (code, out, err) = gate(&["--current", &cur, "--vs", "fp16", "--max-ppl-delta", "6%"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("All 2 points pass"), "{out}");
@@ -70,12 +76,29 @@ fn gate_schemes_filter_selects_by_name() {
     let dir = tmp("filter");
     let cur = run_csv(&dir);
     let (code, out, err) = gate(&[
-        "--current", &cur, "--vs", "fp16", "--max-ppl-delta", "1%", "--schemes", "int8",
+        "--current",
+        &cur,
+        "--vs",
+        "fp16",
+        "--max-ppl-delta",
+        "1%",
+        "--schemes",
+        "int8",
     ]);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("All 1 points pass") && !out.contains("| int4 |"), "{out}");
+    assert!(
+        out.contains("All 1 points pass") && !out.contains("| int4 |"),
+        "{out}"
+    );
     let (code, _, err) = gate(&[
-        "--current", &cur, "--vs", "fp16", "--max-ppl-delta", "1%", "--schemes", "q8_0",
+        "--current",
+        &cur,
+        "--vs",
+        "fp16",
+        "--max-ppl-delta",
+        "1%",
+        "--schemes",
+        "q8_0",
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("no `q8_0` point"), "{err}");
@@ -89,7 +112,15 @@ fn gate_vs_significant_uses_the_paired_interval() {
     let dir = tmp("sig");
     let cur = run_csv(&dir);
     let args = |limit: &'static str| {
-        vec!["--current", "", "--vs", "fp16", "--max-ppl-delta", limit, "--significant"]
+        vec![
+            "--current",
+            "",
+            "--vs",
+            "fp16",
+            "--max-ppl-delta",
+            limit,
+            "--significant",
+        ]
     };
     let mut a = args("4%");
     a[1] = &cur;
@@ -114,7 +145,12 @@ fn gate_warns_on_a_contended_timing() {
     let dir = tmp("busy");
     let cur = run_csv(&dir);
     let (code, out, err) = gate(&[
-        "--current", &cur, "--vs", "fp16", "--max-tpot-regression", "50%",
+        "--current",
+        &cur,
+        "--vs",
+        "fp16",
+        "--max-tpot-regression",
+        "50%",
     ]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
@@ -133,7 +169,15 @@ fn gate_json_and_step_summary() {
     let summary = dir.join("summary.md");
     std::fs::write(&summary, "earlier step\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_kvbench"))
-        .args(["gate", "--current", &cur, "--vs", "fp16", "--max-ppl-delta", "1%"])
+        .args([
+            "gate",
+            "--current",
+            &cur,
+            "--vs",
+            "fp16",
+            "--max-ppl-delta",
+            "1%",
+        ])
         .args(["--format", "json"])
         .env("GITHUB_STEP_SUMMARY", &summary)
         .output()
@@ -153,7 +197,10 @@ fn gate_json_and_step_summary() {
     assert!(int8["failures"].as_array().unwrap().is_empty());
     let md = std::fs::read_to_string(&summary).unwrap();
     assert!(md.starts_with("earlier step\n## kvbench gate"), "{md}");
-    assert!(md.contains("| int4 | 1 | 64 | 20.0000 | 21.0000 | +5.00% |"), "{md}");
+    assert!(
+        md.contains("| int4 | 1 | 64 | 20.0000 | 21.0000 | +5.00% |"),
+        "{md}"
+    );
 }
 
 /// Writes a run folder: `RUN` as results.csv and a meta.json with these protocol settings.
@@ -180,10 +227,23 @@ fn gate_refuses_runs_measured_under_different_protocols() {
     let (a, b) = (folder(&dir, "a", 4, "aa"), folder(&dir, "b", 8, "bb"));
     let (code, out, err) = gate(&["--baseline", &a, "--current", &b, "--max-ppl-delta", "1%"]);
     assert_eq!(code, 2, "{out}{err}");
-    assert!(err.contains("ppl-windows: 4 (--baseline) vs 8 (--current)"), "{err}");
-    assert!(err.contains(r#"model sha256: ["aa"] (--baseline) vs ["bb"] (--current)"#), "{err}");
+    assert!(
+        err.contains("ppl-windows: 4 (--baseline) vs 8 (--current)"),
+        "{err}"
+    );
+    assert!(
+        err.contains(r#"model sha256: ["aa"] (--baseline) vs ["bb"] (--current)"#),
+        "{err}"
+    );
     let same = folder(&dir, "c", 4, "aa");
-    let (code, out, err) = gate(&["--baseline", &a, "--current", &same, "--max-ppl-delta", "1%"]);
+    let (code, out, err) = gate(&[
+        "--baseline",
+        &a,
+        "--current",
+        &same,
+        "--max-ppl-delta",
+        "1%",
+    ]);
     assert_eq!(code, 0, "{out}{err}");
     let csv = format!("{a}/results.csv");
     let (code, out, err) = gate(&["--baseline", &csv, "--current", &b, "--max-ppl-delta", "1%"]);
@@ -199,7 +259,14 @@ fn gate_needs_a_baseline_or_vs() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--baseline") || err.contains("--vs"), "{err}");
     let (code, _, err) = gate(&[
-        "--baseline", &cur, "--current", &cur, "--vs", "fp16", "--max-ppl-delta", "1%",
+        "--baseline",
+        &cur,
+        "--current",
+        &cur,
+        "--vs",
+        "fp16",
+        "--max-ppl-delta",
+        "1%",
     ]);
     assert_eq!(code, 2, "{err}");
 }

@@ -307,7 +307,12 @@ fn plan_sweeps_memory_and_tensor_parallel_lists() {
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("stdout is one JSON object");
     let plans = v["plans"].as_array().unwrap();
-    let want = [(80u64, 4u64, 40960u64), (80, 8, 20480), (141, 4, 40960), (141, 8, 20480)];
+    let want = [
+        (80u64, 4u64, 40960u64),
+        (80, 8, 20480),
+        (141, 4, 40960),
+        (141, 8, 20480),
+    ];
     assert_eq!(plans.len(), want.len());
     for (p, (gib, tp, bytes)) in plans.iter().zip(want) {
         let memory = gib << 30;
@@ -324,7 +329,10 @@ fn plan_sweeps_memory_and_tensor_parallel_lists() {
         assert!(folder.join("plan.csv").is_file() && folder.join("plan.json").is_file());
     }
     assert_eq!(plans[0]["rows"][0]["max_concurrency"], 250);
-    assert!(err.contains("wrote "), "the wrote lines go to stderr: {err}");
+    assert!(
+        err.contains("wrote "),
+        "the wrote lines go to stderr: {err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -107,7 +107,11 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 false => (dir.clone(), String::new()),
                 true => (
                     dir.join(format!("{}-tp{tp}", memory.trim().replace(['/', ' '], "_"))),
-                    format!("== --memory {} --tensor-parallel {tp} ==\n", memory.trim()),
+                    format!(
+                        "{}== --memory {} --tensor-parallel {tp} ==\n",
+                        if plans.is_empty() { "" } else { "\n" },
+                        memory.trim()
+                    ),
                 ),
             };
             if a.format == PlanFormat::Table {

@@ -981,11 +981,19 @@ pub(crate) mod tests {
                 "fp8-e5m2:scale=none",
             ),
         ];
-        assert_eq!(VLLM_ALIASES.len(), want.len(), "a new alias needs a row here");
+        assert_eq!(
+            VLLM_ALIASES.len(),
+            want.len(),
+            "a new alias needs a row here"
+        );
         for (alias, q, printed) in want {
             for given in [alias.to_string(), alias.to_ascii_uppercase()] {
                 let s: KvScheme = given.parse().unwrap_or_else(|e| panic!("{given}: {e}"));
-                assert_eq!((s.k, s.v, s.evict, s.rotate), (q, q, None, false), "{given}");
+                assert_eq!(
+                    (s.k, s.v, s.evict, s.rotate),
+                    (q, q, None, false),
+                    "{given}"
+                );
                 assert_eq!(s.to_string(), printed, "{given}");
             }
             // Composed: as K of a pair, under eviction, rotated.
@@ -1029,7 +1037,10 @@ pub(crate) mod tests {
         for (bad, near) in [
             ("int9", "did you mean `int8`, `int4`, `int2`?"),
             ("fp61", "did you mean `fp16`"),
-            ("fp8_e4m4", "did you mean `fp8_e4m3`, `fp8-e4m3`, `fp8_e5m2`?"),
+            (
+                "fp8_e4m4",
+                "did you mean `fp8_e4m3`, `fp8-e4m3`, `fp8_e5m2`?",
+            ),
             ("winodw@int8", "did you mean `window`?"),
             ("k4v3", "did you mean `k4v2`"),
         ] {

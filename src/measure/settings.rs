@@ -434,7 +434,9 @@ pub trait Settings:
             if !keys.iter().any(|k| k == key) {
                 let near = crate::util::nearest::did_you_mean(
                     key,
-                    keys.iter().map(String::as_str).chain(SUITE_ONLY_KEYS.iter().copied()),
+                    keys.iter()
+                        .map(String::as_str)
+                        .chain(SUITE_ONLY_KEYS.iter().copied()),
                 );
                 return Err(bad(format!(
                     "unknown key `{key}`{near}; the keys are {} (each the `kvbench {}` flag of \
@@ -647,7 +649,9 @@ mod tests {
             ("pplwindows", "`pplwindows`; did you mean `ppl-windows`?"),
         ] {
             let e = SweepSettings::default()
-                .overlay(&table(&format!("{bad} = 1\n")), "--suite bad.toml", |_| false)
+                .overlay(&table(&format!("{bad} = 1\n")), "--suite bad.toml", |_| {
+                    false
+                })
                 .unwrap_err()
                 .to_string();
             let (first, rest) = e.split_once("the keys are").unwrap();

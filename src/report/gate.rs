@@ -616,8 +616,10 @@ pub fn compare_within(current: &Results, vs: &str, limits: &Limits) -> Result<Ve
         bases.push(b);
         compared.push(c);
     }
-    let pairs: Vec<(&ResultRow, Option<&ResultRow>)> =
-        bases.iter().zip(compared.iter().map(|c| Some(*c))).collect();
+    let pairs: Vec<(&ResultRow, Option<&ResultRow>)> = bases
+        .iter()
+        .zip(compared.iter().map(|c| Some(*c)))
+        .collect();
     if !pairs.is_empty() {
         for m in &checked {
             check_measured(m, (current, current), &pairs)?;
