@@ -68,8 +68,9 @@ pub struct GateArgs {
     #[arg(long, value_name = "SCHEMES")]
     pub schemes: Option<String>,
 
-    /// How the verdict is printed on stdout: a Markdown table, or one JSON object
-    /// ([`GateReport`]). `$GITHUB_STEP_SUMMARY` gets the Markdown either way.
+    /// How the verdict is printed on stdout: a Markdown table, or one JSON object (kind,
+    /// baseline, current, vs, limits, passed, points). `$GITHUB_STEP_SUMMARY` gets the
+    /// Markdown either way.
     #[arg(long, value_enum, default_value_t = GateFormat::Markdown)]
     pub format: GateFormat,
 }
@@ -79,7 +80,7 @@ pub struct GateArgs {
 pub enum GateFormat {
     /// A Markdown table and a one-line result.
     Markdown,
-    /// One JSON object: [`GateReport`].
+    /// One JSON object (the `GateReport` type).
     Json,
 }
 

@@ -127,9 +127,7 @@ pub fn vllm_flag_hint(args: &[String]) -> Option<String> {
     let takes = |flag: &str| {
         let long = flag.trim_start_matches('-');
         sub.get_arguments().any(|a| {
-            a.get_long() == Some(long)
-                || a.get_all_aliases()
-                    .is_some_and(|al| al.iter().any(|x| *x == long))
+            a.get_long() == Some(long) || a.get_all_aliases().is_some_and(|al| al.contains(&long))
         })
     };
     let given = |flag: &str| {
@@ -183,5 +181,53 @@ pub fn main() -> ExitCode {
             });
             ExitCode::from(if usage { 2 } else { 1 })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        std::iter::once("kvbench")
+            .chain(a.iter().copied())
+            .map(String::from)
+            .collect()
+    }
+
+    /// Issue 26: each vLLM flag's kvbench counterpart is a flag `serve` takes (stated here by
+    /// hand: --dtypes, --rate, --max-num-seqs), so the hints name flags that exist.
+    #[test]
+    fn vllm_flags_name_flags_that_exist() {
+        let want = ["dtypes", "rate", "max-num-seqs"];
+        let cmd = Cli::command();
+        let serve = cmd.find_subcommand("serve").unwrap();
+        for ((_, ours, _), want) in VLLM_FLAGS.iter().zip(want) {
+            assert_eq!(ours.trim_start_matches('-'), want);
+            assert!(serve.get_arguments().any(|a| a.get_long() == Some(want)));
+        }
+    }
+
+    /// A hint only where the command lacks the flag: `sweep --request-rate` and
+    /// `sweep --max-num-seqs=8` get one, `serve --request-rate` (its alias) and
+    /// `serve --max-num-seqs` do not; `--kv-cache-dtype` gets one on both.
+    #[test]
+    fn vllm_flag_hint_only_where_the_flag_is_missing() {
+        let hint = |a: &[&str]| vllm_flag_hint(&args(a));
+        assert!(hint(&["sweep", "--request-rate", "4"])
+            .unwrap()
+            .contains("kvbench serve"));
+        assert!(hint(&["sweep", "--max-num-seqs=8"])
+            .unwrap()
+            .contains("--max-num-seqs N"));
+        assert!(hint(&["serve", "--request-rate", "4"]).is_none());
+        assert!(hint(&["serve", "--max-num-seqs", "8"]).is_none());
+        for sub in ["sweep", "serve"] {
+            let h = hint(&[sub, "--kv-cache-dtype", "fp8"]).unwrap();
+            assert!(h.contains("`fp8_e4m3`"), "{h}");
+        }
+        assert!(hint(&["sweep", "--dtypes", "fp16"]).is_none());
+        assert!(hint(&["nosuch", "--request-rate", "4"]).is_none());
+        assert!(hint(&[]).is_none());
     }
 }
