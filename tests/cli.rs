@@ -151,3 +151,74 @@ fn cuda_device_without_cuda_build_says_how_to_rebuild() {
         );
     }
 }
+
+/// Issue 26: an unknown scheme names the nearest valid ones first (`int9` is one substitution
+/// from int8, int4 and int2), then the full list.
+#[test]
+fn unknown_scheme_suggests_the_nearest_first() {
+    let (code, _, err) = kvbench(&["sweep", "--dtypes", "fp16,int9"]);
+    assert_eq!(code, 2, "{err}");
+    let (first, rest) = err.split_once("valid schemes").expect("full list kept");
+    assert!(
+        first.contains("no scheme is called `int9`; did you mean `int8`, `int4`, `int2`?"),
+        "{err}"
+    );
+    assert!(rest.contains("turboquant_3bit_nc"), "{err}");
+}
+
+/// Issue 26: vLLM's flags given where kvbench spells them otherwise get a hint naming
+/// kvbench's flag or command (exit 2, clap's own error kept).
+#[test]
+fn vllm_flags_get_a_hint() {
+    for (args, hint) in [
+        (
+            &["sweep", "--request-rate", "4"][..],
+            "kvbench serve --request-rate R",
+        ),
+        (
+            &["sweep", "--max-num-seqs=8"][..],
+            "kvbench serve --max-num-seqs N",
+        ),
+        (
+            &["sweep", "--kv-cache-dtype", "fp8"][..],
+            "vLLM's `fp8` is `fp8_e4m3` there",
+        ),
+        (
+            &["serve", "--kv-cache-dtype", "fp8_e4m3"][..],
+            "kvbench's --dtypes",
+        ),
+    ] {
+        let (code, _, err) = kvbench(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("unexpected argument"), "{args:?}: {err}");
+        assert!(
+            err.contains("hint: ") && err.contains(hint),
+            "{args:?}: {err}"
+        );
+    }
+    // serve takes --request-rate itself: no hint, the flag parses (a bad value is refused).
+    let (code, _, err) = kvbench(&["serve", "--request-rate", "x"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(!err.contains("hint: vLLM"), "{err}");
+}
+
+/// Issue 26: vLLM's `--kv-cache-dtype` values are accepted by `--dtypes` and print under
+/// kvbench's names (checked through `plan`, which prints each scheme without a model run).
+#[test]
+fn vllm_dtype_names_work_on_the_command_line() {
+    let dir = std::env::temp_dir().join(format!("kvbench-plan26-{}", std::process::id()));
+    let (code, out, err) = kvbench(&[
+        "plan",
+        "--dtypes",
+        "auto,fp8_e4m3,fp8_e5m2",
+        "--memory",
+        "80GiB",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(code, 0, "{err}");
+    for printed in ["fp16", "fp8:scale=tensor", "fp8-e5m2:scale=none"] {
+        assert!(out.contains(printed), "{printed}: {out}");
+    }
+}

@@ -277,6 +277,65 @@ fn plan_tensor_parallel_70b() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Issue 26: `plan --memory 80GiB,141GiB --tensor-parallel 4,8 --format json` plans the four
+/// combinations, memory outer, each in its own folder; stdout is one JSON object. By hand for
+/// Llama-3-70B (80 layers, 8 KV heads × 128) with fp8:scale=tensor (d bytes per row, no
+/// per-token scale): TP 4 holds 2 KV heads per GPU, 80 · 2 · 2 · 128 = 40,960 bytes per token;
+/// TP 8 holds 1, 20,480. The (80GiB, TP 4) plan is the 250 sequences of
+/// `plan_tensor_parallel_70b`; a 4k context fills whole 16-token blocks, so every plan's count
+/// is ⌊(0.9 · memory − weights / TP) / (4096 · bytes per token)⌋ with the weights it reports.
+#[test]
+fn plan_sweeps_memory_and_tensor_parallel_lists() {
+    let dir = std::env::temp_dir().join(format!("kvbench-plan-lists-{}", std::process::id()));
+    let (code, out, err) = common::kvbench(&[
+        "plan",
+        "--model",
+        "llama-3-70b",
+        "--memory",
+        "80GiB,141GiB",
+        "--schemes",
+        "fp8_e4m3",
+        "--ctx",
+        "4k",
+        "--tensor-parallel",
+        "4,8",
+        "--format",
+        "json",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("stdout is one JSON object");
+    let plans = v["plans"].as_array().unwrap();
+    let want = [
+        (80u64, 4u64, 40960u64),
+        (80, 8, 20480),
+        (141, 4, 40960),
+        (141, 8, 20480),
+    ];
+    assert_eq!(plans.len(), want.len());
+    for (p, (gib, tp, bytes)) in plans.iter().zip(want) {
+        let memory = gib << 30;
+        assert_eq!(p["input"]["memory_bytes"], memory);
+        assert_eq!(p["input"]["tensor_parallel"], tp);
+        let row = &p["rows"][0];
+        assert_eq!(row["scheme"], "fp8:scale=tensor");
+        assert_eq!(row["bytes_per_token"], bytes, "{gib} GiB TP {tp}");
+        let weights = p["input"]["weight_bytes"].as_u64().unwrap() as f64 / tp as f64;
+        let seqs = ((0.9 * memory as f64 - weights) / (4096.0 * bytes as f64)).floor() as u64;
+        assert_eq!(row["max_concurrency"], seqs, "{gib} GiB TP {tp}");
+        let folder = std::path::PathBuf::from(p["out"].as_str().unwrap());
+        assert_eq!(folder, dir.join(format!("{gib}GiB-tp{tp}")));
+        assert!(folder.join("plan.csv").is_file() && folder.join("plan.json").is_file());
+    }
+    assert_eq!(plans[0]["rows"][0]["max_concurrency"], 250);
+    assert!(
+        err.contains("wrote "),
+        "the wrote lines go to stderr: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Issue #21: `report`, `gate` and `merge` take serve folders as they take sweep folders. Two
 /// runs of one experiment (fp16 in one, int4 in the other) are reported alone and side by
 /// side, gated against themselves (pass) and against a copy whose goodput was halved (exit 3,

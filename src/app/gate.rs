@@ -1,7 +1,9 @@
 //! `kvbench gate` end to end: the results of a run against a baseline's, sweep results on
 //! perplexity, KL and TPOT ([`crate::report::gate`]), serving results on goodput, SLO
-//! attainment and TTFT/TPOT p95 ([`crate::report::serve_gate`]); the verdict printed as
-//! Markdown (and appended to `$GITHUB_STEP_SUMMARY`), exit 3 on a regression.
+//! attainment and TTFT/TPOT p95 ([`crate::report::serve_gate`]); or, with `--vs SCHEME`, each
+//! scheme of one sweep against that scheme in the same run. The verdict is printed as Markdown
+//! or JSON (`--format json`), the Markdown appended to `$GITHUB_STEP_SUMMARY`; exit 3 on a
+//! regression, 2 on unusable input or runs measured under different protocols.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,9 +16,10 @@ use crate::report::serve_gate::{self, ServeLimits, ServeResults};
 /// Arguments of `kvbench gate`.
 #[derive(Debug, clap::Args)]
 pub struct GateArgs {
-    /// Baseline results: a results.csv or a run folder.
-    #[arg(long)]
-    pub baseline: PathBuf,
+    /// Baseline results: a results.csv or a run folder. Not needed with --vs, which compares
+    /// within --current.
+    #[arg(long, required_unless_present = "vs", conflicts_with = "vs")]
+    pub baseline: Option<PathBuf>,
 
     /// Current results: a results.csv or a run folder.
     #[arg(long)]
@@ -53,6 +56,52 @@ pub struct GateArgs {
     /// --ppl-windows ≥ 2). Too few windows for the limit are warned about either way.
     #[arg(long)]
     pub significant: bool,
+
+    /// Compare each scheme of --current with this scheme of the same run, at the same batch
+    /// size and prompt length (e.g. `fp16`), instead of with a baseline run. With
+    /// --significant it must be fp16 (the paired interval columns are relative to fp16).
+    #[arg(long, value_name = "SCHEME")]
+    pub vs: Option<String>,
+
+    /// Gate only these schemes, comma-separated (`--dtypes` syntax; aliases such as `int8`
+    /// select the scheme they name). Each must be in the results.
+    #[arg(long, value_name = "SCHEMES")]
+    pub schemes: Option<String>,
+
+    /// How the verdict is printed on stdout: a Markdown table, or one JSON object (kind,
+    /// baseline, current, vs, limits, passed, points). `$GITHUB_STEP_SUMMARY` gets the
+    /// Markdown either way.
+    #[arg(long, value_enum, default_value_t = GateFormat::Markdown)]
+    pub format: GateFormat,
+}
+
+/// `--format` of `kvbench gate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GateFormat {
+    /// A Markdown table and a one-line result.
+    Markdown,
+    /// One JSON object (the `GateReport` type).
+    Json,
+}
+
+/// `kvbench gate --format json`: the whole verdict, one JSON object on stdout.
+#[derive(Debug, serde::Serialize)]
+pub struct GateReport<'a, L: serde::Serialize, V: serde::Serialize> {
+    /// `sweep` or `serve`.
+    pub kind: RunKind,
+    /// The baseline path; absent with `vs`.
+    pub baseline: Option<&'a std::path::Path>,
+    /// The current results' path.
+    pub current: &'a std::path::Path,
+    /// The scheme each is compared with inside `current` (`--vs`), as kvbench prints it.
+    pub vs: Option<String>,
+    /// The limits checked (percent, nats or percentage points as each field names; `null`
+    /// unchecked).
+    pub limits: &'a L,
+    /// Whether every point passed (the exit code is 0 when true, 3 when false).
+    pub passed: bool,
+    /// One verdict per compared point.
+    pub points: &'a [V],
 }
 
 /// Largest `--max-ppl-delta` / `--max-tpot-regression`, %: a 10 000-fold rise. A limit past it
@@ -99,28 +148,51 @@ fn parse_pct(s: &str) -> Result<f64, String> {
     }
 }
 
-/// Prints the Markdown table (also appended to `$GITHUB_STEP_SUMMARY` when set) and returns
-/// exit code 3 when a point regresses, 0 when all pass; unusable input is an error (exit 2).
-/// Sweep results and serving results are gated alike, each on its own limits.
+/// Prints the verdict (Markdown or JSON; the Markdown also appended to
+/// `$GITHUB_STEP_SUMMARY` when set) and returns exit code 3 when a point regresses, 0 when all
+/// pass; unusable input is an error (exit 2), and so are two run folders whose `meta.json`
+/// record different protocols ([`gate::protocol_differences`]). Sweep results and serving
+/// results are gated alike, each on its own limits.
 pub fn run(a: &GateArgs) -> anyhow::Result<ExitCode> {
-    let kinds = (kind_of(&a.baseline)?, kind_of(&a.current)?);
-    let (md, passed) = match kinds {
-        (RunKind::Serve, RunKind::Serve) => serve_gate(a)?,
-        (RunKind::Sweep, RunKind::Sweep) => sweep_gate(a)?,
-        (b, c) => {
-            return Err(crate::Error::InvalidArgument {
-                name: "kvbench gate".into(),
-                reason: format!(
-                    "the baseline {} is a `kvbench {b}` run and the current {} a `kvbench {c}` \
-                     run; gate like against like",
-                    a.baseline.display(),
-                    a.current.display()
-                ),
+    let (md, json, passed) = match &a.baseline {
+        None => within_gate(a)?,
+        Some(baseline) => {
+            let protocol = gate::protocol_differences(baseline, &a.current)?;
+            if !protocol.is_empty() {
+                return Err(crate::Error::InvalidArgument {
+                    name: "kvbench gate".into(),
+                    reason: format!(
+                        "{} and {} were measured under different protocols ({}); gate runs \
+                         measured alike, or compare schemes within one run with --vs",
+                        baseline.display(),
+                        a.current.display(),
+                        protocol.join("; ")
+                    ),
+                }
+                .into());
             }
-            .into())
+            match (kind_of(baseline)?, kind_of(&a.current)?) {
+                (RunKind::Serve, RunKind::Serve) => serve_gate(a, baseline)?,
+                (RunKind::Sweep, RunKind::Sweep) => sweep_gate(a, baseline)?,
+                (b, c) => {
+                    return Err(crate::Error::InvalidArgument {
+                        name: "kvbench gate".into(),
+                        reason: format!(
+                            "the baseline {} is a `kvbench {b}` run and the current {} a \
+                             `kvbench {c}` run; gate like against like",
+                            baseline.display(),
+                            a.current.display()
+                        ),
+                    }
+                    .into())
+                }
+            }
         }
     };
-    print!("{md}");
+    match a.format {
+        GateFormat::Markdown => print!("{md}"),
+        GateFormat::Json => println!("{json}"),
+    }
     if let Some(p) = std::env::var_os("GITHUB_STEP_SUMMARY") {
         use std::io::Write;
         if let Ok(mut f) = std::fs::OpenOptions::new()
@@ -138,8 +210,68 @@ pub fn run(a: &GateArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// The serving gate's table and whether every point passed.
-fn serve_gate(a: &GateArgs) -> anyhow::Result<(String, bool)> {
+/// `--schemes` as a list of specs (each checked to parse, so a typo is named with its nearest
+/// names). Errors: [`crate::Error::UnknownScheme`] for the first bad entry.
+fn scheme_filter(a: &GateArgs) -> crate::Result<Option<Vec<String>>> {
+    a.schemes
+        .as_deref()
+        .map(|list| {
+            crate::kv::parse_scheme_list(list).map(|v| v.iter().map(|s| s.to_string()).collect())
+        })
+        .transpose()
+}
+
+/// The `(Markdown, JSON, passed)` of a verdict list.
+fn rendered<L: serde::Serialize, V: serde::Serialize>(
+    report: GateReport<'_, L, V>,
+    md: String,
+) -> anyhow::Result<(String, String, bool)> {
+    let passed = report.passed;
+    Ok((md, serde_json::to_string_pretty(&report)?, passed))
+}
+
+/// `--vs`: every scheme of the current sweep against the named one of the same run.
+fn within_gate(a: &GateArgs) -> anyhow::Result<(String, String, bool)> {
+    let vs = a.vs.as_deref().expect("clap requires --baseline or --vs");
+    let vs_scheme: crate::kv::KvScheme = vs.parse()?;
+    if kind_of(&a.current)? != RunKind::Sweep {
+        return Err(crate::Error::InvalidArgument {
+            name: "--vs".into(),
+            reason: format!(
+                "{} is a `kvbench serve` run; --vs compares the schemes of one sweep: gate \
+                 serving runs against a --baseline",
+                a.current.display()
+            ),
+        }
+        .into());
+    }
+    let limits = sweep_limits(a)?;
+    let mut current = Results::read(&a.current)?;
+    if let Some(mut names) = scheme_filter(a)? {
+        names.push(vs_scheme.to_string());
+        current = current.only_schemes(&names, "--schemes")?;
+    }
+    let verdicts = gate::compare_within(&current, vs, &limits)?;
+    let md = format!(
+        "Each scheme against `{vs_scheme}` at the same batch and prompt length in {} \
+         (columns \"base\": `{vs_scheme}`).\n\n{}",
+        a.current.display(),
+        gate::markdown(&verdicts, &limits)
+    );
+    let report = GateReport {
+        kind: RunKind::Sweep,
+        baseline: None,
+        current: &a.current,
+        vs: Some(vs_scheme.to_string()),
+        limits: &limits,
+        passed: verdicts.iter().all(|v| v.passed()),
+        points: &verdicts,
+    };
+    rendered(report, md)
+}
+
+/// The serving gate's Markdown, JSON and whether every point passed.
+fn serve_gate(a: &GateArgs, baseline: &std::path::Path) -> anyhow::Result<(String, String, bool)> {
     if a.max_ppl_delta.is_some() || a.max_kl.is_some() || a.significant {
         return Err(crate::Error::InvalidArgument {
             name: "kvbench gate".into(),
@@ -155,19 +287,32 @@ fn serve_gate(a: &GateArgs) -> anyhow::Result<(String, bool)> {
         max_ttft_regression_pct: a.max_ttft_regression,
         max_tpot_regression_pct: a.max_tpot_regression,
     };
-    let v = serve_gate::compare(
-        &ServeResults::read(&a.baseline)?,
-        &ServeResults::read(&a.current)?,
-        &limits,
-    )?;
-    Ok((
-        serve_gate::markdown(&v, &limits),
-        v.iter().all(|v| v.passed()),
-    ))
+    let (mut base, mut cur) = (
+        ServeResults::read(baseline)?,
+        ServeResults::read(&a.current)?,
+    );
+    if let Some(names) = scheme_filter(a)? {
+        for r in [&mut base, &mut cur] {
+            r.rows
+                .retain(|row| names.contains(&gate::canonical_scheme(&row.scheme)));
+        }
+    }
+    let v = serve_gate::compare(&base, &cur, &limits)?;
+    let report = GateReport {
+        kind: RunKind::Serve,
+        baseline: Some(baseline),
+        current: &a.current,
+        vs: None,
+        limits: &limits,
+        passed: v.iter().all(|v| v.passed()),
+        points: &v,
+    };
+    rendered(report, serve_gate::markdown(&v, &limits))
 }
 
-/// The sweep gate's table and whether every point passed.
-fn sweep_gate(a: &GateArgs) -> anyhow::Result<(String, bool)> {
+/// The sweep limits from the flags. Errors: [`crate::Error::InvalidArgument`] when a serving
+/// limit is given or no limit is.
+fn sweep_limits(a: &GateArgs) -> anyhow::Result<Limits> {
     if a.max_goodput_drop.is_some() || a.max_slo_drop.is_some() || a.max_ttft_regression.is_some() {
         return Err(crate::Error::InvalidArgument {
             name: "kvbench gate".into(),
@@ -191,13 +336,26 @@ fn sweep_gate(a: &GateArgs) -> anyhow::Result<(String, bool)> {
         }
         .into());
     }
-    let verdicts = gate::compare(
-        &Results::read(&a.baseline)?,
-        &Results::read(&a.current)?,
-        &limits,
-    )?;
-    Ok((
-        gate::markdown(&verdicts, &limits),
-        verdicts.iter().all(|v| v.passed()),
-    ))
+    Ok(limits)
+}
+
+/// The sweep gate's Markdown, JSON and whether every point passed.
+fn sweep_gate(a: &GateArgs, baseline: &std::path::Path) -> anyhow::Result<(String, String, bool)> {
+    let limits = sweep_limits(a)?;
+    let (mut base, mut cur) = (Results::read(baseline)?, Results::read(&a.current)?);
+    if let Some(names) = scheme_filter(a)? {
+        base = base.only_schemes(&names, "--schemes")?;
+        cur = cur.only_schemes(&names, "--schemes")?;
+    }
+    let verdicts = gate::compare(&base, &cur, &limits)?;
+    let report = GateReport {
+        kind: RunKind::Sweep,
+        baseline: Some(baseline),
+        current: &a.current,
+        vs: None,
+        limits: &limits,
+        passed: verdicts.iter().all(|v| v.passed()),
+        points: &verdicts,
+    };
+    rendered(report, gate::markdown(&verdicts, &limits))
 }

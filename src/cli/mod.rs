@@ -87,11 +87,75 @@ fn quiet_stdout_failures() {
     }));
 }
 
+/// vLLM flags users bring to kvbench, with what kvbench calls them: `(vLLM flag, the kvbench
+/// flag that takes its place on a command that has it, what to say where none has it)`.
+/// Sources: vLLM's engine arguments (`vllm/engine/arg_utils.py`: `--kv-cache-dtype`,
+/// `--max-num-seqs`) and `vllm bench serve` (`--request-rate`).
+///
+/// `--kv-cache-dtype` is deliberately not an alias of `--dtypes`: `--dtypes` accepts vLLM's
+/// names (`kv::spec::VLLM_ALIASES`) but its `fp8` is kvbench's per-token fp8, so
+/// `--kv-cache-dtype fp8` would silently mean something else than in vLLM.
+pub const VLLM_FLAGS: &[(&str, &str, &str)] = &[
+    (
+        "--kv-cache-dtype",
+        "--dtypes",
+        "vLLM's --kv-cache-dtype is kvbench's --dtypes (a comma list), which also takes vLLM's \
+         names auto, bfloat16, fp8_e4m3 and fp8_e5m2; vLLM's `fp8` is `fp8_e4m3` there, \
+         because kvbench's own `fp8` scales per token",
+    ),
+    (
+        "--request-rate",
+        "--rate",
+        "vLLM's --request-rate is `kvbench serve --request-rate R` (alias of --rate); \
+         `kvbench sweep` times fixed batches instead (--batch-sizes)",
+    ),
+    (
+        "--max-num-seqs",
+        "--max-num-seqs",
+        "vLLM's --max-num-seqs caps the running batch under load: `kvbench serve \
+         --max-num-seqs N`; `kvbench sweep` times fixed batches instead (--batch-sizes)",
+    ),
+];
+
+/// The hint for a vLLM flag in `args` (the whole command line, program name first) that its
+/// subcommand does not take ([`VLLM_FLAGS`]), or `None`. The subcommand is the first argument
+/// after the program name; a flag counts written alone or as `--flag=value`.
+pub fn vllm_flag_hint(args: &[String]) -> Option<String> {
+    let sub_name = args.get(1)?;
+    let cmd = Cli::command();
+    let sub = cmd.find_subcommand(sub_name)?;
+    let takes = |flag: &str| {
+        let long = flag.trim_start_matches('-');
+        sub.get_arguments().any(|a| {
+            a.get_long() == Some(long) || a.get_all_aliases().is_some_and(|al| al.contains(&long))
+        })
+    };
+    let given = |flag: &str| {
+        args[2..]
+            .iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+    };
+    VLLM_FLAGS
+        .iter()
+        .find(|(flag, _, _)| given(flag) && !takes(flag))
+        .map(|&(_, _, hint)| hint.to_string())
+}
+
 /// Parses the command line, runs it and returns the exit code.
 pub fn main() -> ExitCode {
     interrupt::install();
     quiet_stdout_failures();
-    let matches = Cli::command().get_matches();
+    let matches = Cli::command().try_get_matches().unwrap_or_else(|e| {
+        let args: Vec<String> = command_line();
+        match (e.kind(), vllm_flag_hint(&args)) {
+            (clap::error::ErrorKind::UnknownArgument, Some(hint)) => {
+                let _ = e.print();
+                eprintln!("\nhint: {hint}");
+                std::process::exit(2)
+            }
+            _ => e.exit(),
+        }
+    });
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     let result = match cli.command {
@@ -117,5 +181,53 @@ pub fn main() -> ExitCode {
             });
             ExitCode::from(if usage { 2 } else { 1 })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        std::iter::once("kvbench")
+            .chain(a.iter().copied())
+            .map(String::from)
+            .collect()
+    }
+
+    /// Issue 26: each vLLM flag's kvbench counterpart is a flag `serve` takes (stated here by
+    /// hand: --dtypes, --rate, --max-num-seqs), so the hints name flags that exist.
+    #[test]
+    fn vllm_flags_name_flags_that_exist() {
+        let want = ["dtypes", "rate", "max-num-seqs"];
+        let cmd = Cli::command();
+        let serve = cmd.find_subcommand("serve").unwrap();
+        for ((_, ours, _), want) in VLLM_FLAGS.iter().zip(want) {
+            assert_eq!(ours.trim_start_matches('-'), want);
+            assert!(serve.get_arguments().any(|a| a.get_long() == Some(want)));
+        }
+    }
+
+    /// A hint only where the command lacks the flag: `sweep --request-rate` and
+    /// `sweep --max-num-seqs=8` get one, `serve --request-rate` (its alias) and
+    /// `serve --max-num-seqs` do not; `--kv-cache-dtype` gets one on both.
+    #[test]
+    fn vllm_flag_hint_only_where_the_flag_is_missing() {
+        let hint = |a: &[&str]| vllm_flag_hint(&args(a));
+        assert!(hint(&["sweep", "--request-rate", "4"])
+            .unwrap()
+            .contains("kvbench serve"));
+        assert!(hint(&["sweep", "--max-num-seqs=8"])
+            .unwrap()
+            .contains("--max-num-seqs N"));
+        assert!(hint(&["serve", "--request-rate", "4"]).is_none());
+        assert!(hint(&["serve", "--max-num-seqs", "8"]).is_none());
+        for sub in ["sweep", "serve"] {
+            let h = hint(&[sub, "--kv-cache-dtype", "fp8"]).unwrap();
+            assert!(h.contains("`fp8_e4m3`"), "{h}");
+        }
+        assert!(hint(&["sweep", "--dtypes", "fp16"]).is_none());
+        assert!(hint(&["nosuch", "--request-rate", "4"]).is_none());
+        assert!(hint(&[]).is_none());
     }
 }

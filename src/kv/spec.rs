@@ -13,7 +13,9 @@
 //!
 //! A lone policy stores fp16; a lone key-only format (per-channel) implies its value partner
 //! (KIVI's pairing: keys per-channel, values per-token at the same bit width). A preset name
-//! ([`PRESETS`]) stands for its K/V pair and is how that pair prints.
+//! ([`PRESETS`]) stands for its K/V pair and is how that pair prints. vLLM's
+//! `--kv-cache-dtype` names ([`VLLM_ALIASES`]) are accepted wherever a format is, as input
+//! only: each parses to the scheme it names and prints under kvbench's name for it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -54,6 +56,65 @@ pub const PRESETS: &[(&str, &str)] = &[
     ("turboquant_3bit_nc", "turboquant-nc:bits=3/int3:group=row"),
 ];
 
+/// vLLM's `--kv-cache-dtype` values, accepted wherever a format is (alone, as K or V of a pair,
+/// under eviction) and never printed: `(vLLM name, kvbench spec, what differs)`. Each parses to
+/// the kvbench spec it names, which then prints under kvbench's name (`fp8_e4m3` prints as
+/// `fp8:scale=tensor`), so committed results keep their names. Unlike [`PRESETS`], an alias is
+/// not how any scheme prints. Sources: vLLM's `vllm/config/cache.py` (`CacheDType`), its
+/// `docs/features/quantization/quantized_kvcache.md` (per-tensor k/v scales; 1.0 without
+/// checkpoint scales or `calculate_kv_scales`), and `kv::formats::fp8` for kvbench's scales.
+///
+/// vLLM's `fp8` (E4M3 with one per-tensor scale) is **not** an alias: kvbench's own `fp8`
+/// scales per (token, kv head) and keeps that meaning, so committed baselines keep theirs;
+/// vLLM's `fp8` is the `fp8_e4m3` alias here. Mind the spelling: `fp8-e4m3` (hyphen) is
+/// kvbench's name for its per-token `fp8`; `fp8_e4m3` (underscore) is vLLM's.
+pub const VLLM_ALIASES: &[(&str, &str, &str)] = &[
+    (
+        "auto",
+        "fp16",
+        "vLLM stores the model's dtype; kvbench's unquantized cache is fp16",
+    ),
+    (
+        "bfloat16",
+        "fp16",
+        "kvbench stores 16-bit K/V as IEEE fp16 (10 mantissa bits), not bf16 (7): bf16's \
+         rounding is not modelled",
+    ),
+    (
+        "fp8_e4m3",
+        "fp8:scale=tensor",
+        "E4M3 with one f32 scale per layer for K and one for V, from the first write's absmax \
+         (vLLM's calculate_kv_scales); vLLM without checkpoint scales uses scale 1.0: that is \
+         fp8:scale=none",
+    ),
+    (
+        "fp8_e5m2",
+        "fp8-e5m2:scale=none",
+        "vLLM casts to E5M2 without a scale",
+    ),
+];
+
+/// The kvbench spec a vLLM name in [`VLLM_ALIASES`] stands for, or `None` when `name` is not
+/// one (case-sensitive: the parser lower-cases its input first).
+pub fn vllm_alias(name: &str) -> Option<&'static str> {
+    VLLM_ALIASES
+        .iter()
+        .find(|(alias, _, _)| *alias == name)
+        .map(|&(_, spec, _)| spec)
+}
+
+/// Every name a scheme may start with, for "did you mean": each format's and policy's
+/// registered names, the presets and the vLLM aliases, in that order.
+fn scheme_names() -> impl Iterator<Item = &'static str> {
+    let formats = super::formats::PARSERS.iter().flat_map(|(n, _)| n.iter());
+    let policies = super::evict::PARSERS.iter().flat_map(|(n, _)| n.iter());
+    formats
+        .chain(policies)
+        .copied()
+        .chain(PRESETS.iter().map(|(n, _)| *n))
+        .chain(VLLM_ALIASES.iter().map(|(n, _, _)| *n))
+}
+
 /// [`PRESETS`] parsed: `(name, keys, values)`, in the same order (parsed once per process).
 /// Panics if an expansion does not parse or names a preset (the tests parse every one).
 pub fn preset_pairs() -> &'static [(&'static str, Quant, Quant)] {
@@ -77,7 +138,8 @@ pub fn preset_pairs() -> &'static [(&'static str, Quant, Quant)] {
 }
 
 /// Every accepted spec, for error messages and `--help`: each registered format's and policy's
-/// help entry (from its file), how they compose, then the presets as `name = expansion`.
+/// help entry (from its file), how they compose, the presets as `name = expansion`, then the
+/// vLLM aliases as `name = spec`.
 pub const VALID_SCHEMES: &str = {
     const LEN: usize = valid_schemes(&mut []);
     const BYTES: [u8; LEN] = {
@@ -118,8 +180,23 @@ const fn valid_schemes(out: &mut [u8]) -> usize {
         at = put(out, at, PRESETS[p].1);
         p += 1;
     }
+    at = put(out, at, VLLM_NOTE);
+    let mut a = 0;
+    while a < VLLM_ALIASES.len() {
+        if a > 0 {
+            at = put(out, at, ", ");
+        }
+        at = put(out, at, VLLM_ALIASES[a].0);
+        at = put(out, at, " = ");
+        at = put(out, at, VLLM_ALIASES[a].1);
+        a += 1;
+    }
     at
 }
+
+/// Introduces the vLLM aliases in [`VALID_SCHEMES`].
+const VLLM_NOTE: &str = "; vLLM --kv-cache-dtype names (vLLM's fp8 is fp8_e4m3; kvbench's fp8 \
+                         scales per token): ";
 
 /// Copies `s` into `out` at `at` when it fits (a counting pass passes an empty `out`); returns
 /// the position after it.
@@ -207,9 +284,23 @@ impl Parser<'_> {
         if p.name.is_empty() {
             return Err(self.err("empty scheme"));
         }
+        if let Some(spec) = vllm_alias(p.name) {
+            if !p.pairs.is_empty() {
+                return Err(self.err(format!(
+                    "`{}` is vLLM's name for `{spec}` and takes no parameters; write kvbench's \
+                     spec with yours instead (e.g. `fp8:scale=head`)",
+                    p.name
+                )));
+            }
+            return self.quant(spec);
+        }
         match Quant::parse(&p) {
             Ok(Some(q)) => Ok(q),
-            Ok(None) => Err(self.err(format!("no scheme is called `{}`", p.name))),
+            Ok(None) => Err(self.err(format!(
+                "no scheme is called `{}`{}",
+                p.name,
+                crate::util::nearest::did_you_mean(p.name, scheme_names())
+            ))),
             Err(reason) => Err(self.err(reason)),
         }
     }
@@ -241,7 +332,11 @@ impl Parser<'_> {
                         .iter()
                         .flat_map(|(n, _)| n.iter().copied())
                         .collect();
-                    return Err(self.err(format!("`{e}` before `@` is not {}", names.join(" or "))));
+                    let near = crate::util::nearest::did_you_mean(e, names.iter().copied());
+                    return Err(self.err(format!(
+                        "`{e}` before `@` is not {}{near}",
+                        names.join(" or ")
+                    )));
                 }
             },
             None => match self.eviction(&s)? {
@@ -381,7 +476,9 @@ pub(crate) mod tests {
              k4v2 = int4-channel/int2, k2v4 = int2-channel/int4, \
              turboquant_k8v4 = fp8:scale=none/int4-row, turboquant_4bit_nc = turboquant-nc/int4-row, \
              turboquant_k3v4_nc = turboquant-nc:bits=3/int4-row, \
-             turboquant_3bit_nc = turboquant-nc:bits=3/int3:group=row"
+             turboquant_3bit_nc = turboquant-nc:bits=3/int3:group=row; vLLM --kv-cache-dtype \
+             names (vLLM's fp8 is fp8_e4m3; kvbench's fp8 scales per token): auto = fp16, \
+             bfloat16 = fp16, fp8_e4m3 = fp8:scale=tensor, fp8_e5m2 = fp8-e5m2:scale=none"
         );
     }
 
@@ -512,6 +609,7 @@ pub(crate) mod tests {
     fn presets_match_help_and_vllm() {
         use crate::kv::formats::turboquant::TqKind;
         let listed = VALID_SCHEMES.split("presets: ").nth(1).unwrap();
+        let listed = listed.split("; vLLM").next().unwrap();
         let pairs: Vec<(&str, &str)> = listed
             .split(", ")
             .map(|p| p.split_once(" = ").unwrap())
@@ -860,5 +958,98 @@ pub(crate) mod tests {
             // The same through a list, where the repeat is a continuation.
             assert!(parse_scheme_list(&format!("fp16,{bad}")).is_err(), "{bad}");
         }
+    }
+
+    /// Issue 26: every vLLM `--kv-cache-dtype` alias parses to the scheme it names, stated here
+    /// independently of [`VLLM_ALIASES`] (vLLM's `config/cache.py` names; the formats and
+    /// scales from `kv::formats::fp8`), prints under kvbench's name, composes like a format,
+    /// and refuses parameters. kvbench's own `fp8` keeps its per-token scale.
+    #[test]
+    fn vllm_aliases_parse_to_the_scheme_they_name() {
+        let fp8 = |kind, scale| Quant::Fp8 { kind, scale };
+        let want = [
+            ("auto", Quant::Fp16, "fp16"),
+            ("bfloat16", Quant::Fp16, "fp16"),
+            (
+                "fp8_e4m3",
+                fp8(Fp8Kind::E4M3, Fp8Scale::Tensor),
+                "fp8:scale=tensor",
+            ),
+            (
+                "fp8_e5m2",
+                fp8(Fp8Kind::E5M2, Fp8Scale::None),
+                "fp8-e5m2:scale=none",
+            ),
+        ];
+        assert_eq!(
+            VLLM_ALIASES.len(),
+            want.len(),
+            "a new alias needs a row here"
+        );
+        for (alias, q, printed) in want {
+            for given in [alias.to_string(), alias.to_ascii_uppercase()] {
+                let s: KvScheme = given.parse().unwrap_or_else(|e| panic!("{given}: {e}"));
+                assert_eq!(
+                    (s.k, s.v, s.evict, s.rotate),
+                    (q, q, None, false),
+                    "{given}"
+                );
+                assert_eq!(s.to_string(), printed, "{given}");
+            }
+            // Composed: as K of a pair, under eviction, rotated.
+            let pair: KvScheme = format!("{alias}/int4").parse().unwrap();
+            assert_eq!((pair.k, pair.v), (q, Quant::Int4 { group: 32 }), "{alias}");
+            let evicted: KvScheme = format!("window:size=16@{alias}+rot").parse().unwrap();
+            assert_eq!((evicted.k, evicted.rotate), (q, true), "{alias}");
+            assert!(evicted.evict.is_some());
+            let e = format!("{alias}:scale=head")
+                .parse::<KvScheme>()
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("takes no parameters"), "{alias}: {e}");
+        }
+        // kvbench's fp8 and fp8-e4m3 (hyphen) keep the per-token scale; vLLM's plain `fp8`
+        // is not an alias.
+        for own in ["fp8", "fp8-e4m3"] {
+            let s: KvScheme = own.parse().unwrap();
+            assert_eq!(s.k, fp8(Fp8Kind::E4M3, Fp8Scale::Token), "{own}");
+            assert_eq!(s.to_string(), "fp8");
+        }
+        // No alias is a preset or a registered name (it would change how a scheme prints).
+        for (alias, spec, _) in VLLM_ALIASES {
+            assert!(PRESETS.iter().all(|(p, _)| p != alias), "{alias}");
+            assert!(
+                super::super::formats::PARSERS
+                    .iter()
+                    .all(|(names, _)| !names.contains(alias)),
+                "{alias}"
+            );
+            assert_eq!(vllm_alias(alias), Some(*spec));
+        }
+    }
+
+    /// Issue 26: an unknown name is answered with the nearest valid names first (Levenshtein
+    /// distance by hand: `int9` is one substitution from `int8`, `int4`, `int2`; `fp61` two from
+    /// `fp16`; `winodw` two from `window`; `fp8_e4m4` one from `fp8_e4m3`, two from `fp8-e4m3`
+    /// and `fp8_e5m2`, three from `fp8-e5m2`), the full list after.
+    #[test]
+    fn unknown_names_suggest_the_nearest() {
+        for (bad, near) in [
+            ("int9", "did you mean `int8`, `int4`, `int2`?"),
+            ("fp61", "did you mean `fp16`"),
+            (
+                "fp8_e4m4",
+                "did you mean `fp8_e4m3`, `fp8-e4m3`, `fp8_e5m2`?",
+            ),
+            ("winodw@int8", "did you mean `window`?"),
+            ("k4v3", "did you mean `k4v2`"),
+        ] {
+            let e = bad.parse::<KvScheme>().unwrap_err().to_string();
+            let (first, rest) = e.split_once("valid schemes").unwrap();
+            assert!(first.contains(near), "{bad}: {e}");
+            assert!(rest.contains("turboquant_3bit_nc"), "{bad}: {e}");
+        }
+        let e = "zzzzzzzz".parse::<KvScheme>().unwrap_err().to_string();
+        assert!(!e.contains("did you mean"), "{e}");
     }
 }

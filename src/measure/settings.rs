@@ -404,8 +404,8 @@ pub trait Settings:
     /// `keep(arg_id)` says the current value wins (a flag given on the command line). `source`
     /// names the table in errors (`--suite suites/ci.toml`, `run/meta.json`).
     ///
-    /// Errors: [`Error::InvalidArgument`] naming `source` for an unknown key (listing the keys
-    /// allowed) or a value of the wrong form (serde's message names the key).
+    /// Errors: [`Error::InvalidArgument`] naming `source` for an unknown key (the nearest keys
+    /// first, "did you mean `batch-sizes`?", then every key allowed) or a value of the wrong form (serde's message names the key).
     fn overlay(
         &self,
         table: &serde_json::Map<String, serde_json::Value>,
@@ -432,9 +432,15 @@ pub trait Settings:
                 .find(|(old, _)| old == key)
                 .map_or(key.as_str(), |(_, new)| new.as_str());
             if !keys.iter().any(|k| k == key) {
+                let near = crate::util::nearest::did_you_mean(
+                    key,
+                    keys.iter()
+                        .map(String::as_str)
+                        .chain(SUITE_ONLY_KEYS.iter().copied()),
+                );
                 return Err(bad(format!(
-                    "unknown key `{key}`; the keys are {} (each the `kvbench {}` flag of the \
-                     same name)",
+                    "unknown key `{key}`{near}; the keys are {} (each the `kvbench {}` flag of \
+                     the same name)",
                     keys.join(", "),
                     Self::COMMAND
                 )));
@@ -635,6 +641,23 @@ mod tests {
             .to_string();
         assert!(e.contains("batch-size") && e.contains("bad.toml"), "{e}");
         assert!(e.contains("batch-sizes"), "lists the allowed keys: {e}");
+        // Issue 26: the nearest keys come first (`batch-size` is one edit from `batch-sizes`;
+        // `seq_lens` one from `seq-lens`; `pplwindows` one from `ppl-windows`).
+        for (bad, near) in [
+            ("batch-size", "`batch-size`; did you mean `batch-sizes`?"),
+            ("seq_lens", "`seq_lens`; did you mean `seq-lens`?"),
+            ("pplwindows", "`pplwindows`; did you mean `ppl-windows`?"),
+        ] {
+            let e = SweepSettings::default()
+                .overlay(&table(&format!("{bad} = 1\n")), "--suite bad.toml", |_| {
+                    false
+                })
+                .unwrap_err()
+                .to_string();
+            let (first, rest) = e.split_once("the keys are").unwrap();
+            assert!(first.contains(near), "{e}");
+            assert!(rest.contains("dtypes"), "{e}");
+        }
         let e = SweepSettings::default()
             .overlay(&table("gen = \"eight\"\n"), "--suite bad.toml", |_| false)
             .unwrap_err()

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::quality::paired;
 
 /// The limits; `None` leaves a metric unchecked.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct Limits {
     /// Largest allowed perplexity increase against the baseline's same scheme, % (relative).
     pub max_ppl_delta_pct: Option<f64>,
@@ -261,8 +261,8 @@ impl Results {
     /// default. An empty cell is a value not measured (`None`). Errors:
     /// [`Error::InvalidArgument`] naming the file, line and value when a point appears twice
     /// (which row is meant is unknown), `batch_size` or `seq_len` is not a whole number, a
-    /// value is not a finite number in its column's range, or `delta_ppl_pct_lo` exceeds
-    /// `delta_ppl_pct_hi`.
+    /// value is not a finite number in its column's range, `contended` is not empty, `true` or
+    /// `false`, or `delta_ppl_pct_lo` exceeds `delta_ppl_pct_hi`.
     pub fn rows(&self) -> Result<Vec<ResultRow>> {
         let (s, b, l) = (
             self.col("scheme"),
@@ -271,6 +271,7 @@ impl Results {
         );
         let columns: Vec<(Column, Option<usize>)> =
             COLUMNS.iter().map(|c| (*c, self.col(c.name))).collect();
+        let contended = self.col("contended");
         let mut out: Vec<ResultRow> = Vec::new();
         for (i, cells) in self.rows.iter().enumerate() {
             let bad = |reason: String| Error::InvalidArgument {
@@ -315,6 +316,17 @@ impl Results {
                     }
                 }
             }
+            row.contended = match cell(contended).trim() {
+                "" => None,
+                "true" => Some(true),
+                "false" => Some(false),
+                other => {
+                    return Err(bad(format!(
+                        "contended `{other}` is not true or false; fix or re-create the results \
+                         file"
+                    )))
+                }
+            };
             if let (Some(lo), Some(hi)) = (row.delta_ppl_pct_lo, row.delta_ppl_pct_hi) {
                 if lo > hi {
                     return Err(bad(format!(
@@ -390,8 +402,9 @@ fn check_measured(
     })
 }
 
-/// One compared point.
-#[derive(Debug, Clone, PartialEq)]
+/// One compared point (`--format json` writes it as is: each pair as `[baseline, current]`,
+/// the baseline being the `--vs` scheme's point when gating within one run).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Verdict {
     /// Scheme spec.
     pub scheme: String,
@@ -408,7 +421,8 @@ pub struct Verdict {
     /// Why this point fails; empty when it passes.
     pub failures: Vec<String>,
     /// What makes the verdict weak without failing it (too few perplexity windows for the
-    /// limit: the interval is wider than the threshold).
+    /// limit: the interval is wider than the threshold; a timing measured while other work
+    /// used the CPU, `contended`).
     pub warnings: Vec<String>,
 }
 
@@ -425,33 +439,8 @@ impl Verdict {
 /// no point matches (naming both files' points), or when a limit has no compared point with its
 /// value in both files (naming the limit, the file without it and how to measure it).
 pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result<Vec<Verdict>> {
-    let checked: Vec<&Metric> = METRICS
-        .iter()
-        .filter(|m| (m.limit)(limits).is_some())
-        .collect();
-    let mut cols = vec!["scheme", "batch_size", "seq_len"];
-    cols.extend(checked.iter().map(|m| m.column));
-    baseline.require(&cols)?;
-    current.require(&cols)?;
-    if limits.significant {
-        if limits.max_ppl_delta_pct.is_none() {
-            return Err(Error::InvalidArgument {
-                name: "--significant".into(),
-                reason: "it qualifies the perplexity limit; pass --max-ppl-delta too".into(),
-            });
-        }
-        baseline.require(&["ppl_delta_pct"])?;
-        current
-            .require(&["delta_ppl_pct_lo", "delta_ppl_pct_hi"])
-            .map_err(|e| Error::InvalidArgument {
-                name: "--significant".into(),
-                reason: format!(
-                    "{e}; the current results have no paired ΔPPL interval (written by a \
-                     kvbench before it, or with fewer than 2 perplexity windows): re-run the sweep \
-                     with --ppl-windows 2 or more, or drop --significant"
-                ),
-            })?;
-    }
+    let checked = checked_metrics(limits);
+    require_columns(baseline, current, &checked, limits)?;
     let base = baseline.rows()?;
     let cur = current.rows()?;
     let pairs: Vec<(&ResultRow, Option<&ResultRow>)> = base
@@ -478,6 +467,222 @@ pub fn compare(baseline: &Results, current: &Results, limits: &Limits) -> Result
         .into_iter()
         .map(|(b, c)| verdict(b, c, limits))
         .collect())
+}
+
+/// The metrics `limits` checks, in [`METRICS`] order.
+fn checked_metrics(limits: &Limits) -> Vec<&'static Metric> {
+    METRICS
+        .iter()
+        .filter(|m| (m.limit)(limits).is_some())
+        .collect()
+}
+
+/// Fails with [`Error::InvalidArgument`] when either file lacks a column `checked` needs, or
+/// `--significant` is given without a perplexity limit or without the interval columns.
+fn require_columns(
+    baseline: &Results,
+    current: &Results,
+    checked: &[&Metric],
+    limits: &Limits,
+) -> Result<()> {
+    let mut cols = vec!["scheme", "batch_size", "seq_len"];
+    cols.extend(checked.iter().map(|m| m.column));
+    baseline.require(&cols)?;
+    current.require(&cols)?;
+    if limits.significant {
+        if limits.max_ppl_delta_pct.is_none() {
+            return Err(Error::InvalidArgument {
+                name: "--significant".into(),
+                reason: "it qualifies the perplexity limit; pass --max-ppl-delta too".into(),
+            });
+        }
+        baseline.require(&["ppl_delta_pct"])?;
+        current
+            .require(&["delta_ppl_pct_lo", "delta_ppl_pct_hi"])
+            .map_err(|e| Error::InvalidArgument {
+                name: "--significant".into(),
+                reason: format!(
+                    "{e}; the current results have no paired ΔPPL interval (written by a \
+                     kvbench before it, or with fewer than 2 perplexity windows): re-run the sweep \
+                     with --ppl-windows 2 or more, or drop --significant"
+                ),
+            })?;
+    }
+    Ok(())
+}
+
+/// A scheme name as kvbench prints it (`int8` → `int8-token`, vLLM's `auto` → `fp16`); a name
+/// that does not parse is kept as written.
+pub fn canonical_scheme(name: &str) -> String {
+    name.parse::<crate::kv::KvScheme>()
+        .map_or_else(|_| name.trim().to_string(), |s| s.to_string())
+}
+
+impl Results {
+    /// These results with only the rows whose scheme is one of `schemes` (compared by
+    /// [`canonical_scheme`], so `int8` selects `int8-token`). Errors:
+    /// [`Error::InvalidArgument`] naming `flag` and the scheme when one of `schemes` has no row,
+    /// listing the schemes the file has.
+    pub fn only_schemes(&self, schemes: &[String], flag: &str) -> Result<Results> {
+        let Some(col) = self.col("scheme") else {
+            self.require(&["scheme"])?;
+            unreachable!("require fails without the column")
+        };
+        let wanted: Vec<String> = schemes.iter().map(|s| canonical_scheme(s)).collect();
+        let of = |cells: &Vec<String>| canonical_scheme(cells.get(col).map_or("", |c| c.as_str()));
+        let mut have: Vec<String> = self.rows.iter().map(of).collect();
+        if let Some(missing) = wanted.iter().find(|w| !have.contains(w)) {
+            have.dedup();
+            return Err(Error::InvalidArgument {
+                name: flag.into(),
+                reason: format!(
+                    "{} has no `{missing}` point; its schemes are {}",
+                    self.path.display(),
+                    have.join(", ")
+                ),
+            });
+        }
+        Ok(Results {
+            path: self.path.clone(),
+            header: self.header.clone(),
+            rows: self
+                .rows
+                .iter()
+                .filter(|r| wanted.contains(&of(r)))
+                .cloned()
+                .collect(),
+        })
+    }
+}
+
+/// Gates each scheme of one run against the scheme `vs` of the same run, at the same batch
+/// size and prompt length: perplexity and TPOT as relative changes from `vs`'s, KL as the
+/// increase over `vs`'s (fp16's KL vs itself is 0 by definition, so with `vs` = fp16 the KL
+/// limit bounds each scheme's mean KL). One [`Verdict`] per point of a scheme other than `vs`,
+/// its baseline values being `vs`'s; a point without a `vs` point beside it fails.
+/// `limits.significant` uses the run's paired ΔPPL interval (`delta_ppl_pct_lo/_hi`, relative
+/// to fp16), so it needs `vs` = fp16. Errors: [`Error::InvalidArgument`] as [`compare`], and
+/// naming `--vs` when the run has no `vs` point or nothing else to compare, or when
+/// `--significant` is given with `vs` other than fp16.
+pub fn compare_within(current: &Results, vs: &str, limits: &Limits) -> Result<Vec<Verdict>> {
+    let vs = canonical_scheme(vs);
+    let checked = checked_metrics(limits);
+    require_columns(current, current, &checked, limits)?;
+    if limits.significant && vs != "fp16" {
+        return Err(Error::InvalidArgument {
+            name: "--significant".into(),
+            reason: format!(
+                "the run's paired ΔPPL interval (delta_ppl_pct_lo/_hi) is relative to fp16, not \
+                 `{vs}`: use --vs fp16 with --significant, or drop --significant"
+            ),
+        });
+    }
+    let rows = current.rows()?;
+    let is_vs = |r: &ResultRow| canonical_scheme(&r.scheme) == vs;
+    let mut schemes: Vec<String> = rows.iter().map(|r| r.scheme.clone()).collect();
+    schemes.dedup();
+    if !rows.iter().any(is_vs) || rows.iter().all(is_vs) {
+        let what = match rows.iter().any(is_vs) {
+            false => format!("has no `{vs}` point to compare with"),
+            true => format!("has no scheme besides `{vs}` to compare"),
+        };
+        return Err(Error::InvalidArgument {
+            name: "--vs".into(),
+            reason: format!(
+                "{} {what}; its schemes are {}",
+                current.path.display(),
+                schemes.join(", ")
+            ),
+        });
+    }
+    // `vs`'s point under each compared point's name, so the verdict names the scheme.
+    let mut bases: Vec<ResultRow> = Vec::new();
+    let mut orphans: Vec<&ResultRow> = Vec::new();
+    let mut compared: Vec<&ResultRow> = Vec::new();
+    for c in rows.iter().filter(|r| !is_vs(r)) {
+        let Some(r) = rows
+            .iter()
+            .find(|r| is_vs(r) && (r.batch_size, r.seq_len) == (c.batch_size, c.seq_len))
+        else {
+            orphans.push(c);
+            continue;
+        };
+        let mut b = r.clone();
+        b.scheme = c.scheme.clone();
+        if vs == "fp16" {
+            b.kl_mean = b.kl_mean.or(Some(0.0));
+            b.ppl_delta_pct = b.ppl_delta_pct.or(Some(0.0));
+        }
+        bases.push(b);
+        compared.push(c);
+    }
+    let pairs: Vec<(&ResultRow, Option<&ResultRow>)> = bases
+        .iter()
+        .zip(compared.iter().map(|c| Some(*c)))
+        .collect();
+    if !pairs.is_empty() {
+        for m in &checked {
+            check_measured(m, (current, current), &pairs)?;
+        }
+    }
+    let mut out: Vec<Verdict> = pairs
+        .into_iter()
+        .map(|(b, c)| verdict(b, c, limits))
+        .collect();
+    for c in orphans {
+        let mut v = verdict(c, None, &Limits::default());
+        v.failures = vec![format!(
+            "no `{vs}` point at batch {} and seq_len {} in this run to compare with",
+            c.batch_size, c.seq_len
+        )];
+        (v.ppl, v.kl, v.tpot) = ((None, v.ppl.0), (None, v.kl.0), (None, v.tpot.0));
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// The `meta.json` settings that define what a sweep measures (`settings.<key>`): perplexity
+/// windows, context, scoring, generated tokens, and the weight types of decode, prefill and
+/// perplexity. Two runs that differ in one measure different things.
+pub const PROTOCOL_KEYS: [&str; 7] = [
+    "ppl-windows",
+    "ctx",
+    "ppl-score",
+    "gen",
+    "weights",
+    "prefill-weights",
+    "ppl-weights",
+];
+
+/// How the protocols of two run folders differ, one line per difference naming both values:
+/// each of [`PROTOCOL_KEYS`] recorded in both `meta.json` files, and the model files' sha256
+/// (`model.sha256`, or format 1 serve folders' `model_sha256`). Empty when they agree, or when
+/// either side is not a folder with a `meta.json` (a results.csv records no protocol). Errors:
+/// [`Error::InvalidArgument`] when a `meta.json` exists but cannot be read.
+pub fn protocol_differences(baseline: &Path, current: &Path) -> Result<Vec<String>> {
+    let meta = |p: &Path| p.join(super::META_FILE);
+    if !(meta(baseline).is_file() && meta(current).is_file()) {
+        return Ok(Vec::new());
+    }
+    let (b, c) = (
+        super::meta::read_value(&meta(baseline))?,
+        super::meta::read_value(&meta(current))?,
+    );
+    let mut out = Vec::new();
+    let mut differ = |what: &str, x: &serde_json::Value, y: &serde_json::Value| {
+        if !x.is_null() && !y.is_null() && x != y {
+            out.push(format!("{what}: {x} (--baseline) vs {y} (--current)"));
+        }
+    };
+    for key in PROTOCOL_KEYS {
+        differ(key, &b["settings"][key], &c["settings"][key]);
+    }
+    let sha = |m: &serde_json::Value| match &m["model"]["sha256"] {
+        serde_json::Value::Null => m["model_sha256"].clone(),
+        v => v.clone(),
+    };
+    differ("model sha256", &sha(&b), &sha(&c));
+    Ok(out)
 }
 
 /// The verdict on baseline point `b` and its current point `c` (`None`: missing, a failure).
@@ -512,6 +717,20 @@ fn verdict(b: &ResultRow, c: Option<&ResultRow>, limits: &Limits) -> Verdict {
             }
             (Some(_), None) => v.failures.push(format!("{} not measured", m.label)),
             (None, _) => {}
+        }
+    }
+    if limits.max_tpot_regression_pct.is_some() {
+        let busy: Vec<&str> = [("baseline", b), ("current", c)]
+            .into_iter()
+            .filter(|(_, r)| r.contended == Some(true))
+            .map(|(side, _)| side)
+            .collect();
+        if !busy.is_empty() {
+            v.warnings.push(format!(
+                "TPOT of the {} point was measured while other work used the CPU \
+                 (contended = true): re-run it on a quiet machine before trusting the TPOT check",
+                busy.join(" and the ")
+            ));
         }
     }
     let interval = c.delta_ppl_pct_lo.zip(c.delta_ppl_pct_hi);

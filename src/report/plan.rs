@@ -9,8 +9,8 @@ use crate::plan::{PlanInput, PlanRow};
 use super::chart::{LineChart, Series};
 use super::meta;
 
-/// A finished plan, as rendered.
-#[derive(Debug, Clone)]
+/// A finished plan, as rendered (`kvbench plan --format json` prints it as is).
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct PlanReport {
     /// What was planned.
     pub input: PlanInput,
@@ -24,7 +24,8 @@ pub struct PlanReport {
     pub ctxs: Vec<usize>,
     /// One row per scheme × context.
     pub rows: Vec<PlanRow>,
-    /// With `--concurrency N`: per scheme, N and the longest context N sequences fit.
+    /// With `--concurrency N`: per scheme, N and the longest context N sequences fit
+    /// (`[scheme, sequences, tokens]`).
     pub longest: Vec<(String, u64, usize)>,
 }
 
@@ -105,9 +106,9 @@ pub fn table(p: &PlanReport) -> String {
 }
 
 /// Writes `plan.csv`, `plan.json` and `concurrency_vs_context.png/.svg` into `dir` (created)
-/// and says so. Errors: [`Error::InvalidArgument`] (`--out`) for a folder that cannot be made;
-/// [`Error::Io`] naming the file.
-pub fn write(p: &PlanReport, dir: &Path) -> Result<()> {
+/// and returns the line that says so. Errors: [`Error::InvalidArgument`] (`--out`) for a folder
+/// that cannot be made; [`Error::Io`] naming the file.
+pub fn write(p: &PlanReport, dir: &Path) -> Result<String> {
     super::run_dir::create_out(dir)?;
     let csv_path = dir.join("plan.csv");
     let io = |e: csv::Error| Error::io(&csv_path, std::io::Error::other(e.to_string()));
@@ -126,13 +127,12 @@ pub fn write(p: &PlanReport, dir: &Path) -> Result<()> {
         }),
     )?;
     chart(p).render(dir, "concurrency_vs_context")?;
-    println!(
+    Ok(format!(
         "wrote {}, {} and {}",
         csv_path.display(),
         dir.join("concurrency_vs_context.png").display(),
         dir.join("concurrency_vs_context.svg").display()
-    );
-    Ok(())
+    ))
 }
 
 /// Max concurrent sequences against the context, a line per scheme.

@@ -11,7 +11,7 @@ use super::serve::{ServeRow, ServeRun};
 use crate::error::{Error, Result};
 
 /// Limits on a serving run's change against its baseline; `None` leaves a metric unchecked.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct ServeLimits {
     /// Largest allowed goodput decrease, % of the baseline's (relative).
     pub max_goodput_drop_pct: Option<f64>,
@@ -62,8 +62,8 @@ impl ServeResults {
     }
 }
 
-/// One compared point.
-#[derive(Debug, Clone, PartialEq)]
+/// One compared point (`--format json` writes it as is: each pair as `[baseline, current]`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ServeVerdict {
     /// Scheme.
     pub scheme: String,

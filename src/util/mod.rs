@@ -3,6 +3,7 @@
 //! ([`noise`]: `Noise` and `SplitMix64`) and the one SIMD dispatch ([`simd`]).
 
 pub mod memory;
+pub mod nearest;
 pub mod noise;
 pub mod record;
 pub mod serde_text;
