@@ -1,14 +1,17 @@
-//! Line charts as PNG and SVG with plotters. Charts draw finished series and compute nothing;
-//! text uses DejaVu Sans embedded in the binary (`assets/fonts`, Bitstream Vera licence), so no
-//! system font library is needed.
+//! Line charts as PNG and SVG with plotters. Charts draw finished series and compute nothing
+//! but their geometry: axis ranges and round ticks ([`super::ticks`]), a legend to the right of
+//! the plot area, one colour and marker shape per series. Text uses DejaVu Sans embedded in the
+//! binary (`assets/fonts`, Bitstream Vera licence), so no system font library is needed.
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Once;
 
-use plotters::coord::types::RangedCoordf64;
+use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use super::ticks::{self, Ticks};
 use crate::error::{Error, Result};
 
 const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
@@ -22,18 +25,22 @@ fn register_font() {
     });
 }
 
-/// One named line.
+/// One named line or scatter.
 #[derive(Debug, Clone)]
 pub struct Series {
     /// Legend label.
     pub name: String,
-    /// `(x, y)` points in drawing order.
+    /// `(x, y)` points in drawing order, data units of the chart's axes.
     pub points: Vec<(f64, f64)>,
     /// How the points are drawn.
     pub style: Style,
     /// Vertical error bars, `(lo, hi)` in y units for each point in order (e.g. a 95 %
-    /// interval); empty: none. Drawn for marker series.
+    /// interval); empty: none; a bar with a non-finite end is left out. Drawn for
+    /// [`Style::LineMarkers`] and [`Style::Markers`].
     pub y_bars: Vec<(f64, f64)>,
+    /// Whether each point, in order, is drawn hollow (e.g. timed while other processes kept
+    /// the machine busy: `contended`); points past the end are filled.
+    pub hollow: Vec<bool>,
 }
 
 /// How a series is drawn.
@@ -45,47 +52,251 @@ pub enum Style {
     Markers,
     /// A thin dashed line without markers (a guide such as a Pareto frontier).
     Guide,
+    /// A step line without markers: each value holds until the next point's x (a count over
+    /// time, such as running sequences).
+    Steps,
 }
 
 impl Series {
-    /// A line through `points`.
+    /// A line with markers through `points` (data units), no error bars, every point filled.
     pub fn line(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
         Series {
             name: name.into(),
             points,
             style: Style::LineMarkers,
             y_bars: Vec::new(),
+            hollow: Vec::new(),
         }
+    }
+
+    /// This series drawn as `style`.
+    pub fn with_style(mut self, style: Style) -> Self {
+        self.style = style;
+        self
+    }
+
+    /// This series with error bars `(lo, hi)` (y units), one per point in order.
+    pub fn with_bars(mut self, y_bars: Vec<(f64, f64)>) -> Self {
+        self.y_bars = y_bars;
+        self
+    }
+
+    /// This series with point `i` drawn hollow where `hollow[i]` is true.
+    pub fn with_hollow(mut self, hollow: Vec<bool>) -> Self {
+        self.hollow = hollow;
+        self
+    }
+
+    fn is_hollow(&self, i: usize) -> bool {
+        self.hollow.get(i).copied().unwrap_or(false)
     }
 }
 
-/// A line chart: title, axis labels with units, a caption naming model, machine and settings.
+/// One axis of a line chart: its label and how values are placed and ticked.
+#[derive(Debug, Clone)]
+pub struct Axis {
+    /// Label with unit.
+    pub label: String,
+    /// Logarithmic (e.g. context lengths 4k…128k, counts spanning decades); values ≤ 0 are
+    /// left out.
+    pub log: bool,
+    /// Round ticks in 1, 2, 5 × 10^k steps or powers of two.
+    pub ticks: Ticks,
+}
+
+impl Axis {
+    /// A linear axis with decimal ticks (ms, requests/s, tokens/s, %, bytes).
+    pub fn decimal(label: impl Into<String>) -> Self {
+        Axis {
+            label: label.into(),
+            log: false,
+            ticks: Ticks::Decimal,
+        }
+    }
+
+    /// A linear axis ticked in powers of two and labelled with k = 1024 (tokens, batch sizes,
+    /// sequences).
+    pub fn binary(label: impl Into<String>) -> Self {
+        Axis {
+            ticks: Ticks::Binary,
+            ..Axis::decimal(label)
+        }
+    }
+
+    /// This axis on a log scale when `log` is true.
+    pub fn log_if(mut self, log: bool) -> Self {
+        self.log = log;
+        self
+    }
+}
+
+/// A line chart: title, axes with units, a caption naming model, machine and settings.
 #[derive(Debug, Clone)]
 pub struct LineChart {
     /// Title.
     pub title: String,
     /// Caption under the title (model, machine, settings).
     pub caption: String,
-    /// x axis label with unit.
-    pub x_label: String,
-    /// y axis label with unit.
-    pub y_label: String,
-    /// Logarithmic x axis (e.g. context lengths 4k…128k).
-    pub log_x: bool,
+    /// The x axis.
+    pub x: Axis,
+    /// The y axis.
+    pub y: Axis,
     /// Lines.
     pub series: Vec<Series>,
 }
 
+/// Chart size in pixels, and the legend column's width at its right.
+const SIZE: (u32, u32) = (1000, 640);
+const LEGEND_W: u32 = 250;
+
 impl LineChart {
-    /// Writes `<stem>.png` and `<stem>.svg` into `dir`. Errors: [`Error::Io`] when drawing or
-    /// writing fails, naming the file.
+    /// Writes `<stem>.png` and `<stem>.svg` (1000 × 640 pixels) into `dir`. Errors:
+    /// [`Error::Io`] when drawing or writing fails, naming the file.
     pub fn render(&self, dir: &Path, stem: &str) -> Result<()> {
-        render_files(self, (1000, 640), dir, stem)
+        render_files(self, SIZE, dir, stem)
+    }
+
+    /// The chart as SVG text (1000 × 640 pixels), as [`LineChart::render`] writes it; for
+    /// tests that check geometry. Panics when plotters fails to draw.
+    #[cfg(test)]
+    pub(crate) fn svg(&self) -> String {
+        register_font();
+        let mut out = String::new();
+        {
+            let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
+            self.draw(&root).unwrap();
+            root.present().unwrap();
+        }
+        out
     }
 }
 
-/// A line chart's plotting area: f64 coordinates on both axes.
-type Plot<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+/// One axis as drawn: its range in drawn units (log₂ of the value on a log axis) and the ticks
+/// labelled there, `(position in drawn units, label)`.
+#[derive(Debug, Clone)]
+struct Scale {
+    lo: f64,
+    hi: f64,
+    log: bool,
+    ticks: Vec<(f64, String)>,
+}
+
+/// Which way an axis is padded: x leaves room at the right, y starts at zero.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    X,
+    Y,
+}
+
+impl Scale {
+    /// The scale of `axis` holding `values` (data units; non-finite ones, and those ≤ 0 on a
+    /// log axis, are ignored). Log: out to whole powers ([`ticks::log_range`]; one value `v`:
+    /// `v/2 … 2v`), 3 % room either side. Linear x: from 0 (or the least value, if negative)
+    /// to 5 % past the largest; one value `v`: `v ± 50 %` (±1 for 0), so it sits in the middle;
+    /// none: 0–1. Linear y: from 0 (or 8 % below a negative least value) to 8 % above the
+    /// largest; all zero: 0–1.
+    fn new(axis: &Axis, values: impl Iterator<Item = f64>, role: Role) -> Scale {
+        let (min, max) = values
+            .filter(|v| v.is_finite() && (!axis.log || *v > 0.0))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+                (a.min(v), b.max(v))
+            });
+        let kind = axis.ticks;
+        if axis.log {
+            let (lo, hi) = if min > max {
+                (1.0, 2.0)
+            } else {
+                ticks::log_range(min, max, kind)
+            };
+            let pad = 0.03 * (hi.log2() - lo.log2());
+            return Scale {
+                lo: lo.log2() - pad,
+                hi: hi.log2() + pad,
+                log: true,
+                ticks: ticks::log(lo, hi, kind)
+                    .into_iter()
+                    .map(|v| (v.log2(), ticks::label(v, v, kind)))
+                    .collect(),
+            };
+        }
+        let (lo, hi) = match role {
+            _ if min > max => (0.0, 1.0),
+            Role::X if min == max => {
+                let half = if min == 0.0 { 1.0 } else { 0.5 * min.abs() };
+                (min - half, min + half)
+            }
+            Role::X => {
+                let lo = min.min(0.0);
+                (lo, max + 0.05 * (max - lo))
+            }
+            Role::Y => {
+                let (a, b) = (min.min(0.0), max.max(0.0));
+                let pad = 0.08 * (b - a);
+                match (a < 0.0, b > 0.0) {
+                    (false, false) => (0.0, 1.0),
+                    (neg, pos) => (
+                        if neg { a - pad } else { 0.0 },
+                        if pos { b + pad } else { 0.0 },
+                    ),
+                }
+            }
+        };
+        let (t, step) = ticks::linear(lo, hi, kind);
+        Scale {
+            lo,
+            hi,
+            log: false,
+            ticks: t
+                .into_iter()
+                .map(|v| (v, ticks::label(v, step, kind)))
+                .collect(),
+        }
+    }
+
+    /// `v` (data units) in drawn units; `None` where the axis cannot show it (not finite, or
+    /// ≤ 0 on a log axis).
+    fn place(&self, v: f64) -> Option<f64> {
+        match (v.is_finite(), self.log) {
+            (true, true) if v > 0.0 => Some(v.log2()),
+            (true, false) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The label of the tick nearest `v` (drawn units).
+    fn label_at(&self, v: f64) -> String {
+        self.ticks
+            .iter()
+            .min_by(|a, b| (a.0 - v).abs().total_cmp(&(b.0 - v).abs()))
+            .map_or_else(String::new, |t| t.1.clone())
+    }
+}
+
+impl Ranged for Scale {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
+        let t = (v - self.lo) / (self.hi - self.lo);
+        limit.0 + ((limit.1 - limit.0) as f64 * t).round() as i32
+    }
+
+    /// The ticks for bold lines and labels; no light lines (the mesh asks for those with a
+    /// hint that allows them).
+    fn key_points<H: KeyPointHint>(&self, hint: H) -> Vec<f64> {
+        if hint.weight().allow_light_points() {
+            return Vec::new();
+        }
+        self.ticks.iter().map(|t| t.0).collect()
+    }
+
+    fn range(&self) -> Range<f64> {
+        self.lo..self.hi
+    }
+}
+
+/// A line chart's plotting area: both axes in drawn units.
+type Plot<'a, DB> = ChartContext<'a, DB, Cartesian2d<Scale, Scale>>;
 
 /// Series colours, in series order and then repeating (matplotlib's `tab10`).
 const PALETTE: [RGBColor; 10] = [
@@ -101,6 +312,94 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(23, 190, 207),
 ];
 
+/// Marker shapes, so that series differ in more than colour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Circle,
+    Triangle,
+    Square,
+    Cross,
+    Diamond,
+}
+
+const SHAPES: [Shape; 5] = [
+    Shape::Circle,
+    Shape::Triangle,
+    Shape::Square,
+    Shape::Cross,
+    Shape::Diamond,
+];
+
+/// Series `i`'s colour and marker shape: the palette in order, the shapes in order, shifted
+/// by one each time the palette repeats so that no two of the first 50 series look alike.
+fn look(i: usize) -> (RGBColor, Shape) {
+    (
+        PALETTE[i % PALETTE.len()],
+        SHAPES[(i + i / PALETTE.len()) % SHAPES.len()],
+    )
+}
+
+impl Shape {
+    /// The outline of a polygon shape of radius `r` pixels around (0, 0); empty for a circle.
+    fn outline(self, r: i32) -> Vec<(i32, i32)> {
+        let (s, w) = (r * 9 / 10, (r / 3).max(1));
+        match self {
+            Shape::Circle => Vec::new(),
+            Shape::Triangle => vec![(0, -r - 1), (r + 1, r * 3 / 4), (-r - 1, r * 3 / 4)],
+            Shape::Square => vec![(-s, -s), (s, -s), (s, s), (-s, s)],
+            Shape::Diamond => vec![(0, -r - 1), (r + 1, 0), (0, r + 1), (-r - 1, 0)],
+            Shape::Cross => vec![
+                (-w, -r),
+                (w, -r),
+                (w, -w),
+                (r, -w),
+                (r, w),
+                (w, w),
+                (w, r),
+                (-w, r),
+                (-w, w),
+                (-r, w),
+                (-r, -w),
+                (-w, -w),
+            ],
+        }
+    }
+}
+
+/// Draws a marker of `shape`, radius `r` pixels, centred on pixel `at` of `area`, in colour
+/// `c`: filled, or hollow (white inside, a 2-pixel outline). Errors: plotters' drawing errors,
+/// as text.
+fn marker<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    at: (i32, i32),
+    (c, shape): (RGBColor, Shape),
+    r: i32,
+    filled: bool,
+) -> std::result::Result<(), String> {
+    let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+    if shape == Shape::Circle {
+        if filled {
+            return area.draw(&Circle::new(at, r, c.filled())).map_err(e);
+        }
+        area.draw(&Circle::new(at, r, WHITE.filled())).map_err(e)?;
+        return area.draw(&Circle::new(at, r, c.stroke_width(2))).map_err(e);
+    }
+    let pts: Vec<(i32, i32)> = shape
+        .outline(r)
+        .into_iter()
+        .map(|(dx, dy)| (at.0 + dx, at.1 + dy))
+        .collect();
+    if filled {
+        return area.draw(&Polygon::new(pts, c.filled())).map_err(e);
+    }
+    area.draw(&Polygon::new(pts.clone(), WHITE.filled()))
+        .map_err(e)?;
+    let mut closed = pts;
+    closed.push(closed[0]);
+    area.draw(&PathElement::new(closed, c.stroke_width(2)))
+        .map_err(e)
+}
+
 /// A plotters drawing error as the message [`Draw::draw`] returns.
 fn area_err<E: std::error::Error + Send + Sync>(x: DrawingAreaErrorKind<E>) -> String {
     x.to_string()
@@ -112,193 +411,182 @@ impl Draw for LineChart {
         root: &DrawingArea<DB, Shift>,
     ) -> std::result::Result<(), String> {
         let body = header(root, &self.title, &self.caption, 70)?;
-        let (x_range, y_range) = self.ranges();
-        let mut chart = self.axes(&body, x_range, y_range)?;
+        let (w, _) = body.dim_in_pixel();
+        let (plot_area, legend_area) = body.split_horizontally(w.saturating_sub(LEGEND_W));
+        let xs = Scale::new(
+            &self.x,
+            self.series.iter().flat_map(|s| s.points.iter().map(|p| p.0)),
+            Role::X,
+        );
+        let ys = Scale::new(
+            &self.y,
+            self.series.iter().flat_map(|s| {
+                let bars = s.y_bars.iter().flat_map(|b| [b.0, b.1]);
+                s.points.iter().map(|p| p.1).chain(bars)
+            }),
+            Role::Y,
+        );
+        let mut chart = self.axes(&plot_area, &xs, &ys)?;
         for (i, s) in self.series.iter().enumerate() {
-            let c = PALETTE[i % PALETTE.len()];
-            let pts: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (self.tx(x), y)).collect();
-            if s.style == Style::Markers {
-                draw_markers(&mut chart, s, &pts, c, x_range)?;
-            } else if s.style == Style::Guide {
-                draw_guide(&mut chart, s, &pts)?;
-            } else {
-                draw_line(&mut chart, s, &pts, c)?;
-            }
+            draw_series(&mut chart, root, s, look(i))?;
         }
-        chart
-            .configure_series_labels()
-            .label_font((FAMILY, 14))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(area_err)?;
-
-        Ok(())
+        self.legend(&legend_area)
     }
 }
 
 impl LineChart {
-    /// `x` on the drawn x axis. A log axis is drawn as log₂(x) on a linear axis, so ticks land
-    /// on powers of two (4k, 8k, …, 128k for context lengths) and are labelled with the
-    /// original values.
-    fn tx(&self, x: f64) -> f64 {
-        if self.log_x {
-            x.log2()
-        } else {
-            x
-        }
-    }
-
-    /// The axis ranges `((x0, x1), (y0, y1))`, x in drawn units ([`LineChart::tx`]). y spans
-    /// every finite point and error bar, and 0, padded by 8 % (0 stays the bottom unless
-    /// values are negative); x spans the points (1–2 without any), rounded out to whole powers
-    /// of two on a log axis, else from 0 with 5 % room at the right.
-    fn ranges(&self) -> ((f64, f64), (f64, f64)) {
-        let xs = self
-            .series
-            .iter()
-            .flat_map(|s| s.points.iter().map(move |p| self.tx(p.0)));
-        let ys = self
-            .series
-            .iter()
-            .flat_map(|s| {
-                s.points
-                    .iter()
-                    .map(|p| p.1)
-                    .chain(s.y_bars.iter().flat_map(|b| [b.0, b.1]))
-            })
-            .filter(|y| y.is_finite());
-        let (x0, x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
-            (a.min(x), b.max(x))
-        });
-        let (ymin, ymax) = ys.fold((0f64, 0f64), |(a, b), y| (a.min(y), b.max(y)));
-        let pad = (ymax - ymin) * 0.08 + 1e-9;
-        let (y0, y1) = (if ymin < 0.0 { ymin - pad } else { 0.0 }, ymax + pad);
-        let (x0, x1) = if x0.is_finite() && x1 > x0 {
-            (x0, x1)
-        } else {
-            (1.0, 2.0)
-        };
-        // Linear axes start at zero (no exaggerated differences) and leave room at the right.
-        let (x0, x1) = if self.log_x {
-            (x0.floor(), x1.ceil())
-        } else {
-            (x0.min(0.0), x1 + 0.05 * (x1 - x0.min(0.0)))
-        };
-        ((x0, x1), (y0, y1))
-    }
-
-    /// The plotting area on `body` over `x` × `y` (drawn units), with its mesh drawn: 8 y
-    /// ticks, 8 x ticks (one per power of two on a log axis), [`compact`] tick labels and the
-    /// axis labels. Errors: plotters' drawing errors, as text.
+    /// The plotting area on `area` over the scales `xs` × `ys`, with its mesh drawn: a bold
+    /// grid line and a label at every tick, no light lines, and the axis labels. Errors:
+    /// plotters' drawing errors, as text.
     fn axes<'b, DB: DrawingBackend>(
         &self,
-        body: &'b DrawingArea<DB, Shift>,
-        (x0, x1): (f64, f64),
-        (y0, y1): (f64, f64),
+        area: &'b DrawingArea<DB, Shift>,
+        xs: &Scale,
+        ys: &Scale,
     ) -> std::result::Result<Plot<'b, DB>, String> {
-        let log_x = self.log_x;
-        let n_x_labels = if log_x { (x1 - x0) as usize + 1 } else { 8 };
-        let label_x = move |x: &f64| compact(if log_x { x.exp2() } else { *x });
-        let mut builder = ChartBuilder::on(body);
-        builder
+        let mut chart = ChartBuilder::on(area)
             .margin(20)
             .x_label_area_size(50)
-            .y_label_area_size(80);
-        let mut chart = builder
-            .build_cartesian_2d(x0..x1, y0..y1)
+            .y_label_area_size(80)
+            .build_cartesian_2d(xs.clone(), ys.clone())
             .map_err(area_err)?;
+        let label_x = |v: &f64| xs.label_at(*v);
+        let label_y = |v: &f64| ys.label_at(*v);
         chart
             .configure_mesh()
-            .x_labels(n_x_labels)
-            .y_labels(8)
+            .x_labels(xs.ticks.len().max(1))
+            .y_labels(ys.ticks.len().max(1))
+            .max_light_lines(0)
             .x_label_formatter(&label_x)
-            .y_label_formatter(&|y: &f64| compact(*y))
-            .x_desc(self.x_label.as_str())
-            .y_desc(self.y_label.as_str())
+            .y_label_formatter(&label_y)
+            .x_desc(self.x.label.as_str())
+            .y_desc(self.y.label.as_str())
             .label_style((FAMILY, 14))
             .axis_desc_style((FAMILY, 16))
             .draw()
             .map_err(area_err)?;
         Ok(chart)
     }
-}
 
-/// Draws `s` as markers at `pts` (drawn units) in colour `c`, with its legend entry and its
-/// error bars: a vertical stroke lo..hi with caps 1 % of the x range `(x0, x1)` wide (plotters'
-/// ErrorBar needs a feature this build leaves out); bars with a non-finite end are left out.
-/// Errors: plotters' drawing errors, as text.
-fn draw_markers<DB: DrawingBackend>(
-    chart: &mut Plot<'_, DB>,
-    s: &Series,
-    pts: &[(f64, f64)],
-    c: RGBColor,
-    (x0, x1): (f64, f64),
-) -> std::result::Result<(), String> {
-    chart
-        .draw_series(pts.iter().map(|&p| Circle::new(p, 6, c.filled())))
-        .map_err(area_err)?
-        .label(s.name.as_str())
-        .legend(move |(x, y)| Circle::new((x + 10, y), 5, c.filled()));
-    let cap = 0.01 * (x1 - x0);
-    for (&(x, _), &(lo, hi)) in pts.iter().zip(&s.y_bars) {
-        if !(lo.is_finite() && hi.is_finite()) {
-            continue;
+    /// The legend in `area` (right of the plot, so it never covers a point): per series its
+    /// line sample and marker in its colour and shape, then its name; a hollow grey circle
+    /// "contended" entry when any point is drawn hollow. Errors: plotters' drawing errors.
+    fn legend<DB: DrawingBackend>(
+        &self,
+        area: &DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), String> {
+        let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+        let font = (FAMILY, 13).into_font();
+        let mut y = 34;
+        for (i, s) in self.series.iter().enumerate() {
+            let (c, shape) = look(i);
+            let line = |style: ShapeStyle, xs: &[(i32, i32)]| {
+                area.draw(&PathElement::new(
+                    xs.iter().map(|&(a, b)| (a, y + b)).collect::<Vec<_>>(),
+                    style,
+                ))
+            };
+            match s.style {
+                Style::Guide => {
+                    let grey = RGBColor(60, 60, 60).stroke_width(1);
+                    line(grey, &[(4, 0), (14, 0)]).map_err(e)?;
+                    line(grey, &[(20, 0), (30, 0)]).map_err(e)?;
+                }
+                Style::Steps => line(c.stroke_width(2), &[(4, 4), (17, 4), (17, -4), (30, -4)])
+                    .map_err(e)?,
+                Style::LineMarkers => line(c.stroke_width(2), &[(4, 0), (30, 0)]).map_err(e)?,
+                Style::Markers => {}
+            }
+            if matches!(s.style, Style::LineMarkers | Style::Markers) {
+                marker(area, (17, y), (c, shape), 5, true)?;
+            }
+            area.draw(&Text::new(s.name.as_str(), (38, y - 8), font.clone()))
+                .map_err(e)?;
+            y += 22;
         }
-        let paths = [
-            vec![(x, lo), (x, hi)],
-            vec![(x - cap, lo), (x + cap, lo)],
-            vec![(x - cap, hi), (x + cap, hi)],
-        ];
-        chart
-            .draw_series(
-                paths
-                    .into_iter()
-                    .map(|p| PathElement::new(p, c.stroke_width(2))),
-            )
-            .map_err(area_err)?;
+        if self.series.iter().any(|s| s.hollow.contains(&true)) {
+            let grey = (RGBColor(90, 90, 90), Shape::Circle);
+            marker(area, (17, y + 8), grey, 5, false)?;
+            area.draw(&Text::new("hollow: contended", (38, y), font))
+                .map_err(e)?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
-/// Draws `s` as a thin dark grey dashed guide through `pts` (drawn units), with its legend
-/// entry. Errors: plotters' drawing errors, as text.
-fn draw_guide<DB: DrawingBackend>(
+/// Draws `s` on `chart` in `look`'s colour and shape: its line (solid, stepped or a dashed
+/// grey guide), its error bars, then its markers on `root` (the backend's whole area, pixel
+/// coordinates), hollow where [`Series::hollow`] says. Points an axis cannot show are left
+/// out. Errors: plotters' drawing errors, as text.
+fn draw_series<DB: DrawingBackend>(
     chart: &mut Plot<'_, DB>,
+    root: &DrawingArea<DB, Shift>,
     s: &Series,
-    pts: &[(f64, f64)],
+    look: (RGBColor, Shape),
 ) -> std::result::Result<(), String> {
-    let grey = RGBColor(60, 60, 60);
-    chart
-        .draw_series(DashedLineSeries::new(
-            pts.iter().copied(),
-            6,
-            4,
-            grey.stroke_width(1),
-        ))
-        .map_err(area_err)?
-        .label(s.name.as_str())
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], grey.stroke_width(1)));
-    Ok(())
-}
-
-/// Draws `s` as a line through `pts` (drawn units) in colour `c` with a marker at every point,
-/// with its legend entry. Errors: plotters' drawing errors, as text.
-fn draw_line<DB: DrawingBackend>(
-    chart: &mut Plot<'_, DB>,
-    s: &Series,
-    pts: &[(f64, f64)],
-    c: RGBColor,
-) -> std::result::Result<(), String> {
-    chart
-        .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
-        .map_err(area_err)?
-        .label(s.name.as_str())
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
-    chart
-        .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
-        .map_err(area_err)?;
+    let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+    let (xscale, yscale) = {
+        let coord = chart.as_coord_spec();
+        (coord.x_spec().clone(), coord.y_spec().clone())
+    };
+    let pts: Vec<(usize, (f64, f64))> = s
+        .points
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &(x, y))| Some((i, (xscale.place(x)?, yscale.place(y)?))))
+        .collect();
+    let path: Vec<(f64, f64)> = pts.iter().map(|p| p.1).collect();
+    let c = look.0;
+    match s.style {
+        Style::Guide => {
+            let grey = RGBColor(60, 60, 60);
+            chart
+                .draw_series(DashedLineSeries::new(path, 6, 4, grey.stroke_width(1)))
+                .map_err(area_err)?;
+        }
+        Style::Steps => {
+            let steps = path.windows(2).flat_map(|w| [w[0], (w[1].0, w[0].1)]);
+            let steps: Vec<(f64, f64)> = steps.chain(path.last().copied()).collect();
+            chart
+                .draw_series(LineSeries::new(steps, c.stroke_width(2)))
+                .map_err(area_err)?;
+        }
+        Style::LineMarkers => {
+            chart
+                .draw_series(LineSeries::new(path, c.stroke_width(2)))
+                .map_err(area_err)?;
+        }
+        Style::Markers => {}
+    }
+    if !matches!(s.style, Style::LineMarkers | Style::Markers) {
+        return Ok(());
+    }
+    // Error bars: a vertical stroke lo..hi with 10-pixel caps (plotters' ErrorBar needs a
+    // feature this build leaves out); on a log axis a low end ≤ 0 runs to the axis bottom.
+    for &(i, (x, _)) in &pts {
+        let Some(&(lo, hi)) = s.y_bars.get(i) else {
+            continue;
+        };
+        let Some(hi) = yscale.place(hi) else { continue };
+        let lo = match yscale.place(lo) {
+            Some(lo) => lo,
+            None if lo.is_finite() => yscale.lo,
+            None => continue,
+        };
+        let (a, b) = (chart.backend_coord(&(x, lo)), chart.backend_coord(&(x, hi)));
+        let style = c.stroke_width(2);
+        for p in [
+            vec![a, b],
+            vec![(a.0 - 5, a.1), (a.0 + 5, a.1)],
+            vec![(b.0 - 5, b.1), (b.0 + 5, b.1)],
+        ] {
+            root.draw(&PathElement::new(p, style)).map_err(e)?;
+        }
+    }
+    let r = if s.style == Style::Markers { 6 } else { 5 };
+    for &(i, p) in &pts {
+        marker(root, chart.backend_coord(&p), look, r, !s.is_hollow(i))?;
+    }
     Ok(())
 }
 
@@ -463,37 +751,12 @@ fn render_files(chart: &impl Draw, size: (u32, u32), dir: &Path, stem: &str) -> 
     Ok(())
 }
 
-/// Tick labels: `4k`, `128k`, `1.5M` for large values (k = 1024, as token counts), plain
-/// numbers otherwise.
-fn compact(v: f64) -> String {
-    let trim = |x: String| x.trim_end_matches('0').trim_end_matches('.').to_string();
-    let a = v.abs();
-    if a >= 1024.0 * 1024.0 {
-        format!("{}M", trim(format!("{:.3}", v / (1024.0 * 1024.0))))
-    } else if a >= 1024.0 {
-        format!("{}k", trim(format!("{:.1}", v / 1024.0)))
-    } else if v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Both files are produced, non-empty, and the SVG holds one line per series (plus its
-    /// legend mark) and the title text.
-    #[test]
-    fn compact_tick_labels() {
-        assert_eq!(compact(4096.0), "4k");
-        assert_eq!(compact(131072.0), "128k");
-        assert_eq!(compact(1536.0), "1.5k");
-        assert_eq!(compact(3.0 * 1024.0 * 1024.0), "3M");
-        assert_eq!(compact(250.0), "250");
-    }
-
+    /// Both files are produced, non-empty, and the SVG holds one line per series plus its
+    /// legend mark, each in its own colour, and the title text.
     #[test]
     fn renders_png_and_svg_with_every_series() {
         let dir = std::env::temp_dir().join(format!("kvbench-chart-{}", std::process::id()));
@@ -501,9 +764,8 @@ mod tests {
         let chart = LineChart {
             title: "Max concurrent sequences".into(),
             caption: "llama-3-8b · 80 GiB".into(),
-            x_label: "context (tokens)".into(),
-            y_label: "sequences".into(),
-            log_x: true,
+            x: Axis::binary("context (tokens)").log_if(true),
+            y: Axis::binary("sequences"),
             series: ["fp16", "fp8", "int4"]
                 .iter()
                 .enumerate()

@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::plan::{PlanInput, PlanRow};
 
-use super::chart::{LineChart, Series};
+use super::chart::{Axis, LineChart, Series};
 use super::meta;
 
 /// A finished plan, as rendered.
@@ -135,10 +135,16 @@ pub fn write(p: &PlanReport, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Max concurrent sequences against the context, a line per scheme.
+/// Max concurrent sequences against the context, a line per scheme. The x axis is log when
+/// the contexts span more than 2×; the y axis when the positive counts span more than 10×
+/// (a line at 2000 sequences would flatten one at 3 onto the axis).
 fn chart(p: &PlanReport) -> LineChart {
     let input = &p.input;
     let ctxs = &p.ctxs;
+    let log_x = ctxs.len() > 1 && ctxs.iter().max() > ctxs.iter().min().map(|m| m * 2).as_ref();
+    let counts = p.rows.iter().map(|r| r.max_concurrency).filter(|&c| c > 0);
+    let (lo, hi) = counts.fold((u64::MAX, 0), |(a, b), c| (a.min(c), b.max(c)));
+    let log_y = hi > lo.saturating_mul(10);
     LineChart {
         title: format!("Max concurrent sequences vs context — {}", input.model.name),
         caption: format!(
@@ -151,9 +157,18 @@ fn chart(p: &PlanReport) -> LineChart {
             env!("CARGO_PKG_VERSION"),
             meta::Machine::probe().hostname
         ),
-        x_label: "context per sequence (tokens, log scale)".into(),
-        y_label: "max concurrent sequences".into(),
-        log_x: ctxs.len() > 1 && ctxs.iter().max() > ctxs.iter().min().map(|m| m * 2).as_ref(),
+        x: Axis::binary(if log_x {
+            "context per sequence (tokens, log scale)"
+        } else {
+            "context per sequence (tokens)"
+        })
+        .log_if(log_x),
+        // Counts: powers of ten on a log axis, else steps of 2^k (never half a sequence).
+        y: if log_y {
+            Axis::decimal("max concurrent sequences (log scale; 0 not drawn)").log_if(true)
+        } else {
+            Axis::binary("max concurrent sequences")
+        },
         series: p
             .schemes
             .iter()
