@@ -795,4 +795,317 @@ mod tests {
         assert!(svg.contains("Max concurrent sequences"));
         std::fs::remove_dir_all(&dir).ok();
     }
+
+    /// Geometry read back from an SVG that plotters wrote: texts, circles, polylines and
+    /// polygons with their attributes, so tests check pixels without the code's own mapping.
+    pub(crate) mod svg {
+        /// `attr="value"` of an element's opening text.
+        fn attr<'a>(el: &'a str, name: &str) -> Option<&'a str> {
+            let start = el.find(&format!(" {name}=\""))? + name.len() + 3;
+            Some(&el[start..start + el[start..].find('"')?])
+        }
+
+        fn num(el: &str, name: &str) -> f64 {
+            attr(el, name).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+        }
+
+        /// Every element `<tag …>` as its opening text (to the first `>`).
+        fn elements<'a>(svg: &'a str, tag: &str) -> Vec<&'a str> {
+            svg.match_indices(&format!("<{tag} "))
+                .map(|(i, _)| &svg[i..i + svg[i..].find('>').unwrap()])
+                .collect()
+        }
+
+        /// Texts as `(x, y, anchor, content)`.
+        pub fn texts(svg: &str) -> Vec<(f64, f64, String, String)> {
+            elements(svg, "text")
+                .into_iter()
+                .map(|el| {
+                    let i = svg.find(el).unwrap() + el.len() + 1;
+                    let body = &svg[i..i + svg[i..].find("</text>").unwrap()];
+                    (
+                        num(el, "x"),
+                        num(el, "y"),
+                        attr(el, "text-anchor").unwrap_or("").to_string(),
+                        body.trim().to_string(),
+                    )
+                })
+                .collect()
+        }
+
+        /// Circles as `(cx, cy, fill, stroke)`.
+        pub fn circles(svg: &str) -> Vec<(f64, f64, String, String)> {
+            elements(svg, "circle")
+                .into_iter()
+                .map(|el| {
+                    let a = |n| attr(el, n).unwrap_or("").to_string();
+                    (num(el, "cx"), num(el, "cy"), a("fill"), a("stroke"))
+                })
+                .collect()
+        }
+
+        /// Polylines (`stroke`) or polygons (`fill`) as `(colour, points)`.
+        pub fn shapes(svg: &str, tag: &str) -> Vec<(String, Vec<(f64, f64)>)> {
+            let colour = if tag == "polygon" { "fill" } else { "stroke" };
+            elements(svg, tag)
+                .into_iter()
+                .map(|el| {
+                    let pts = attr(el, "points")
+                        .unwrap_or("")
+                        .split_whitespace()
+                        .map(|p| {
+                            let (x, y) = p.split_once(',').unwrap();
+                            (x.parse().unwrap(), y.parse().unwrap())
+                        })
+                        .collect();
+                    (attr(el, colour).unwrap_or("").to_string(), pts)
+                })
+                .collect()
+        }
+
+        /// The x axis line's ends in pixels `(left, right)`: the longest black horizontal
+        /// polyline (the plot area's width).
+        pub fn x_axis(svg: &str) -> (f64, f64) {
+            shapes(svg, "polyline")
+                .into_iter()
+                .filter(|(c, p)| c == "#000000" && p.len() == 2 && p[0].1 == p[1].1)
+                .map(|(_, p)| (p[0].0, p[1].0))
+                .max_by(|a, b| (a.1 - a.0).total_cmp(&(b.1 - b.0)))
+                .unwrap()
+        }
+
+        /// The tick labels under the x axis (centred texts below y = 570 px… of the plot) as
+        /// `(pixel x, label)`, left to right.
+        pub fn x_ticks(svg: &str) -> Vec<(f64, String)> {
+            let axis_y = shapes(svg, "polyline")
+                .into_iter()
+                .filter(|(c, p)| c == "#000000" && p.len() == 2 && p[0].1 == p[1].1)
+                .max_by(|a, b| (a.1[1].0 - a.1[0].0).total_cmp(&(b.1[1].0 - b.1[0].0)))
+                .unwrap()
+                .1[0]
+                .1;
+            texts(svg)
+                .into_iter()
+                .filter(|t| t.2 == "middle" && t.1 > axis_y && t.1 < axis_y + 20.0)
+                .map(|t| (t.0, t.3))
+                .collect()
+        }
+
+        /// The tick labels left of the y axis (right-aligned texts) as `(pixel y, label)`,
+        /// bottom to top.
+        pub fn y_ticks(svg: &str) -> Vec<(f64, String)> {
+            texts(svg)
+                .into_iter()
+                .filter(|t| t.2 == "end")
+                .map(|t| (t.1, t.3))
+                .collect()
+        }
+
+        /// Pixel of `v` on an axis from two of its labelled ticks `(pixel, value)`
+        /// (linear interpolation; pass log₂ values for a log axis).
+        pub fn pixel(v: f64, (p0, v0): (f64, f64), (p1, v1): (f64, f64)) -> f64 {
+            p0 + (v - v0) / (v1 - v0) * (p1 - p0)
+        }
+    }
+
+    fn one_series(x: Axis, y: Axis, points: Vec<(f64, f64)>) -> LineChart {
+        LineChart {
+            title: "t".into(),
+            caption: "c".into(),
+            x,
+            y,
+            series: vec![Series::line("a", points)],
+        }
+    }
+
+    /// The data markers of series 0 (filled circles left of the legend).
+    fn filled_markers(svg: &str, fill: &str) -> Vec<(f64, f64)> {
+        let (_, right) = svg::x_axis(svg);
+        svg::circles(svg)
+            .into_iter()
+            .filter(|c| c.2 == fill && c.0 <= right + 6.0)
+            .map(|c| (c.0, c.1))
+            .collect()
+    }
+
+    /// Issue #26: with one x value (128 tokens, 4 requests/s, a 32k context on a log axis,
+    /// 0) the axis ran 0–2 and the point sat at its right edge. Now the point is in the middle
+    /// of the plot area and the axis labels its value.
+    #[test]
+    fn one_x_value_sits_mid_plot_issue_26() {
+        for (x, axis, label) in [
+            (128.0, Axis::binary("tokens"), "128"),
+            (4.0, Axis::decimal("requests/s"), "4.0"),
+            (32768.0, Axis::binary("context").log_if(true), "32k"),
+            (0.0, Axis::decimal("x"), "0.0"),
+        ] {
+            let svg = one_series(axis, Axis::decimal("ms"), vec![(x, 20.0)]).svg();
+            let (left, right) = svg::x_axis(&svg);
+            let pts = filled_markers(&svg, "#1F77B4");
+            assert_eq!(pts.len(), 1, "{x}");
+            assert!(
+                (pts[0].0 - (left + right) / 2.0).abs() <= 1.0,
+                "{x}: point at {} px, plot {left}–{right}",
+                pts[0].0
+            );
+            let ticks = svg::x_ticks(&svg);
+            let t = ticks.iter().find(|t| t.1 == label);
+            assert!(t.is_some_and(|t| (t.0 - pts[0].0).abs() <= 1.0), "{x}: {ticks:?}");
+        }
+    }
+
+    /// Points land where the axis labels say: x data 128…8192 on a log₂ axis is labelled
+    /// with every power of two (128, 256, 512, 1k, 2k, 4k, 8k) and the point at 2048 sits on
+    /// the 2k label; on a linear decimal axis (0…289, steps of 50) the point at 275 sits at
+    /// 275/250 of the way from the "0" label to the "250" one, and y = 7 ms at 3/2 of the way
+    /// from "4" to "6".
+    #[test]
+    fn points_land_on_their_tick_labels() {
+        let pts = vec![(128.0, 1.0), (2048.0, 2.0), (8192.0, 3.0)];
+        let svg = one_series(Axis::binary("tokens").log_if(true), Axis::decimal("ms"), pts)
+            .svg();
+        let ticks = svg::x_ticks(&svg);
+        let labels: Vec<&str> = ticks.iter().map(|t| t.1.as_str()).collect();
+        assert_eq!(labels, ["128", "256", "512", "1k", "2k", "4k", "8k"]);
+        let at = |l: &str| ticks.iter().find(|t| t.1 == l).unwrap().0;
+        let m = filled_markers(&svg, "#1F77B4");
+        assert_eq!(m.len(), 3);
+        assert!((m[1].0 - at("2k")).abs() <= 1.0, "{m:?} {ticks:?}");
+        assert!((m[0].0 - at("128")).abs() <= 1.0 && (m[2].0 - at("8k")).abs() <= 1.0);
+
+        let pts = vec![(100.0, 5.0), (275.0, 7.0)];
+        let svg = one_series(Axis::decimal("x"), Axis::decimal("ms"), pts).svg();
+        let ticks = svg::x_ticks(&svg);
+        let at = |l: &str| ticks.iter().find(|t| t.1 == l).unwrap().0;
+        let m = filled_markers(&svg, "#1F77B4");
+        let want = svg::pixel(275.0, (at("0"), 0.0), (at("250"), 250.0));
+        assert!((m[1].0 - want).abs() <= 1.0, "{m:?} {ticks:?}");
+        let yt = svg::y_ticks(&svg);
+        let yat = |l: &str| yt.iter().find(|t| t.1 == l).unwrap().0;
+        let want = svg::pixel(7.0, (yat("4"), 4.0), (yat("6"), 6.0));
+        assert!((m[1].1 - want).abs() <= 1.0, "{m:?} {yt:?}");
+    }
+
+    /// Issue #26: ticks read 4.9k/9.8k/14.6k and 1000/2k/2.9k/3.9k, and a goodput axis read
+    /// "0.00" six times. Now: x 0…15 750 ms is labelled in steps of 2000, tokens 0…4200 in
+    /// steps of 1024 (`1k`, k = 1024), y 0…0.324 with distinct labels 0.00, 0.05, …
+    #[test]
+    fn round_distinct_tick_labels_issue_26() {
+        let svg = one_series(
+            Axis::decimal("ms"),
+            Axis::decimal("goodput"),
+            vec![(1000.0, 0.3), (15_000.0, 0.0)],
+        )
+        .svg();
+        let x: Vec<String> = svg::x_ticks(&svg).into_iter().map(|t| t.1).collect();
+        assert_eq!(x[..4], ["0", "2000", "4000", "6000"]);
+        let y: Vec<String> = svg::y_ticks(&svg).into_iter().map(|t| t.1).collect();
+        assert_eq!(y[..7], ["0.00", "0.05", "0.10", "0.15", "0.20", "0.25", "0.30"]);
+        let svg = one_series(
+            Axis::binary("tokens"),
+            Axis::decimal("ms"),
+            vec![(128.0, 1.0), (4000.0, 2.0)],
+        )
+        .svg();
+        let x: Vec<String> = svg::x_ticks(&svg).into_iter().map(|t| t.1).collect();
+        assert_eq!(x, ["0", "1k", "2k", "3k", "4k"]);
+    }
+
+    /// A contended point is hollow (white inside, an outline in its colour), the others
+    /// filled, and the legend says what hollow means; series differ in marker shape (circle,
+    /// triangle, square) as well as colour; the legend lies right of the plot area.
+    #[test]
+    fn hollow_points_shapes_and_legend_outside() {
+        let mk = |n: &str, dy: f64| {
+            Series::line(n, vec![(1.0, 1.0 + dy), (2.0, 2.0 + dy), (3.0, 3.0 + dy)])
+        };
+        let chart = LineChart {
+            title: "t".into(),
+            caption: "c".into(),
+            x: Axis::binary("batch"),
+            y: Axis::decimal("ms"),
+            series: vec![
+                mk("fp16", 0.0).with_hollow(vec![false, true, false]),
+                mk("int8", 1.0),
+                mk("int4", 2.0),
+            ],
+        };
+        let svg = chart.svg();
+        let (_, right) = svg::x_axis(&svg);
+        let filled = filled_markers(&svg, "#1F77B4");
+        let hollow: Vec<_> = svg::circles(&svg)
+            .into_iter()
+            .filter(|c| c.2 == "none" && c.3 == "#1F77B4")
+            .collect();
+        assert_eq!(filled.len(), 2, "{filled:?}");
+        assert_eq!(hollow.len(), 1);
+        // The hollow one is the middle point: between the two filled ones.
+        assert!(filled[0].0 < hollow[0].0 && hollow[0].0 < filled[1].0);
+        // Series 1: triangles (3 corners), series 2: squares (4), in their colours, 3 points
+        // each plus the legend's.
+        let polys = svg::shapes(&svg, "polygon");
+        let count = |fill: &str, corners: usize| {
+            polys
+                .iter()
+                .filter(|p| p.0 == fill && p.1.len() == corners)
+                .count()
+        };
+        assert_eq!(count("#FF7F0E", 3), 4);
+        assert_eq!(count("#2CA02C", 4), 4);
+        // Legend: every name right of the plot area, and the hollow entry.
+        for t in svg::texts(&svg) {
+            if ["fp16", "int8", "int4", "hollow: contended"].contains(&t.3.as_str()) {
+                assert!(t.0 > right, "{t:?} overlaps the plot (right edge {right})");
+            }
+        }
+        assert!(svg.contains("hollow: contended"));
+    }
+
+    /// Error bars: a vertical stroke from lo to hi at the point, caps at both ends; a point
+    /// without a finite bar gets none.
+    #[test]
+    fn error_bars_span_their_interval() {
+        let chart = LineChart {
+            series: vec![Series::line("a", vec![(1.0, 10.0), (2.0, 12.0)])
+                .with_bars(vec![(8.0, 12.0), (f64::NAN, f64::NAN)])],
+            ..one_series(Axis::binary("batch"), Axis::decimal("ms"), Vec::new())
+        };
+        let svg = chart.svg();
+        let yt = svg::y_ticks(&svg);
+        let yat = |l: &str| yt.iter().find(|t| t.1 == l).unwrap().0;
+        let (p8, p12) = (yat("8"), yat("12"));
+        let m = filled_markers(&svg, "#1F77B4");
+        let vertical: Vec<_> = svg::shapes(&svg, "polyline")
+            .into_iter()
+            .filter(|(c, p)| c == "#1F77B4" && p.len() == 2 && p[0].0 == p[1].0)
+            .collect();
+        assert_eq!(vertical.len(), 1, "{vertical:?}");
+        let p = &vertical[0].1;
+        assert!((p[0].0 - m[0].0).abs() <= 1.0);
+        assert!((p[0].1 - p8).abs() <= 1.0 && (p[1].1 - p12).abs() <= 1.0, "{p:?}");
+    }
+
+    /// A step series holds each value until the next x: (0, 1), (1, 3), (2, 2) is drawn
+    /// through five corners, each segment horizontal or vertical.
+    #[test]
+    fn steps_are_drawn_as_steps() {
+        let chart = LineChart {
+            series: vec![Series::line("running", vec![(0.0, 1.0), (1.0, 3.0), (2.0, 2.0)])
+                .with_style(Style::Steps)],
+            ..one_series(Axis::decimal("s"), Axis::binary("sequences"), Vec::new())
+        };
+        let svg = chart.svg();
+        let (_, right) = svg::x_axis(&svg);
+        let line = svg::shapes(&svg, "polyline")
+            .into_iter()
+            .find(|(c, p)| c == "#1F77B4" && p.len() > 2 && p[0].0 <= right)
+            .unwrap()
+            .1;
+        assert_eq!(line.len(), 5, "{line:?}");
+        for w in line.windows(2) {
+            assert!(w[0].0 == w[1].0 || w[0].1 == w[1].1, "{w:?}");
+        }
+        assert!(line[1].1 == line[0].1 && line[1].0 > line[0].0, "horizontal first");
+        assert!(svg::circles(&svg).is_empty(), "no markers");
+    }
 }
