@@ -752,7 +752,7 @@ fn render_files(chart: &impl Draw, size: (u32, u32), dir: &Path, stem: &str) -> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Both files are produced, non-empty, and the SVG holds one line per series plus its

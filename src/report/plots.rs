@@ -340,6 +340,41 @@ mod tests {
         rows
     }
 
+    /// Issue #26: the TPOT chart draws each point's 95 % interval (`tpot_ms_ci95` = 0.5 ms
+    /// here: bars mean ± 0.5) and a contended row's points hollow, in the throughput chart
+    /// too; the memory chart (bytes, untimed) is never hollow and has no bars.
+    #[test]
+    fn tpot_bars_and_contended_points_issue_26() {
+        let mut rows = rows();
+        for r in rows.iter_mut() {
+            r.tpot.ci95 = Some(0.5);
+            r.contended = Some(r.scheme == "int4" && r.seq_len == 512);
+        }
+        let charts = charts(&rows, &Caption::default());
+        let tpot = &charts[0].1.series;
+        // fp16 at batch 1: prompts 128 and 512, TPOT 21.28 and 25.12 ms.
+        assert_eq!(tpot[0].points, vec![(128.0, 21.28), (512.0, 25.12)]);
+        let want = [(20.78, 21.78), (24.62, 25.62)];
+        for (b, w) in tpot[0].y_bars.iter().zip(want) {
+            assert!((b.0 - w.0).abs() < 1e-9 && (b.1 - w.1).abs() < 1e-9, "{b:?}");
+        }
+        assert!(charts[0].1.y.label.contains("95 % CI"));
+        assert_eq!(tpot[2].hollow, vec![false, true], "int4 at 512 is contended");
+        assert_eq!(tpot[0].hollow, vec![false, false]);
+        // Throughput at prompt 512: int4's batch 1 and 4 both contended.
+        assert_eq!(charts[1].1.series[2].hollow, vec![true, true]);
+        let mem = &charts[2].1.series[2];
+        assert!(mem.hollow.iter().all(|h| !h));
+        assert!(mem.y_bars.iter().all(|b| b.0.is_nan()));
+        // Drawn: int4 (series 2, squares) has one hollow point in the TPOT chart.
+        let svg = charts[0].1.svg();
+        let outlines = crate::report::chart::tests::svg::shapes(&svg, "polyline")
+            .into_iter()
+            .filter(|(c, p)| c == "#2CA02C" && p.len() == 5)
+            .count();
+        assert_eq!(outlines, 1);
+    }
+
     /// Every chart is built with one series per scheme that has data (failed points left out),
     /// the quality chart adds the frontier, and every file is written and non-empty.
     #[test]
