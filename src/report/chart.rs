@@ -415,7 +415,9 @@ impl Draw for LineChart {
         let (plot_area, legend_area) = body.split_horizontally(w.saturating_sub(LEGEND_W));
         let xs = Scale::new(
             &self.x,
-            self.series.iter().flat_map(|s| s.points.iter().map(|p| p.0)),
+            self.series
+                .iter()
+                .flat_map(|s| s.points.iter().map(|p| p.0)),
             Role::X,
         );
         let ys = Scale::new(
@@ -492,8 +494,9 @@ impl LineChart {
                     line(grey, &[(4, 0), (14, 0)]).map_err(e)?;
                     line(grey, &[(20, 0), (30, 0)]).map_err(e)?;
                 }
-                Style::Steps => line(c.stroke_width(2), &[(4, 4), (17, 4), (17, -4), (30, -4)])
-                    .map_err(e)?,
+                Style::Steps => {
+                    line(c.stroke_width(2), &[(4, 4), (17, 4), (17, -4), (30, -4)]).map_err(e)?
+                }
                 Style::LineMarkers => line(c.stroke_width(2), &[(4, 0), (30, 0)]).map_err(e)?,
                 Style::Markers => {}
             }
@@ -806,7 +809,9 @@ pub(crate) mod tests {
         }
 
         fn num(el: &str, name: &str) -> f64 {
-            attr(el, name).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+            attr(el, name)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(f64::NAN)
         }
 
         /// Every element `<tag …>` as its opening text (to the first `>`).
@@ -950,7 +955,10 @@ pub(crate) mod tests {
             );
             let ticks = svg::x_ticks(&svg);
             let t = ticks.iter().find(|t| t.1 == label);
-            assert!(t.is_some_and(|t| (t.0 - pts[0].0).abs() <= 1.0), "{x}: {ticks:?}");
+            assert!(
+                t.is_some_and(|t| (t.0 - pts[0].0).abs() <= 1.0),
+                "{x}: {ticks:?}"
+            );
         }
     }
 
@@ -962,8 +970,12 @@ pub(crate) mod tests {
     #[test]
     fn points_land_on_their_tick_labels() {
         let pts = vec![(128.0, 1.0), (2048.0, 2.0), (8192.0, 3.0)];
-        let svg = one_series(Axis::binary("tokens").log_if(true), Axis::decimal("ms"), pts)
-            .svg();
+        let svg = one_series(
+            Axis::binary("tokens").log_if(true),
+            Axis::decimal("ms"),
+            pts,
+        )
+        .svg();
         let ticks = svg::x_ticks(&svg);
         let labels: Vec<&str> = ticks.iter().map(|t| t.1.as_str()).collect();
         assert_eq!(labels, ["128", "256", "512", "1k", "2k", "4k", "8k"]);
@@ -1000,7 +1012,10 @@ pub(crate) mod tests {
         let x: Vec<String> = svg::x_ticks(&svg).into_iter().map(|t| t.1).collect();
         assert_eq!(x[..4], ["0", "2000", "4000", "6000"]);
         let y: Vec<String> = svg::y_ticks(&svg).into_iter().map(|t| t.1).collect();
-        assert_eq!(y[..7], ["0.00", "0.05", "0.10", "0.15", "0.20", "0.25", "0.30"]);
+        assert_eq!(
+            y[..7],
+            ["0.00", "0.05", "0.10", "0.15", "0.20", "0.25", "0.30"]
+        );
         let svg = one_series(
             Axis::binary("tokens"),
             Axis::decimal("ms"),
@@ -1082,7 +1097,10 @@ pub(crate) mod tests {
         assert_eq!(vertical.len(), 1, "{vertical:?}");
         let p = &vertical[0].1;
         assert!((p[0].0 - m[0].0).abs() <= 1.0);
-        assert!((p[0].1 - p8).abs() <= 1.0 && (p[1].1 - p12).abs() <= 1.0, "{p:?}");
+        assert!(
+            (p[0].1 - p8).abs() <= 1.0 && (p[1].1 - p12).abs() <= 1.0,
+            "{p:?}"
+        );
     }
 
     /// A step series holds each value until the next x: (0, 1), (1, 3), (2, 2) is drawn
@@ -1090,8 +1108,10 @@ pub(crate) mod tests {
     #[test]
     fn steps_are_drawn_as_steps() {
         let chart = LineChart {
-            series: vec![Series::line("running", vec![(0.0, 1.0), (1.0, 3.0), (2.0, 2.0)])
-                .with_style(Style::Steps)],
+            series: vec![
+                Series::line("running", vec![(0.0, 1.0), (1.0, 3.0), (2.0, 2.0)])
+                    .with_style(Style::Steps),
+            ],
             ..one_series(Axis::decimal("s"), Axis::binary("sequences"), Vec::new())
         };
         let svg = chart.svg();
@@ -1105,7 +1125,10 @@ pub(crate) mod tests {
         for w in line.windows(2) {
             assert!(w[0].0 == w[1].0 || w[0].1 == w[1].1, "{w:?}");
         }
-        assert!(line[1].1 == line[0].1 && line[1].0 > line[0].0, "horizontal first");
+        assert!(
+            line[1].1 == line[0].1 && line[1].0 > line[0].0,
+            "horizontal first"
+        );
         assert!(svg::circles(&svg).is_empty(), "no markers");
     }
 }

@@ -3,7 +3,6 @@
 
 pub mod attn_bench;
 pub mod chart;
-pub mod ticks;
 pub mod gate;
 pub mod merge;
 pub mod meta;
@@ -14,6 +13,7 @@ pub mod serve;
 pub mod serve_gate;
 pub mod summary;
 pub mod table;
+pub mod ticks;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -239,7 +239,10 @@ mod tests {
             .filter(|p| p.2 == "#1F77B4" && p.0 < right + 6.0)
             .collect();
         assert_eq!(m.len(), 1);
-        assert!((m[0].0 - (left + right) / 2.0).abs() <= 1.0, "{m:?} {left} {right}");
+        assert!(
+            (m[0].0 - (left + right) / 2.0).abs() <= 1.0,
+            "{m:?} {left} {right}"
+        );
         let at = svg::x_ticks(&s).into_iter().find(|t| t.1 == "32k").unwrap();
         assert!((at.0 - m[0].0).abs() <= 1.0);
     }

@@ -149,7 +149,10 @@ pub fn charts(rows: &[ResultRow], caption: &Caption) -> Vec<(&'static str, LineC
                 x: Axis::binary("tokens held per sequence"),
                 y: Axis::decimal("KV bytes held per sequence (MiB)"),
                 series: series(&|r| {
-                    let (b, t) = r.kv_bytes.zip(r.kv_tokens).filter(|_| r.batch_size == min_batch)?;
+                    let (b, t) = r
+                        .kv_bytes
+                        .zip(r.kv_tokens)
+                        .filter(|_| r.batch_size == min_batch)?;
                     let mib = b as f64 / r.batch_size as f64 / (1u64 << 20) as f64;
                     // Bytes held do not depend on a busy machine: never hollow.
                     Some(Point {
@@ -162,48 +165,55 @@ pub fn charts(rows: &[ResultRow], caption: &Caption) -> Vec<(&'static str, LineC
             },
         ),
     ];
+    out.extend(quality_chart(&ok, cap).map(|c| (CHARTS[3], c)));
+    out
+}
+
+/// The quality chart: one marker per scheme at (KV bytes per token, ΔPPL %) with its paired
+/// 95 % interval as a bar where the row has it, and the Pareto frontier; `None` when no scheme
+/// has a perplexity change. `ok`: the rows that finished; `cap`: the caption line.
+fn quality_chart(ok: &[&ResultRow], cap: String) -> Option<LineChart> {
     // Quality vs memory: one point per scheme (perplexity does not depend on the timing point).
     // Error bars: the paired 95 % interval of ΔPPL (runs made before it have none).
-    let mut quality: Vec<(String, f64, f64, Option<(f64, f64)>)> = Vec::new();
-    for (name, rs) in by_scheme(&ok) {
+    // (series name, bytes per token, ΔPPL %, its interval)
+    type Quality = (String, f64, f64, Option<(f64, f64)>);
+    let mut quality: Vec<Quality> = Vec::new();
+    for (name, rs) in by_scheme(ok) {
         if let Some(r) = rs.iter().find(|r| r.ppl_delta_pct.is_some()) {
             if let (Some(b), Some(d)) = (r.kv_bytes_per_token, r.ppl_delta_pct) {
                 quality.push((name, b, d, r.delta_ppl_pct_lo.zip(r.delta_ppl_pct_hi)));
             }
         }
     }
-    if !quality.is_empty() {
-        let mut s: Vec<Series> = quality
-            .iter()
-            .map(|(n, b, d, ci)| {
-                Series::line(n.clone(), vec![(*b, *d)])
-                    .with_style(Style::Markers)
-                    .with_bars(ci.iter().copied().collect())
-            })
-            .collect();
-        s.push(
-            Series::line(
-                "Pareto frontier",
-                pareto_frontier(quality.iter().map(|q| (q.1, q.2)).collect()),
-            )
-            .with_style(Style::Guide),
-        );
-        out.push((
-            CHARTS[3],
-            LineChart {
-                title: "Quality vs memory: perplexity change vs KV bytes per token".into(),
-                caption: cap,
-                x: Axis::decimal("KV bytes per token (all layers and kv heads, bytes)"),
-                y: Axis::decimal(if quality.iter().any(|q| q.3.is_some()) {
-                    "perplexity change vs fp16 (%, bars: paired 95 % CI)"
-                } else {
-                    "perplexity change vs fp16 (%)"
-                }),
-                series: s,
-            },
-        ));
+    if quality.is_empty() {
+        return None;
     }
-    out
+    let mut s: Vec<Series> = quality
+        .iter()
+        .map(|(n, b, d, ci)| {
+            Series::line(n.clone(), vec![(*b, *d)])
+                .with_style(Style::Markers)
+                .with_bars(ci.iter().copied().collect())
+        })
+        .collect();
+    s.push(
+        Series::line(
+            "Pareto frontier",
+            pareto_frontier(quality.iter().map(|q| (q.1, q.2)).collect()),
+        )
+        .with_style(Style::Guide),
+    );
+    Some(LineChart {
+        title: "Quality vs memory: perplexity change vs KV bytes per token".into(),
+        caption: cap,
+        x: Axis::decimal("KV bytes per token (all layers and kv heads, bytes)"),
+        y: Axis::decimal(if quality.iter().any(|q| q.3.is_some()) {
+            "perplexity change vs fp16 (%, bars: paired 95 % CI)"
+        } else {
+            "perplexity change vs fp16 (%)"
+        }),
+        series: s,
+    })
 }
 
 /// The points no other point beats on both axes (fewer bytes and lower perplexity change),
@@ -356,10 +366,17 @@ mod tests {
         assert_eq!(tpot[0].points, vec![(128.0, 21.28), (512.0, 25.12)]);
         let want = [(20.78, 21.78), (24.62, 25.62)];
         for (b, w) in tpot[0].y_bars.iter().zip(want) {
-            assert!((b.0 - w.0).abs() < 1e-9 && (b.1 - w.1).abs() < 1e-9, "{b:?}");
+            assert!(
+                (b.0 - w.0).abs() < 1e-9 && (b.1 - w.1).abs() < 1e-9,
+                "{b:?}"
+            );
         }
         assert!(charts[0].1.y.label.contains("95 % CI"));
-        assert_eq!(tpot[2].hollow, vec![false, true], "int4 at 512 is contended");
+        assert_eq!(
+            tpot[2].hollow,
+            vec![false, true],
+            "int4 at 512 is contended"
+        );
         assert_eq!(tpot[0].hollow, vec![false, false]);
         // Throughput at prompt 512: int4's batch 1 and 4 both contended.
         assert_eq!(charts[1].1.series[2].hollow, vec![true, true]);

@@ -49,7 +49,10 @@ pub fn linear(lo: f64, hi: f64, kind: Ticks) -> (Vec<f64>, f64) {
         return (Vec::new(), s);
     }
     let tol = 1e-9 * s;
-    let (first, last) = (((lo - tol) / s).ceil() as i64, ((hi + tol) / s).floor() as i64);
+    let (first, last) = (
+        ((lo - tol) / s).ceil() as i64,
+        ((hi + tol) / s).floor() as i64,
+    );
     ((first..=last).map(|i| i as f64 * s).collect(), s)
 }
 
@@ -63,7 +66,13 @@ pub fn log_range(min: f64, max: f64, kind: Ticks) -> (f64, f64) {
     let base: f64 = if kind == Ticks::Binary { 2.0 } else { 10.0 };
     let (a, b) = (min.log(base), max.log(base));
     // Snap values that are powers already (log10(1000) = 2.9999999999999996).
-    let snap = |x: f64| if (x - x.round()).abs() < 1e-9 { x.round() } else { x };
+    let snap = |x: f64| {
+        if (x - x.round()).abs() < 1e-9 {
+            x.round()
+        } else {
+            x
+        }
+    };
     (base.powf(snap(a).floor()), base.powf(snap(b).ceil()))
 }
 
@@ -118,7 +127,7 @@ pub fn label(v: f64, step: f64, kind: Ticks) -> String {
     };
     match kind {
         Ticks::Decimal if v.abs() >= 1e6 => {
-            format!("{}M", format!("{:.*}", decimals(step / 1e6), v / 1e6))
+            format!("{:.*}M", decimals(step / 1e6), v / 1e6)
         }
         Ticks::Decimal => format!("{:.*}", decimals(step), v),
         Ticks::Binary if v.abs() >= 1024.0 * 1024.0 => {
@@ -153,7 +162,10 @@ mod tests {
         assert_eq!(s, 1000.0);
         assert_eq!(t, vec![0.0, 1000.0, 2000.0, 3000.0, 4000.0]);
         let (t, _) = linear(64.0, 192.0, Ticks::Binary);
-        assert_eq!(t, vec![64.0, 80.0, 96.0, 112.0, 128.0, 144.0, 160.0, 176.0, 192.0]);
+        assert_eq!(
+            t,
+            vec![64.0, 80.0, 96.0, 112.0, 128.0, 144.0, 160.0, 176.0, 192.0]
+        );
     }
 
     /// Issue #26: a goodput axis 0–0.3 read `0.00` six times; its labels must all differ.
@@ -161,7 +173,10 @@ mod tests {
     fn small_decimal_labels_differ_issue_26() {
         let (t, s) = linear(0.0, 0.3, Ticks::Decimal);
         let labels: Vec<String> = t.iter().map(|&v| label(v, s, Ticks::Decimal)).collect();
-        assert_eq!(labels, ["0.00", "0.05", "0.10", "0.15", "0.20", "0.25", "0.30"]);
+        assert_eq!(
+            labels,
+            ["0.00", "0.05", "0.10", "0.15", "0.20", "0.25", "0.30"]
+        );
         let (t, s) = linear(0.0, 0.0012, Ticks::Decimal);
         let mut labels: Vec<String> = t.iter().map(|&v| label(v, s, Ticks::Decimal)).collect();
         let n = labels.len();
@@ -198,7 +213,10 @@ mod tests {
         let t = log(16.0, 1048576.0, Ticks::Binary);
         assert_eq!(t.len(), 9);
         assert_eq!((t[0], t[1]), (16.0, 64.0));
-        assert_eq!(log_range(32768.0, 32768.0, Ticks::Binary), (16384.0, 65536.0));
+        assert_eq!(
+            log_range(32768.0, 32768.0, Ticks::Binary),
+            (16384.0, 65536.0)
+        );
         assert_eq!(log(50.0, 200.0, Ticks::Decimal), vec![50.0, 100.0, 200.0]);
     }
 }
