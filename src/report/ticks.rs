@@ -22,7 +22,7 @@ const MAX_LOG_TICKS: usize = 9;
 
 /// The round step for a linear axis spanning `span` (> 0) units: the smallest 1, 2 or 5 ×
 /// 10^k ([`Ticks::Decimal`]) or 2^k, k ≥ 0 ([`Ticks::Binary`]) that cuts `span` into at most
-/// [`MAX_INTERVALS`] intervals. A non-positive or non-finite `span` gets step 1.
+/// `MAX_INTERVALS` (8) intervals. A non-positive or non-finite `span` gets step 1.
 pub fn step(span: f64, kind: Ticks) -> f64 {
     if !(span.is_finite() && span > 0.0) {
         return 1.0;
@@ -79,7 +79,7 @@ pub fn log_range(min: f64, max: f64, kind: Ticks) -> (f64, f64) {
 /// The ticks of a log axis over `lo..=hi` (data units, `0 < lo < hi`): powers of two
 /// ([`Ticks::Binary`]) or of ten ([`Ticks::Decimal`], with 2 and 5 × 10^k added when fewer
 /// than three powers fall inside); every second, third, … power when more than
-/// [`MAX_LOG_TICKS`] would be drawn, keeping the exponents that are multiples of the stride.
+/// `MAX_LOG_TICKS` (9) would be drawn, keeping the exponents that are multiples of the stride.
 pub fn log(lo: f64, hi: f64, kind: Ticks) -> Vec<f64> {
     if !(lo > 0.0 && hi > lo && hi.is_finite()) {
         return Vec::new();
