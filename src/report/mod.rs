@@ -13,6 +13,7 @@ pub mod serve;
 pub mod serve_gate;
 pub mod summary;
 pub mod table;
+pub mod ticks;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

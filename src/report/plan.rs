@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::plan::{PlanInput, PlanRow};
 
-use super::chart::{LineChart, Series};
+use super::chart::{Axis, LineChart, Series};
 use super::meta;
 
 /// A finished plan, as rendered (`kvbench plan --format json` prints it as is).
@@ -135,10 +135,16 @@ pub fn write(p: &PlanReport, dir: &Path) -> Result<String> {
     ))
 }
 
-/// Max concurrent sequences against the context, a line per scheme.
+/// Max concurrent sequences against the context, a line per scheme. The x axis is log when
+/// the contexts span more than 2×; the y axis when the positive counts span more than 10×
+/// (a line at 2000 sequences would flatten one at 3 onto the axis).
 fn chart(p: &PlanReport) -> LineChart {
     let input = &p.input;
     let ctxs = &p.ctxs;
+    let log_x = ctxs.len() > 1 && ctxs.iter().max() > ctxs.iter().min().map(|m| m * 2).as_ref();
+    let counts = p.rows.iter().map(|r| r.max_concurrency).filter(|&c| c > 0);
+    let (lo, hi) = counts.fold((u64::MAX, 0), |(a, b), c| (a.min(c), b.max(c)));
+    let log_y = hi > lo.saturating_mul(10);
     LineChart {
         title: format!("Max concurrent sequences vs context — {}", input.model.name),
         caption: format!(
@@ -151,9 +157,18 @@ fn chart(p: &PlanReport) -> LineChart {
             env!("CARGO_PKG_VERSION"),
             meta::Machine::probe().hostname
         ),
-        x_label: "context per sequence (tokens, log scale)".into(),
-        y_label: "max concurrent sequences".into(),
-        log_x: ctxs.len() > 1 && ctxs.iter().max() > ctxs.iter().min().map(|m| m * 2).as_ref(),
+        x: Axis::binary(if log_x {
+            "context per sequence (tokens, log scale)"
+        } else {
+            "context per sequence (tokens)"
+        })
+        .log_if(log_x),
+        // Counts: powers of ten on a log axis, else steps of 2^k (never half a sequence).
+        y: if log_y {
+            Axis::decimal("max concurrent sequences (log scale; 0 not drawn)").log_if(true)
+        } else {
+            Axis::binary("max concurrent sequences")
+        },
         series: p
             .schemes
             .iter()
@@ -168,5 +183,67 @@ fn chart(p: &PlanReport) -> LineChart {
                 )
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::KvScheme;
+    use crate::report::chart::tests::svg;
+
+    /// Llama-3-8B, fp16 cache, 80 GiB, 10 % reserve: a KV budget of 61,248,888,832 bytes at
+    /// 131,072 bytes per token (the figures `plan`'s tests work out by hand).
+    fn report(ctxs: &[usize]) -> PlanReport {
+        let m = crate::model::geometry::geometry("llama-3-8b").unwrap();
+        let input = PlanInput {
+            weight_bytes: m.params * 2,
+            model: m,
+            memory_bytes: 80 << 30,
+            reserve: 0.1,
+            block: 16,
+            tensor_parallel: 1,
+        };
+        let rows = crate::plan::plan(&input, &[KvScheme::FP16], ctxs).unwrap();
+        PlanReport {
+            input,
+            weights_dtype: "bf16".into(),
+            gpus: 1,
+            schemes: vec!["fp16".into()],
+            ctxs: ctxs.to_vec(),
+            rows,
+            longest: Vec::new(),
+        }
+    }
+
+    /// Issue #26: 4k → 128k contexts take 114 → 3 sequences (38×): log x and log y, the y
+    /// axis labelled in powers of ten. One context (32k, 14 sequences): linear axes and the
+    /// point in the middle of the plot, on its "32k" label.
+    #[test]
+    fn concurrency_axes_issue_26() {
+        let c = chart(&report(&[4096, 16384, 131072]));
+        assert!(c.x.log && c.y.log);
+        let s = c.svg();
+        let y: Vec<String> = svg::y_ticks(&s).into_iter().map(|t| t.1).collect();
+        assert_eq!(y, ["1", "10", "100", "1000"]);
+        let x: Vec<String> = svg::x_ticks(&s).into_iter().map(|t| t.1).collect();
+        assert_eq!(x, ["4k", "8k", "16k", "32k", "64k", "128k"]);
+
+        let c = chart(&report(&[32768]));
+        assert!(!c.x.log && !c.y.log);
+        assert_eq!(c.series[0].points, vec![(32768.0, 14.0)]);
+        let s = c.svg();
+        let (left, right) = svg::x_axis(&s);
+        let m: Vec<_> = svg::circles(&s)
+            .into_iter()
+            .filter(|p| p.2 == "#1F77B4" && p.0 < right + 6.0)
+            .collect();
+        assert_eq!(m.len(), 1);
+        assert!(
+            (m[0].0 - (left + right) / 2.0).abs() <= 1.0,
+            "{m:?} {left} {right}"
+        );
+        let at = svg::x_ticks(&s).into_iter().find(|t| t.1 == "32k").unwrap();
+        assert!((at.0 - m[0].0).abs() <= 1.0);
     }
 }

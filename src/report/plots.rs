@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::chart::{HeatMap, LineChart, Series, Style};
+use super::chart::{Axis, HeatMap, LineChart, Series, Style};
 use super::ResultRow;
 use crate::error::Result;
 
@@ -41,6 +41,28 @@ impl Caption {
     }
 }
 
+/// One point of a sweep chart: `(x, y)` in the chart's units, its error bar `(lo, hi)` (NaN
+/// ends: none) and whether it is drawn hollow.
+struct Point {
+    x: f64,
+    y: f64,
+    bar: (f64, f64),
+    hollow: bool,
+}
+
+impl Point {
+    /// A timed quantity of row `r` at `(x, y)`: its bar `y ± ci95` where the row has the
+    /// half-width, hollow where the row is `contended`.
+    fn timed(r: &ResultRow, x: f64, y: f64, ci95: Option<f64>) -> Point {
+        Point {
+            x,
+            y,
+            bar: ci95.map_or((f64::NAN, f64::NAN), |h| (y - h, y + h)),
+            hollow: r.contended == Some(true),
+        }
+    }
+}
+
 /// One series per scheme (per run and scheme when rows come from several runs).
 fn by_scheme<'a>(rows: &[&'a ResultRow]) -> Vec<(String, Vec<&'a ResultRow>)> {
     let multi_run = rows.iter().any(|r| r.run_id != rows[0].run_id);
@@ -74,13 +96,17 @@ pub fn charts(rows: &[ResultRow], caption: &Caption) -> Vec<(&'static str, LineC
     let min_batch = ok.iter().map(|r| r.batch_size).min().unwrap_or(1);
     let max_seq = ok.iter().map(|r| r.seq_len).max().unwrap_or(1);
     let cap = caption.line();
-    let series = |pick: &dyn Fn(&ResultRow) -> Option<(f64, f64)>| -> Vec<Series> {
+    let series = |pick: &dyn Fn(&ResultRow) -> Option<Point>| -> Vec<Series> {
         by_scheme(&ok)
             .into_iter()
             .filter_map(|(name, rs)| {
-                let mut pts: Vec<(f64, f64)> = rs.iter().filter_map(|r| pick(r)).collect();
-                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                (!pts.is_empty()).then(|| Series::line(name, pts))
+                let mut pts: Vec<Point> = rs.iter().filter_map(|r| pick(r)).collect();
+                pts.sort_by(|a, b| a.x.total_cmp(&b.x));
+                (!pts.is_empty()).then(|| {
+                    Series::line(name, pts.iter().map(|p| (p.x, p.y)).collect())
+                        .with_bars(pts.iter().map(|p| p.bar).collect())
+                        .with_hollow(pts.iter().map(|p| p.hollow).collect())
+                })
             })
             .collect()
     };
@@ -90,14 +116,15 @@ pub fn charts(rows: &[ResultRow], caption: &Caption) -> Vec<(&'static str, LineC
             LineChart {
                 title: format!("Decode latency (TPOT) vs prompt length, batch {min_batch}"),
                 caption: cap.clone(),
-                x_label: "prompt length (tokens)".into(),
-                y_label: "TPOT, mean over repeats (ms)".into(),
-                log_x: false,
+                x: Axis::binary("prompt length (tokens)"),
+                y: Axis::decimal(if ok.iter().any(|r| r.tpot.ci95.is_some()) {
+                    "TPOT, mean over repeats (ms, bars: 95 % CI of the mean)"
+                } else {
+                    "TPOT, mean over repeats (ms)"
+                }),
                 series: series(&|r| {
-                    (r.batch_size == min_batch)
-                        .then_some(())
-                        .and(r.tpot.mean)
-                        .map(|y| (r.seq_len as f64, y))
+                    let y = r.tpot.mean.filter(|_| r.batch_size == min_batch)?;
+                    Some(Point::timed(r, r.seq_len as f64, y, r.tpot.ci95))
                 }),
             },
         ),
@@ -106,14 +133,11 @@ pub fn charts(rows: &[ResultRow], caption: &Caption) -> Vec<(&'static str, LineC
             LineChart {
                 title: format!("Decode throughput vs batch size, prompt {max_seq} tokens"),
                 caption: cap.clone(),
-                x_label: "batch size (sequences)".into(),
-                y_label: "decode throughput (tokens/s)".into(),
-                log_x: false,
+                x: Axis::binary("batch size (sequences)"),
+                y: Axis::decimal("decode throughput (tokens/s)"),
                 series: series(&|r| {
-                    (r.seq_len == max_seq)
-                        .then_some(())
-                        .and(r.decode_tokens_per_s)
-                        .map(|y| (r.batch_size as f64, y))
+                    let y = r.decode_tokens_per_s.filter(|_| r.seq_len == max_seq)?;
+                    Some(Point::timed(r, r.batch_size as f64, y, None))
                 }),
             },
         ),
@@ -122,68 +146,74 @@ pub fn charts(rows: &[ResultRow], caption: &Caption) -> Vec<(&'static str, LineC
             LineChart {
                 title: "KV-cache memory per sequence vs tokens held".into(),
                 caption: cap.clone(),
-                x_label: "tokens held per sequence".into(),
-                y_label: "KV bytes held per sequence (MiB)".into(),
-                log_x: false,
+                x: Axis::binary("tokens held per sequence"),
+                y: Axis::decimal("KV bytes held per sequence (MiB)"),
                 series: series(&|r| {
-                    (r.batch_size == min_batch)
-                        .then_some(())
-                        .and(r.kv_bytes.zip(r.kv_tokens))
-                        .map(|(b, t)| {
-                            (
-                                t as f64,
-                                b as f64 / r.batch_size as f64 / (1u64 << 20) as f64,
-                            )
-                        })
+                    let (b, t) = r
+                        .kv_bytes
+                        .zip(r.kv_tokens)
+                        .filter(|_| r.batch_size == min_batch)?;
+                    let mib = b as f64 / r.batch_size as f64 / (1u64 << 20) as f64;
+                    // Bytes held do not depend on a busy machine: never hollow.
+                    Some(Point {
+                        x: t as f64,
+                        y: mib,
+                        bar: (f64::NAN, f64::NAN),
+                        hollow: false,
+                    })
                 }),
             },
         ),
     ];
+    out.extend(quality_chart(&ok, cap).map(|c| (CHARTS[3], c)));
+    out
+}
+
+/// The quality chart: one marker per scheme at (KV bytes per token, ΔPPL %) with its paired
+/// 95 % interval as a bar where the row has it, and the Pareto frontier; `None` when no scheme
+/// has a perplexity change. `ok`: the rows that finished; `cap`: the caption line.
+fn quality_chart(ok: &[&ResultRow], cap: String) -> Option<LineChart> {
     // Quality vs memory: one point per scheme (perplexity does not depend on the timing point).
     // Error bars: the paired 95 % interval of ΔPPL (runs made before it have none).
-    // (scheme, KV bytes per token, ΔPPL %, ΔPPL's paired interval).
-    type QualityPoint = (String, f64, f64, Option<(f64, f64)>);
-    let mut quality: Vec<QualityPoint> = Vec::new();
-    for (name, rs) in by_scheme(&ok) {
+    // (series name, bytes per token, ΔPPL %, its interval)
+    type Quality = (String, f64, f64, Option<(f64, f64)>);
+    let mut quality: Vec<Quality> = Vec::new();
+    for (name, rs) in by_scheme(ok) {
         if let Some(r) = rs.iter().find(|r| r.ppl_delta_pct.is_some()) {
             if let (Some(b), Some(d)) = (r.kv_bytes_per_token, r.ppl_delta_pct) {
                 quality.push((name, b, d, r.delta_ppl_pct_lo.zip(r.delta_ppl_pct_hi)));
             }
         }
     }
-    if !quality.is_empty() {
-        let mut s: Vec<Series> = quality
-            .iter()
-            .map(|(n, b, d, ci)| Series {
-                name: n.clone(),
-                points: vec![(*b, *d)],
-                style: Style::Markers,
-                y_bars: ci.iter().copied().collect(),
-            })
-            .collect();
-        s.push(Series {
-            name: "Pareto frontier".into(),
-            points: pareto_frontier(quality.iter().map(|q| (q.1, q.2)).collect()),
-            style: Style::Guide,
-            y_bars: Vec::new(),
-        });
-        out.push((
-            CHARTS[3],
-            LineChart {
-                title: "Quality vs memory: perplexity change vs KV bytes per token".into(),
-                caption: cap,
-                x_label: "KV bytes per token (all layers and kv heads, bytes)".into(),
-                y_label: if quality.iter().any(|q| q.3.is_some()) {
-                    "perplexity change vs fp16 (%, bars: paired 95 % CI)".into()
-                } else {
-                    "perplexity change vs fp16 (%)".into()
-                },
-                log_x: false,
-                series: s,
-            },
-        ));
+    if quality.is_empty() {
+        return None;
     }
-    out
+    let mut s: Vec<Series> = quality
+        .iter()
+        .map(|(n, b, d, ci)| {
+            Series::line(n.clone(), vec![(*b, *d)])
+                .with_style(Style::Markers)
+                .with_bars(ci.iter().copied().collect())
+        })
+        .collect();
+    s.push(
+        Series::line(
+            "Pareto frontier",
+            pareto_frontier(quality.iter().map(|q| (q.1, q.2)).collect()),
+        )
+        .with_style(Style::Guide),
+    );
+    Some(LineChart {
+        title: "Quality vs memory: perplexity change vs KV bytes per token".into(),
+        caption: cap,
+        x: Axis::decimal("KV bytes per token (all layers and kv heads, bytes)"),
+        y: Axis::decimal(if quality.iter().any(|q| q.3.is_some()) {
+            "perplexity change vs fp16 (%, bars: paired 95 % CI)"
+        } else {
+            "perplexity change vs fp16 (%)"
+        }),
+        series: s,
+    })
 }
 
 /// The points no other point beats on both axes (fewer bytes and lower perplexity change),
@@ -320,6 +350,48 @@ mod tests {
         rows
     }
 
+    /// Issue #26: the TPOT chart draws each point's 95 % interval (`tpot_ms_ci95` = 0.5 ms
+    /// here: bars mean ± 0.5) and a contended row's points hollow, in the throughput chart
+    /// too; the memory chart (bytes, untimed) is never hollow and has no bars.
+    #[test]
+    fn tpot_bars_and_contended_points_issue_26() {
+        let mut rows = rows();
+        for r in rows.iter_mut() {
+            r.tpot.ci95 = Some(0.5);
+            r.contended = Some(r.scheme == "int4" && r.seq_len == 512);
+        }
+        let charts = charts(&rows, &Caption::default());
+        let tpot = &charts[0].1.series;
+        // fp16 at batch 1: prompts 128 and 512, TPOT 21.28 and 25.12 ms.
+        assert_eq!(tpot[0].points, vec![(128.0, 21.28), (512.0, 25.12)]);
+        let want = [(20.78, 21.78), (24.62, 25.62)];
+        for (b, w) in tpot[0].y_bars.iter().zip(want) {
+            assert!(
+                (b.0 - w.0).abs() < 1e-9 && (b.1 - w.1).abs() < 1e-9,
+                "{b:?}"
+            );
+        }
+        assert!(charts[0].1.y.label.contains("95 % CI"));
+        assert_eq!(
+            tpot[2].hollow,
+            vec![false, true],
+            "int4 at 512 is contended"
+        );
+        assert_eq!(tpot[0].hollow, vec![false, false]);
+        // Throughput at prompt 512: int4's batch 1 and 4 both contended.
+        assert_eq!(charts[1].1.series[2].hollow, vec![true, true]);
+        let mem = &charts[2].1.series[2];
+        assert!(mem.hollow.iter().all(|h| !h));
+        assert!(mem.y_bars.iter().all(|b| b.0.is_nan()));
+        // Drawn: int4 (series 2, squares) has one hollow point in the TPOT chart.
+        let svg = charts[0].1.svg();
+        let outlines = crate::report::chart::tests::svg::shapes(&svg, "polyline")
+            .into_iter()
+            .filter(|(c, p)| c == "#2CA02C" && p.len() == 5)
+            .count();
+        assert_eq!(outlines, 1);
+    }
+
     /// Every chart is built with one series per scheme that has data (failed points left out),
     /// the quality chart adds the frontier, and every file is written and non-empty.
     #[test]
@@ -339,7 +411,7 @@ mod tests {
         let bars: Vec<&Vec<(f64, f64)>> = charts[3].1.series.iter().map(|s| &s.y_bars).collect();
         assert_eq!(bars[2], &vec![(5.0, 8.25)], "int4's interval");
         assert!(bars[0].is_empty() && bars[1].is_empty() && bars[3].is_empty());
-        assert!(charts[3].1.y_label.contains("95 % CI"));
+        assert!(charts[3].1.y.label.contains("95 % CI"));
 
         let dir = std::env::temp_dir().join(format!("kvbench-plots-{}", std::process::id()));
         let pngs = render_all(&rows, &Caption::default(), &dir).unwrap();

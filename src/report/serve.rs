@@ -16,7 +16,7 @@ use crate::serve::settings::PointKey;
 use crate::serve::workload::{Arrival, Load};
 use crate::util::record::csv_record;
 
-use super::chart::{LineChart, Series};
+use super::chart::{Axis, LineChart, Series, Style};
 use super::meta::{ReportContext, RunMeta};
 use super::run_dir::{read_jsonl, RawLog};
 
@@ -581,10 +581,11 @@ fn charts(run: &ServeRun) -> Result<()> {
             names.push(n);
         }
     }
-    let x_label = if s.load.concurrency.is_empty() {
-        "request rate (requests/s)"
+    // Clients are a count (ticks in powers of two); a rate is decimal.
+    let x_axis = if s.load.concurrency.is_empty() {
+        Axis::decimal("request rate (requests/s)")
     } else {
-        "concurrent clients (closed loop)"
+        Axis::binary("concurrent clients (closed loop)")
     };
     let caption = format!(
         "{}{} · KV budget {:.1} MiB · {} requests, prompts {}, outputs {} · kvbench {}",
@@ -596,11 +597,12 @@ fn charts(run: &ServeRun) -> Result<()> {
         s.load.output_len,
         env!("CARGO_PKG_VERSION")
     );
+    // A point timed while other processes kept the machine busy is drawn hollow.
     let series = |f: &dyn Fn(&ServeRow) -> Option<f64>| -> Vec<Series> {
         names
             .iter()
             .map(|n| {
-                let mut pts: Vec<(f64, f64)> = run
+                let mut pts: Vec<(f64, f64, bool)> = run
                     .rows
                     .iter()
                     .filter(|r| {
@@ -608,10 +610,11 @@ fn charts(run: &ServeRun) -> Result<()> {
                             && r.status.is_ok()
                             && r.load.0.is_finite()
                     })
-                    .filter_map(|r| Some((r.load.0, f(r)?)))
+                    .filter_map(|r| Some((r.load.0, f(r)?, r.contended())))
                     .collect();
                 pts.sort_by(|x, y| x.0.total_cmp(&y.0));
-                Series::line(n.clone(), pts)
+                Series::line(n.clone(), pts.iter().map(|p| (p.0, p.1)).collect())
+                    .with_hollow(pts.iter().map(|p| p.2).collect())
             })
             .collect()
     };
@@ -639,9 +642,8 @@ fn charts(run: &ServeRun) -> Result<()> {
         LineChart {
             title: title.into(),
             caption: caption.clone(),
-            x_label: x_label.into(),
-            y_label: y.into(),
-            log_x: false,
+            x: x_axis.clone(),
+            y: Axis::decimal(y),
             series,
         }
         .render(&plots, stem)?;
@@ -649,7 +651,8 @@ fn charts(run: &ServeRun) -> Result<()> {
     running_chart(run, &plots, caption)
 }
 
-/// Running sequences over time at the highest load.
+/// Running sequences over time at the highest load, as steps (the count holds between
+/// scheduler steps). Errors: [`Error::Io`] naming the file.
 fn running_chart(run: &ServeRun, plots: &Path, caption: String) -> Result<()> {
     let top = run
         .traces
@@ -665,6 +668,7 @@ fn running_chart(run: &ServeRun, plots: &Path, caption: String) -> Result<()> {
                 run.label(&p.scheme, p.prefix_caching),
                 steps.iter().map(|s| (s.t_s, s.running as f64)).collect(),
             )
+            .with_style(Style::Steps)
         })
         .collect();
     let label = run
@@ -676,9 +680,8 @@ fn running_chart(run: &ServeRun, plots: &Path, caption: String) -> Result<()> {
     LineChart {
         title: format!("Running sequences over time ({label})"),
         caption,
-        x_label: "time since the first arrival (s)".into(),
-        y_label: "sequences in the decode batch".into(),
-        log_x: false,
+        x: Axis::decimal("time since the first arrival (s)"),
+        y: Axis::binary("sequences in the decode batch"),
         series: running,
     }
     .render(plots, "running_over_time")
