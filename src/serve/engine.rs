@@ -667,6 +667,12 @@ pub(crate) mod tests {
     /// r2 — the newest — is preempted (4 free; r0 and r1 take 2); r0 and r1 finish at that step.
     /// r2 is recomputed (40 + 9 tokens: 4 blocks), which yields its 10th token and finishes; r3
     /// runs alone. Max 3 running, 1 preemption, 4 completions, 10 tokens each.
+    ///
+    /// The clock by hand (prefill 1 ms per token, a step 10 ms + 1 ms per sequence): first
+    /// tokens at 40, 80, 120 ms (three prefills in turn); eight steps of 13 ms → 224 ms; the
+    /// ninth step runs r0 and r1 alone (12 ms) → both finish at 236 ms; r2's recompute prefill
+    /// of 49 tokens → 285 ms (finished); r3's prefill → first token at 325 ms, then nine steps
+    /// of 11 ms → 424 ms.
     #[test]
     fn tiny_budget_by_hand() {
         let s = fp16_sizer();
@@ -689,6 +695,15 @@ pub(crate) mod tests {
         let order: Vec<usize> = o.requests.iter().map(|r| r.id).collect();
         assert_eq!(order, vec![0, 1, 2, 3]);
         assert_eq!(o.requests[2].preemptions, 1);
+        let ms = |s: f64| (s * 1e6).round() / 1e3;
+        let first: Vec<f64> = o.requests.iter().map(|r| ms(r.first_token_s)).collect();
+        let done: Vec<f64> = o
+            .requests
+            .iter()
+            .map(|r| ms(*r.token_s.last().unwrap()))
+            .collect();
+        assert_eq!(first, [40.0, 80.0, 120.0, 325.0]);
+        assert_eq!(done, [236.0, 236.0, 285.0, 424.0]);
         for st in &o.steps {
             // The pool's accounting matches what the caches hold, and never exceeds the blocks.
             assert_eq!(st.accounted_bytes, st.stored_bytes);
