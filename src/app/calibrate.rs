@@ -54,6 +54,11 @@ pub struct CalibrateArgs {
     /// calibration.csv beside it).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Fit the timings an earlier calibration saved (its timings.csv) instead of measuring:
+    /// the analysis re-run on the same raw samples, as criterion's saved baselines. The model
+    /// is still loaded for its shapes and weight sizes; the timing flags are ignored.
+    #[arg(long, value_name = "CSV")]
+    pub from_timings: Option<PathBuf>,
 }
 
 /// Runs `kvbench calibrate`. Errors: usage errors for bad flags or models; the fit's when the
@@ -89,16 +94,22 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
     for s in &spec.schemes {
         s.validate(decode.model.config.head_dim)?;
     }
-    let units = spec.prefill_lens.len() + spec.batches.len() + spec.schemes.len();
-    let bar = progress_bar(units as u64);
-    let samples = measure(
-        &prefill.model,
-        &decode.model,
-        &text,
-        &spec,
-        &BarProgress::new(bar.clone()),
-    )?;
-    bar.finish_and_clear();
+    let samples = match &a.from_timings {
+        Some(path) => read_timings(path)?,
+        None => {
+            let units = spec.prefill_lens.len() + spec.batches.len() + spec.schemes.len();
+            let bar = progress_bar(units as u64);
+            let samples = measure(
+                &prefill.model,
+                &decode.model,
+                &text,
+                &spec,
+                &BarProgress::new(bar.clone()),
+            )?;
+            bar.finish_and_clear();
+            samples
+        }
+    };
     let cfg = &decode.model.config;
     let shape = ModelShape {
         layers: cfg.layers,
@@ -177,9 +188,9 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
 
 /// One timing of `kvbench calibrate` as `timings.csv` holds it: what ran (`prefill`, `decode`
 /// at the short context, `scheme` at the long one), its batch and context, seconds (median).
-#[derive(serde::Serialize)]
-struct Timing<'a> {
-    kind: &'a str,
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Timing<K> {
+    kind: K,
     scheme: String,
     batch: usize,
     tokens: usize,
@@ -193,7 +204,7 @@ fn write_timings(
     samples: &crate::perf::fit::Samples,
 ) -> anyhow::Result<()> {
     let mut w = csv::Writer::from_path(path)?;
-    let row = |kind, scheme: String, batch, tokens, seconds| Timing {
+    let row = |kind: &'static str, scheme: String, batch, tokens, seconds| Timing {
         kind,
         scheme,
         batch,
@@ -225,4 +236,89 @@ fn write_timings(
     }
     w.flush()?;
     Ok(())
+}
+
+/// The timings a `timings.csv` holds (what [`write_timings`] wrote). Errors:
+/// [`crate::Error::InvalidArgument`] (`--from-timings`) naming the file and the row for an
+/// unreadable row, an unknown kind or scheme, a non-positive time; the CSV reader's.
+fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samples> {
+    let bad = |reason: String| crate::Error::InvalidArgument {
+        name: "--from-timings".into(),
+        reason: format!("{}: {reason}", path.display()),
+    };
+    let mut r = csv::Reader::from_path(path).map_err(|e| bad(e.to_string()))?;
+    let mut s = crate::perf::fit::Samples::default();
+    for (i, row) in r.deserialize::<Timing<String>>().enumerate() {
+        let line = i + 2;
+        let t = row.map_err(|e| bad(format!("row {line}: {e}")))?;
+        if !(t.seconds.is_finite() && t.seconds > 0.0) {
+            return Err(bad(format!(
+                "row {line}: {} is not a positive figure",
+                t.seconds
+            ))
+            .into());
+        }
+        match t.kind.as_str() {
+            "probe_read_gb_s" => s.probe_bw_gb_s = t.seconds,
+            "probe_gemm_tflops" => s.probe_tflops = t.seconds,
+            "prefill" => s.prefill.push((t.tokens, t.seconds)),
+            "decode" => s.decode.push((t.batch, t.tokens, t.seconds)),
+            "scheme" => {
+                let k = t
+                    .scheme
+                    .parse()
+                    .map_err(|e| bad(format!("row {line}: {e}")))?;
+                s.scheme_steps.push((k, t.batch, t.tokens, t.seconds));
+            }
+            k => {
+                return Err(bad(format!(
+                    "row {line}: unknown kind `{k}` (probe_read_gb_s, probe_gemm_tflops, \
+                     prefill, decode, scheme)"
+                ))
+                .into())
+            }
+        }
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A timings.csv written by hand reads back to the samples it states; a bad kind and a
+    /// zero time are refused naming the file and the row.
+    #[test]
+    fn timings_read_by_hand() {
+        let dir = std::env::temp_dir().join(format!("kvbench-timings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("timings.csv");
+        std::fs::write(
+            &p,
+            "kind,scheme,batch,tokens,seconds\nprobe_read_gb_s,,0,0,9.5\n\
+             probe_gemm_tflops,,0,0,0.18\nprefill,fp16,1,32,0.15\ndecode,fp16,4,37,0.02\n\
+             scheme,int4,4,1029,0.03\n",
+        )
+        .unwrap();
+        let s = read_timings(&p).unwrap();
+        assert_eq!((s.probe_bw_gb_s, s.probe_tflops), (9.5, 0.18));
+        assert_eq!(s.prefill, vec![(32, 0.15)]);
+        assert_eq!(s.decode, vec![(4, 37, 0.02)]);
+        let int4: crate::kv::KvScheme = "int4".parse().unwrap();
+        assert_eq!(s.scheme_steps, vec![(int4, 4, 1029, 0.03)]);
+        std::fs::write(&p, "kind,scheme,batch,tokens,seconds\nwarmup,,1,1,0.1\n").unwrap();
+        let e = read_timings(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("timings.csv") && e.contains("row 2") && e.contains("warmup"),
+            "{e}"
+        );
+        std::fs::write(
+            &p,
+            "kind,scheme,batch,tokens,seconds\nprefill,fp16,1,32,0\n",
+        )
+        .unwrap();
+        let e = read_timings(&p).unwrap_err().to_string();
+        assert!(e.contains("row 2"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
