@@ -234,7 +234,10 @@ fn completions_print_a_script_per_shell() {
     }
     let (code, _, err) = kvbench(&["completions", "powershell"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("bash") && err.contains("zsh") && err.contains("fish"), "{err}");
+    assert!(
+        err.contains("bash") && err.contains("zsh") && err.contains("fish"),
+        "{err}"
+    );
 }
 
 /// Issue 26: `attn-bench --out DIR --format json` writes DIR/results.csv and prints a JSON
@@ -299,7 +302,10 @@ fn attn_bench_out_csv_carries_the_json_values() {
     assert_eq!(fp16["peak_gb_s"], 10.0);
     let pct = fp16["pct_of_peak"].as_f64().unwrap();
     let gb_s = fp16["gb_s"].as_f64().unwrap();
-    assert!((pct - 10.0 * gb_s).abs() < 1e-9 * pct.max(1.0), "{pct} vs {gb_s}");
+    assert!(
+        (pct - 10.0 * gb_s).abs() < 1e-9 * pct.max(1.0),
+        "{pct} vs {gb_s}"
+    );
     assert_eq!(rows[1]["scheme"], "int8");
     assert_eq!(rows[1]["error"], "");
     // A second run into the same folder is refused rather than overwriting it.

@@ -113,7 +113,10 @@ pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
         seed: a.seed.seed,
     };
     bench.check(&g, &a.seq_lens, &dev)?;
-    let csv_path = a.out.as_ref().map(|d| d.join(crate::report::run_dir::CSV_FILE));
+    let csv_path = a
+        .out
+        .as_ref()
+        .map(|d| d.join(crate::report::run_dir::CSV_FILE));
     if let (Some(dir), Some(path)) = (&a.out, &csv_path) {
         if path.exists() {
             return Err(crate::Error::InvalidArgument {
@@ -126,7 +129,8 @@ pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
             .into());
         }
         std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
-    }    let peak = match a.peak_bandwidth {
+    }
+    let peak = match a.peak_bandwidth {
         None => None,
         Some(Peak::GbS(p)) => Some(p),
         Some(Peak::Auto) if dev.is_cpu() => {

@@ -57,21 +57,24 @@ pub fn run(args: CompletionsArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    /// Each script names subcommands and flags the CLI has (`sweep`, `serve`, `--dtypes`,
-    /// `--suite`), and each shell's script has its own marker: bash's `complete -F`, zsh's
-    /// `#compdef kvbench`, fish's `complete -c kvbench`.
+    /// Each script names subcommands and flags the CLI has (`sweep`, `serve`, `dtypes`,
+    /// `suite`), each in its shell's spelling (bash and zsh `--dtypes`, fish `-l dtypes`), and
+    /// has its shell's marker: bash's `complete -F`, zsh's `#compdef kvbench`, fish's
+    /// `complete -c kvbench`.
     #[test]
     fn scripts_name_subcommands_and_flags() {
-        for (shell, marker) in [
-            (CompletionShell::Bash, "complete -F _kvbench"),
-            (CompletionShell::Zsh, "#compdef kvbench"),
-            (CompletionShell::Fish, "complete -c kvbench"),
+        for (shell, marker, long) in [
+            (CompletionShell::Bash, "complete -F _kvbench", "--"),
+            (CompletionShell::Zsh, "#compdef kvbench", "--"),
+            (CompletionShell::Fish, "complete -c kvbench", "-l "),
         ] {
             let text = String::from_utf8(script(shell)).unwrap();
-            for want in [marker, "sweep", "serve", "attn-bench", "--dtypes", "--suite"] {
+            let dtypes = format!("{long}dtypes");
+            let suite = format!("{long}suite");
+            for want in [marker, "sweep", "serve", "attn-bench", &dtypes, &suite] {
                 assert!(text.contains(want), "{shell:?} script lacks `{want}`");
             }
-            assert!(!text.contains("--no-such-flag"));
+            assert!(!text.contains("no-such-flag"));
         }
     }
 }

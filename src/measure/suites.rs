@@ -74,7 +74,11 @@ impl BuiltinSuite {
 
 /// The built-in names, comma-separated, in [`BUILTIN`]'s order.
 pub fn builtin_names() -> String {
-    BUILTIN.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+    BUILTIN
+        .iter()
+        .map(|s| s.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `--suite`'s long help: what it takes, then one line per built-in suite.
@@ -158,7 +162,11 @@ mod tests {
         for s in BUILTIN {
             let on_disk = std::fs::read_to_string(dir.join(format!("{}.toml", s.name))).unwrap();
             assert_eq!(on_disk, s.text, "{}", s.name);
-            assert!(s.key("description").is_some(), "{} has no description", s.name);
+            assert!(
+                s.key("description").is_some(),
+                "{} has no description",
+                s.name
+            );
         }
     }
 
@@ -196,7 +204,9 @@ mod tests {
             e.contains("quick, ci, capacity, quality, long-context, serve, serve-decode"),
             "{e}"
         );
-        let e = resolve(Path::new("serve"), "sweep").unwrap_err().to_string();
+        let e = resolve(Path::new("serve"), "sweep")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("kvbench serve --suite serve"), "{e}");
         let e = resolve(Path::new("ci"), "serve").unwrap_err().to_string();
         assert!(e.contains("kvbench sweep --suite ci"), "{e}");
