@@ -222,3 +222,143 @@ fn vllm_dtype_names_work_on_the_command_line() {
         assert!(out.contains(printed), "{printed}: {out}");
     }
 }
+
+/// Issue 26: `kvbench completions bash` prints a bash script naming subcommands and flags;
+/// an unknown shell is a usage error (exit 2) listing the shells.
+#[test]
+fn completions_print_a_script_per_shell() {
+    let (code, out, err) = kvbench(&["completions", "bash"]);
+    assert_eq!(code, 0, "{err}");
+    for want in ["complete -F _kvbench", "sweep", "serve", "--dtypes"] {
+        assert!(out.contains(want), "bash script lacks `{want}`");
+    }
+    let (code, _, err) = kvbench(&["completions", "powershell"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("bash") && err.contains("zsh") && err.contains("fish"),
+        "{err}"
+    );
+}
+
+/// Issue 26: `attn-bench --out DIR --format json` writes DIR/results.csv and prints a JSON
+/// array of the same rows: every cell of the CSV equals the JSON's value (numbers compared as
+/// numbers, an empty cell as null). Pinned independently: SmolLM2-135M's geometry (30 layers,
+/// 3 kv heads, head_dim 64) and fp16's 1,681,920 bytes per median step at context 64 with 2
+/// steps (worked out in `attn_bench_prints_floors_per_context_and_percent_of_peak`).
+#[test]
+fn attn_bench_out_csv_carries_the_json_values() {
+    let dir = std::env::temp_dir().join(format!("kvbench-attn26-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out_dir = dir.to_string_lossy().into_owned();
+    let run = || {
+        kvbench(&[
+            "attn-bench",
+            "--dtypes",
+            "fp16,int8",
+            "--seq-len",
+            "64",
+            "--steps",
+            "2",
+            "--peak-bandwidth",
+            "10",
+            "--out",
+            &out_dir,
+            "--format",
+            "json",
+        ])
+    };
+    let (code, out, err) = run();
+    assert_eq!(code, 0, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("stdout is one JSON document");
+    let rows = json.as_array().expect("a JSON array");
+    assert_eq!(rows.len(), 2, "{out}");
+    let mut csv = csv::Reader::from_path(dir.join("results.csv")).unwrap();
+    let header = csv.headers().unwrap().clone();
+    let records: Vec<csv::StringRecord> = csv.records().map(Result::unwrap).collect();
+    assert_eq!(records.len(), rows.len());
+    for (rec, row) in records.iter().zip(rows) {
+        let obj = row.as_object().unwrap();
+        assert_eq!(obj.len(), header.len(), "the same columns in both");
+        for (col, cell) in header.iter().zip(rec.iter()) {
+            let v = &obj[col];
+            match v {
+                serde_json::Value::Null => assert_eq!(cell, "", "{col}"),
+                serde_json::Value::String(s) => assert_eq!(cell, s, "{col}"),
+                serde_json::Value::Number(n) => {
+                    // The same digits in both files; serde_json's default (fast) float parser
+                    // may land 1 ulp off when reading them back, so the parsed values are
+                    // compared to a few ulp and the text exactly.
+                    let (c, j) = (cell.parse::<f64>().unwrap(), n.as_f64().unwrap());
+                    assert!(
+                        (c - j).abs() <= 4.0 * f64::EPSILON * c.abs(),
+                        "{col}: {c} vs {j}"
+                    );
+                    assert!(out.contains(&format!("\"{col}\": {cell}")), "{col}: {cell}");
+                }
+                other => panic!("{col}: unexpected {other}"),
+            }
+        }
+    }
+    let fp16 = &rows[0];
+    assert_eq!(fp16["scheme"], "fp16");
+    assert_eq!(fp16["seq_len"], 64);
+    assert_eq!(fp16["steps"], 2);
+    assert_eq!(fp16["layers"], 30);
+    assert_eq!(fp16["kv_heads"], 3);
+    assert_eq!(fp16["head_dim"], 64);
+    assert_eq!(fp16["bytes_per_step"], 1_681_920);
+    assert_eq!(fp16["peak_gb_s"], 10.0);
+    let pct = fp16["pct_of_peak"].as_f64().unwrap();
+    let gb_s = fp16["gb_s"].as_f64().unwrap();
+    assert!(
+        (pct - 10.0 * gb_s).abs() < 1e-9 * pct.max(1.0),
+        "{pct} vs {gb_s}"
+    );
+    assert_eq!(rows[1]["scheme"], "int8-token"); // `int8` prints as its full name
+    assert_eq!(rows[1]["error"], "");
+    // A second run into the same folder is refused rather than overwriting it.
+    let (code, _, err) = run();
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("results.csv already exists"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue 26: `--suite ci` is a built-in suite, found from a folder without `suites/` (the
+/// binary run in an empty temporary folder); `kvbench slurm --dry-run` applies the suite as a
+/// sweep would and writes nothing. An unknown name is a usage error naming the built-ins and
+/// the nearest one.
+#[test]
+fn builtin_suite_resolves_outside_the_repository() {
+    let dir = std::env::temp_dir().join(format!("kvbench-suite26-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvbench"))
+            .args(args)
+            .current_dir(&dir)
+            .env_remove("SLURM_ARRAY_TASK_ID")
+            .env_remove("SLURM_ARRAY_TASK_COUNT")
+            .env_remove("JOB_COMPLETION_INDEX")
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = run(&["slurm", "--dry-run", "--shards", "2", "--suite", "ci"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("--suite ci"), "{out}");
+    let (code, _, err) = run(&["slurm", "--dry-run", "--shards", "2", "--suite", "qiuck"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("did you mean `quick`?"), "{err}");
+    assert!(
+        err.contains("quick, ci, capacity, quality, long-context, serve, serve-decode"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["sweep", "--suite", "serve"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("kvbench serve --suite serve"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

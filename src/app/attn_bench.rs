@@ -1,12 +1,15 @@
 //! `kvbench attn-bench` end to end: the model's geometry, the device, the peak bandwidth (given,
 //! or measured with `auto`), then per context length [`AttnBench::run`] and its table
-//! ([`crate::report::attn_bench`]).
+//! ([`crate::report::attn_bench`]); with `--out DIR` also `DIR/results.csv`, with
+//! `--format json` a JSON array of the same rows on stdout instead of the tables.
+
+use std::path::PathBuf;
 
 use crate::measure::attn_bench::AttnBench;
 use crate::measure::bandwidth;
 use crate::measure::device;
 use crate::measure::settings::{DeviceArgs, ModelArgs, SchemeArgs, SeedArgs};
-use crate::report::attn_bench::{table, AttnHeader};
+use crate::report::attn_bench::{self as report, table, AttnBenchRow, AttnHeader};
 
 /// Arguments of `kvbench attn-bench`: the shared `--model` (only its geometry is read: an
 /// alias with shipped geometry such as llama-3-8b needs no download), `--dtypes` (default
@@ -46,6 +49,23 @@ pub struct AttnBenchArgs {
     /// same threads; CPU only); adds a `% of peak` column for the achieved bandwidth.
     #[arg(long, value_parser = parse_peak)]
     pub peak_bandwidth: Option<Peak>,
+    /// Also write the results to DIR/results.csv (created; one row per scheme and context
+    /// length, rewritten after each length). Refused when DIR/results.csv already exists.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// What stdout gets: `table` (one table per context length) or `json` (an array of the
+    /// rows results.csv holds, printed when every length ran).
+    #[arg(long, value_enum, default_value_t = AttnFormat::Table)]
+    pub format: AttnFormat,
+}
+
+/// `--format` of `kvbench attn-bench`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttnFormat {
+    /// Human-readable tables, one per context length.
+    Table,
+    /// A JSON array of [`AttnBenchRow`]s.
+    Json,
 }
 
 /// What `--peak-bandwidth` names.
@@ -76,10 +96,13 @@ fn parse_peak(s: &str) -> Result<Peak, String> {
 /// Bytes the `auto` probe reads per pass: 16× a 32 MiB last-level cache.
 const PROBE_BYTES: usize = 512 << 20;
 
-/// Runs the benchmark and prints a table per context length. Errors:
-/// [`crate::Error::InvalidArgument`] for sizes that cannot run ([`AttnBench::check`]) or
-/// `--peak-bandwidth auto` off the CPU; a runtime error when every scheme failed at a length.
+/// Runs the benchmark and prints a table per context length (or, with `--format json`, the
+/// rows as JSON), writing `--out`'s results.csv after each length. Errors:
+/// [`crate::Error::InvalidArgument`] for sizes that cannot run ([`AttnBench::check`]),
+/// `--peak-bandwidth auto` off the CPU, or an `--out` that already holds results.csv; an I/O
+/// error naming the folder or file; a runtime error when every scheme failed at a length.
 pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
+    let json = a.format == AttnFormat::Json;
     // Geometry only: aliases (llama-3-8b, …) need no download.
     let g = crate::model::geometry::for_model_arg(&a.model.model)?.cache();
     let dev = a.device.device.open()?;
@@ -90,19 +113,42 @@ pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
         seed: a.seed.seed,
     };
     bench.check(&g, &a.seq_lens, &dev)?;
+    let csv_path = a
+        .out
+        .as_ref()
+        .map(|d| d.join(crate::report::run_dir::CSV_FILE));
+    if let (Some(dir), Some(path)) = (&a.out, &csv_path) {
+        if path.exists() {
+            return Err(crate::Error::InvalidArgument {
+                name: "--out".into(),
+                reason: format!(
+                    "{} already exists; give another folder or move it aside",
+                    path.display()
+                ),
+            }
+            .into());
+        }
+        std::fs::create_dir_all(dir).map_err(|e| crate::Error::io(dir, e))?;
+    }
     let peak = match a.peak_bandwidth {
         None => None,
         Some(Peak::GbS(p)) => Some(p),
         Some(Peak::Auto) if dev.is_cpu() => {
             let r = bandwidth::measure_read(PROBE_BYTES, 5)
                 .ok_or_else(|| anyhow::anyhow!("the bandwidth probe read nothing"))?;
-            println!(
+            // On stderr under --format json, so stdout stays one JSON document.
+            let line = format!(
                 "measured read bandwidth: {:.1} GB/s best, {:.1} GB/s median of 5 passes over {} MiB on {} threads (STREAM-like sum)",
                 r.best_gb_s,
                 r.median_gb_s,
                 r.bytes >> 20,
                 r.threads
             );
+            if json {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
+            }
             Some(r.best_gb_s)
         }
         Some(Peak::Auto) => anyhow::bail!(
@@ -119,9 +165,17 @@ pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
         head_dim: g.head_dim,
         peak_gb_s: peak,
     };
+    let mut all: Vec<AttnBenchRow> = Vec::new();
     for &seq_len in &a.seq_lens {
         let t = bench.run(&g, seq_len, &dev)?;
-        print!("{}", table(&header, &t));
+        if !json {
+            print!("{}", table(&header, &t));
+        }
+        all.extend(report::rows(&header, &t, bench.steps, bench.seed));
+        // Rewritten after every length, so a crash keeps what finished.
+        if let Some(path) = &csv_path {
+            report::write_csv(path, &all)?;
+        }
         // A table in which no scheme ran measured nothing: exit 1, as a sweep whose every point
         // failed.
         if t.rows.iter().all(|(_, r)| r.is_err()) {
@@ -135,6 +189,9 @@ pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
                 ))
             );
         }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
     }
     Ok(())
 }

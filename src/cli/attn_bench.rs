@@ -2,7 +2,7 @@
 //! layer) per scheme at one or more context lengths, on synthetic K/V with the model's
 //! geometry. The work is [`crate::app::attn_bench::run`].
 
-pub use crate::app::attn_bench::{AttnBenchArgs, Peak};
+pub use crate::app::attn_bench::{AttnBenchArgs, AttnFormat, Peak};
 
 /// Runs `kvbench attn-bench`.
 pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {

@@ -4,6 +4,7 @@
 
 pub mod attn_bench;
 pub mod calibrate;
+pub mod completions;
 pub mod fetch;
 pub mod gate;
 pub mod interrupt;
@@ -63,6 +64,9 @@ pub enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Fetch the default model (SmolLM2-135M-Instruct Q4_1 GGUF) and print its path.
     Fetch(fetch::FetchArgs),
+    /// Print a shell completion script (bash, zsh or fish) on stdout, e.g.
+    /// `source <(kvbench completions bash)`.
+    Completions(completions::CompletionsArgs),
 }
 
 pub use crate::util::command_line;
@@ -164,6 +168,7 @@ pub fn main() -> ExitCode {
         Command::Rouge(a) => done(rouge::run(a)),
         Command::Gate(a) => gate::run(a),
         Command::Fetch(a) => done(fetch::run(a)),
+        Command::Completions(a) => done(completions::run(a)),
         Command::Calibrate(a) => done(calibrate::run(a)),
         Command::Serve(a) => done(serve::run(a, matches.subcommand_matches("serve"))),
         Command::AttnBench(a) => done(attn_bench::run(a)),

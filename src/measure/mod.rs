@@ -9,6 +9,7 @@ pub mod floors;
 pub mod plan;
 pub mod settings;
 pub mod shard;
+pub mod suites;
 pub mod sweep;
 pub mod synthetic;
 pub mod unit;

@@ -354,7 +354,7 @@ impl Settings for SweepSettings {
 }
 
 /// Keys a suite may hold besides the settings.
-const SUITE_ONLY_KEYS: &[&str] = &["description"];
+const SUITE_ONLY_KEYS: &[&str] = &["description", "run-time"];
 
 /// A settings type of a measuring command: at once its flags (clap `Args`, flattened groups), a
 /// suite file's keys (the flags' long names), and `meta.json`'s `settings` (serde), which
@@ -460,11 +460,14 @@ pub trait Settings:
             .map_err(|e| bad(format!("{source}: {e}")))
     }
 
-    /// Reads a suite file (TOML, the flags' names as keys) into a table for
-    /// [`Settings::overlay`]. Errors: [`Error::InvalidArgument`] naming the file, with the
-    /// TOML parser's message (line, column).
+    /// Reads a suite (TOML, the flags' names as keys) into a table for [`Settings::overlay`]:
+    /// the file at `path`, or, where no such path exists, the built-in suite of that name
+    /// ([`super::suites::resolve`]). Errors: [`Error::InvalidArgument`] as `resolve` (an
+    /// unreadable file, an unknown name listing the built-ins, another command's suite), or
+    /// naming the file with the TOML parser's message (line, column).
     fn read_suite(path: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {
-        suite_table(&read_suite_file(path)?, path)
+        let (text, source) = super::suites::resolve(path, Self::COMMAND)?;
+        suite_table(&text, Path::new(&source))
     }
 
     /// A suite's text laid over the defaults (`path` names it in errors): what

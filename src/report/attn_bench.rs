@@ -1,8 +1,13 @@
 //! `kvbench attn-bench`'s table: per scheme the cache's size, the median step's floors (bytes
 //! moved, FLOPs), p50/p95 step time, the ratio to fp16, the bandwidth achieved and, with a peak
-//! given, its share of the peak.
+//! given, its share of the peak. The same results as rows ([`AttnBenchRow`]) for
+//! `--out DIR` (`DIR/results.csv`) and `--format json`.
 
+use std::path::Path;
+
+use crate::error::{Error, Result};
 use crate::measure::attn_bench::AttnTable;
+use crate::util::record::{csv_record, Record};
 
 /// What heads the table: the step, the device and the geometry.
 #[derive(Debug, Clone)]
@@ -85,4 +90,121 @@ pub fn table(h: &AttnHeader, t: &AttnTable) -> String {
         ));
     }
     s
+}
+
+csv_record! {
+    /// One scheme at one context length: a row of `kvbench attn-bench --out DIR`'s
+    /// `results.csv` and an element of `--format json`'s array (the same fields, the same
+    /// values). A scheme that failed has its `error` and no measurements.
+    #[derive(Debug, Clone, Default, PartialEq)]
+    pub struct AttnBenchRow {
+        /// The model whose geometry was used (`--model` as given).
+        pub model: String,
+        /// The device, described.
+        pub device: String,
+        /// Layers.
+        pub layers: usize,
+        /// KV heads.
+        pub kv_heads: usize,
+        /// Head size, elements.
+        pub head_dim: usize,
+        /// Sequences decoded together.
+        pub batch: usize,
+        /// Context the caches were filled to, tokens.
+        pub seq_len: usize,
+        /// Timed decode steps (after one untimed step).
+        pub steps: usize,
+        /// Seed of the synthetic K/V.
+        pub seed: u64,
+        /// The scheme's printed name (as `--dtypes` takes it).
+        pub scheme: String,
+        /// Bytes of K/V the cache held after the steps, bytes.
+        pub kv_bytes: Option<u64>,
+        /// Bytes the median step must move (its floor), bytes.
+        pub bytes_per_step: Option<u64>,
+        /// FLOPs of the median step.
+        pub flops_per_step: Option<u64>,
+        /// Median step, ms.
+        pub p50_ms: Option<f64>,
+        /// 95th-percentile step, ms.
+        pub p95_ms: Option<f64>,
+        /// Median step over fp16's (when fp16 ran before it in the list), ratio.
+        pub vs_fp16: Option<f64>,
+        /// Bytes per median step over its time, GB/s (10^9 bytes/s).
+        pub gb_s: Option<f64>,
+        /// Peak memory bandwidth given or measured (`--peak-bandwidth`), GB/s.
+        pub peak_gb_s: Option<f64>,
+        /// `gb_s` as a share of `peak_gb_s`, percent.
+        pub pct_of_peak: Option<f64>,
+        /// Cores other processes occupied while this length was timed (`None`: cannot tell).
+        pub other_cores: Option<f64>,
+        /// Why the scheme failed (first line); empty when it ran.
+        pub error: String,
+    }
+}
+
+/// The rows of one context length's table, in the table's order; `steps` and `seed` as run.
+pub fn rows(h: &AttnHeader, t: &AttnTable, steps: usize, seed: u64) -> Vec<AttnBenchRow> {
+    t.rows
+        .iter()
+        .map(|(scheme, r)| {
+            let mut row = AttnBenchRow {
+                model: h.model.clone(),
+                device: h.device.clone(),
+                layers: h.layers,
+                kv_heads: h.kv_heads,
+                head_dim: h.head_dim,
+                batch: h.batch,
+                seq_len: t.seq_len,
+                steps,
+                seed,
+                scheme: scheme.clone(),
+                peak_gb_s: h.peak_gb_s,
+                other_cores: t.contention.map(|c| c.other_cores),
+                ..AttnBenchRow::default()
+            };
+            match r {
+                Ok(r) => {
+                    row.kv_bytes = Some(r.kv_bytes as u64);
+                    row.bytes_per_step = Some(r.bytes_per_step);
+                    row.flops_per_step = Some(r.flops_per_step);
+                    row.p50_ms = Some(r.p50_ms);
+                    row.p95_ms = Some(r.p95_ms);
+                    row.vs_fp16 = r.vs_fp16;
+                    row.gb_s = Some(r.gb_s);
+                    row.pct_of_peak = h.peak_gb_s.map(|p| 100.0 * r.gb_s / p);
+                }
+                Err(e) => row.error = e.clone(),
+            }
+            row
+        })
+        .collect()
+}
+
+/// Writes `rows` as a CSV file at `path`: the header ([`AttnBenchRow`]'s columns) even when
+/// there are no rows, then one line per row; an absent value is an empty cell. Replaces the
+/// file (the caller refuses an existing one before the run). Errors: [`Error::Io`] naming
+/// the file.
+pub fn write_csv(path: &Path, rows: &[AttnBenchRow]) -> Result<()> {
+    let io = |e: csv::Error| Error::io(path, std::io::Error::other(e.to_string()));
+    let mut w = csv::WriterBuilder::new()
+        .has_headers(false)
+        .from_path(path)
+        .map_err(io)?;
+    w.write_record(AttnBenchRow::COLUMNS).map_err(io)?;
+    for r in rows {
+        w.serialize(r).map_err(io)?;
+    }
+    w.flush().map_err(|e| Error::io(path, e))
+}
+
+/// Reads a `results.csv` that [`write_csv`] wrote. Errors: [`Error::Io`] naming the file
+/// (missing, unreadable, a row that does not parse).
+pub fn read_csv(path: &Path) -> Result<Vec<AttnBenchRow>> {
+    let io = |e: csv::Error| Error::io(path, std::io::Error::other(e.to_string()));
+    let f = crate::util::open_regular(path).map_err(|e| Error::io(path, e))?;
+    csv::Reader::from_reader(f)
+        .deserialize()
+        .map(|r| r.map_err(io))
+        .collect()
 }

@@ -24,8 +24,12 @@ use crate::error::{Error, Result};
 /// The flags that choose a run folder, shared by every measuring command.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct RunDirArgs {
-    /// Read settings from a suite file (e.g. suites/quick.toml); flags given here override it.
-    #[arg(long)]
+    /// Read settings from a suite: a TOML file, or a built-in suite's name (`quick`, `ci`,
+    /// `serve`, …; `crate::measure::suites::BUILTIN`) where no file of that name exists;
+    /// flags given here override it.
+    #[arg(long, value_name = "FILE|NAME",
+          help = crate::measure::suites::suite_short_help(),
+          long_help = crate::measure::suites::suite_long_help())]
     pub suite: Option<PathBuf>,
     /// Continue an interrupted run in this folder with the settings it started with (from its
     /// meta.json); finished points are kept, the rest run.
