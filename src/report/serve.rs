@@ -519,13 +519,7 @@ fn markdown(run: &ServeRun) -> String {
     if l.shared_prefix > 0 {
         md.push_str(&prefix_table(run));
     }
-    let contended = run.rows.iter().filter(|r| r.contended()).count();
-    if contended > 0 {
-        md.push_str(&format!(
-            "\n**Warning:** {contended} point(s) ran while other processes used more than \
-             {CONTENDED_CORES} cores; their latencies describe a shared machine.\n",
-        ));
-    }
+    md.push_str(&super::warnings::Warnings::of_serve(&run.rows).markdown());
     md
 }
 
@@ -688,7 +682,7 @@ fn running_chart(run: &ServeRun, plots: &Path, caption: String) -> Result<()> {
 }
 
 /// The line printed as a point finishes: scheme, load, prefix arm, and the headline numbers
-/// (or the failure), with a warning when the machine was busy.
+/// (or the failure), marked when other processes used the CPU meanwhile.
 pub fn point_line(r: &ServeRow) -> String {
     let mut line = format!(
         "{:<28} {:<22} prefix-cache {:<5}: {}",
@@ -710,10 +704,8 @@ pub fn point_line(r: &ServeRow) -> String {
         }
     );
     if let Some(c) = r.other_cores.filter(|_| r.contended()) {
-        line.push_str(&format!(
-            "\nwarning: other processes used {c:.2} cores on average while this point ran; its \
-             latencies describe a shared machine — rerun on an idle one"
-        ));
+        // The advice comes once, grouped, in the run's summary (`report::warnings`).
+        line.push_str(&format!(" (contended: other processes used {c:.2} cores)"));
     }
     line
 }
