@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::warnings::{Cause, PointWarning, Warnings};
 use crate::error::{Error, Result};
 use crate::measure::contention::{Contention, CONTENDED_CORES};
 use crate::measure::sweep::PointStatus;
@@ -519,7 +520,7 @@ fn markdown(run: &ServeRun) -> String {
     if l.shared_prefix > 0 {
         md.push_str(&prefix_table(run));
     }
-    md.push_str(&super::warnings::Warnings::of_serve(&run.rows).markdown());
+    md.push_str(&warnings(&run.rows).markdown());
     md
 }
 
@@ -679,6 +680,38 @@ fn running_chart(run: &ServeRun, plots: &Path, caption: String) -> Result<()> {
         series: running,
     }
     .render(plots, "running_over_time")
+}
+
+/// A serving run's warnings ([`Warnings`], rendered there): points that ran while other
+/// processes used the CPU (the only per-point warning serve has). Failed rows are skipped.
+pub fn warnings(rows: &[ServeRow]) -> Warnings {
+    let ok: Vec<&ServeRow> = rows.iter().filter(|r| r.status.is_ok()).collect();
+    let list = ok
+        .iter()
+        .filter(|r| r.contended())
+        .filter_map(|r| {
+            Some(PointWarning {
+                point: format!(
+                    "{} {}{}",
+                    r.scheme,
+                    r.arrival,
+                    if r.prefix_caching {
+                        ", prefix cached"
+                    } else {
+                        ""
+                    }
+                ),
+                cause: Cause::Contended {
+                    other_cores: r.other_cores?,
+                },
+            })
+        })
+        .collect();
+    Warnings {
+        command: "serve",
+        points: ok.len(),
+        list,
+    }
 }
 
 /// The line printed as a point finishes: scheme, load, prefix arm, and the headline numbers

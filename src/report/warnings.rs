@@ -2,10 +2,9 @@
 //! many points it touched, the worst of them and what to do — said once —, instead of one line
 //! per point repeating the same advice. The per-point detail goes to `summary.md`, collapsed.
 //!
-//! [`Warnings::of_sweep`] and [`Warnings::of_serve`] collect typed [`Cause`]s from finished rows;
+//! [`Warnings::of_sweep`] and `report::serve::warnings` collect typed [`Cause`]s from finished rows;
 //! [`Warnings::lines`] and [`Warnings::markdown`] are the only places they become text.
 
-use super::serve::ServeRow;
 use super::ResultRow;
 use crate::measure::contention::CONTENDED_CORES;
 
@@ -171,38 +170,6 @@ impl Warnings {
         }
     }
 
-    /// A serving run's warnings: points that ran while other processes used the CPU (the
-    /// only per-point warning serve has). Failed rows are skipped.
-    pub fn of_serve(rows: &[ServeRow]) -> Warnings {
-        let ok: Vec<&ServeRow> = rows.iter().filter(|r| r.status.is_ok()).collect();
-        let list = ok
-            .iter()
-            .filter(|r| r.contended())
-            .filter_map(|r| {
-                Some(PointWarning {
-                    point: format!(
-                        "{} {}{}",
-                        r.scheme,
-                        r.arrival,
-                        if r.prefix_caching {
-                            ", prefix cached"
-                        } else {
-                            ""
-                        }
-                    ),
-                    cause: Cause::Contended {
-                        other_cores: r.other_cores?,
-                    },
-                })
-            })
-            .collect();
-        Warnings {
-            command: "serve",
-            points: ok.len(),
-            list,
-        }
-    }
-
     /// Whether there is nothing to warn about.
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
@@ -258,7 +225,7 @@ impl Warnings {
                     ),
                     Cause::SingleRepeat => format!(
                         "{k} of {n} points: one timed repeat, so TPOT has no confidence \
-                         interval; use --repeats 3 or more for numbers you compare"
+                         interval; rerun with --repeats 3 or more for numbers you compare"
                     ),
                 }
             })
@@ -297,6 +264,7 @@ impl Warnings {
 mod tests {
     use super::*;
     use crate::measure::sweep::PointStatus;
+    use crate::report::serve::ServeRow;
     use crate::report::Latency;
 
     /// A timed sweep point: 3 repeats of 8 tokens (21 inter-token latencies), TPOT `mean` ±
@@ -403,8 +371,8 @@ mod tests {
         assert_eq!(
             Warnings::of_sweep(&[edge, few, one]).lines(),
             vec![
-                "2 of 3 points: one timed repeat, so TPOT has no confidence interval; use \
-                  --repeats 3 or more for numbers you compare"
+                "2 of 3 points: one timed repeat, so TPOT has no confidence interval; rerun \
+                  with --repeats 3 or more for numbers you compare"
                     .to_string()
             ]
         );
@@ -461,7 +429,7 @@ mod tests {
             row("int4", false, 0.05, true),
             row("q4_0", false, 3.0, false),
         ];
-        let w = Warnings::of_serve(&rows);
+        let w = super::super::serve::warnings(&rows);
         assert_eq!(
             w.lines(),
             vec![
