@@ -14,6 +14,7 @@ pub mod serve_gate;
 pub mod summary;
 pub mod table;
 pub mod ticks;
+pub mod warnings;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::warnings::{Cause, PointWarning, Warnings};
 use crate::error::{Error, Result};
 use crate::measure::contention::{Contention, CONTENDED_CORES};
 use crate::measure::sweep::PointStatus;
@@ -519,13 +520,7 @@ fn markdown(run: &ServeRun) -> String {
     if l.shared_prefix > 0 {
         md.push_str(&prefix_table(run));
     }
-    let contended = run.rows.iter().filter(|r| r.contended()).count();
-    if contended > 0 {
-        md.push_str(&format!(
-            "\n**Warning:** {contended} point(s) ran while other processes used more than \
-             {CONTENDED_CORES} cores; their latencies describe a shared machine.\n",
-        ));
-    }
+    md.push_str(&warnings(&run.rows).markdown());
     md
 }
 
@@ -687,8 +682,40 @@ fn running_chart(run: &ServeRun, plots: &Path, caption: String) -> Result<()> {
     .render(plots, "running_over_time")
 }
 
+/// A serving run's warnings ([`Warnings`], rendered there): points that ran while other
+/// processes used the CPU (the only per-point warning serve has). Failed rows are skipped.
+pub fn warnings(rows: &[ServeRow]) -> Warnings {
+    let ok: Vec<&ServeRow> = rows.iter().filter(|r| r.status.is_ok()).collect();
+    let list = ok
+        .iter()
+        .filter(|r| r.contended())
+        .filter_map(|r| {
+            Some(PointWarning {
+                point: format!(
+                    "{} {}{}",
+                    r.scheme,
+                    r.arrival,
+                    if r.prefix_caching {
+                        ", prefix cached"
+                    } else {
+                        ""
+                    }
+                ),
+                cause: Cause::Contended {
+                    other_cores: r.other_cores?,
+                },
+            })
+        })
+        .collect();
+    Warnings {
+        command: "serve",
+        points: ok.len(),
+        list,
+    }
+}
+
 /// The line printed as a point finishes: scheme, load, prefix arm, and the headline numbers
-/// (or the failure), with a warning when the machine was busy.
+/// (or the failure), marked when other processes used the CPU meanwhile.
 pub fn point_line(r: &ServeRow) -> String {
     let mut line = format!(
         "{:<28} {:<22} prefix-cache {:<5}: {}",
@@ -710,10 +737,8 @@ pub fn point_line(r: &ServeRow) -> String {
         }
     );
     if let Some(c) = r.other_cores.filter(|_| r.contended()) {
-        line.push_str(&format!(
-            "\nwarning: other processes used {c:.2} cores on average while this point ran; its \
-             latencies describe a shared machine — rerun on an idle one"
-        ));
+        // The advice comes once, grouped, in the run's summary (`report::warnings`).
+        line.push_str(&format!(" (contended: other processes used {c:.2} cores)"));
     }
     line
 }

@@ -94,47 +94,10 @@ impl Run {
     }
 }
 
-/// Notes a reader must see next to the numbers: noisy points and missing repeats.
+/// Notes a reader must see next to the numbers (noisy points, contended points, single
+/// repeats), one line per cause: see [`super::warnings::Warnings`].
 pub fn warnings(rows: &[ResultRow]) -> Vec<String> {
-    let mut out = Vec::new();
-    for r in rows.iter().filter(|r| r.status.is_ok()) {
-        let point = format!("{} batch {} × {}", r.scheme, r.batch_size, r.seq_len);
-        let steps = r.repeats.unwrap_or(0) * r.gen_tokens.saturating_sub(1);
-        // Tukey's fences flag ~1 sample in a handful by chance; judge only 20+ samples.
-        if let Some(k) = r.itl.outliers.filter(|&k| steps >= 20 && k * 20 > steps) {
-            out.push(format!(
-                "{point}: {k} of {steps} inter-token latencies lie outside Tukey's fences — \
-                 the machine was busy or throttling; rerun it on a quiet machine with more \
-                 --repeats or --min-time"
-            ));
-        }
-        if let (Some(true), Some(c)) = (r.contended, r.other_cpu_cores) {
-            out.push(format!(
-                "{point}: other processes used {c:.2} cores while it was timed — every parallel \
-                 step waits for preempted workers, so its latencies describe the machine, not \
-                 the scheme; stop them and rerun (`--resume` keeps the rest), or use --threads 1"
-            ));
-        }
-        if let (Some(ci), Some(m)) = (r.tpot.ci95, r.tpot.mean) {
-            if ci > 0.05 * m {
-                out.push(format!(
-                    "{point}: TPOT {m:.2} ± {ci:.2} ms (95 % CI wider than 5 % of the mean) — \
-                     raise --repeats or --min-time"
-                ));
-            }
-        }
-    }
-    if rows
-        .iter()
-        .any(|r| r.status.is_ok() && r.repeats == Some(1))
-    {
-        out.push(
-            "one timed repeat per point: TPOT has no confidence interval; use --repeats 3 or \
-             more for numbers you compare"
-                .into(),
-        );
-    }
-    out
+    super::warnings::Warnings::of_sweep(rows).lines()
 }
 
 /// The Markdown report: title, where the numbers come from, the table, warnings, charts, and
@@ -153,13 +116,7 @@ pub fn markdown(title: &str, about: &[String], rows: &[ResultRow], charts: &[Pat
          the end of the point. All columns, with units, are in `results.csv`.\n",
     );
     md.push_str(&quality_table(rows));
-    let w = warnings(rows);
-    if !w.is_empty() {
-        md.push_str("\n## Warnings\n\n");
-        for line in w {
-            md.push_str(&format!("- {line}\n"));
-        }
-    }
+    md.push_str(&super::warnings::Warnings::of_sweep(rows).markdown());
     if !charts.is_empty() {
         md.push_str("\n## Charts\n\n");
         for c in charts {
