@@ -227,10 +227,19 @@ fn vllm_dtype_names_work_on_the_command_line() {
 /// an unknown shell is a usage error (exit 2) listing the shells.
 #[test]
 fn completions_print_a_script_per_shell() {
-    let (code, out, err) = kvbench(&["completions", "bash"]);
-    assert_eq!(code, 0, "{err}");
-    for want in ["complete -F _kvbench", "sweep", "serve", "--dtypes"] {
-        assert!(out.contains(want), "bash script lacks `{want}`");
+    // Each script names subcommands and flags the CLI has, in its shell's spelling (bash and
+    // zsh `--dtypes`, fish `-l dtypes`), with its shell's marker.
+    for (shell, marker, long) in [
+        ("bash", "complete -F _kvbench", "--"),
+        ("zsh", "#compdef kvbench", "--"),
+        ("fish", "complete -c kvbench", "-l "),
+    ] {
+        let (code, out, err) = kvbench(&["completions", shell]);
+        assert_eq!(code, 0, "{err}");
+        let (dtypes, suite) = (format!("{long}dtypes"), format!("{long}suite"));
+        for want in [marker, "sweep", "serve", "attn-bench", &dtypes, &suite] {
+            assert!(out.contains(want), "{shell} script lacks `{want}`");
+        }
     }
     let (code, _, err) = kvbench(&["completions", "powershell"]);
     assert_eq!(code, 2, "{err}");
@@ -361,4 +370,30 @@ fn builtin_suite_resolves_outside_the_repository() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("kvbench serve --suite serve"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue #26: each built-in suite parses as its command's settings: sweep suites as `SweepSettings`, serve
+/// suites as `ServeSettings` (so `command` is right).
+#[test]
+fn builtins_parse_as_their_commands_settings() {
+    use kvbench::measure::settings::{suite_table, Settings, SweepSettings};
+    use kvbench::measure::suites::{resolve, BUILTIN};
+    use kvbench::serve::settings::ServeSettings;
+    use std::path::Path;
+    for s in BUILTIN {
+        let (text, source) = resolve(Path::new(s.name), s.command).unwrap();
+        assert_eq!(text, s.text);
+        assert_eq!(source, format!("suites/{}.toml (built in)", s.name));
+        let table = suite_table(&text, Path::new(&source)).unwrap();
+        let ok = match s.command {
+            "sweep" => SweepSettings::defaults()
+                .overlay(&table, &source, |_| false)
+                .map(|_| ()),
+            "serve" => ServeSettings::defaults()
+                .overlay(&table, &source, |_| false)
+                .map(|_| ()),
+            other => panic!("unknown command {other}"),
+        };
+        ok.unwrap_or_else(|e| panic!("{}: {e}", s.name));
+    }
 }

@@ -168,7 +168,10 @@ pub fn main() -> ExitCode {
         Command::Rouge(a) => done(rouge::run(a)),
         Command::Gate(a) => gate::run(a),
         Command::Fetch(a) => done(fetch::run(a)),
-        Command::Completions(a) => done(completions::run(a)),
+        Command::Completions(a) => done(completions::run(
+            a,
+            <Cli as clap::CommandFactory>::command(),
+        )),
         Command::Calibrate(a) => done(calibrate::run(a)),
         Command::Serve(a) => done(serve::run(a, matches.subcommand_matches("serve"))),
         Command::AttnBench(a) => done(attn_bench::run(a)),

@@ -59,33 +59,7 @@ pub fn parse_schemes(s: &str) -> Result<SchemeList> {
     crate::kv::parse_scheme_list(s).map(SchemeList)
 }
 
-/// Largest suite file read, bytes: suites are a few dozen lines.
-pub const MAX_SUITE_BYTES: u64 = 1 << 20;
-
-/// The text of the suite file at `path`, for `sweep --suite` and `serve --suite`. Only a regular
-/// file of at most [`MAX_SUITE_BYTES`] is read: a FIFO or a device would block or stream
-/// without end (issue #25: a FIFO given as `--suite` hung forever). Errors:
-/// [`Error::InvalidArgument`] (`--suite`) naming the path: missing or unreadable, not a regular
-/// file, too large, not UTF-8.
-pub fn read_suite_file(path: &Path) -> Result<String> {
-    let bad = |reason: String| Error::InvalidArgument {
-        name: "--suite".into(),
-        reason: format!("{}: {reason}", path.display()),
-    };
-    let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot read it ({e})")))?;
-    if !meta.is_file() {
-        return Err(bad(
-            "not a regular file (a FIFO, device or folder); give a suite's .toml file".into(),
-        ));
-    }
-    if meta.len() > MAX_SUITE_BYTES {
-        return Err(bad(format!(
-            "{} bytes is not a suite (at most {MAX_SUITE_BYTES} bytes)",
-            meta.len()
-        )));
-    }
-    std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read it ({e})")))
-}
+pub use super::suites::{read_suite_file, MAX_SUITE_BYTES};
 
 /// `--model`.
 #[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]

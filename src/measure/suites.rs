@@ -1,7 +1,7 @@
 //! The suites built into the binary: every `suites/*.toml` embedded at compile time, so
 //! `--suite quick` works from any folder (and from an installed binary without the source
 //! tree), while `--suite path/to/file.toml` still reads a file. A suite is a TOML table under
-//! the flags' own names (see [`super::settings`]), plus two keys only a suite has:
+//! the flags' own names (see the settings module, `measure/settings.rs`), plus two keys only a suite has:
 //! `description` (one line) and `run-time` (the run time its author states, in words).
 
 use std::path::Path;
@@ -94,6 +94,34 @@ pub fn suite_long_help() -> String {
     help
 }
 
+/// Largest suite file read, bytes: suites are a few dozen lines.
+pub const MAX_SUITE_BYTES: u64 = 1 << 20;
+
+/// The text of the suite file at `path`, for `sweep --suite` and `serve --suite`. Only a regular
+/// file of at most [`MAX_SUITE_BYTES`] is read: a FIFO or a device would block or stream
+/// without end (issue #25: a FIFO given as `--suite` hung forever). Errors:
+/// [`Error::InvalidArgument`] (`--suite`) naming the path: missing or unreadable, not a regular
+/// file, too large, not UTF-8.
+pub fn read_suite_file(path: &Path) -> Result<String> {
+    let bad = |reason: String| Error::InvalidArgument {
+        name: "--suite".into(),
+        reason: format!("{}: {reason}", path.display()),
+    };
+    let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot read it ({e})")))?;
+    if !meta.is_file() {
+        return Err(bad(
+            "not a regular file (a FIFO, device or folder); give a suite's .toml file".into(),
+        ));
+    }
+    if meta.len() > MAX_SUITE_BYTES {
+        return Err(bad(format!(
+            "{} bytes is not a suite (at most {MAX_SUITE_BYTES} bytes)",
+            meta.len()
+        )));
+    }
+    std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read it ({e})")))
+}
+
 /// `--suite`'s short help (`-h`): what it takes and the built-in names.
 pub fn suite_short_help() -> String {
     format!(
@@ -105,8 +133,7 @@ pub fn suite_short_help() -> String {
 
 /// The text of the suite `spec` names for `kvbench <command>`, and where it came from (the
 /// path, or `suites/<name>.toml (built in)`), for errors. An existing path is read as a file
-/// ([`super::settings::read_suite_file`]: only a regular file, at most
-/// [`super::settings::MAX_SUITE_BYTES`]); otherwise `spec` is looked up among [`BUILTIN`].
+/// ([`read_suite_file`]: only a regular file, at most [`MAX_SUITE_BYTES`]); otherwise `spec` is looked up among [`BUILTIN`].
 ///
 /// Errors: [`Error::InvalidArgument`] (`--suite`): the file cannot be read (as
 /// `read_suite_file`); `spec` is neither a path that exists nor a built-in name (the nearest
@@ -114,7 +141,7 @@ pub fn suite_short_help() -> String {
 /// the command to run it with).
 pub fn resolve(spec: &Path, command: &str) -> Result<(String, String)> {
     if std::fs::symlink_metadata(spec).is_ok() {
-        let text = super::settings::read_suite_file(spec)?;
+        let text = read_suite_file(spec)?;
         return Ok((text, spec.display().to_string()));
     }
     let name = spec.to_string_lossy();
@@ -167,30 +194,6 @@ mod tests {
                 "{} has no description",
                 s.name
             );
-        }
-    }
-
-    /// Each built-in parses as its command's settings: sweep suites as `SweepSettings`, serve
-    /// suites as `ServeSettings` (so `command` is right).
-    #[test]
-    fn builtins_parse_as_their_commands_settings() {
-        use super::super::settings::{Settings, SweepSettings};
-        use crate::serve::settings::ServeSettings;
-        for s in BUILTIN {
-            let (text, source) = resolve(Path::new(s.name), s.command).unwrap();
-            assert_eq!(text, s.text);
-            assert_eq!(source, format!("suites/{}.toml (built in)", s.name));
-            let table = super::super::settings::suite_table(&text, Path::new(&source)).unwrap();
-            let ok = match s.command {
-                "sweep" => SweepSettings::defaults()
-                    .overlay(&table, &source, |_| false)
-                    .map(|_| ()),
-                "serve" => ServeSettings::defaults()
-                    .overlay(&table, &source, |_| false)
-                    .map(|_| ()),
-                other => panic!("unknown command {other}"),
-            };
-            ok.unwrap_or_else(|e| panic!("{}: {e}", s.name));
         }
     }
 
