@@ -7,12 +7,11 @@
 //! Qwen2 adds biases to the q/k/v projections.
 
 use std::path::PathBuf;
-use std::str::FromStr;
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{DType, Device, Module, Tensor, D};
+use candle_core::{DType, Device, Tensor, D};
 
-use super::qmatmul;
+use super::linear::tensor_bytes;
+use super::linear::{Embedding, Linear, WeightDtype};
 use crate::error::{Error, Result};
 use crate::kv::{AttentionCache, CacheGeometry};
 
@@ -67,173 +66,6 @@ impl ModelConfig {
     }
 }
 
-/// The dtype the linear layers compute in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WeightDtype {
-    /// Weights dequantized to f32 at load: exact arithmetic, for quality numbers.
-    F32,
-    /// Weights (re)quantized to ggml Q8_0 (blocks of 32, f16 scale), which candle runs with AVX2
-    /// dot products: the fast path for timing sweeps.
-    Q8_0,
-    /// Whatever the file stores (e.g. Q4_1 in the default GGUF; candle 0.11 has no SIMD for it).
-    Native,
-}
-
-impl std::fmt::Display for WeightDtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            WeightDtype::F32 => "f32",
-            WeightDtype::Q8_0 => "q8_0",
-            WeightDtype::Native => "native",
-        })
-    }
-}
-
-impl FromStr for WeightDtype {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" => Ok(WeightDtype::F32),
-            "q8_0" | "q8" => Ok(WeightDtype::Q8_0),
-            "native" => Ok(WeightDtype::Native),
-            _ => Err(Error::InvalidArgument {
-                name: "weight dtype".into(),
-                reason: format!("`{s}` is not one of f32, q8_0, native"),
-            }),
-        }
-    }
-}
-
-/// A linear layer `y = x Wᵀ (+ b)`, `W: [out, in]`, in the chosen [`WeightDtype`].
-#[derive(Debug, Clone)]
-pub struct Linear {
-    w: QMatMul,
-    b: Option<Tensor>,
-    /// The same weights for kvbench's own CPU kernel ([`qmatmul`]), when they are in a block
-    /// format it runs (Q8_0, Q4_0, Q4_1) and live on the CPU: every forward on the CPU uses it.
-    fast: Option<std::sync::Arc<qmatmul::QMatrix>>,
-}
-
-impl Linear {
-    /// Builds the layer on `device` from a stored tensor `[out, in]` (on any device, normally
-    /// the CPU, as read from the file), converting it to `dtype`; `b` must already be on
-    /// `device`. Dequantizing and requantizing run on the CPU, so the weights are the same on
-    /// every device; quantized blocks are then copied to `device` as they are (candle's CUDA
-    /// QMatMul runs Q4_0/Q4_1/Q5_x/Q8_0 and the k-quants).
-    pub fn new(w: QTensor, b: Option<Tensor>, dtype: WeightDtype, device: &Device) -> Result<Self> {
-        let w = match (dtype, w.dtype()) {
-            (WeightDtype::F32, _) | (_, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) => {
-                QMatMul::Tensor(w.dequantize(device)?)
-            }
-            (WeightDtype::Q8_0, GgmlDType::Q8_0) | (WeightDtype::Native, _) => {
-                QMatMul::QTensor(std::sync::Arc::new(qtensor_to_device(w, device)?))
-            }
-            (WeightDtype::Q8_0, _) => {
-                let t = w.dequantize(&Device::Cpu)?;
-                QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize_onto(
-                    &t,
-                    GgmlDType::Q8_0,
-                    device,
-                )?))
-            }
-        };
-        Self::with_kernel(w, b)
-    }
-
-    /// Adds kvbench's CPU kernel for block-quantized weights on the CPU (see [`Self::fast`]).
-    fn with_kernel(w: QMatMul, b: Option<Tensor>) -> Result<Self> {
-        let fast = match &w {
-            QMatMul::QTensor(q) if q.device().is_cpu() => {
-                match (qmatmul::BlockFormat::of(q.dtype()), q.shape().dims2()) {
-                    (Some(format), Ok((rows, cols))) => {
-                        qmatmul::QMatrix::new(format, rows, cols, q.data()?.into_owned())
-                            .map(std::sync::Arc::new)
-                    }
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
-        Ok(Self { w, b, fast })
-    }
-
-    /// Builds the layer on `device` from a dense `[out, in]` tensor (safetensors), converting
-    /// to `dtype` (`Native` keeps f32: candle's CPU backend has no fast bf16/f16 matmul); `b`
-    /// must already be on `device`. Q8_0 is quantized on the CPU, then copied.
-    pub fn from_dense(
-        w: Tensor,
-        b: Option<Tensor>,
-        dtype: WeightDtype,
-        device: &Device,
-    ) -> Result<Self> {
-        let w = w.to_dtype(DType::F32)?;
-        let w = match dtype {
-            WeightDtype::F32 | WeightDtype::Native => QMatMul::Tensor(w.to_device(device)?),
-            WeightDtype::Q8_0 => QMatMul::QTensor(std::sync::Arc::new(QTensor::quantize_onto(
-                &w.to_device(&Device::Cpu)?,
-                GgmlDType::Q8_0,
-                device,
-            )?)),
-        };
-        Self::with_kernel(w, b)
-    }
-
-    /// Bytes of this layer's weight and bias as stored (see [`Model::weight_bytes`]).
-    fn weight_bytes(&self, seen: &mut Vec<candle_core::TensorId>) -> usize {
-        let w = match &self.w {
-            QMatMul::QTensor(q) => q.storage_size_in_bytes(),
-            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => tensor_bytes(t, seen),
-        };
-        w + self.b.as_ref().map_or(0, |b| tensor_bytes(b, seen))
-    }
-
-    /// `x: [..., in]` f32 → `[..., out]` f32. Block-quantized weights on the CPU run kvbench's
-    /// own kernel ([`qmatmul`]: each weight block read once for every row of `x`), everything
-    /// else candle's `QMatMul`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = match &self.fast {
-            Some(q)
-                if x.device().is_cpu()
-                    && x.dtype() == DType::F32
-                    && x.dims().last() == Some(&q.cols()) =>
-            {
-                let mut dims = x.dims().to_vec();
-                let xs = x.flatten_all()?.to_vec1::<f32>()?;
-                let m = xs.len() / q.cols();
-                let mut out = vec![0f32; m * q.rows()];
-                q.matmul(&xs, &mut out);
-                *dims.last_mut().expect("at least one dim") = q.rows();
-                Tensor::from_vec(out, dims, x.device())?
-            }
-            _ => self.w.forward(x)?,
-        };
-        Ok(match &self.b {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
-    }
-}
-
-/// `q` with its blocks on `device` (a no-op on the CPU).
-fn qtensor_to_device(q: QTensor, device: &Device) -> Result<QTensor> {
-    if q.device().same_device(device) {
-        return Ok(q);
-    }
-    let storage = candle_core::quantized::QStorage::from_data(q.data()?, device, q.dtype())?;
-    Ok(QTensor::new(storage, q.shape().clone())?)
-}
-
-/// Bytes of a dense tensor's elements (`elem_count × dtype size`), 0 when a tensor with the same
-/// id (a clone sharing its storage, e.g. tied embeddings) was counted already.
-fn tensor_bytes(t: &Tensor, seen: &mut Vec<candle_core::TensorId>) -> usize {
-    if seen.contains(&t.id()) {
-        return 0;
-    }
-    seen.push(t.id());
-    t.elem_count() * t.dtype().size_in_bytes()
-}
-
 /// One decoder block's weights.
 #[derive(Debug, Clone)]
 pub struct Block {
@@ -285,7 +117,7 @@ pub struct Model {
     pub weight_dtype: WeightDtype,
     /// Where every weight lives and the forward pass runs.
     device: Device,
-    embed: Tensor,
+    embed: Embedding,
     blocks: Vec<Block>,
     norm: Tensor,
     lm_head: Linear,
@@ -297,17 +129,19 @@ pub struct Model {
 }
 
 impl Model {
-    /// Assembles a model from loaded weights. `embed`: `[vocab, hidden]` f32. The model runs on
-    /// `embed`'s device; every other weight must be on it too.
+    /// Assembles a model from loaded weights. `embed`: `[vocab, hidden]`, a dense f32 tensor or
+    /// the stored rows ([`Embedding`]). The model runs on `embed`'s device (the CPU for stored
+    /// rows); every other weight must be on it too.
     pub fn new(
         config: ModelConfig,
         weight_dtype: WeightDtype,
-        embed: Tensor,
+        embed: impl Into<Embedding>,
         blocks: Vec<Block>,
         norm: Tensor,
         lm_head: Linear,
     ) -> Result<Self> {
-        let device = embed.device().clone();
+        let embed = embed.into();
+        let device = embed.device();
         let (cos, sin) = rope_tables(&config)?;
         let (cos, sin) = (cos.to_device(&device)?, sin.to_device(&device)?);
         Ok(Self {
@@ -360,7 +194,7 @@ impl Model {
     /// kernels may build lazily for their SIMD paths.
     pub fn weight_bytes(&self) -> usize {
         let mut seen = Vec::new();
-        let mut n = tensor_bytes(&self.embed, &mut seen) + tensor_bytes(&self.norm, &mut seen);
+        let mut n = self.embed.weight_bytes(&mut seen) + tensor_bytes(&self.norm, &mut seen);
         for b in &self.blocks {
             n += tensor_bytes(&b.attn_norm, &mut seen) + tensor_bytes(&b.ffn_norm, &mut seen);
             for l in [&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down] {
@@ -368,6 +202,19 @@ impl Model {
             }
         }
         n + self.lm_head.weight_bytes(&mut seen)
+    }
+
+    /// Of [`Self::weight_bytes`], the bytes that are the model file's mapped pages (shared with
+    /// every other model of the same file in this process, and with the page cache); the rest
+    /// are this model's own allocations.
+    pub fn mapped_weight_bytes(&self) -> usize {
+        let mut n = self.embed.mapped_bytes() + self.lm_head.mapped_bytes();
+        for b in &self.blocks {
+            for l in [&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down] {
+                n += l.mapped_bytes();
+            }
+        }
+        n
     }
 
     /// Runs `tokens` (`[batch, n]`, row-major, `n` new tokens per sequence) through the decoder,
@@ -406,10 +253,10 @@ impl Model {
                 });
             }
         }
-        let ids = Tensor::from_slice(tokens, tokens.len(), &self.device)?;
         let mut x = self
             .embed
-            .index_select(&ids, 0)?
+            .lookup(tokens)?
+            .to_device(&self.device)?
             .reshape((batch, n, c.hidden))?;
         let (cos, sin) = if pos0.iter().all(|&p| p == pos0[0]) {
             (

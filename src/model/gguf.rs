@@ -7,11 +7,13 @@ use std::io::{BufReader, Read, Seek};
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::QTensor;
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Device;
 
+use super::mapped::WeightBytes;
 use super::tokenizer::TextTokenizer;
-use super::{Block, Linear, Model, ModelConfig, ModelSource, RopeStyle, WeightDtype};
+use super::StoredTensor;
+use super::{Block, Embedding, Linear, Model, ModelConfig, ModelSource, RopeStyle, WeightDtype};
 use crate::error::{Error, Result};
 
 /// Architectures whose GGUF tensors kvbench maps onto its decoder.
@@ -23,6 +25,9 @@ pub struct GgufFile<R = BufReader<File>> {
     path: std::path::PathBuf,
     content: Content,
     reader: R,
+    /// The whole file mapped read-only, when opened from a path ([`GgufFile::open`]): tensors
+    /// are then read in place ([`GgufFile::stored`]).
+    map: Option<std::sync::Arc<memmap2::Mmap>>,
 }
 
 impl GgufFile {
@@ -30,14 +35,11 @@ impl GgufFile {
     /// [`Error::Io`] when it cannot be read (permissions), [`Error::ModelFormat`] when it is not
     /// a readable GGUF.
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::ModelNotFound {
-                model: path.display().to_string(),
-                reason: format!("{e}; pass an existing .gguf file or a folder with config.json"),
-            },
-            _ => Error::io(path, e),
-        })?;
-        Self::from_reader(path, BufReader::new(file))
+        let map = super::mapped::map_file(path)?;
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut f = Self::from_reader(path, BufReader::new(file))?;
+        f.map = Some(map);
+        Ok(f)
     }
 }
 
@@ -65,6 +67,7 @@ impl<R: Read + Seek> GgufFile<R> {
             path: path.to_path_buf(),
             content,
             reader,
+            map: None,
         })
     }
 
@@ -153,6 +156,63 @@ impl<R: Read + Seek> GgufFile<R> {
     /// Whether a tensor is present.
     pub fn has_tensor(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
+    }
+
+    /// Stored format, dims (outermost first) and byte count of every tensor, in file order of
+    /// names — what a memory plan needs before anything is read.
+    pub fn tensor_infos(&self) -> Vec<(String, GgmlDType, Vec<usize>, u64)> {
+        let mut v: Vec<_> = self
+            .content
+            .tensor_infos
+            .iter()
+            .map(|(n, t)| {
+                let elems = t.shape.elem_count() as u64;
+                let bytes =
+                    elems / t.ggml_dtype.block_size() as u64 * t.ggml_dtype.type_size() as u64;
+                (n.clone(), t.ggml_dtype, t.shape.dims().to_vec(), bytes)
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// One tensor as stored: its bytes in place in the mapped file when opened from a path
+    /// (no copy), else read from the reader into memory. Errors: [`Error::ModelFormat`] when
+    /// it is missing or runs past the end of the file.
+    pub fn stored(&mut self, name: &str) -> Result<StoredTensor> {
+        let Some(info) = self.content.tensor_infos.get(name) else {
+            return Err(self.bad(format!("tensor `{name}` is missing")));
+        };
+        let (dtype, dims) = (info.ggml_dtype, info.shape.dims().to_vec());
+        let Some(map) = &self.map else {
+            let q = self.tensor(name)?;
+            return Ok(StoredTensor {
+                dtype,
+                dims,
+                bytes: q.data()?.into_owned().into(),
+            });
+        };
+        let elems = info.shape.elem_count();
+        let len = elems / dtype.block_size() * dtype.type_size();
+        let start = self.content.tensor_data_offset as usize + info.offset as usize;
+        let bytes = WeightBytes::mapped(map.clone(), start..start.saturating_add(len))
+            .filter(|_| elems.is_multiple_of(dtype.block_size()))
+            .ok_or_else(|| {
+                self.bad(format!(
+                    "tensor `{name}` ({len} bytes at offset {start}) runs past the end of the \
+                     file ({} bytes); is the file truncated?",
+                    map.len()
+                ))
+            })?;
+        Ok(StoredTensor { dtype, dims, bytes })
+    }
+
+    /// Reads every page of the mapped file now (one sequential pass; see
+    /// [`super::mapped::prefault`]); a no-op for a reader.
+    pub fn prefault(&self) {
+        if let Some(m) = &self.map {
+            super::mapped::prefault(m);
+        }
     }
 
     /// Reads one tensor into CPU memory. Errors: [`Error::ModelFormat`] when it is missing or the
@@ -282,65 +342,90 @@ impl<R: Read + Seek> GgufFile<R> {
 }
 
 /// Loads model and tokenizer from a GGUF file, linear layers in `dtype`, every weight on
-/// `device`. Tensors are read (and de- or requantized) on the CPU, then copied to `device`.
+/// `device`. The file is mapped ([`GgufFile::open`]); on the CPU, layers that compute in the
+/// stored format and the token table read the file's pages in place (one copy however many
+/// phases load it), others are converted layer by layer. Errors: [`GgufFile::open`]'s,
+/// [`GgufFile::config`]'s, [`crate::Error::Candle`].
 pub fn load(
     path: &Path,
     dtype: WeightDtype,
     device: &Device,
 ) -> Result<(Model, TextTokenizer, ModelSource)> {
-    let mut f = GgufFile::open(path)?;
+    let f = GgufFile::open(path)?;
+    f.prefault();
+    load_from(f, dtype, device)
+}
+
+/// [`load`] from an opened file (mapped, or any reader: then every tensor is read into memory).
+pub fn load_from<R: Read + Seek>(
+    mut f: GgufFile<R>,
+    dtype: WeightDtype,
+    device: &Device,
+) -> Result<(Model, TextTokenizer, ModelSource)> {
     let cfg = f.config()?;
     let tokenizer = f.tokenizer()?;
     let dev = device;
-    let embed_q = f.tensor("token_embd.weight")?;
-    let embed = embed_q.dequantize(dev)?;
+    let embed_s = f.stored("token_embd.weight")?;
+    let embed = if dev.is_cpu() {
+        Embedding::Rows(embed_s.clone())
+    } else {
+        Embedding::Dense(embed_s.dequantize(dev)?)
+    };
     let mut blocks = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
-        let lin = |f: &mut GgufFile, name: &str| -> Result<Linear> {
-            let w = f.tensor(&format!("blk.{i}.{name}.weight"))?;
+        let mut lin = |name: &str| -> Result<Linear> {
+            let w = f.stored(&format!("blk.{i}.{name}.weight"))?;
             let bias_name = format!("blk.{i}.{name}.bias");
             let b = if f.has_tensor(&bias_name) {
-                Some(f.tensor(&bias_name)?.dequantize(dev)?)
+                Some(f.stored(&bias_name)?.dequantize(dev)?)
             } else {
                 None
             };
-            Linear::new(w, b, dtype, dev)
+            Linear::from_stored(&w, b, dtype, dev)
         };
+        let (q, k, v, o) = (
+            lin("attn_q")?,
+            lin("attn_k")?,
+            lin("attn_v")?,
+            lin("attn_output")?,
+        );
+        let (gate, up, down) = (lin("ffn_gate")?, lin("ffn_up")?, lin("ffn_down")?);
         blocks.push(Block {
             attn_norm: f
-                .tensor(&format!("blk.{i}.attn_norm.weight"))?
+                .stored(&format!("blk.{i}.attn_norm.weight"))?
                 .dequantize(dev)?,
-            q: lin(&mut f, "attn_q")?,
-            k: lin(&mut f, "attn_k")?,
-            v: lin(&mut f, "attn_v")?,
-            o: lin(&mut f, "attn_output")?,
+            q,
+            k,
+            v,
+            o,
             ffn_norm: f
-                .tensor(&format!("blk.{i}.ffn_norm.weight"))?
+                .stored(&format!("blk.{i}.ffn_norm.weight"))?
                 .dequantize(dev)?,
-            gate: lin(&mut f, "ffn_gate")?,
-            up: lin(&mut f, "ffn_up")?,
-            down: lin(&mut f, "ffn_down")?,
+            gate,
+            up,
+            down,
         });
     }
-    let norm = f.tensor("output_norm.weight")?.dequantize(dev)?;
+    let path = f.path.clone();
+    let norm = f.stored("output_norm.weight")?.dequantize(dev)?;
     // NaN or infinite norm weights make every logit NaN: refuse them here.
-    super::shapes::check_finite(&norm, "output_norm.weight", path)?;
+    super::shapes::check_finite(&norm, "output_norm.weight", &path)?;
     for (i, b) in blocks.iter().enumerate() {
-        super::shapes::check_finite(&b.attn_norm, &format!("blk.{i}.attn_norm.weight"), path)?;
-        super::shapes::check_finite(&b.ffn_norm, &format!("blk.{i}.ffn_norm.weight"), path)?;
+        super::shapes::check_finite(&b.attn_norm, &format!("blk.{i}.attn_norm.weight"), &path)?;
+        super::shapes::check_finite(&b.ffn_norm, &format!("blk.{i}.ffn_norm.weight"), &path)?;
     }
     // Tied embeddings (SmolLM2, Qwen2-0.5B): no output.weight, the head reuses token_embd.
     let head = if f.has_tensor("output.weight") {
-        f.tensor("output.weight")?
+        f.stored("output.weight")?
     } else {
-        embed_q
+        embed_s
     };
-    let lm_head = Linear::new(head, None, dtype, dev)?;
+    let lm_head = Linear::from_stored(&head, None, dtype, dev)?;
     let model = Model::new(cfg, dtype, embed, blocks, norm, lm_head)?;
     let source = ModelSource {
         spec: path.display().to_string(),
         format: "gguf".into(),
-        files: vec![path.to_path_buf()],
+        files: vec![path],
         repo: None,
     };
     Ok((model, tokenizer, source))

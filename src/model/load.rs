@@ -4,8 +4,9 @@
 
 use candle_core::Device;
 
-use super::decoder::{Model, ModelSource, WeightDtype};
+use super::decoder::{Model, ModelSource};
 use super::hub::{self, ModelLocation};
+use super::linear::WeightDtype;
 use super::tokenizer::TextTokenizer;
 use super::{gguf, safetensors};
 use crate::error::Result;

@@ -15,17 +15,19 @@ pub mod geometry;
 pub mod gguf;
 pub mod gguf_scan;
 pub mod hub;
+pub mod linear;
 pub mod load;
+pub mod mapped;
 pub mod qmatmul;
 pub mod safetensors;
 pub mod shapes;
 pub mod tokenizer;
 
 pub use decoder::{
-    argmax_rows, Block, LayerInputFn, LayerInputHook, Linear, Model, ModelConfig, ModelSource,
-    RopeStyle, WeightDtype,
+    argmax_rows, Block, LayerInputFn, LayerInputHook, Model, ModelConfig, ModelSource, RopeStyle,
 };
 pub use device::DeviceSpec;
 pub use hub::ModelLocation;
+pub use linear::{Embedding, Linear, StoredTensor, WeightDtype};
 pub use load::{load, load_location, load_location_on, load_on, LoadedModel};
 pub use tokenizer::TextTokenizer;

@@ -25,6 +25,8 @@
 use crate::kv::intdot::{dot_i8, dot_nibbles, f16_at};
 use crate::util::simd::simd_dispatch;
 
+use super::mapped::WeightBytes;
+
 /// Elements per block.
 pub const BLOCK: usize = 32;
 
@@ -68,13 +70,20 @@ pub struct QMatrix {
     format: BlockFormat,
     rows: usize,
     cols: usize,
-    data: Vec<u8>,
+    data: WeightBytes,
 }
 
 impl QMatrix {
-    /// Wraps ggml block bytes. Returns `None` when `cols` is not a multiple of 32 or `data` is
-    /// not `rows · cols/32` blocks (the caller then keeps candle's path).
-    pub fn new(format: BlockFormat, rows: usize, cols: usize, data: Vec<u8>) -> Option<Self> {
+    /// Wraps ggml block bytes (owned, or a mapped file's: see [`WeightBytes`]). Returns `None`
+    /// when `cols` is not a multiple of 32 or `data` is not `rows · cols/32` blocks (the caller
+    /// then keeps candle's path).
+    pub fn new(
+        format: BlockFormat,
+        rows: usize,
+        cols: usize,
+        data: impl Into<WeightBytes>,
+    ) -> Option<Self> {
+        let data = data.into();
         let ok = cols > 0
             && cols.is_multiple_of(BLOCK)
             && rows.checked_mul(cols / BLOCK * format.block_bytes()) == Some(data.len());
@@ -99,6 +108,11 @@ impl QMatrix {
     /// Bytes of the blocks.
     pub fn bytes(&self) -> usize {
         self.data.len()
+    }
+
+    /// Whether the blocks are a mapped file's pages (no copy of their own).
+    pub fn is_mapped(&self) -> bool {
+        self.data.is_mapped()
     }
 
     /// The block format.
