@@ -79,8 +79,25 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         model::load_location(&a.model.model, &location, dtype)
             .with_context(|| format!("loading model `{}` with {dtype} weights", a.model.model))
     };
-    let decode = load(a.weights.weights)?;
-    let prefill = load(a.weights.prefill_weights)?;
+    let max = |v: &[usize]| v.iter().copied().max().unwrap_or(0);
+    let peak = super::memory::PeakLoad {
+        schemes: a.schemes.dtypes.0.clone(),
+        batch: max(&a.batch_sizes),
+        prompt: max(&a.prefill_lens).max(a.long_ctx),
+        gen: 0,
+        ppl_ctx: 0,
+        kv_bytes: None,
+    };
+    let weights = super::memory::plan_decode_prefill(
+        &location,
+        &candle_core::Device::Cpu,
+        a.weights.weights,
+        a.weights.prefill_weights,
+        &peak,
+    )?;
+    let (decode_dtype, prefill_dtype) = (weights.dtype("decode"), weights.dtype("prefill"));
+    let decode = load(decode_dtype)?;
+    let prefill = load(prefill_dtype)?;
     let text = decode.tokenizer.encode(wikitext::wikitext2_test_text())?;
     let spec = CalibrationSpec {
         prefill_lens: a.prefill_lens.clone(),
@@ -127,7 +144,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| format!("cpu-{}", machine.hostname));
     let description = format!(
         "{}, {} threads: kvbench's CPU serving path ({} decode, {} prefill weights)",
-        machine.cpu, machine.threads, a.weights.weights, a.weights.prefill_weights
+        machine.cpu, machine.threads, decode_dtype, prefill_dtype
     );
     let out = a.out.clone().unwrap_or_else(|| {
         PathBuf::from("reports")
@@ -140,7 +157,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
     write_timings(&dir.join("timings.csv"), &samples)?;
     let (mut profile, points) = fit(&name, &description, &shape, &samples)?;
     profile.weights_dtype = Some(a.weights.weights.to_string());
-    profile.prefill_weights_dtype = Some(a.weights.prefill_weights.to_string());
+    profile.prefill_weights_dtype = Some(prefill_dtype.to_string());
     let how = format!(
         "kvbench calibrate {} on {} ({} threads), model {} — fitted to the timings in \
          calibration.csv beside this file",

@@ -9,6 +9,7 @@
 pub mod attn_bench;
 pub mod calibrate;
 pub mod gate;
+pub mod memory;
 pub mod merge;
 pub mod plan;
 pub mod report;
@@ -154,7 +155,8 @@ pub fn set_threads(threads: Option<usize>) -> Result<()> {
 }
 
 /// The files of a model and each one's sha256 (what `meta.json` records and `--resume`
-/// checks). Errors: [`Error::Io`] naming a file that cannot be read.
+/// checks; cached per file version, see [`crate::model::digest`]). Errors: [`Error::Io`] naming
+/// a file that cannot be read.
 pub fn model_files(location: &ModelLocation) -> Result<(Vec<PathBuf>, Vec<String>)> {
     let files = match location {
         ModelLocation::Gguf(p) => vec![p.clone()],
@@ -162,7 +164,7 @@ pub fn model_files(location: &ModelLocation) -> Result<(Vec<PathBuf>, Vec<String
     };
     let sha = files
         .iter()
-        .map(|f| crate::model::fetch::sha256_file(f))
+        .map(|f| crate::model::digest::sha256_cached(f))
         .collect::<Result<Vec<_>>>()?;
     Ok((files, sha))
 }

@@ -253,11 +253,27 @@ fn load_models(
         model::load_location(&s.model.model, location, dtype)
             .with_context(|| format!("loading model `{}` with {dtype} weights", s.model.model))
     };
-    let decode = load(s.weights.weights)?;
-    let prefill = if s.weights.prefill_weights == s.weights.weights {
+    // The prefill of one prompt at a time (up to 2,048 tokens) beside the KV budget.
+    let peak = super::memory::PeakLoad {
+        schemes: Vec::new(),
+        batch: 1,
+        prompt: 2048,
+        gen: 0,
+        ppl_ctx: 0,
+        kv_bytes: Some(s.pool.kv_budget.bytes),
+    };
+    let plan = super::memory::plan_decode_prefill(
+        location,
+        &candle_core::Device::Cpu,
+        s.weights.weights,
+        s.weights.prefill_weights,
+        &peak,
+    )?;
+    let decode = load(plan.dtype("decode"))?;
+    let prefill = if plan.dtype("prefill") == plan.dtype("decode") {
         None
     } else {
-        Some(load(s.weights.prefill_weights)?)
+        Some(load(plan.dtype("prefill"))?)
     };
     Ok((decode, prefill))
 }

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use anyhow::Context;
 
+use crate::measure::memory_plan::{MemoryPlan, PhaseAsk, WeightChoice};
 use crate::measure::plan::SweepPlan;
 use crate::measure::settings::SweepSettings;
 use crate::measure::shard::{Shard, ShardArgs, ShardRecord, TaskLoad};
@@ -22,6 +23,7 @@ use crate::report::run_dir::{check_resume, prepare_out, resume_identity, RunDir,
 use crate::report::SweepMeta;
 use crate::report::{read_records, table, RawRecords, ResultRow, RowContext, RunSink, Tally};
 
+use super::memory::{self, PeakLoad};
 use super::{
     model_files, open_folder, print_above, progress_bar, resolve_settings, set_threads, BarProgress,
 };
@@ -89,9 +91,10 @@ pub fn run(
         return synthetic(&plan, &run, earlier, shard);
     }
     let location = hub::resolve(&plan.settings.model.model)?;
+    let weights = plan_weights(&location, &device, &plan)?;
     let (_, sha256) = model_files(&location)?;
-    let models = load_models(&plan.settings, &location, &device)?;
-    let m = Models::new(&plan.settings, &models);
+    let models = load_models(&plan.settings, &weights, &location, &device)?;
+    let m = Models::new(&weights, &models);
     let cfg = m.timing.model.config.clone();
     let tokens = m.timing.tokenizer.encode(wikitext::wikitext2_test_text())?;
     note_windows(&plan.settings, tokens.len());
@@ -118,16 +121,23 @@ pub fn run(
     let row_ctx = RowContext {
         run_id: folder.run_id.clone(),
         model: label,
-        prefill_weight_dtype: plan.settings.weights.prefill_weights.to_string(),
-        decode_weight_dtype: plan.settings.weights.weights.to_string(),
-        ppl_weight_dtype: plan.settings.perplexity.ppl_weights.to_string(),
+        prefill_weight_dtype: weights.dtype("prefill").to_string(),
+        decode_weight_dtype: weights.dtype("decode").to_string(),
+        ppl_weight_dtype: weights.dtype("perplexity").to_string(),
         ppl_ctx: spec.ppl.as_ref().map(|p| p.ctx),
         ppl_ci: plan.settings.perplexity.ppl_ci,
         geometry: cfg.cache_geometry(),
         decode_weight_bytes: Some(m.timing.model.weight_bytes()),
     };
     let run_meta = run_meta(&folder, &plan.settings, RunMode::Model, record, row_ctx);
-    let details = details::model(&plan.settings, &spec, &m, &tasks, sha256, tokens.len());
+    let details = details::model(
+        &plan.settings,
+        &spec,
+        &m,
+        &tasks,
+        (sha256, &weights),
+        tokens.len(),
+    );
     let quality_units = plan.settings.perplexity.ppl_windows + tasks.units();
     let bar = progress_bar(work_units(selection.units(), quality_units));
     let mut exec = Execution::start(folder, run_meta, details, &earlier.done, &bar)?;
@@ -193,28 +203,75 @@ fn refuse_merged(dir: &Path, meta: &serde_json::Value) -> Result<(), crate::Erro
     })
 }
 
-/// The model loaded once per distinct weight dtype of the three phases (phases that share a
-/// dtype share the model). Errors: the loader's, with the model, dtype and device named.
+/// The memory plan for the sweep's phases at its largest point (see [`memory::plan_weights`]):
+/// decode in `--weights`, prefill and perplexity as asked or `auto`; perplexity runs when there
+/// are windows or generation tasks. Errors: its refusals (exit 2).
+fn plan_weights(
+    location: &ModelLocation,
+    device: &candle_core::Device,
+    plan: &SweepPlan,
+) -> anyhow::Result<MemoryPlan> {
+    let s = &plan.settings;
+    let quality = s.perplexity.ppl_windows > 0
+        || s.rouge.rouge_samples > 0
+        || !s.passkey.passkey_lengths.is_empty();
+    let phase = |phase, flag, choice, runs| PhaseAsk {
+        phase,
+        flag,
+        choice,
+        runs,
+    };
+    let phases = vec![
+        phase(
+            "decode",
+            "--weights",
+            WeightChoice::Fixed(s.weights.weights),
+            true,
+        ),
+        phase(
+            "prefill",
+            "--prefill-weights",
+            s.weights.prefill_weights,
+            true,
+        ),
+        phase(
+            "perplexity",
+            "--ppl-weights",
+            s.perplexity.ppl_weights,
+            quality,
+        ),
+    ];
+    let max = |v: &[usize]| v.iter().copied().max().unwrap_or(0);
+    let peak = PeakLoad {
+        schemes: plan.spec.schemes.clone(),
+        batch: max(&s.grid.batch_sizes),
+        prompt: max(&s.grid.seq_lens).max(max(&s.passkey.passkey_lengths)),
+        gen: s.grid.gen,
+        ppl_ctx: if quality { s.perplexity.ctx } else { 0 },
+        kv_bytes: None,
+    };
+    Ok(memory::plan_weights(location, device, phases, &peak)?)
+}
+
+/// The model loaded once per distinct weight dtype of the plan's phases (phases that share a
+/// dtype share the model; models of one file share its mapped pages). Errors: the loader's,
+/// with the model, dtype and device named.
 fn load_models(
     s: &SweepSettings,
+    weights: &MemoryPlan,
     location: &ModelLocation,
     device: &candle_core::Device,
 ) -> anyhow::Result<HashMap<WeightDtype, model::LoadedModel>> {
     let mut loaded = HashMap::new();
-    for dtype in [
-        s.weights.weights,
-        s.weights.prefill_weights,
-        s.perplexity.ppl_weights,
-    ] {
-        if let std::collections::hash_map::Entry::Vacant(e) = loaded.entry(dtype) {
-            let m = model::load_location_on(&s.model.model, location, dtype, device).with_context(
-                || {
+    for (_, dtype) in &weights.weights {
+        if let std::collections::hash_map::Entry::Vacant(e) = loaded.entry(*dtype) {
+            let m = model::load_location_on(&s.model.model, location, *dtype, device)
+                .with_context(|| {
                     format!(
                         "loading model `{}` with {dtype} weights on {}",
                         s.model.model, s.device.device
                     )
-                },
-            )?;
+                })?;
             e.insert(m);
         }
     }

@@ -6,6 +6,7 @@ pub mod bandwidth;
 pub mod contention;
 pub mod device;
 pub mod floors;
+pub mod memory_plan;
 pub mod plan;
 pub mod settings;
 pub mod shard;

@@ -12,6 +12,7 @@
 
 use std::path::Path;
 
+use super::memory_plan::WeightChoice;
 use crate::error::{Error, Result};
 use crate::kv::KvScheme;
 use crate::model::{hub, DeviceSpec, WeightDtype};
@@ -183,9 +184,10 @@ pub struct PerplexityArgs {
     #[arg(long, default_value_t = 0, value_name = "K")]
     #[serde(default)]
     pub ppl_noise_floor: usize,
-    /// Weights during perplexity (and the generation tasks): f32 keeps quality numbers exact.
-    #[arg(long, default_value = "f32")]
-    pub ppl_weights: WeightDtype,
+    /// Weights during perplexity (and the generation tasks): f32 keeps quality numbers exact;
+    /// auto takes f32 when the memory plan fits, else the decode weights (said and recorded).
+    #[arg(long, default_value = "auto", value_name = "auto|f32|q8_0|native")]
+    pub ppl_weights: WeightChoice,
 }
 
 /// ROUGE on XSum summaries.
@@ -230,9 +232,9 @@ pub struct WeightArgs {
     #[arg(long, default_value = "q8_0")]
     pub weights: WeightDtype,
     /// Weights during prefill (TTFT): f32 runs candle's gemm, ~3× faster than its Q8_0 kernels
-    /// on long prompts.
-    #[arg(long, default_value = "f32")]
-    pub prefill_weights: WeightDtype,
+    /// on long prompts; auto takes f32 when the memory plan fits, else the decode weights.
+    #[arg(long, default_value = "auto", value_name = "auto|f32|q8_0|native")]
+    pub prefill_weights: WeightChoice,
 }
 
 /// `--device`: where the model (or the cache) runs.

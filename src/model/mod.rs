@@ -10,6 +10,7 @@
 
 pub mod decoder;
 pub mod device;
+pub mod digest;
 pub mod fetch;
 pub mod geometry;
 pub mod gguf;

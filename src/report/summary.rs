@@ -229,7 +229,11 @@ pub fn about(run: &Run) -> Vec<String> {
             p["protocol"]["windows"],
             p["protocol"]["ctx"],
             p["protocol"]["scoring"].as_str().unwrap_or("?"),
-            t.settings.perplexity.ppl_weights,
+            // What ran (the memory plan may have resolved `auto`), else what was asked.
+            m["model"]["weight_dtype_perplexity"].as_str().map_or_else(
+                || t.settings.perplexity.ppl_weights.to_string(),
+                str::to_string
+            ),
         ));
     }
     lines

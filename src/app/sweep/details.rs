@@ -2,6 +2,7 @@
 //! the model and its tokenizer, the sweep spec, the perplexity protocol, the generation tasks'
 //! fixed prompts, the CSV columns — every choice that changes a number.
 
+use crate::measure::memory_plan::MemoryPlan;
 use crate::measure::settings::SweepSettings;
 use crate::measure::sweep::{QualityTasks, SweepSpec};
 use crate::model::{self, WeightDtype};
@@ -25,13 +26,13 @@ pub(super) struct Models<'a> {
 
 impl<'a> Models<'a> {
     pub(super) fn new(
-        s: &SweepSettings,
+        plan: &MemoryPlan,
         loaded: &'a HashMap<WeightDtype, model::LoadedModel>,
     ) -> Self {
         Models {
-            timing: &loaded[&s.weights.weights],
-            prefill: &loaded[&s.weights.prefill_weights],
-            quality: &loaded[&s.perplexity.ppl_weights],
+            timing: &loaded[&plan.dtype("decode")],
+            prefill: &loaded[&plan.dtype("prefill")],
+            quality: &loaded[&plan.dtype("perplexity")],
         }
     }
 }
@@ -65,7 +66,12 @@ struct ModelMeta {
     weight_dtype_prefill: WeightDtype,
     weight_dtype_decode: WeightDtype,
     weight_dtype_perplexity: WeightDtype,
+    /// Bytes the weights of the decode model hold, and of those the mapped file's pages.
+    decode_weight_bytes: usize,
+    decode_weight_bytes_mapped: usize,
     kv_bytes_per_token: Vec<(String, usize)>,
+    /// The plan made before loading: bytes by kind, available memory, what `auto` chose.
+    memory_plan: MemoryPlan,
 }
 
 #[derive(serde::Serialize)]
@@ -98,7 +104,7 @@ pub(super) fn model(
     spec: &SweepSpec,
     m: &Models<'_>,
     tasks: &QualityTasks<'_>,
-    sha256: Vec<String>,
+    (sha256, weights): (Vec<String>, &MemoryPlan),
     dataset_tokens: usize,
 ) -> serde_json::Map<String, serde_json::Value> {
     let cfg = &m.timing.model.config;
@@ -109,9 +115,12 @@ pub(super) fn model(
             source: m.timing.source.clone(),
             sha256,
             config: cfg.clone(),
-            weight_dtype_prefill: s.weights.prefill_weights,
-            weight_dtype_decode: s.weights.weights,
-            weight_dtype_perplexity: s.perplexity.ppl_weights,
+            weight_dtype_prefill: weights.dtype("prefill"),
+            weight_dtype_decode: weights.dtype("decode"),
+            weight_dtype_perplexity: weights.dtype("perplexity"),
+            decode_weight_bytes: m.timing.model.weight_bytes(),
+            decode_weight_bytes_mapped: m.timing.model.mapped_weight_bytes(),
+            memory_plan: weights.clone(),
             kv_bytes_per_token: spec
                 .schemes
                 .iter()
@@ -131,7 +140,15 @@ pub(super) fn model(
             dataset_tokens,
             reference: "llama.cpp llama-perplexity (non-overlapping windows, half scoring)",
         }),
-        generation_tasks: generation(s, spec, tasks, m.quality.tokenizer.chat_template.is_some()),
+        generation_tasks: generation(
+            s,
+            spec,
+            tasks,
+            (
+                weights.dtype("perplexity"),
+                m.quality.tokenizer.chat_template.is_some(),
+            ),
+        ),
         csv_columns: CSV_COLUMNS,
     })
 }
@@ -141,10 +158,10 @@ fn generation(
     s: &SweepSettings,
     spec: &SweepSpec,
     tasks: &QualityTasks<'_>,
-    chat_template: bool,
+    (weights, chat_template): (WeightDtype, bool),
 ) -> GenerationMeta {
     GenerationMeta {
-        weights: s.perplexity.ppl_weights,
+        weights,
         decoding: "greedy, batch 1, K/V in the scheme under test",
         stop_tokens: tasks.stop.clone(),
         rouge: tasks.rouge.as_ref().map(|r| {
