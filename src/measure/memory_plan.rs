@@ -225,7 +225,7 @@ pub fn plan(ask: &MemoryAsk) -> Result<MemoryPlan> {
             .collect();
         notes.push(format!(
             "memory plan: f32 weights would take {} in all, more than {:.0} % of the {} \
-             available; {} use{} {decode} weights instead ({} in all). Quality numbers are then \
+             available; {} take{} {decode} weights instead ({} in all). Quality numbers are then \
              measured through {decode} weights (recorded as weight_dtype_perplexity); pass \
              `--ppl-weights f32` on a machine with more memory for exact ones",
             gb(before),
@@ -236,7 +236,12 @@ pub fn plan(ask: &MemoryAsk) -> Result<MemoryPlan> {
             gb(made.total_bytes),
         ));
     }
-    if !fits(&made) {
+    // The weights must fit; a point whose KV or activations do not is the sweep's to record
+    // as `oom` (it checks each point before building it).
+    let weights_fit = |p: &MemoryPlan| {
+        budget.is_none_or(|b| p.total_bytes - p.kv_bytes - p.activation_bytes <= b)
+    };
+    if !weights_fit(&made) {
         let avail = gb(ask.available.unwrap_or(0));
         let heavy = ask
             .phases
@@ -253,8 +258,8 @@ pub fn plan(ask: &MemoryAsk) -> Result<MemoryPlan> {
                 name: p.flag.into(),
                 reason: format!(
                     "the {} phase's {d} weights do not fit: the plan needs {} ({breakdown}) and \
-                     {:.0} % of the {avail} available is {}; pass {} {decode} (or auto) to use \
-                     the decode weights there",
+                     {:.0} % of the {avail} available is {}; pass {} {decode} (or auto) to run \
+                     that phase on the decode weights",
                     p.phase,
                     gb(made.total_bytes),
                     FILL * 100.0,
@@ -266,7 +271,7 @@ pub fn plan(ask: &MemoryAsk) -> Result<MemoryPlan> {
                 name: "--model".into(),
                 reason: format!(
                     "the model does not fit even with {decode} weights in every phase: the plan \
-                     needs {} ({breakdown}) and {:.0} % of the {avail} available is {}; use \
+                     needs {} ({breakdown}) and {:.0} % of the {avail} available is {}; try \
                      `--weights native` for a smaller quantized file, smaller --batch-sizes / \
                      --seq-lens, a machine with more memory, or `--synthetic` (attention only, \
                      no weights)",
@@ -299,10 +304,11 @@ fn make(ask: &MemoryAsk, weights: &[(String, WeightDtype)]) -> MemoryPlan {
     } else {
         0
     };
-    let total_bytes = mapped_bytes
-        + converted.iter().map(|(_, b)| b).sum::<u64>()
-        + ask.kv_bytes
-        + ask.activation_bytes;
+    let total_bytes = converted
+        .iter()
+        .fold(mapped_bytes, |t, (_, b)| t.saturating_add(*b))
+        .saturating_add(ask.kv_bytes)
+        .saturating_add(ask.activation_bytes);
     MemoryPlan {
         weights: weights.to_vec(),
         mapped_bytes,
@@ -342,11 +348,12 @@ pub fn activation_bytes(
     prompt: usize,
     ppl_ctx: usize,
 ) -> u64 {
-    let per_token = (4 * hidden + 3 * ffn) as u64 * 4;
-    let prefill = (batch * prompt) as u64 * per_token
-        + (batch * q_heads) as u64 * (prompt * prompt) as u64 * 4;
-    let ppl = ppl_ctx as u64 * (per_token + 2 * vocab as u64 * 4);
-    prefill.max(ppl)
+    let [hidden, ffn, vocab, q_heads, batch, prompt, ppl_ctx] =
+        [hidden, ffn, vocab, q_heads, batch, prompt, ppl_ctx].map(|x| x as u128);
+    let per_token = (4 * hidden + 3 * ffn) * 4;
+    let prefill = batch * prompt * per_token + batch * q_heads * prompt * prompt * 4;
+    let ppl = ppl_ctx * (per_token + 2 * vocab * 4);
+    u64::try_from(prefill.max(ppl)).unwrap_or(u64::MAX)
 }
 
 /// Memory available to this process: the kernel's `MemAvailable`, capped by a cgroup v2 limit
@@ -444,8 +451,9 @@ mod tests {
     }
 
     // By hand: per layer 218,103,808 weights (2·16,777,216 + 2·4,194,304 + 3·58,720,256);
-    // 32 layers 6,979,321,856; table and head 2 × 525,336,576; all 8,030,015,488 weights.
-    const MATRIX_WEIGHTS: u64 = 8_030_015_488;
+    // 32 layers 6,979,321,856; table and head 2 × 525,336,576; all 8,029,995,008 weights —
+    // with the 65 norms of 4,096 the 8,030,261,248 parameters Meta-Llama-3-8B's card states.
+    const MATRIX_WEIGHTS: u64 = 8_029_995_008;
     const NORM_BYTES: u64 = 32 * 2 * 4096 * 4;
 
     #[test]
@@ -499,6 +507,15 @@ mod tests {
         assert_eq!(name, "--prefill-weights");
         assert!(reason.contains("prefill phase's f32 weights"), "{reason}");
         assert!(reason.contains("pass --prefill-weights q8_0"), "{reason}");
+        let e = plan(&ask(WeightChoice::Auto, fixed, 22_000_000_000)).unwrap_err();
+        let Error::InvalidArgument { name, reason } = e else {
+            panic!()
+        };
+        assert_eq!(name, "--ppl-weights");
+        assert!(
+            reason.contains("perplexity phase's f32 weights"),
+            "{reason}"
+        );
         // Nothing fits in 4 GB: the model is named, with the ways out.
         let e = plan(&ask(WeightChoice::Auto, WeightChoice::Auto, 4_000_000_000)).unwrap_err();
         let Error::InvalidArgument { name, reason } = e else {
@@ -506,6 +523,16 @@ mod tests {
         };
         assert_eq!(name, "--model");
         assert!(reason.contains("--synthetic"), "{reason}");
+    }
+
+    /// KV at the largest point beyond the machine: `auto` goes lean, but the run is not
+    /// refused — the sweep records each point that does not fit as `oom`.
+    #[test]
+    fn points_too_large_are_left_to_the_sweep() {
+        let mut a = ask(WeightChoice::Auto, WeightChoice::Auto, 22_000_000_000);
+        a.kv_bytes = 1 << 50;
+        let p = plan(&a).unwrap();
+        assert_eq!(p.dtype("prefill"), WeightDtype::Q8_0);
     }
 
     #[test]
