@@ -74,8 +74,11 @@ impl std::fmt::Debug for WeightBytes {
 /// A file's identity for reuse: length and modification time.
 type Stamp = (u64, Option<SystemTime>);
 
-fn maps() -> &'static Mutex<HashMap<PathBuf, (Stamp, Weak<Mmap>)>> {
-    static MAPS: OnceLock<Mutex<HashMap<PathBuf, (Stamp, Weak<Mmap>)>>> = OnceLock::new();
+/// The mappings this process holds, by canonical path.
+type Maps = Mutex<HashMap<PathBuf, (Stamp, Weak<Mmap>)>>;
+
+fn maps() -> &'static Maps {
+    static MAPS: OnceLock<Maps> = OnceLock::new();
     MAPS.get_or_init(|| Mutex::new(HashMap::new()))
 }
 

@@ -41,6 +41,9 @@ pub struct Series {
     /// Whether each point, in order, is drawn hollow (e.g. timed while other processes kept
     /// the machine busy: `contended`); points past the end are filled.
     pub hollow: Vec<bool>,
+    /// Marker radius of each point in order, pixels (a third quantity, e.g. KV bytes per
+    /// token); empty or past the end: the style's default (5, 6 for a scatter).
+    pub sizes: Vec<f64>,
 }
 
 /// How a series is drawn.
@@ -66,7 +69,14 @@ impl Series {
             style: Style::LineMarkers,
             y_bars: Vec::new(),
             hollow: Vec::new(),
+            sizes: Vec::new(),
         }
+    }
+
+    /// This series with marker radii `sizes` (pixels), one per point in order.
+    pub fn with_sizes(mut self, sizes: Vec<f64>) -> Self {
+        self.sizes = sizes;
+        self
     }
 
     /// This series drawn as `style`.
@@ -413,6 +423,19 @@ impl Draw for LineChart {
         let body = header(root, &self.title, &self.caption, 70)?;
         let (w, _) = body.dim_in_pixel();
         let (plot_area, legend_area) = body.split_horizontally(w.saturating_sub(LEGEND_W));
+        self.plot(&plot_area, root)?;
+        self.legend(&legend_area)
+    }
+}
+
+impl LineChart {
+    /// The axes and every series on `area` (markers drawn on `root`, the backend's whole
+    /// area, in pixel coordinates). Errors: plotters' drawing errors, as text.
+    fn plot<DB: DrawingBackend>(
+        &self,
+        area: &DrawingArea<DB, Shift>,
+        root: &DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), String> {
         let xs = Scale::new(
             &self.x,
             self.series
@@ -428,11 +451,90 @@ impl Draw for LineChart {
             }),
             Role::Y,
         );
-        let mut chart = self.axes(&plot_area, &xs, &ys)?;
+        let mut chart = self.axes(area, &xs, &ys)?;
         for (i, s) in self.series.iter().enumerate() {
             draw_series(&mut chart, root, s, look(i))?;
         }
-        self.legend(&legend_area)
+        Ok(())
+    }
+}
+
+/// Line charts side by side under one title, sharing one legend (the first panel's series:
+/// every panel lists the same series in the same order, empty where a panel has no point, so
+/// a series has one colour and shape throughout), e.g. one panel per (batch, prompt) slice.
+#[derive(Debug, Clone)]
+pub struct Panels {
+    /// Title.
+    pub title: String,
+    /// Caption under the title (model, machine, settings).
+    pub caption: String,
+    /// `(panel name, chart)`; each chart's own title and caption are not drawn.
+    pub panels: Vec<(String, LineChart)>,
+    /// A line under the legend (e.g. what marker size means).
+    pub note: String,
+}
+
+impl Panels {
+    /// Writes `<stem>.png` and `<stem>.svg` (1000 pixels wide, 420 per row of at most two
+    /// panels, plus the header) into `dir`. Errors: [`Error::Io`] naming the file.
+    pub fn render(&self, dir: &Path, stem: &str) -> Result<()> {
+        render_files(self, self.size(), dir, stem)
+    }
+
+    fn size(&self) -> (u32, u32) {
+        (1000 + LEGEND_W, 80 + 420 * self.rows() as u32)
+    }
+
+    fn rows(&self) -> usize {
+        self.panels.len().div_ceil(2).max(1)
+    }
+
+    /// The chart as SVG text, as [`Panels::render`] writes it; for tests that check
+    /// geometry. Panics when plotters fails to draw.
+    #[cfg(test)]
+    pub(crate) fn svg(&self) -> String {
+        register_font();
+        let mut out = String::new();
+        {
+            let root = SVGBackend::with_string(&mut out, self.size()).into_drawing_area();
+            self.draw(&root).unwrap();
+            root.present().unwrap();
+        }
+        out
+    }
+}
+
+impl Draw for Panels {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), String> {
+        let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+        let body = header(root, &self.title, &self.caption, 70)?;
+        let (w, _) = body.dim_in_pixel();
+        let (grid, legend_area) = body.split_horizontally(w.saturating_sub(LEGEND_W));
+        let per_row = self.panels.len().clamp(1, 2);
+        let areas = grid.split_evenly((self.rows(), per_row));
+        for ((name, chart), area) in self.panels.iter().zip(areas) {
+            let (top, plot) = area.split_vertically(26);
+            top.draw(&Text::new(name.as_str(), (90, 6), (FAMILY, 16).into_font()))
+                .map_err(e)?;
+            chart.plot(&plot, root)?;
+        }
+        if let Some((_, first)) = self.panels.first() {
+            first.legend(&legend_area)?;
+            let y = 34 + 22 * (first.series.len() as i32 + 1);
+            for (k, line) in self.note.split('\n').enumerate() {
+                legend_area
+                    .draw(&Text::new(
+                        line,
+                        (8, y + 18 * k as i32),
+                        (FAMILY, 12).into_font().color(&RGBColor(90, 90, 90)),
+                    ))
+                    .map_err(e)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -588,6 +690,7 @@ fn draw_series<DB: DrawingBackend>(
     }
     let r = if s.style == Style::Markers { 6 } else { 5 };
     for &(i, p) in &pts {
+        let r = s.sizes.get(i).map_or(r, |&v| v.round() as i32);
         marker(root, chart.backend_coord(&p), look, r, !s.is_hollow(i))?;
     }
     Ok(())

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::chart::{Axis, HeatMap, LineChart, Series, Style};
+use super::chart::{Axis, HeatMap, LineChart, Panels, Series, Style};
 use super::ResultRow;
 use crate::error::Result;
 
@@ -15,6 +15,12 @@ pub const CHARTS: [&str; 4] = [
     "kv_memory_vs_tokens",
     "quality_vs_kv_bytes",
 ];
+
+/// Stem of the "which scheme" chart ([`which_scheme`]).
+pub const WHICH_SCHEME_CHART: &str = "which_scheme";
+
+/// Most panels the "which scheme" chart draws (slices past these are named in its note).
+const MAX_PANELS: usize = 6;
 
 /// Stem of the passkey heat-map.
 pub const PASSKEY_CHART: &str = "passkey_heatmap";
@@ -216,6 +222,111 @@ fn quality_chart(ok: &[&ResultRow], cap: String) -> Option<LineChart> {
     })
 }
 
+/// The "which scheme" chart: for each (batch, prompt) slice a panel with one marker per scheme
+/// at (TPOT, ΔPPL vs fp16) — the paired 95 % interval as its bar, KV bytes per token as its
+/// size (radius 4 + 8·√(bytes / the largest) pixels), hollow when contended — and the Pareto
+/// frontier of the slice (no other scheme is both faster and closer to fp16). `None` without
+/// a perplexity change. Every panel lists every scheme (empty where it has no timed point) so
+/// a scheme keeps its colour and shape.
+pub fn which_scheme(rows: &[ResultRow], caption: &Caption) -> Option<Panels> {
+    let ok: Vec<&ResultRow> = rows.iter().filter(|r| r.status.is_ok()).collect();
+    let schemes = by_scheme(&ok);
+    // Per scheme: ΔPPL %, its interval, bytes per token (scheme-level, from any row).
+    let quality: Vec<Option<(f64, Option<(f64, f64)>, f64)>> = schemes
+        .iter()
+        .map(|(_, rs)| {
+            let r = rs.iter().find(|r| r.ppl_delta_pct.is_some())?;
+            Some((
+                r.ppl_delta_pct?,
+                r.delta_ppl_pct_lo.zip(r.delta_ppl_pct_hi),
+                r.kv_bytes_per_token.unwrap_or(f64::NAN),
+            ))
+        })
+        .collect();
+    if quality.iter().all(Option::is_none) {
+        return None;
+    }
+    let max_bytes = quality
+        .iter()
+        .flatten()
+        .map(|q| q.2)
+        .filter(|b| b.is_finite())
+        .fold(0.0, f64::max);
+    let mut slices: Vec<(usize, usize)> = ok.iter().map(|r| (r.batch_size, r.seq_len)).collect();
+    slices.sort_unstable();
+    slices.dedup();
+    let left_out = slices.len().saturating_sub(MAX_PANELS);
+    slices.truncate(MAX_PANELS);
+    let any_ci = quality.iter().flatten().any(|q| q.1.is_some());
+    let panels = slices
+        .iter()
+        .map(|&(b, n)| {
+            let mut frontier = Vec::new();
+            let mut series: Vec<Series> = schemes
+                .iter()
+                .zip(&quality)
+                .map(|((name, rs), q)| {
+                    let point = q.and_then(|(d, ci, bytes)| {
+                        let r = rs.iter().find(|r| r.batch_size == b && r.seq_len == n)?;
+                        let t = r.tpot.mean?;
+                        let radius = if max_bytes > 0.0 && bytes.is_finite() {
+                            4.0 + 8.0 * (bytes / max_bytes).sqrt()
+                        } else {
+                            6.0
+                        };
+                        Some((
+                            (t, d),
+                            ci.unwrap_or((f64::NAN, f64::NAN)),
+                            radius,
+                            r.contended == Some(true),
+                        ))
+                    });
+                    let s = Series::line(name.clone(), Vec::new()).with_style(Style::Markers);
+                    match point {
+                        Some((p, bar, radius, hollow)) => {
+                            frontier.push(p);
+                            Series {
+                                points: vec![p],
+                                y_bars: vec![bar],
+                                sizes: vec![radius],
+                                hollow: vec![hollow],
+                                ..s
+                            }
+                        }
+                        None => s,
+                    }
+                })
+                .collect();
+            series.push(
+                Series::line("Pareto frontier", pareto_frontier(frontier)).with_style(Style::Guide),
+            );
+            let chart = LineChart {
+                title: String::new(),
+                caption: String::new(),
+                x: Axis::decimal("TPOT, mean over repeats (ms)"),
+                y: Axis::decimal(if any_ci {
+                    "perplexity change vs fp16 (%, bars: paired 95 % CI)"
+                } else {
+                    "perplexity change vs fp16 (%)"
+                }),
+                series,
+            };
+            (format!("batch {b} × prompt {n} tokens"), chart)
+        })
+        .collect();
+    let mut note =
+        "marker radius: 4 + 8·√(KV bytes per token\n÷ the largest scheme's) pixels".to_string();
+    if left_out > 0 {
+        note.push_str(&format!("\n{left_out} more slices in results.csv"));
+    }
+    Some(Panels {
+        title: "Which scheme: perplexity change vs decode latency, per slice".into(),
+        caption: caption.line(),
+        panels,
+        note,
+    })
+}
+
 /// The points no other point beats on both axes (fewer bytes and lower perplexity change),
 /// sorted by bytes: walking up in bytes, a point joins when it is strictly better in quality
 /// than every point with fewer bytes.
@@ -293,6 +404,10 @@ pub fn render_all(rows: &[ResultRow], caption: &Caption, dir: &Path) -> Result<V
     for (stem, chart) in charts(rows, caption) {
         chart.render(dir, stem)?;
         written.push(dir.join(format!("{stem}.png")));
+    }
+    if let Some(p) = which_scheme(rows, caption) {
+        p.render(dir, WHICH_SCHEME_CHART)?;
+        written.push(dir.join(format!("{WHICH_SCHEME_CHART}.png")));
     }
     Ok(written)
 }
@@ -390,6 +505,76 @@ mod tests {
             .filter(|(c, p)| c == "#2CA02C" && p.len() == 5)
             .count();
         assert_eq!(outlines, 1);
+    }
+
+    /// The "which scheme" chart (issue #26): one panel per (batch, prompt) slice, every scheme
+    /// in every panel at (TPOT, ΔPPL) with its paired interval, marker radius from bytes per
+    /// token by hand (4 + 8·√(b / 46080): fp16 12, int8-token 9.74, int4 8.47 pixels), the
+    /// frontier through all three (each faster one is further from fp16); drawn, the fp16
+    /// circle sits at its TPOT's pixel between two labelled ticks.
+    #[test]
+    fn which_scheme_chart_issue_26() {
+        use crate::report::chart::tests::svg;
+        let mut rows = rows();
+        for r in rows.iter_mut() {
+            let f = match r.scheme.as_str() {
+                "int8-token" => 0.8,
+                "int4" => 0.6,
+                _ => 1.0,
+            };
+            r.tpot.mean = r.tpot.mean.map(|t| t * f);
+        }
+        let p = which_scheme(&rows, &Caption::default()).unwrap();
+        let names: Vec<&str> = p.panels.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "batch 1 × prompt 128 tokens",
+                "batch 1 × prompt 512 tokens",
+                "batch 4 × prompt 128 tokens",
+                "batch 4 × prompt 512 tokens"
+            ]
+        );
+        let s = &p.panels[0].1.series;
+        assert_eq!(s.len(), 4, "fp16, int8-token, int4 and the frontier");
+        assert_eq!(s[0].points, vec![(21.28, 0.0)]);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-3;
+        for (series, want) in s.iter().zip([12.0, 9.7445, 8.4721]) {
+            assert!(
+                close(series.sizes[0], want),
+                "{}: {:?}",
+                series.name,
+                series.sizes
+            );
+        }
+        assert_eq!(s[2].y_bars, vec![(5.0, 8.25)]);
+        let frontier: Vec<f64> = s[3].points.iter().map(|p| p.1).collect();
+        assert_eq!(frontier, vec![6.5, 0.06, 0.0]);
+        // Drawn: four panels, one 12-pixel fp16 circle each.
+        let all = p.svg();
+        assert_eq!(all.matches(" r=\"12\"").count(), 4);
+        // One slice alone: the circle's x against the axis' own ticks.
+        let one: Vec<ResultRow> = rows
+            .iter()
+            .filter(|r| r.batch_size == 1 && r.seq_len == 128)
+            .cloned()
+            .collect();
+        let svg_text = which_scheme(&one, &Caption::default()).unwrap().svg();
+        let ticks = svg::x_ticks(&svg_text);
+        let t: Vec<(f64, f64)> = ticks
+            .iter()
+            .filter_map(|(px, l)| Some((*px, l.parse::<f64>().ok()?)))
+            .collect();
+        let want = svg::pixel(21.28, t[0], t[t.len() - 1]);
+        let fp16 = svg::circles(&svg_text)
+            .into_iter()
+            .find(|c| c.2 == "#1F77B4" && c.0 < 1000.0)
+            .unwrap();
+        assert!(
+            (fp16.0 - want).abs() <= 1.0,
+            "fp16 at {} px, want {want}",
+            fp16.0
+        );
     }
 
     /// Every chart is built with one series per scheme that has data (failed points left out),
