@@ -600,8 +600,8 @@ mod tests {
 
         let dir = std::env::temp_dir().join(format!("kvbench-plots-{}", std::process::id()));
         let pngs = render_all(&rows, &Caption::default(), &dir).unwrap();
-        assert_eq!(pngs.len(), 4);
-        for stem in CHARTS {
+        assert_eq!(pngs.len(), 5, "the four charts and which_scheme");
+        for stem in CHARTS.iter().chain([&WHICH_SCHEME_CHART]) {
             for ext in ["png", "svg"] {
                 let len = std::fs::metadata(dir.join(format!("{stem}.{ext}")))
                     .unwrap()
