@@ -103,6 +103,28 @@ fn rouge_subcommand_matches_reference() {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
         assert_eq!(got.len(), sel.len());
+        // `--format json`: the means of rouge-score's per-pair values.
+        let mut json_cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"));
+        json_cmd
+            .args(["rouge", "--format", "json", "--predictions"])
+            .arg(&p)
+            .arg("--references")
+            .arg(&t);
+        if stem {
+            json_cmd.arg("--stemmer");
+        }
+        let out = json_cmd.output().unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["pairs"], sel.len());
+        for v in ["rouge1", "rouge2", "rougeL", "rougeLsum"] {
+            for m in ["precision", "recall", "fmeasure"] {
+                let k = format!("{v}_{m}");
+                let mean =
+                    sel.iter().map(|r| r[&k].as_f64().unwrap()).sum::<f64>() / sel.len() as f64;
+                let err = (json[v][m].as_f64().unwrap() - mean).abs();
+                assert!(err <= TOLERANCE, "{k}: {} vs {mean}", json[v][m]);
+            }
+        }
         for (g, r) in got.iter().zip(&sel) {
             for v in ["rouge1", "rouge2", "rougeL", "rougeLsum"] {
                 for m in ["precision", "recall", "fmeasure"] {

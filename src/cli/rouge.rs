@@ -21,7 +21,8 @@ pub struct RougeArgs {
     #[arg(long)]
     pub stemmer: bool,
 
-    /// `table`: mean precision, recall and F1 per variant; `csv` / `jsonl`: one record per pair.
+    /// `table` / `json`: mean precision, recall and F1 per variant (aligned text, or one JSON
+    /// object); `csv` / `jsonl`: one record per pair.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
@@ -35,6 +36,8 @@ pub enum Format {
     Csv,
     /// One JSON object per pair.
     Jsonl,
+    /// One JSON object: pairs, stemmer, and per variant the means of the table.
+    Json,
 }
 
 /// The variants in rouge-score's names, with their scores.
@@ -45,6 +48,32 @@ fn variants(s: &RougeScores) -> [(&'static str, Score); 4] {
         ("rougeL", s.rouge_l),
         ("rougeLsum", s.rouge_lsum),
     ]
+}
+
+/// Per variant, the mean precision, recall and F1 over the pairs (rouge-score's
+/// `BootstrapAggregator` mid point without the resampling: the plain mean).
+fn means(scores: &[RougeScores]) -> [(&'static str, Score); 4] {
+    let n = scores.len().max(1) as f64;
+    variants(&scores[0]).map(|(name, _)| {
+        let pick = |f: fn(&Score) -> f64| {
+            scores
+                .iter()
+                .map(|s| {
+                    let v = variants(s);
+                    f(&v.iter().find(|x| x.0 == name).expect("same variants").1)
+                })
+                .sum::<f64>()
+                / n
+        };
+        (
+            name,
+            Score {
+                precision: pick(|s| s.precision),
+                recall: pick(|s| s.recall),
+                fmeasure: pick(|s| s.fmeasure),
+            },
+        )
+    })
 }
 
 fn read_lines(path: &Path, flag: &str) -> Result<Vec<String>, Error> {
@@ -111,8 +140,24 @@ pub fn run(a: RougeArgs) -> anyhow::Result<()> {
             }
             w.flush()?;
         }
+        Format::Json => {
+            let means = means(&scores);
+            let mut obj = serde_json::Map::new();
+            obj.insert("pairs".into(), scores.len().into());
+            obj.insert("use_stemmer".into(), a.stemmer.into());
+            for (name, m) in means {
+                obj.insert(
+                    name.into(),
+                    serde_json::json!({
+                        "precision": m.precision,
+                        "recall": m.recall,
+                        "fmeasure": m.fmeasure,
+                    }),
+                );
+            }
+            println!("{}", serde_json::to_string_pretty(&obj)?);
+        }
         Format::Table => {
-            let n = scores.len() as f64;
             println!(
                 "{} pairs, stemmer {}",
                 scores.len(),
@@ -122,15 +167,10 @@ pub fn run(a: RougeArgs) -> anyhow::Result<()> {
                 "{:<10} {:>10} {:>10} {:>10}",
                 "variant", "precision", "recall", "F1"
             );
-            for (k, (name, _)) in variants(&scores[0]).iter().enumerate() {
-                let mean = |f: fn(&Score) -> f64| {
-                    scores.iter().map(|s| f(&variants(s)[k].1)).sum::<f64>() / n
-                };
+            for (name, m) in means(&scores) {
                 println!(
                     "{name:<10} {:>10.6} {:>10.6} {:>10.6}",
-                    mean(|s| s.precision),
-                    mean(|s| s.recall),
-                    mean(|s| s.fmeasure)
+                    m.precision, m.recall, m.fmeasure
                 );
             }
         }
