@@ -14,17 +14,21 @@ use crate::report::table;
 /// several folders must be of one kind. Errors: [`crate::Error::InvalidArgument`] (exit 2) for
 /// a folder that is not a run folder, has no finished point, or is of another kind than the
 /// others, and for an `out` that is one of the compared folders; the renderers' I/O errors.
-pub fn run(dirs: &[PathBuf], out: Option<&Path>) -> anyhow::Result<()> {
+///
+/// `labels` name the runs in order (empty: the folder names; otherwise exactly one per
+/// folder, else [`crate::Error::InvalidArgument`] naming `--label`).
+pub fn run(dirs: &[PathBuf], out: Option<&Path>, labels: &[String]) -> anyhow::Result<()> {
     let dirs = distinct(dirs);
     check_out(&dirs, out)?;
+    let labels = run_labels(&dirs, labels)?;
     let mut kinds = Vec::new();
     for d in &dirs {
         let value = meta::read_value(&d.join(crate::report::META_FILE))?;
         kinds.push(RunKind::of(&value));
     }
     match kinds.as_slice() {
-        k if k.iter().all(|k| *k == RunKind::Sweep) => sweeps(&dirs, out),
-        k if k.iter().all(|k| *k == RunKind::Serve) => serves(&dirs, out),
+        k if k.iter().all(|k| *k == RunKind::Sweep) => sweeps(&dirs, out, &labels),
+        k if k.iter().all(|k| *k == RunKind::Serve) => serves(&dirs, out, &labels),
         _ => Err(crate::Error::InvalidArgument {
             name: "kvbench report".into(),
             reason: format!(
@@ -42,6 +46,32 @@ pub fn run(dirs: &[PathBuf], out: Option<&Path>) -> anyhow::Result<()> {
         }
         .into()),
     }
+}
+
+/// The runs' names: `given` (one per folder) or the folder names.
+fn run_labels(dirs: &[PathBuf], given: &[String]) -> Result<Vec<String>, crate::Error> {
+    if given.is_empty() {
+        return Ok(dirs
+            .iter()
+            .map(|d| {
+                d.file_name().map_or(d.display().to_string(), |f| {
+                    f.to_string_lossy().into_owned()
+                })
+            })
+            .collect());
+    }
+    if given.len() != dirs.len() {
+        return Err(crate::Error::InvalidArgument {
+            name: "--label".into(),
+            reason: format!(
+                "{} labels for {} run folders; give one per folder, in order (e.g. --label \
+                 before,after)",
+                given.len(),
+                dirs.len()
+            ),
+        });
+    }
+    Ok(given.to_vec())
 }
 
 /// A run folder without a finished point: re-rendering would overwrite `results.csv` with a
@@ -85,7 +115,7 @@ fn check_out(dirs: &[PathBuf], out: Option<&Path>) -> Result<(), crate::Error> {
 
 /// Serve folders: one re-rendered into itself (or `out`); several side by side into `out`,
 /// each point labelled with its run folder's name.
-fn serves(dirs: &[PathBuf], out: Option<&Path>) -> anyhow::Result<()> {
+fn serves(dirs: &[PathBuf], out: Option<&Path>, labels: &[String]) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     for d in dirs {
         let r = ServeRun::read(d)?;
@@ -104,16 +134,9 @@ fn serves(dirs: &[PathBuf], out: Option<&Path>) -> anyhow::Result<()> {
     };
     crate::report::run_dir::create_out(&target)?;
     if !runs.is_empty() {
-        let name = |r: &ServeRun| {
-            r.dir.file_name().map_or(r.dir.display().to_string(), |f| {
-                f.to_string_lossy().into_owned()
-            })
-        };
-        let label = name(&first);
-        relabel(&mut first, &label);
-        for mut r in runs {
-            let label = name(&r);
-            relabel(&mut r, &label);
+        relabel(&mut first, &labels[0]);
+        for (mut r, label) in runs.into_iter().zip(&labels[1..]) {
+            relabel(&mut r, label);
             first.rows.extend(r.rows);
             first.traces.extend(r.traces);
         }
@@ -138,7 +161,7 @@ fn relabel(run: &mut ServeRun, label: &str) {
 /// path, once) and writes `results.csv`, `summary.md` and
 /// `plots/` (one run: into its folder; several: side by side, one table per run, charts with a
 /// series per run and scheme).
-fn sweeps(dirs: &[PathBuf], out: Option<&Path>) -> anyhow::Result<()> {
+fn sweeps(dirs: &[PathBuf], out: Option<&Path>, labels: &[String]) -> anyhow::Result<()> {
     let runs = dirs
         .iter()
         .map(|d| Run::read(d))
@@ -206,10 +229,34 @@ fn sweeps(dirs: &[PathBuf], out: Option<&Path>) -> anyhow::Result<()> {
         }
         print!("{}", table::render(&r.rows));
     }
+    if runs.len() > 1 {
+        compare_runs(&out, &runs, labels)?;
+    }
     for w in summary::warnings(&rows) {
         eprintln!("warning: {w}");
     }
     println!("wrote {} (results.csv, plots/)", path.display());
+    Ok(())
+}
+
+/// Every run after the first compared with the first point by point: printed, and written to
+/// `comparison.md` and `comparison.json` in `out`. Errors: [`crate::Error::Io`].
+fn compare_runs(out: &Path, runs: &[Run], labels: &[String]) -> anyhow::Result<()> {
+    use crate::report::compare;
+    let mut md = String::new();
+    let mut json = Vec::new();
+    for (r, label) in runs.iter().zip(labels).skip(1) {
+        let d = compare::compare(&runs[0].rows, &r.rows);
+        md.push_str(&compare::render(&d, &labels[0], label));
+        md.push('\n');
+        json.push(serde_json::json!({"a": labels[0], "b": label, "points": d}));
+    }
+    print!("{md}");
+    let p = out.join("comparison.md");
+    std::fs::write(&p, &md).map_err(|e| crate::Error::io(&p, e))?;
+    let p = out.join("comparison.json");
+    let text = serde_json::to_string_pretty(&json)?;
+    std::fs::write(&p, text).map_err(|e| crate::Error::io(&p, e))?;
     Ok(())
 }
 

@@ -15,9 +15,15 @@ pub struct ReportArgs {
     /// several.
     #[arg(long)]
     pub out: Option<PathBuf>,
+
+    /// Names for the runs, comma-separated, one per run folder in order (default: the folder
+    /// names). With two or more sweep folders each later run is compared with the first point
+    /// by point (comparison.md, comparison.json).
+    #[arg(long, value_delimiter = ',')]
+    pub label: Vec<String>,
 }
 
 /// Runs `kvbench report`.
 pub fn run(a: ReportArgs) -> anyhow::Result<()> {
-    crate::app::report::run(&a.runs, a.out.as_deref())
+    crate::app::report::run(&a.runs, a.out.as_deref(), &a.label)
 }

@@ -3,6 +3,7 @@
 
 pub mod attn_bench;
 pub mod chart;
+pub mod compare;
 pub mod gate;
 pub mod merge;
 pub mod meta;
