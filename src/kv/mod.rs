@@ -38,6 +38,7 @@ pub mod scheme;
 pub mod simd;
 pub mod spec;
 pub mod stream;
+pub mod window;
 
 use rayon::prelude::*;
 
@@ -48,9 +49,10 @@ pub use evict::Eviction;
 pub use formats::fp8::{Fp8Kind, Fp8Scale};
 pub use formats::{GpuFormat, Quant, ScaleScope};
 use quant::rotation::hadamard;
-pub use scheme::{CacheGeometry, KvScheme};
+pub use scheme::{CacheGeometry, KvScheme, LayerBytes};
 pub use spec::{parse_scheme_list, split_scheme_list, VALID_SCHEMES};
 use stream::Stream;
+pub use window::{GlobalLayers, SlidingWindow, TokensHeld};
 
 impl AttentionCache for KvCache {
     fn seen(&self, b: usize) -> usize {

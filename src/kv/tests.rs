@@ -8,6 +8,7 @@ fn geom(kv_heads: usize, group: usize, d: usize) -> CacheGeometry {
         kv_heads,
         q_heads: kv_heads * group,
         head_dim: d,
+    window: None,
     }
 }
 
@@ -201,6 +202,7 @@ fn kv_bytes_match_formula_for_every_scheme() {
         kv_heads: 2,
         q_heads: 6,
         head_dim: 64,
+        window: None,
     };
     let specs = [
         "fp16",
@@ -272,6 +274,7 @@ fn bytes_per_token_by_hand() {
         kv_heads: 3,
         q_heads: 9,
         head_dim: 64,
+        window: None,
     };
     for (spec, want) in [
         ("fp16", 23040),

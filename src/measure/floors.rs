@@ -156,12 +156,14 @@ mod tests {
         kv_heads: 3,
         q_heads: 9,
         head_dim: 64,
+        window: None,
     };
     const LLAMA3_8B: CacheGeometry = CacheGeometry {
         layers: 32,
         kv_heads: 8,
         q_heads: 32,
         head_dim: 128,
+        window: None,
     };
 
     // SmolLM2-135M, batch 1, 8192 tokens held, shared by the fp16 and int8 tests.

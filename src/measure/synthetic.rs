@@ -224,6 +224,7 @@ mod tests {
             kv_heads: 2,
             q_heads: 4,
             head_dim: 64,
+            window: None,
         };
         let spec = SweepSpec::timing_only(
             vec![

@@ -979,6 +979,7 @@ mod tests {
                 kv_heads: 1,
                 q_heads: 1,
                 head_dim: 64,
+                window: None,
             },
             decode_weight_bytes: None,
         };
@@ -1042,6 +1043,7 @@ mod tests {
                 kv_heads: 1,
                 q_heads: 1,
                 head_dim: 64,
+                window: None,
             },
             decode_weight_bytes: None,
         };
@@ -1116,6 +1118,7 @@ mod tests {
                 kv_heads: 1,
                 q_heads: 1,
                 head_dim: 64,
+                window: None,
             },
             decode_weight_bytes: None,
         };

@@ -596,6 +596,7 @@ pub(crate) mod tests {
                 kv_heads: 3,
                 q_heads: 9,
                 head_dim: 64,
+                window: None,
             },
             block_tokens: 16,
         }

@@ -275,6 +275,7 @@ mod tests {
             kv_heads: 3,
             q_heads: 9,
             head_dim: 64,
+        window: None,
         }
     }
 
