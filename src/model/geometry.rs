@@ -270,14 +270,22 @@ pub fn geometry(spec: &str) -> Result<ModelGeometry> {
     };
     if config.is_file() && config.extension().is_some_and(|e| e == "json") {
         let value = read_json(&config)?;
-        let (c, tied, source) = match super::safetensors::read_config(&config) {
-            Ok((c, tied)) => (c, tied, "config.json (parameters from shapes)"),
-            // A model kvbench cannot run (Gemma 3, RoPE scaling) still has a geometry to plan.
-            Err(Error::Unsupported(_)) => {
+        // Model types kvbench runs go through the loader's own parser; any other (Gemma 2 and
+        // 3, multimodal checkpoints with a `text_config`) or one with RoPE scaling still has
+        // a geometry to plan.
+        let runs = value.get("text_config").is_none()
+            && matches!(
+                value.get("model_type").and_then(|m| m.as_str()),
+                None | Some("llama" | "mistral" | "qwen2")
+            );
+        let strict = runs.then(|| super::safetensors::read_config(&config));
+        let (c, tied, source) = match strict {
+            Some(Ok((c, tied))) => (c, tied, "config.json (parameters from shapes)"),
+            None | Some(Err(Error::Unsupported(_))) => {
                 let (c, tied) = lenient_config(&value, &config)?;
                 (c, tied, "config.json (geometry only; parameters from Llama-shaped layers)")
             }
-            Err(e) => return Err(e),
+            Some(Err(e)) => return Err(e),
         };
         let per_layer = c.hidden * c.head_dim * (c.q_heads + 2 * c.kv_heads)
             + c.q_heads * c.head_dim * c.hidden
@@ -537,4 +545,141 @@ fn window_from_gguf(
 /// Aliases with shipped geometry.
 pub fn known_aliases() -> Vec<&'static str> {
     KNOWN.iter().map(|k| k.alias).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str, text: &[u8]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("kvbench-geometry-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// The Gemma 3 aliases carry their config.json values (google/gemma-3-270m: 18 layers,
+    /// 4 query heads, 1 KV head of 256, `sliding_window` 512, 32,768 positions; gemma-3-4b-it
+    /// `text_config`: 34 layers, 8 / 4 heads of 256, window 1024, 131,072; gemma-3-27b-it
+    /// `text_config`: 62 layers, 32 / 16 heads of 128, window 1024, 131,072; all
+    /// `sliding_window_pattern` 6) and parameter counts of the checkpoints (268,098,176;
+    /// 4,300,079,472 and 27,432,406,640 with the vision encoder).
+    #[test]
+    fn gemma3_aliases_match_config_json() {
+        for (alias, layers, q, kv, d, ctx, params, window, global) in [
+            ("gemma-3-270m", 18, 4, 1, 256, 32768, 268_098_176, 512, 3),
+            ("gemma-3-4b", 34, 8, 4, 256, 131072, 4_300_079_472, 1024, 5),
+            ("gemma-3-27b", 62, 32, 16, 128, 131072, 27_432_406_640, 1024, 10),
+        ] {
+            let g = geometry(alias).unwrap();
+            assert_eq!(
+                (g.layers, g.q_heads, g.kv_heads, g.head_dim, g.max_ctx, g.params),
+                (layers, q, kv, d, ctx, params),
+                "{alias}"
+            );
+            assert_eq!(g.window, Some(SlidingWindow::every(window, 6)), "{alias}");
+            assert_eq!(g.cache().global_layers(), global, "{alias}");
+            assert!(g.source.contains("config.json"), "{alias}");
+        }
+        // Mistral 7B v0.1: `sliding_window: 4096` on every layer; Llama: none.
+        let m = geometry("mistral-7b").unwrap().cache();
+        assert_eq!((m.global_layers(), m.window_layers()), (0, 32));
+        assert_eq!(geometry("llama-3-8b").unwrap().window, None);
+    }
+
+    /// A multimodal Gemma 3 config.json (fields under `text_config`, model type kvbench does
+    /// not run) still gives its geometry and window; `layer_types` (Gemma 2 style, 1:1) and
+    /// `use_sliding_window: false` (Qwen2) are read as transformers reads them.
+    #[test]
+    fn windows_from_config_json() {
+        let gemma3 = temp(
+            "gemma3.json",
+            br#"{"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                "text_config": {"model_type": "gemma3_text", "hidden_size": 5376,
+                "intermediate_size": 21504, "num_hidden_layers": 62, "num_attention_heads": 32,
+                "num_key_value_heads": 16, "head_dim": 128, "sliding_window": 1024,
+                "sliding_window_pattern": 6, "max_position_embeddings": 131072,
+                "vocab_size": 262208, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}}"#,
+        );
+        let g = geometry(gemma3.to_str().unwrap()).unwrap();
+        assert_eq!((g.layers, g.kv_heads, g.head_dim, g.max_ctx), (62, 16, 128, 131072));
+        assert_eq!(g.window, Some(SlidingWindow::every(1024, 6)));
+
+        let gemma2 = temp(
+            "gemma2.json",
+            format!(
+                r#"{{"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336,
+                "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 8,
+                "head_dim": 256, "sliding_window": 4096, "max_position_embeddings": 8192,
+                "vocab_size": 256000, "layer_types": {}}}"#,
+                r#"["sliding_attention", "full_attention", "sliding_attention", "full_attention"]"#
+            )
+            .as_bytes(),
+        );
+        let g = geometry(gemma2.to_str().unwrap()).unwrap();
+        assert_eq!(g.window, Some(SlidingWindow::every(4096, 2)));
+
+        let qwen = temp(
+            "qwen2.json",
+            br#"{"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+                "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+                "max_position_embeddings": 32768, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000.0, "sliding_window": 32768, "use_sliding_window": false,
+                "max_window_layers": 21, "tie_word_embeddings": true}"#,
+        );
+        assert_eq!(geometry(qwen.to_str().unwrap()).unwrap().window, None);
+
+        let mistral = temp(
+            "mistral.json",
+            br#"{"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "max_position_embeddings": 32768, "vocab_size": 32000, "rms_norm_eps": 1e-5,
+                "rope_theta": 10000.0, "sliding_window": 4096}"#,
+        );
+        let g = geometry(mistral.to_str().unwrap()).unwrap();
+        assert_eq!(
+            g.window,
+            Some(SlidingWindow {
+                window: 4096,
+                global: GlobalLayers::None
+            })
+        );
+
+        let bad = temp(
+            "bad.json",
+            br#"{"model_type": "gemma3_text", "hidden_size": 640, "intermediate_size": 2048,
+                "num_hidden_layers": 18, "num_attention_heads": 4, "num_key_value_heads": 1,
+                "head_dim": 256, "max_position_embeddings": 32768, "vocab_size": 262144,
+                "sliding_window": 0}"#,
+        );
+        let e = geometry(bad.to_str().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("sliding_window"), "{e}");
+    }
+
+    /// A Gemma 3 GGUF header (gemma-3-270m's metadata: 18 blocks, 4 heads, 1 KV head, key
+    /// length 256, `gemma3.attention.sliding_window` 512) implies llama.cpp's period 6.
+    #[test]
+    fn gemma3_gguf_window() {
+        use candle_core::quantized::gguf_file::{write, Value};
+        let meta: Vec<(&str, Value)> = vec![
+            ("general.architecture", Value::String("gemma3".into())),
+            ("gemma3.block_count", Value::U32(18)),
+            ("gemma3.embedding_length", Value::U32(640)),
+            ("gemma3.feed_forward_length", Value::U32(2048)),
+            ("gemma3.attention.head_count", Value::U32(4)),
+            ("gemma3.attention.head_count_kv", Value::U32(1)),
+            ("gemma3.attention.key_length", Value::U32(256)),
+            ("gemma3.context_length", Value::U32(32768)),
+            ("gemma3.attention.sliding_window", Value::U32(512)),
+        ];
+        let refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+        let mut bytes = std::io::Cursor::new(Vec::new());
+        write(&mut bytes, &refs, &[]).unwrap();
+        let p = temp("gemma3-270m.gguf", &bytes.into_inner());
+        let g = geometry(p.to_str().unwrap()).unwrap();
+        assert_eq!((g.layers, g.q_heads, g.kv_heads, g.head_dim), (18, 4, 1, 256));
+        assert_eq!(g.window, Some(SlidingWindow::every(512, 6)));
+        assert_eq!(g.cache().global_layers(), 3);
+    }
 }

@@ -372,4 +372,35 @@ layer_us = 1
         assert!((c.attention_s - flops / 5e13).abs() < 1e-18);
         assert!((c.kv_read_s - 50.0 * 512.0 / 5e11).abs() < 1e-18);
     }
+
+    /// The same 2-layer shape with layer 0 on a 100-token window and layer 1 global (Gemma
+    /// 2's 1:1 split), 256 bytes per layer token in fp16. Decode at 999 and 1,999 tokens:
+    /// window layer reads 100 + 100, global layer 1000 + 2000 tokens → 3,200 · 256 / 5e11;
+    /// attention 4 · 4 · 32 · 3,200 FLOPs. Prefill of 100 after 50: the window layer attends
+    /// Σ_{q=51}^{150} min(q, 100) = 3,775 + 5,000 = 8,775 keys, the global one 10,050, and
+    /// reads 50 + 50 cached tokens.
+    #[test]
+    fn window_layers_read_at_most_the_window() {
+        let hybrid = ModelShape {
+            window: Some(SlidingWindow::every(100, 2)),
+            ..shape()
+        };
+        let m = PerfModel::new(device(), hybrid, KvScheme::FP16, 1).unwrap();
+        let c = m.decode(&[999, 1999]);
+        assert!((c.kv_read_s - 3200.0 * 256.0 / 5e11).abs() < 1e-18);
+        assert!((c.attention_s - 4.0 * 4.0 * 32.0 * 3200.0 / 5e13).abs() < 1e-18);
+        let p = m.prefill(100, 50);
+        assert!((p.attention_s - 4.0 * 4.0 * 32.0 * (8775.0 + 10_050.0) / 5e13).abs() < 1e-18);
+        assert!((p.kv_read_s - 100.0 * 256.0 / 5e11).abs() < 1e-18);
+        // Every layer windowed at 100 (Mistral-style): 200 tokens read per layer.
+        let all = ModelShape {
+            window: Some(SlidingWindow {
+                window: 100,
+                global: crate::kv::GlobalLayers::None,
+            }),
+            ..shape()
+        };
+        let m = PerfModel::new(device(), all, KvScheme::FP16, 1).unwrap();
+        assert!((m.decode(&[999, 1999]).kv_read_s - 400.0 * 256.0 / 5e11).abs() < 1e-18);
+    }
 }
