@@ -127,8 +127,9 @@ pub fn table(p: &PlanReport) -> String {
             w.window,
             p.rows
                 .iter()
+                .rev()
                 .filter(|r| r.kv_bytes_per_seq > 0 && r.kv_bytes_all_global > r.kv_bytes_per_seq)
-                .last()
+                .max_by_key(|r| r.ctx)
                 .map_or(String::new(), |r| format!(
                     " ({:.2}× too much for {} at {} tokens)",
                     r.kv_bytes_all_global as f64 / r.kv_bytes_per_seq as f64,
