@@ -120,9 +120,9 @@ impl PlanInput {
         let held = scheme.held_tokens(ctx);
         let paged = held.div_ceil(self.block) * self.block;
         let t = g.tokens_held(held);
-        let window_paged = g
-            .window
-            .map_or(paged, |w| (w.blocks_held(ctx, self.block) * self.block).min(paged));
+        let window_paged = g.window.map_or(paged, |w| {
+            (w.blocks_held(ctx, self.block) * self.block).min(paged)
+        });
         let exact = scheme.bytes_by_layer_type(&g, 1, t.window, t.global);
         let total = scheme.bytes_by_layer_type(&g, 1, window_paged, paged);
         SeqBytes {

@@ -8,7 +8,7 @@ fn geom(kv_heads: usize, group: usize, d: usize) -> CacheGeometry {
         kv_heads,
         q_heads: kv_heads * group,
         head_dim: d,
-    window: None,
+        window: None,
     }
 }
 
@@ -453,8 +453,14 @@ fn gemma2_one_to_one_by_hand() {
     assert_eq!(f.bytes_for(&g, 1, 8192), 2_113_929_216);
     assert_eq!(f.bytes_for(&g.without_window(), 1, 8192), 2_818_572_288);
     let split = f.bytes_by_layer_type(&g, 1, 4096, 8192);
-    assert_eq!((split.window, split.global), (21 * 4096 * 8192, 21 * 8192 * 8192));
-    assert_eq!(f.bytes_for(&g, 1, 4096), f.bytes_for(&g.without_window(), 1, 4096));
+    assert_eq!(
+        (split.window, split.global),
+        (21 * 4096 * 8192, 21 * 8192 * 8192)
+    );
+    assert_eq!(
+        f.bytes_for(&g, 1, 4096),
+        f.bytes_for(&g.without_window(), 1, 4096)
+    );
     // bytes/token stays every layer's: 42 · 8192.
     assert_eq!(f.bytes_per_token(&g), 42 * 8192);
 }

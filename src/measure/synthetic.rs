@@ -227,7 +227,10 @@ pub struct LayerTypeBytes {
 
 /// [`LayerTypeBytes`] for every scheme × batch × length of `spec`, in the sweep's order;
 /// empty when `geom` has no window.
-pub fn layer_type_bytes(geom: &CacheGeometry, spec: &super::sweep::SweepSpec) -> Vec<LayerTypeBytes> {
+pub fn layer_type_bytes(
+    geom: &CacheGeometry,
+    spec: &super::sweep::SweepSpec,
+) -> Vec<LayerTypeBytes> {
     if geom.window.is_none() {
         return Vec::new();
     }
@@ -245,7 +248,12 @@ pub fn layer_type_bytes(geom: &CacheGeometry, spec: &super::sweep::SweepSpec) ->
                     tokens,
                     window_layers_bytes: b.window,
                     global_layers_bytes: b.global,
-                    all_global_bytes: KvScheme::bytes_for(scheme, &geom.without_window(), batch, tokens),
+                    all_global_bytes: KvScheme::bytes_for(
+                        scheme,
+                        &geom.without_window(),
+                        batch,
+                        tokens,
+                    ),
                 });
             }
         }

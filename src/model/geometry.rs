@@ -283,7 +283,11 @@ pub fn geometry(spec: &str) -> Result<ModelGeometry> {
             Some(Ok((c, tied))) => (c, tied, "config.json (parameters from shapes)"),
             None | Some(Err(Error::Unsupported(_))) => {
                 let (c, tied) = lenient_config(&value, &config)?;
-                (c, tied, "config.json (geometry only; parameters from Llama-shaped layers)")
+                (
+                    c,
+                    tied,
+                    "config.json (geometry only; parameters from Llama-shaped layers)",
+                )
             }
             Some(Err(e)) => return Err(e),
         };
@@ -430,11 +434,11 @@ fn window_from_config(
     }
     let window = match t.get("sliding_window") {
         None | Some(serde_json::Value::Null) => return Ok(None),
-        Some(w) => w
-            .as_u64()
-            .filter(|w| *w > 0)
-            .ok_or_else(|| bad(format!("`sliding_window` {w} is not a positive whole number")))?
-            as usize,
+        Some(w) => w.as_u64().filter(|w| *w > 0).ok_or_else(|| {
+            bad(format!(
+                "`sliding_window` {w} is not a positive whole number"
+            ))
+        })? as usize,
     };
     let model_type = t
         .get("model_type")
@@ -570,7 +574,17 @@ mod tests {
         for (alias, layers, q, kv, d, ctx, params, window, global) in [
             ("gemma-3-270m", 18, 4, 1, 256, 32768, 268_098_176, 512, 3),
             ("gemma-3-4b", 34, 8, 4, 256, 131072, 4_300_079_472, 1024, 5),
-            ("gemma-3-27b", 62, 32, 16, 128, 131072, 27_432_406_640, 1024, 10),
+            (
+                "gemma-3-27b",
+                62,
+                32,
+                16,
+                128,
+                131072,
+                27_432_406_640,
+                1024,
+                10,
+            ),
         ] {
             let g = geometry(alias).unwrap();
             assert_eq!(
@@ -603,7 +617,10 @@ mod tests {
                 "vocab_size": 262208, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}}"#,
         );
         let g = geometry(gemma3.to_str().unwrap()).unwrap();
-        assert_eq!((g.layers, g.kv_heads, g.head_dim, g.max_ctx), (62, 16, 128, 131072));
+        assert_eq!(
+            (g.layers, g.kv_heads, g.head_dim, g.max_ctx),
+            (62, 16, 128, 131072)
+        );
         assert_eq!(g.window, Some(SlidingWindow::every(1024, 6)));
 
         let gemma2 = temp(
@@ -678,7 +695,10 @@ mod tests {
         write(&mut bytes, &refs, &[]).unwrap();
         let p = temp("gemma3-270m.gguf", &bytes.into_inner());
         let g = geometry(p.to_str().unwrap()).unwrap();
-        assert_eq!((g.layers, g.q_heads, g.kv_heads, g.head_dim), (18, 4, 1, 256));
+        assert_eq!(
+            (g.layers, g.q_heads, g.kv_heads, g.head_dim),
+            (18, 4, 1, 256)
+        );
         assert_eq!(g.window, Some(SlidingWindow::every(512, 6)));
         assert_eq!(g.cache().global_layers(), 3);
     }

@@ -313,7 +313,7 @@ mod tests {
             kv_heads: 3,
             q_heads: 9,
             head_dim: 64,
-        window: None,
+            window: None,
         }
     }
 
@@ -436,7 +436,9 @@ mod tests {
     /// a block edge: 52 · 1040 + 10 · 131,073 = 1,364,810 / 992 → 1376 blocks.
     #[test]
     fn gemma3_window_blocks_by_hand() {
-        let g = crate::model::geometry::geometry("gemma-3-27b").unwrap().cache();
+        let g = crate::model::geometry::geometry("gemma-3-27b")
+            .unwrap()
+            .cache();
         let s = BlockSizer {
             scheme: KvScheme::FP16,
             geom: g,
