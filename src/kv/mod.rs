@@ -5,7 +5,8 @@
 //! scheme's form; [`KvCache::attend`] computes causal attention for the new queries by reading
 //! the stored form directly, then applies the scheme's eviction. Memory figures come from what is
 //! stored: [`KvCache::kv_bytes`] counts every byte held (codes, scales, zero-points, residual
-//! rows, eviction bookkeeping) and equals [`KvScheme::bytes_for`].
+//! rows, eviction bookkeeping) and equals [`KvScheme::bytes_for`] for a geometry without a
+//! sliding window ([`KvCache`] applies no window at run time: every layer holds every token).
 
 //!
 //! Layout (lower floors first; a module imports only from those above it in this list, and the
@@ -20,6 +21,8 @@
 //! - [`formats`]: one file per K/V format behind the closed registry [`Quant`] (parameters,
 //!   parsing, `Display`, validation, byte formula, codec, stream, GPU form);
 //! - [`evict`]: one file per eviction policy behind the closed registry [`Eviction`];
+//! - [`window`]: hybrid attention's layer split (sliding-window and global layers, Gemma 2/3,
+//!   Mistral 7B v0.1) that the byte accounting counts per layer type;
 //! - [`scheme`] ([`KvScheme`] and its byte accounting), [`spec`] (the `evict@K/V+rot` grammar);
 //! - [`attention`], this module's [`KvCache`], and [`cuda`] (its launch [`cuda::plan`] is pure
 //!   and compiled in every build; the device side needs the `cuda` feature).
