@@ -6,6 +6,13 @@
 //! zero-points, residual full-precision rows, eviction caps and bookkeeping, with allocation in
 //! blocks of `block` tokens per sequence as vLLM's PagedAttention (Kwon et al. 2023, §4.1; 16
 //! tokens by default), so the last block's unused slots are counted as waste.
+//!
+//! Hybrid models (Gemma 2 and 3, Mistral 7B v0.1; [`crate::kv::SlidingWindow`]) are counted
+//! per layer type: a window layer holds `min(n, window)` tokens and a global layer `n`, so a
+//! sequence's KV is `(window_layers · min(n, window) + global_layers · n) · bytes per layer
+//! token` (Gemma 3 report, arXiv 2503.19786, §2.2). Paged, a window layer keeps the blocks
+//! vLLM's `SlidingWindowManager` keeps (at most `⌈window / block⌉ + 1`,
+//! [`crate::kv::SlidingWindow::blocks_held`]); a global layer `⌈n / block⌉`.
 
 use crate::error::{Error, Result};
 use crate::kv::{CacheGeometry, KvScheme};
@@ -99,13 +106,53 @@ impl PlanInput {
     /// KV bytes one sequence of `ctx` tokens occupies on each GPU: (held tokens rounded up to
     /// whole blocks) and the part of that which is rounding waste.
     pub fn seq_bytes(&self, scheme: &KvScheme, ctx: usize) -> (u64, u64) {
+        let b = self.seq_bytes_by_layer_type(scheme, ctx);
+        let total = b.window_paged + b.global_paged;
+        (total, total - b.window - b.global)
+    }
+
+    /// [`Self::seq_bytes`] per layer type: exact and paged bytes of the window layers and of
+    /// the global layers, on each GPU. Window layers hold `min(held, window)` tokens in the
+    /// blocks [`crate::kv::SlidingWindow::blocks_held`] leaves (never more slots than a global
+    /// layer's); global layers `held` tokens in `⌈held / block⌉` blocks.
+    pub fn seq_bytes_by_layer_type(&self, scheme: &KvScheme, ctx: usize) -> SeqBytes {
         let g = self.gpu_cache();
         let held = scheme.held_tokens(ctx);
         let paged = held.div_ceil(self.block) * self.block;
-        let exact = scheme.bytes_for_held(&g, 1, held) as u64;
-        let total = scheme.bytes_for_held(&g, 1, paged) as u64;
-        (total, total - exact)
+        let t = g.tokens_held(held);
+        let window_paged = g.window.map_or(paged, |w| {
+            (w.blocks_held(ctx, self.block) * self.block).min(paged)
+        });
+        let exact = scheme.bytes_by_layer_type(&g, 1, t.window, t.global);
+        let total = scheme.bytes_by_layer_type(&g, 1, window_paged, paged);
+        SeqBytes {
+            window: exact.window as u64,
+            global: exact.global as u64,
+            window_paged: total.window as u64,
+            global_paged: total.global as u64,
+        }
     }
+
+    /// What one sequence of `ctx` tokens would take with every layer global (the count that
+    /// ignores sliding windows), paged, on each GPU.
+    pub fn naive_seq_bytes(&self, scheme: &KvScheme, ctx: usize) -> u64 {
+        let g = self.gpu_cache().without_window();
+        let held = scheme.held_tokens(ctx);
+        scheme.bytes_for_held(&g, 1, held.div_ceil(self.block) * self.block) as u64
+    }
+}
+
+/// One sequence's KV bytes per layer type (each GPU's share).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqBytes {
+    /// Window layers, exact.
+    pub window: u64,
+    /// Global layers, exact.
+    pub global: u64,
+    /// Window layers, in whole blocks.
+    pub window_paged: u64,
+    /// Global layers, in whole blocks.
+    pub global_paged: u64,
 }
 
 /// One line of the plan.
@@ -122,8 +169,17 @@ pub struct PlanRow {
     /// Long-run KV bytes per held token, whole model (on each GPU of a tensor-parallel group:
     /// its share of the KV heads).
     pub bytes_per_token: usize,
-    /// KV bytes per sequence with paged allocation.
+    /// KV bytes per sequence with paged allocation (window layers + global layers).
     pub kv_bytes_per_seq: u64,
+    /// Of which the sliding-window layers' (0 without a window), paged: each holds
+    /// `min(context, window)` tokens.
+    pub kv_bytes_window_layers: u64,
+    /// Of which the global layers' (every layer without a window), paged: each holds the
+    /// whole context.
+    pub kv_bytes_global_layers: u64,
+    /// KV bytes per sequence were every layer global (paged), the count that ignores sliding
+    /// windows; equals `kv_bytes_per_seq` without a window.
+    pub kv_bytes_all_global: u64,
     /// Of which unused slots of the last block, bytes.
     pub paging_waste_bytes: u64,
     /// Bytes available for KV after weights and reserve.
@@ -193,6 +249,7 @@ pub fn plan_gpus(
         .flat_map(|s| {
             ctxs.iter().map(move |&ctx| {
                 let (per_seq, waste) = input.seq_bytes(s, ctx);
+                let split = input.seq_bytes_by_layer_type(s, ctx);
                 PlanRow {
                     model: input.model.name.clone(),
                     scheme: s.to_string(),
@@ -200,6 +257,9 @@ pub fn plan_gpus(
                     held_tokens: s.held_tokens(ctx),
                     bytes_per_token: s.bytes_per_token(&g),
                     kv_bytes_per_seq: per_seq,
+                    kv_bytes_window_layers: split.window_paged,
+                    kv_bytes_global_layers: split.global_paged,
+                    kv_bytes_all_global: input.naive_seq_bytes(s, ctx),
                     paging_waste_bytes: waste,
                     kv_budget_bytes: budget,
                     max_concurrency: budget / per_seq.max(1),
@@ -408,5 +468,73 @@ mod tests {
         assert_eq!(r[0].max_concurrency, 250);
         assert_eq!((r[0].replicas, r[0].total_concurrency), (2, 500));
         assert!(plan_gpus(&i, &[fp8], &[4096], 6).is_err());
+    }
+
+    /// The per-layer-type formula by hand, Gemma 3 27B (google/gemma-3-27b-it config.json:
+    /// 62 layers, 16 KV heads of 128, window 1024, every 6th layer global → 10 global, 52
+    /// window layers) at 128k tokens in fp16: (10 · 131,072 + 52 · 1024) layer-tokens ·
+    /// 2 (K, V) · 16 · 128 · 2 bytes = 1,363,968 · 8192 = 11,173,625,856 bytes (10.41 GiB),
+    /// against 62 · 131,072 · 8192 = 66,571,993,088 (62 GiB) counted all-global: 5.96×.
+    #[test]
+    fn gemma3_27b_128k_by_layer_type() {
+        let i = input("gemma-3-27b", "141GiB", 0.1);
+        let f = KvScheme::FP16;
+        let rows = plan(&i, &[f], &[131_072]).unwrap();
+        let r = &rows[0];
+        let want = 11_173_625_856u64;
+        assert!(
+            (r.kv_bytes_per_seq as f64 - want as f64).abs() <= 0.01 * want as f64,
+            "{}",
+            r.kv_bytes_per_seq
+        );
+        // 131,072 is a whole number of blocks and the window ends on a block edge: exact.
+        assert_eq!(r.kv_bytes_per_seq, want);
+        assert_eq!(r.kv_bytes_global_layers, 10 * 131_072 * 8192);
+        assert_eq!(r.kv_bytes_window_layers, 52 * 1024 * 8192);
+        assert_eq!(r.kv_bytes_all_global, 62 * 131_072 * 8192);
+        assert_eq!(r.paging_waste_bytes, 0);
+        // The budget: ⌊141 GiB · 0.9⌋ = 136,257,837,465 bytes less 2 · 27,432,406,640 of bf16
+        // weights = 81,393,024,185 → 7 sequences (all-global: 1).
+        assert_eq!(r.kv_budget_bytes, 81_393_024_185);
+        assert_eq!(r.max_concurrency, 7);
+        assert_eq!(r.kv_budget_bytes / r.kv_bytes_all_global, 1);
+    }
+
+    /// Below the window every layer holds every token: 512 tokens of Gemma 3 27B take
+    /// 62 · 512 · 8192 = 260,046,848 bytes, the all-global count.
+    #[test]
+    fn gemma3_27b_below_window_equals_naive() {
+        let i = input("gemma-3-27b", "141GiB", 0.1);
+        let r = &plan(&i, &[KvScheme::FP16], &[512]).unwrap()[0];
+        assert_eq!(r.kv_bytes_per_seq, 62 * 512 * 8192);
+        assert_eq!(r.kv_bytes_per_seq, r.kv_bytes_all_global);
+        assert_eq!(r.kv_bytes_window_layers, 52 * 512 * 8192);
+    }
+
+    /// A window that straddles a block edge keeps one block more (vLLM frees only whole
+    /// blocks): Gemma 3 27B at 131,073 tokens, blocks of 16 — global layers ⌈131,073 / 16⌉ =
+    /// 8193 blocks, window layers 8193 − ⌊130,050 / 16⌋ = 65 blocks; exact bytes hold 131,073
+    /// and 1024 tokens.
+    #[test]
+    fn gemma3_27b_window_blocks() {
+        let i = input("gemma-3-27b", "141GiB", 0.1);
+        let b = i.seq_bytes_by_layer_type(&KvScheme::FP16, 131_073);
+        assert_eq!(b.global_paged, 10 * 8193 * 16 * 8192);
+        assert_eq!(b.window_paged, 52 * 65 * 16 * 8192);
+        assert_eq!(b.global, 10 * 131_073 * 8192);
+        assert_eq!(b.window, 52 * 1024 * 8192);
+    }
+
+    /// Mistral 7B v0.1 keeps a 4096-token window on all 32 layers (config.json
+    /// `sliding_window: 4096`, no global layer): 32k tokens cost what 4k do,
+    /// 32 · 4096 · 2 · 8 · 128 · 2 = 536,870,912 bytes.
+    #[test]
+    fn mistral_all_sliding() {
+        let i = input("mistral-7b", "80GiB", 0.1);
+        let r = plan(&i, &[KvScheme::FP16], &[4096, 32_768]).unwrap();
+        assert_eq!(r[0].kv_bytes_per_seq, 536_870_912);
+        assert_eq!(r[1].kv_bytes_per_seq, 536_870_912);
+        assert_eq!(r[1].kv_bytes_global_layers, 0);
+        assert_eq!(r[1].kv_bytes_all_global, 8 * 536_870_912);
     }
 }

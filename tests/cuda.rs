@@ -60,6 +60,7 @@ fn append_writes_the_cpu_encoders_rows() {
             kv_heads: 3,
             q_heads: 3,
             head_dim: d,
+            window: None,
         };
         for name in schemes {
             let scheme: KvScheme = name.parse().unwrap();
@@ -137,6 +138,7 @@ fn attention_and_eviction_match_the_cpu_cache() {
             kv_heads: kvh,
             q_heads: qh,
             head_dim: d,
+            window: None,
         };
         for name in schemes {
             let scheme: KvScheme = name.parse().unwrap();

@@ -547,6 +547,7 @@ fn geom(layers: usize, kv_heads: usize, q_heads: usize, head_dim: usize) -> Cach
         kv_heads,
         q_heads,
         head_dim,
+        window: None,
     }
 }
 

@@ -104,7 +104,11 @@ const PROBE_BYTES: usize = 512 << 20;
 pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
     let json = a.format == AttnFormat::Json;
     // Geometry only: aliases (llama-3-8b, …) need no download.
-    let g = crate::model::geometry::for_model_arg(&a.model.model)?.cache();
+    // kvbench's cache stores every token on every layer (no sliding window at run time), so
+    // a windowed geometry (Gemma) is timed, and its bytes counted, all-global.
+    let g = crate::model::geometry::for_model_arg(&a.model.model)?
+        .cache()
+        .without_window();
     let dev = a.device.device.open()?;
     let bench = AttnBench {
         schemes: a.schemes.dtypes.0.clone(),

@@ -134,6 +134,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         kv_heads: cfg.kv_heads,
         head_dim: cfg.head_dim,
         params: crate::model::geometry::for_model_arg(&a.model.model)?.params,
+        window: None,
         decode_weight_bytes: decode.model.weight_bytes() as u64,
         prefill_weight_bytes: prefill.model.weight_bytes() as u64,
     };

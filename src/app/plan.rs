@@ -11,7 +11,8 @@ use crate::plan::{max_context, parse_bytes, parse_tokens, plan_gpus, PlanInput};
 use crate::report::plan::{self as render, PlanReport};
 
 /// Arguments of `kvbench plan`: the shared `--model` (an alias with shipped geometry —
-/// llama-3-8b, llama-3-70b, llama-2-7b, mistral-7b, qwen2.5-7b, qwen2.5-0.5b, smollm2-135m —,
+/// llama-3-8b, llama-3-70b, llama-2-7b, mistral-7b, qwen2.5-7b, qwen2.5-0.5b, smollm2-135m,
+/// gemma-3-270m, gemma-3-4b, gemma-3-27b —,
 /// a config.json or its folder, or a GGUF file; default llama-3-8b) and `--dtypes` (default
 /// fp16,fp8,int4), and the memory to plan.
 #[derive(Debug, clap::Args)]

@@ -208,6 +208,7 @@ fn model_shape(
         kv_heads: geom.kv_heads,
         head_dim: geom.head_dim,
         params: geom.params,
+        window: geom.window,
         decode_weight_bytes: decode,
         prefill_weight_bytes: prefill,
     })

@@ -398,7 +398,10 @@ fn synthetic(
     shard: Option<Shard>,
 ) -> anyhow::Result<()> {
     let model = crate::model::geometry::for_model_arg(&plan.settings.model.model)?;
-    let geom = model.cache();
+    // kvbench's cache applies no sliding window at run time: it stores (and times attention
+    // over) every token on every layer, so the points are measured and predicted all-global;
+    // the per-layer-type split of a windowed cache goes to meta.json and the closing lines.
+    let geom = model.cache().without_window();
     let memory_limit = match &plan.settings.synthetic.memory_limit {
         Some(m) => crate::util::size::parse_bytes(m)?,
         None => crate::util::memory::available_bytes().unwrap_or(u64::MAX),
@@ -426,7 +429,8 @@ fn synthetic(
         decode_weight_bytes: None,
     };
     let run_meta = run_meta(&folder, &plan.settings, RunMode::Synthetic, record, row_ctx);
-    let details = details::synthetic(&model, memory_limit, &spec);
+    let by_layer_type = crate::measure::synthetic::layer_type_bytes(&model.cache(), &spec);
+    let details = details::synthetic(&model, memory_limit, &spec, &by_layer_type);
     let bar = progress_bar(work_units(selection.units(), 0));
     let mut exec = Execution::start(folder, run_meta, details, &earlier.done, &bar)?;
     let result = crate::measure::synthetic::run(
@@ -445,6 +449,30 @@ fn synthetic(
         model.name, geom.layers, geom.kv_heads, geom.head_dim,
         memory_limit as f64 / (1u64 << 30) as f64, rayon::current_num_threads()
     );
+    if let Some(w) = model.window {
+        let g = model.cache();
+        println!(
+            "{} has a sliding window ({w}: {} window + {} global layers); the cache measured \
+             holds every token on every layer. A windowed cache would hold, per point:",
+            model.name,
+            g.window_layers(),
+            g.global_layers()
+        );
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        for r in &by_layer_type {
+            println!(
+                "  {} batch {} × {} tokens: window layers {:.3} GiB + global layers {:.3} GiB = \
+                 {:.3} GiB (all layers global: {:.3} GiB)",
+                r.scheme,
+                r.batch,
+                r.tokens,
+                gib(r.window_layers_bytes),
+                gib(r.global_layers_bytes),
+                gib(r.window_layers_bytes + r.global_layers_bytes),
+                gib(r.all_global_bytes)
+            );
+        }
+    }
     Ok(())
 }
 

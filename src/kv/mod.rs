@@ -5,7 +5,8 @@
 //! scheme's form; [`KvCache::attend`] computes causal attention for the new queries by reading
 //! the stored form directly, then applies the scheme's eviction. Memory figures come from what is
 //! stored: [`KvCache::kv_bytes`] counts every byte held (codes, scales, zero-points, residual
-//! rows, eviction bookkeeping) and equals [`KvScheme::bytes_for`].
+//! rows, eviction bookkeeping) and equals [`KvScheme::bytes_for`] for a geometry without a
+//! sliding window ([`KvCache`] applies no window at run time: every layer holds every token).
 
 //!
 //! Layout (lower floors first; a module imports only from those above it in this list, and the
@@ -20,6 +21,8 @@
 //! - [`formats`]: one file per K/V format behind the closed registry [`Quant`] (parameters,
 //!   parsing, `Display`, validation, byte formula, codec, stream, GPU form);
 //! - [`evict`]: one file per eviction policy behind the closed registry [`Eviction`];
+//! - [`window`]: hybrid attention's layer split (sliding-window and global layers, Gemma 2/3,
+//!   Mistral 7B v0.1) that the byte accounting counts per layer type;
 //! - [`scheme`] ([`KvScheme`] and its byte accounting), [`spec`] (the `evict@K/V+rot` grammar);
 //! - [`attention`], this module's [`KvCache`], and [`cuda`] (its launch [`cuda::plan`] is pure
 //!   and compiled in every build; the device side needs the `cuda` feature).
@@ -38,6 +41,7 @@ pub mod scheme;
 pub mod simd;
 pub mod spec;
 pub mod stream;
+pub mod window;
 
 use rayon::prelude::*;
 
@@ -48,9 +52,10 @@ pub use evict::Eviction;
 pub use formats::fp8::{Fp8Kind, Fp8Scale};
 pub use formats::{GpuFormat, Quant, ScaleScope};
 use quant::rotation::hadamard;
-pub use scheme::{CacheGeometry, KvScheme};
+pub use scheme::{CacheGeometry, KvScheme, LayerBytes};
 pub use spec::{parse_scheme_list, split_scheme_list, VALID_SCHEMES};
 use stream::Stream;
+pub use window::{GlobalLayers, SlidingWindow, TokensHeld};
 
 impl AttentionCache for KvCache {
     fn seen(&self, b: usize) -> usize {

@@ -5,6 +5,7 @@
 
 use super::evict::Eviction;
 use super::formats::Quant;
+use super::window::{SlidingWindow, TokensHeld};
 use crate::error::{Error, Result};
 
 /// The cache-relevant shape of a decoder.
@@ -18,6 +19,71 @@ pub struct CacheGeometry {
     pub q_heads: usize,
     /// Elements per head.
     pub head_dim: usize,
+    /// Hybrid attention: the sliding window and which layers attend globally (`None`: every
+    /// layer global, a plain Llama). Absent in run folders made before it existed.
+    #[serde(default)]
+    pub window: Option<SlidingWindow>,
+}
+
+impl CacheGeometry {
+    /// Layers that attend globally and so hold every token: all of them without a window.
+    pub fn global_layers(&self) -> usize {
+        self.window
+            .map_or(self.layers, |w| w.global_layers(self.layers))
+    }
+
+    /// Layers that keep only the sliding window (0 without one).
+    pub fn window_layers(&self) -> usize {
+        self.layers - self.global_layers()
+    }
+
+    /// Whether layer `l` (0-based) keeps only the window.
+    pub fn is_window_layer(&self, l: usize) -> bool {
+        self.window.is_some_and(|w| !w.is_global(l))
+    }
+
+    /// Tokens each layer type holds per (sequence, kv head) once `held` tokens are cached:
+    /// window layers `min(held, window)`, global layers `held` (without a window both `held`).
+    pub fn tokens_held(&self, held: usize) -> TokensHeld {
+        TokensHeld {
+            window: self.window.map_or(held, |w| held.min(w.window)),
+            global: held,
+        }
+    }
+
+    /// Tokens held summed over layers after `held` tokens (one sequence, one kv head):
+    /// `window_layers · min(held, window) + global_layers · held`. Gemma 3 27B at 131,072:
+    /// 52 · 1024 + 10 · 131,072 = 1,363,968; the same model counted all-global holds
+    /// 62 · 131,072 = 8,126,464 (5.96× more).
+    pub fn layer_tokens(&self, held: usize) -> usize {
+        let t = self.tokens_held(held);
+        self.window_layers() * t.window + self.global_layers() * t.global
+    }
+
+    /// The same shape with every layer global (the naive count, and what kvbench's own
+    /// [`super::KvCache`] stores until it applies windows at run time).
+    pub fn without_window(&self) -> Self {
+        CacheGeometry {
+            window: None,
+            ..*self
+        }
+    }
+}
+
+/// Exact KV bytes split by layer type (see [`KvScheme::bytes_by_layer_type`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct LayerBytes {
+    /// Bytes of the sliding-window layers (0 without a window).
+    pub window: usize,
+    /// Bytes of the global layers (every layer without a window).
+    pub global: usize,
+}
+
+impl LayerBytes {
+    /// Both together.
+    pub fn total(&self) -> usize {
+        self.window + self.global
+    }
 }
 
 /// A KV-cache scheme: optional eviction, K and V storage, optional Hadamard rotation.
@@ -104,24 +170,52 @@ impl KvScheme {
     /// Exact KV bytes of a whole cache after `seen` tokens per sequence: K and V, every layer,
     /// kv head and sequence, scales and zero-points included, plus eviction bookkeeping (a u32
     /// position per held token, and an f32 score for H2O) and per-layer fp8 tensor scales.
+    /// With a sliding window ([`CacheGeometry::window`]) window layers hold
+    /// `min(held, window)` tokens and global layers `held` (see [`Self::bytes_by_layer_type`]).
     pub fn bytes_for(&self, geom: &CacheGeometry, batch: usize, seen: usize) -> usize {
         self.bytes_for_held(geom, batch, self.held_tokens(seen))
     }
 
-    /// Exact KV bytes of a whole cache holding `held` tokens per (sequence, kv head) — the same
-    /// accounting as [`Self::bytes_for`] without the eviction cap (paged planning rounds `held`
-    /// up to whole blocks first).
+    /// Exact KV bytes of a whole cache holding `held` tokens per (sequence, kv head) on its
+    /// global layers and `min(held, window)` on its window layers — the same accounting as
+    /// [`Self::bytes_for`] without the eviction cap.
     pub fn bytes_for_held(&self, geom: &CacheGeometry, batch: usize, held: usize) -> usize {
+        let t = geom.tokens_held(held);
+        self.bytes_by_layer_type(geom, batch, t.window, t.global)
+            .total()
+    }
+
+    /// Exact KV bytes split by layer type, with `window_held` tokens per (sequence, kv head) on
+    /// each window layer and `global_held` on each global layer (paged planning passes the
+    /// block-rounded counts). Per layer: `batch · kv_heads · (K stream + V stream + bookkeeping)`
+    /// plus the per-layer fp8 scales of a layer holding anything. The per-layer-type formula of
+    /// hybrid models (Gemma 3 report, arXiv 2503.19786, §2.2 and Fig. 5): fp16 Gemma 3 27B after
+    /// 131,072 tokens holds `(10 · 131,072 + 52 · 1024) · 2 (K, V) · 16 heads · 128 · 2 bytes`.
+    pub fn bytes_by_layer_type(
+        &self,
+        geom: &CacheGeometry,
+        batch: usize,
+        window_held: usize,
+        global_held: usize,
+    ) -> LayerBytes {
+        LayerBytes {
+            window: geom.window_layers() * self.layer_bytes(geom, batch, window_held),
+            global: geom.global_layers() * self.layer_bytes(geom, batch, global_held),
+        }
+    }
+
+    /// Bytes of one layer holding `held` tokens per (sequence, kv head).
+    fn layer_bytes(&self, geom: &CacheGeometry, batch: usize, held: usize) -> usize {
         let d = geom.head_dim;
         let per_head = self.k.stream_bytes(d, held)
             + self.v.stream_bytes(d, held)
             + held * self.bookkeeping_bytes_per_token();
-        let layer_bytes = if held > 0 {
+        let scales = if held > 0 {
             self.k.layer_bytes() + self.v.layer_bytes()
         } else {
             0
         };
-        geom.layers * (batch * geom.kv_heads * per_head + layer_bytes)
+        batch * geom.kv_heads * per_head + scales
     }
 
     /// Eviction bookkeeping per held token and kv head: u32 position (+ f32 score for H2O).
@@ -129,16 +223,25 @@ impl KvScheme {
         self.evict.map_or(0, |e| e.bookkeeping_bytes_per_token())
     }
 
-    /// Bytes per token of context for a whole model without eviction caps: the marginal cost
-    /// of one more token once every fixed cost (residual rows, per-head scales) is paid, i.e.
+    /// Bytes per token of context on every layer without eviction caps (a token inside every
+    /// layer's window, so sliding windows do not apply): the marginal cost of one more token
+    /// once every fixed cost (residual rows, per-head scales) is paid, i.e.
     /// `(bytes(n + K) − bytes(n)) / K` for a large `n` and `K` a multiple of every token group.
     pub fn bytes_per_token(&self, geom: &CacheGeometry) -> usize {
         let plain = KvScheme {
             evict: None,
             ..*self
         };
+        let geom = geom.without_window();
         let k = self.k.token_group() * self.v.token_group();
         let n = 1 << 20;
-        (plain.bytes_for(geom, 1, n + k) - plain.bytes_for(geom, 1, n)) / k
+        (plain.bytes_for(&geom, 1, n + k) - plain.bytes_for(&geom, 1, n)) / k
+    }
+
+    /// [`Self::bytes_per_token`] of one layer (every layer stores the same rows):
+    /// `bytes_per_token / layers`. Bytes a decode step reads are this times
+    /// [`CacheGeometry::layer_tokens`].
+    pub fn bytes_per_layer_token(&self, geom: &CacheGeometry) -> f64 {
+        self.bytes_per_token(geom) as f64 / geom.layers.max(1) as f64
     }
 }

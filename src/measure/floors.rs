@@ -118,7 +118,9 @@ impl DecodeStepFloor {
 /// after the append (so its row is counted once written and once read; a fused kernel could
 /// keep it in registers, a difference of 1/`held`). For eviction schemes pass the capped count
 /// the cache holds while it attends. Per-channel (KIVI) keys: the new row is written to the
-/// fp16 residual; the occasional quantization of a full token group is not counted.
+/// fp16 residual; the occasional quantization of a full token group is not counted. With a
+/// sliding window ([`CacheGeometry::window`]) window layers read and score `min(held, window)`
+/// tokens, global layers `held`.
 pub fn decode_step(
     scheme: &KvScheme,
     geom: &CacheGeometry,
@@ -126,23 +128,24 @@ pub fn decode_step(
     held: usize,
 ) -> DecodeStepFloor {
     let (layers, batch64) = (geom.layers as u64, batch as u64);
-    let (kvh, qh, d, n) = (
+    let (kvh, qh, d) = (
         geom.kv_heads as u64,
         geom.q_heads as u64,
         geom.head_dim as u64,
-        held as u64,
     );
     let qo = layers * batch64 * qh * d * F32_BYTES;
     let row = KvScheme::row_bytes(scheme.k, geom.head_dim)
         + KvScheme::row_bytes(scheme.v, geom.head_dim)
         + scheme.bookkeeping_bytes_per_token();
-    let per_head = 2 * d * n + 2 * d * n + SOFTMAX_FLOPS_PER_SCORE * n;
+    // Keys scored per query head, summed over layers: `layers · held`, or with a sliding
+    // window `window_layers · min(held, window) + global_layers · held`.
+    let scored = geom.layer_tokens(held) as u64;
     DecodeStepFloor {
         kv_read_bytes: scheme.bytes_for_held(geom, batch, held) as u64,
         query_read_bytes: qo,
         output_write_bytes: qo,
         append_write_bytes: layers * batch64 * kvh * row as u64,
-        flops: layers * batch64 * qh * per_head,
+        flops: batch64 * qh * (4 * d + SOFTMAX_FLOPS_PER_SCORE) * scored,
     }
 }
 
@@ -156,12 +159,14 @@ mod tests {
         kv_heads: 3,
         q_heads: 9,
         head_dim: 64,
+        window: None,
     };
     const LLAMA3_8B: CacheGeometry = CacheGeometry {
         layers: 32,
         kv_heads: 8,
         q_heads: 32,
         head_dim: 128,
+        window: None,
     };
 
     // SmolLM2-135M, batch 1, 8192 tokens held, shared by the fp16 and int8 tests.

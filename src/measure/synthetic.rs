@@ -8,7 +8,7 @@
 
 use candle_core::{Device, Tensor};
 
-use crate::kv::{AttentionCache, CacheGeometry, KvCache};
+use crate::kv::{AttentionCache, CacheGeometry, KvCache, KvScheme};
 use crate::util::noise::Noise;
 
 /// Synthetic K and V for `n` tokens: `[batch, kv_heads, n, head_dim]` each. Every 16th channel
@@ -202,6 +202,65 @@ fn point(
     })
 }
 
+/// KV bytes of one synthetic point split by layer type, for a geometry with a sliding window:
+/// what a windowed cache holds after the point's `seq_len + gen − 1` tokens per sequence
+/// ([`KvScheme::bytes_by_layer_type`]: window layers `min(n, window)` tokens, global layers
+/// `n`), next to every layer holding `n` (what kvbench's [`KvCache`] stores: it applies no
+/// window at run time, so the point's measured `kv_bytes` is `all_global_bytes`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LayerTypeBytes {
+    /// Scheme spec.
+    pub scheme: String,
+    /// Sequences.
+    pub batch: usize,
+    /// Prompt tokens per sequence.
+    pub seq_len: usize,
+    /// Tokens per sequence the bytes are counted at (`seq_len + gen − 1`).
+    pub tokens: usize,
+    /// The window layers' bytes, all sequences.
+    pub window_layers_bytes: usize,
+    /// The global layers' bytes, all sequences.
+    pub global_layers_bytes: usize,
+    /// Every layer holding every token (the naive count), all sequences.
+    pub all_global_bytes: usize,
+}
+
+/// [`LayerTypeBytes`] for every scheme × batch × length of `spec`, in the sweep's order;
+/// empty when `geom` has no window.
+pub fn layer_type_bytes(
+    geom: &CacheGeometry,
+    spec: &super::sweep::SweepSpec,
+) -> Vec<LayerTypeBytes> {
+    if geom.window.is_none() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for &batch in &spec.batch_sizes {
+        for &seq_len in &spec.seq_lens {
+            for scheme in &spec.schemes {
+                let tokens = seq_len + spec.gen.max(1) - 1;
+                let t = geom.tokens_held(scheme.held_tokens(tokens));
+                let b = scheme.bytes_by_layer_type(geom, batch, t.window, t.global);
+                out.push(LayerTypeBytes {
+                    scheme: scheme.to_string(),
+                    batch,
+                    seq_len,
+                    tokens,
+                    window_layers_bytes: b.window,
+                    global_layers_bytes: b.global,
+                    all_global_bytes: KvScheme::bytes_for(
+                        scheme,
+                        &geom.without_window(),
+                        batch,
+                        tokens,
+                    ),
+                });
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +274,25 @@ mod tests {
         }
     }
 
+    /// Gemma 3 27B's split at 2048 + 2 − 1 = 2049 tokens, batch 1, fp16: 10 global layers ×
+    /// 2049 and 52 window layers × 1024 tokens, at 2 · 16 · 128 · 2 = 8192 bytes per layer
+    /// token: 167,854,080 and 436,207,616 bytes; every layer global 62 · 2049 · 8192 =
+    /// 1,040,695,296.
+    #[test]
+    fn layer_type_bytes_gemma3_by_hand() {
+        let g = crate::model::geometry::geometry("gemma-3-27b")
+            .unwrap()
+            .cache();
+        let spec = SweepSpec::timing_only(vec![KvScheme::FP16], vec![1], vec![2048], 2, 1);
+        let r = layer_type_bytes(&g, &spec);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].tokens, 2049);
+        assert_eq!(r[0].global_layers_bytes, 167_854_080);
+        assert_eq!(r[0].window_layers_bytes, 436_207_616);
+        assert_eq!(r[0].all_global_bytes, 1_040_695_296);
+        assert!(layer_type_bytes(&g.without_window(), &spec).is_empty());
+    }
+
     /// Measured bytes equal the formula at every point, and a point over the memory limit is
     /// recorded as `oom` while the next point still runs.
     #[test]
@@ -224,6 +302,7 @@ mod tests {
             kv_heads: 2,
             q_heads: 4,
             head_dim: 64,
+            window: None,
         };
         let spec = SweepSpec::timing_only(
             vec![

@@ -62,6 +62,7 @@ impl ModelConfig {
             kv_heads: self.kv_heads,
             q_heads: self.q_heads,
             head_dim: self.head_dim,
+            window: None,
         }
     }
 }

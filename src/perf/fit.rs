@@ -185,6 +185,7 @@ pub fn fit(
         kv_heads: shape.kv_heads,
         q_heads: shape.q_heads,
         head_dim: shape.head_dim,
+        window: None,
     };
     let line = |pts: Vec<(f64, f64)>| -> Result<[f64; 2]> {
         let rows: Vec<Vec<f64>> = pts.iter().map(|p| vec![1.0, p.0]).collect();
@@ -409,6 +410,7 @@ mod tests {
             kv_heads: 3,
             head_dim: 64,
             params: 134_515_008,
+            window: None,
             decode_weight_bytes: 143_000_000,
             prefill_weight_bytes: 538_000_000,
         }
@@ -427,6 +429,7 @@ mod tests {
             kv_heads: 3,
             q_heads: 9,
             head_dim: 64,
+            window: None,
         };
         let int4: KvScheme = "int4".parse().unwrap();
         let bpt16 = KvScheme::FP16.bytes_per_token(&geom) as f64;

@@ -25,7 +25,7 @@ pub mod fit;
 pub mod profile;
 
 use crate::error::{Error, Result};
-use crate::kv::{CacheGeometry, KvScheme};
+use crate::kv::{CacheGeometry, KvScheme, SlidingWindow};
 
 pub use profile::DeviceProfile;
 
@@ -42,6 +42,9 @@ pub struct ModelShape {
     pub head_dim: usize,
     /// Parameters (matrix products cost 2 FLOPs per parameter per token).
     pub params: u64,
+    /// Hybrid attention's sliding window (`None`: every layer global): window layers read and
+    /// attend over at most `window` tokens.
+    pub window: Option<SlidingWindow>,
     /// Bytes the weights a decode step reads occupy (all GPUs together).
     pub decode_weight_bytes: u64,
     /// Bytes the weights a prefill reads occupy (all GPUs together).
@@ -148,6 +151,7 @@ impl PerfModel {
             kv_heads: (self.shape.kv_heads / self.tp).max(1),
             q_heads: self.shape.q_heads / self.tp,
             head_dim: self.shape.head_dim,
+            window: self.shape.window,
         }
     }
 
@@ -200,39 +204,68 @@ impl PerfModel {
         }
     }
 
-    /// Attention over `pairs` (query, key) pairs reading `held` cached tokens (per GPU).
-    fn attention(&self, cost: &mut Terms, pairs: f64, held: f64) {
+    /// Attention over `layer_pairs` (query, key) pairs summed over layers, reading
+    /// `layer_tokens` cached tokens summed over layers (per GPU, each at the scheme's
+    /// [`KvScheme::bytes_per_layer_token`]).
+    fn attention(&self, cost: &mut Terms, layer_pairs: f64, layer_tokens: f64) {
         let g = self.gpu_geometry();
-        let bpt = self.scheme.bytes_per_token(&g) as f64;
-        let flops = 4.0 * (g.q_heads * g.head_dim * g.layers) as f64 * pairs;
-        cost.kv_read_s = held * bpt / (self.bw() * self.kv_efficiency());
+        let bpt = self.scheme.bytes_per_layer_token(&g);
+        let flops = 4.0 * (g.q_heads * g.head_dim) as f64 * layer_pairs;
+        cost.kv_read_s = layer_tokens * bpt / (self.bw() * self.kv_efficiency());
         cost.attention_s = flops / (self.peak() * self.profile.efficiency.attention);
     }
 
     /// One decode step of a batch whose sequences have seen `contexts` tokens each (before the
     /// step's token): each attends over what it holds (eviction caps applied) plus its new
-    /// token.
+    /// token — on a window layer over at most `window` of them
+    /// ([`CacheGeometry::layer_tokens`]).
     pub fn decode(&self, contexts: &[usize]) -> Terms {
         let e = &self.profile.efficiency;
         let e_mm = e.decode_matmul_at(contexts.len());
         let mut c = self.common(contexts.len(), self.shape.decode_weight_bytes, e_mm);
-        let held: f64 = contexts
+        let g = self.gpu_geometry();
+        let read: f64 = contexts
             .iter()
-            .map(|&s| self.scheme.held_tokens(s) as f64 + 1.0)
+            .map(|&s| g.layer_tokens(self.scheme.held_tokens(s) + 1) as f64)
             .sum();
-        self.attention(&mut c, held, held);
+        self.attention(&mut c, read, read);
         c
     }
 
     /// Prefilling `tokens` new tokens of one sequence after `context` cached ones: causal
-    /// attention over the cached tokens and the new ones before each.
+    /// attention over the cached tokens and the new ones before each (on a window layer over
+    /// the last `window` of them: new token `q` of the sequence attends `min(q, window)` keys),
+    /// reading the cached ones once per layer (`min(context, window)` on a window layer).
     pub fn prefill(&self, tokens: usize, context: usize) -> Terms {
         let e_mm = self.profile.efficiency.prefill_matmul_at(tokens);
         let mut c = self.common(tokens, self.shape.prefill_weight_bytes, e_mm);
-        let (t, ctx) = (tokens as f64, self.scheme.held_tokens(context) as f64);
-        let pairs = t * ctx + t * (t + 1.0) / 2.0;
-        self.attention(&mut c, pairs, ctx);
+        let g = self.gpu_geometry();
+        let ctx = self.scheme.held_tokens(context);
+        let (t, ctx_f) = (tokens as f64, ctx as f64);
+        let global = t * ctx_f + t * (t + 1.0) / 2.0;
+        let windowed = match g.window {
+            Some(w) => sum_min(ctx + 1, ctx + tokens, w.window),
+            None => global,
+        };
+        let pairs = g.global_layers() as f64 * global + g.window_layers() as f64 * windowed;
+        self.attention(&mut c, pairs, g.layer_tokens(ctx) as f64);
         c
+    }
+}
+
+/// `Σ_{q=a}^{b} min(q, w)` (0 when `b < a`): the keys new tokens at positions `a..=b` (1-based)
+/// attend on a window layer of `w` tokens.
+fn sum_min(a: usize, b: usize, w: usize) -> f64 {
+    if b < a {
+        return 0.0;
+    }
+    let tri = |lo: usize, hi: usize| (lo + hi) as f64 * (hi - lo + 1) as f64 / 2.0;
+    if b <= w {
+        tri(a, b)
+    } else if a > w {
+        (b - a + 1) as f64 * w as f64
+    } else {
+        tri(a, w) + (b - w) as f64 * w as f64
     }
 }
 
@@ -281,6 +314,7 @@ layer_us = 1
             kv_heads: 2,
             head_dim: 32,
             params: 1_000_000_000,
+            window: None,
             decode_weight_bytes: 2_000_000_000,
             prefill_weight_bytes: 2_000_000_000,
         }
@@ -337,5 +371,36 @@ layer_us = 1
         let flops = 4.0 * 4.0 * 32.0 * 2.0 * 10_050.0;
         assert!((c.attention_s - flops / 5e13).abs() < 1e-18);
         assert!((c.kv_read_s - 50.0 * 512.0 / 5e11).abs() < 1e-18);
+    }
+
+    /// The same 2-layer shape with layer 0 on a 100-token window and layer 1 global (Gemma
+    /// 2's 1:1 split), 256 bytes per layer token in fp16. Decode at 999 and 1,999 tokens:
+    /// window layer reads 100 + 100, global layer 1000 + 2000 tokens → 3,200 · 256 / 5e11;
+    /// attention 4 · 4 · 32 · 3,200 FLOPs. Prefill of 100 after 50: the window layer attends
+    /// Σ_{q=51}^{150} min(q, 100) = 3,775 + 5,000 = 8,775 keys, the global one 10,050, and
+    /// reads 50 + 50 cached tokens.
+    #[test]
+    fn window_layers_read_at_most_the_window() {
+        let hybrid = ModelShape {
+            window: Some(SlidingWindow::every(100, 2)),
+            ..shape()
+        };
+        let m = PerfModel::new(device(), hybrid, KvScheme::FP16, 1).unwrap();
+        let c = m.decode(&[999, 1999]);
+        assert!((c.kv_read_s - 3200.0 * 256.0 / 5e11).abs() < 1e-18);
+        assert!((c.attention_s - 4.0 * 4.0 * 32.0 * 3200.0 / 5e13).abs() < 1e-18);
+        let p = m.prefill(100, 50);
+        assert!((p.attention_s - 4.0 * 4.0 * 32.0 * (8775.0 + 10_050.0) / 5e13).abs() < 1e-18);
+        assert!((p.kv_read_s - 100.0 * 256.0 / 5e11).abs() < 1e-18);
+        // Every layer windowed at 100 (Mistral-style): 200 tokens read per layer.
+        let all = ModelShape {
+            window: Some(SlidingWindow {
+                window: 100,
+                global: crate::kv::GlobalLayers::None,
+            }),
+            ..shape()
+        };
+        let m = PerfModel::new(device(), all, KvScheme::FP16, 1).unwrap();
+        assert!((m.decode(&[999, 1999]).kv_read_s - 400.0 * 256.0 / 5e11).abs() < 1e-18);
     }
 }

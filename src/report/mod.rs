@@ -980,6 +980,7 @@ mod tests {
                 kv_heads: 1,
                 q_heads: 1,
                 head_dim: 64,
+                window: None,
             },
             decode_weight_bytes: None,
         };
@@ -1043,6 +1044,7 @@ mod tests {
                 kv_heads: 1,
                 q_heads: 1,
                 head_dim: 64,
+                window: None,
             },
             decode_weight_bytes: None,
         };
@@ -1117,6 +1119,7 @@ mod tests {
                 kv_heads: 1,
                 q_heads: 1,
                 head_dim: 64,
+                window: None,
             },
             decode_weight_bytes: None,
         };

@@ -36,9 +36,15 @@ fn gib(b: u64) -> f64 {
 /// The table and notes `kvbench plan` prints.
 pub fn table(p: &PlanReport) -> String {
     let (m, input) = (&p.input.model, &p.input);
+    let hybrid = m.window.is_some();
     let mut s = format!(
-        "{} ({} layers, {} kv heads × {}), weights {} = {:.2} GiB, memory {:.2} GiB, reserve {:.0} %, KV budget {:.2} GiB, blocks of {} tokens\n",
-        m.name, m.layers, m.kv_heads, m.head_dim, p.weights_dtype, gib(input.weight_bytes),
+        "{} ({} layers{}, {} kv heads × {}), weights {} = {:.2} GiB, memory {:.2} GiB, reserve {:.0} %, KV budget {:.2} GiB, blocks of {} tokens\n",
+        m.name, m.layers,
+        m.window.map_or(String::new(), |w| {
+            let g = m.cache().global_layers();
+            format!(": {} window + {g} global, {w}", m.layers - g)
+        }),
+        m.kv_heads, m.head_dim, p.weights_dtype, gib(input.weight_bytes),
         gib(input.memory_bytes), input.reserve * 100.0,
         gib(p.rows.first().map_or(0, |r| r.kv_budget_bytes)), input.block
     );
@@ -59,13 +65,21 @@ pub fn table(p: &PlanReport) -> String {
         ));
     }
     s.push_str(&format!(
-        "{:<28} {:>8} {:>12} {:>14} {:>12} {:>12}{}\n",
+        "{:<28} {:>8} {:>12} {:>14} {:>12} {:>12}{}{}\n",
         "scheme",
         "context",
         "bytes/token",
         "GiB/sequence",
         "waste MiB",
         "max seqs",
+        if hybrid {
+            format!(
+                " {:>12} {:>12} {:>14} {:>14}",
+                "window GiB", "global GiB", "all-global GiB", "all-global seqs"
+            )
+        } else {
+            String::new()
+        },
         if tp {
             format!(" {:>4} {:>9} {:>12}", "TP", "KV h/GPU", "total seqs")
         } else {
@@ -74,13 +88,24 @@ pub fn table(p: &PlanReport) -> String {
     ));
     for r in &p.rows {
         s.push_str(&format!(
-            "{:<28} {:>8} {:>12} {:>14.3} {:>12.2} {:>12}{}\n",
+            "{:<28} {:>8} {:>12} {:>14.3} {:>12.2} {:>12}{}{}\n",
             r.scheme,
             r.ctx,
             r.bytes_per_token,
             gib(r.kv_bytes_per_seq),
             r.paging_waste_bytes as f64 / (1u64 << 20) as f64,
             r.max_concurrency,
+            if hybrid {
+                format!(
+                    " {:>12.3} {:>12.3} {:>14.3} {:>14}",
+                    gib(r.kv_bytes_window_layers),
+                    gib(r.kv_bytes_global_layers),
+                    gib(r.kv_bytes_all_global),
+                    r.kv_budget_bytes / r.kv_bytes_all_global.max(1)
+                )
+            } else {
+                String::new()
+            },
             if tp {
                 format!(
                     " {:>4} {:>9} {:>12}",
@@ -89,6 +114,28 @@ pub fn table(p: &PlanReport) -> String {
             } else {
                 String::new()
             }
+        ));
+    }
+    if let Some(w) = m.window {
+        let g = m.cache().global_layers();
+        s.push_str(&format!(
+            "note: per layer type, a sequence of n tokens holds {} window layers × min(n, {}) + \
+             {g} global layers × n tokens; bytes/token is every layer's (a token inside the \
+             window); all-global counts every layer holding n tokens, the figure that ignores \
+             the window{}\n",
+            m.layers - g,
+            w.window,
+            p.rows
+                .iter()
+                .rev()
+                .filter(|r| r.kv_bytes_per_seq > 0 && r.kv_bytes_all_global > r.kv_bytes_per_seq)
+                .max_by_key(|r| r.ctx)
+                .map_or(String::new(), |r| format!(
+                    " ({:.2}× too much for {} at {} tokens)",
+                    r.kv_bytes_all_global as f64 / r.kv_bytes_per_seq as f64,
+                    r.scheme,
+                    r.ctx
+                ))
         ));
     }
     for &c in p.ctxs.iter().filter(|&&c| c > m.max_ctx) {

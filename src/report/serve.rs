@@ -895,6 +895,7 @@ mod tests {
         kv_heads: 3,
         q_heads: 9,
         head_dim: 64,
+        window: None,
     };
 
     fn tmp(name: &str) -> std::path::PathBuf {

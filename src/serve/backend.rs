@@ -176,6 +176,7 @@ mod tests {
             kv_heads: 2,
             q_heads: 4,
             head_dim: 64,
+            window: None,
         };
         let s: KvScheme = "int4".parse().unwrap();
         let filled = |n: usize| {

@@ -596,6 +596,7 @@ pub(crate) mod tests {
                 kv_heads: 3,
                 q_heads: 9,
                 head_dim: 64,
+                window: None,
             },
             block_tokens: 16,
         }
@@ -659,6 +660,54 @@ pub(crate) mod tests {
             .recv_timeout(std::time::Duration::from_secs(20))
             .expect("the scheduler finished (it spun before the fix)");
         assert_eq!(served.unwrap(), 3);
+    }
+
+    /// A sliding window frees blocks (vLLM's `SlidingWindowManager`): 2 layers, layer 0 on a
+    /// 16-token window, layer 1 global, blocks of 16 tokens of both layers. A request of 200
+    /// prompt + 100 output tokens holds, at 300 tokens, 2 window blocks (⌈300/16⌉ −
+    /// ⌊285/16⌋ = 19 − 17) = 32 slots on layer 0 and 300 tokens on layer 1: ⌈332 / 32⌉ = 11
+    /// pool blocks (the most in its life; 289 tokens: ⌈321 / 32⌉ = 11), so a pool of 12
+    /// serves it; counted all-global it needs ⌈300 / 16⌉ = 19 and is refused.
+    #[test]
+    fn sliding_window_frees_blocks() {
+        let sizer = BlockSizer {
+            scheme: crate::kv::KvScheme::FP16,
+            geom: CacheGeometry {
+                layers: 2,
+                kv_heads: 1,
+                q_heads: 1,
+                head_dim: 64,
+                window: Some(crate::kv::SlidingWindow::every(16, 2)),
+            },
+            block_tokens: 16,
+        };
+        assert_eq!(sizer.blocks_for(300), 11);
+        assert_eq!(sizer.peak_blocks(300), 11);
+        let cfg = SchedConfig {
+            sizer,
+            kv_budget: 12 * sizer.block_bytes(),
+            max_num_seqs: 4,
+            prefix_tokens: 0,
+            prefix_caching: false,
+        };
+        let o = run(cfg, &reqs(1, 200, 100), &[]);
+        assert_eq!(o.requests[0].status, "ok");
+        assert_eq!(o.requests[0].output_tokens, 100);
+        let naive = BlockSizer {
+            geom: sizer.geom.without_window(),
+            ..sizer
+        };
+        assert_eq!(naive.peak_blocks(300), 19);
+        let o = run(
+            SchedConfig {
+                sizer: naive,
+                kv_budget: 12 * naive.block_bytes(),
+                ..cfg
+            },
+            &reqs(1, 200, 100),
+            &[],
+        );
+        assert_ne!(o.requests[0].status, "ok");
     }
 
     /// A pool of 10 blocks (16 tokens each), 4 requests of 40 prompt tokens (3 blocks) and 10

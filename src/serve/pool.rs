@@ -12,6 +12,15 @@
 //! q4_0) that is exactly `⌈held / block_tokens⌉` blocks, as in vLLM; formats with a per-sequence
 //! tail (KIVI's full-precision residual rows) take the extra blocks their tail needs; eviction
 //! schemes hold only their capped tokens (vLLM frees the blocks a sliding window has left).
+//!
+//! Hybrid models ([`crate::kv::SlidingWindow`]: Gemma 2 and 3, Mistral 7B v0.1) are one pool
+//! of bytes as vLLM's hybrid KV cache manager makes them (`vllm/v1/core/kv_cache_manager.py`
+//! with one `SingleTypeKVCacheManager` per layer group, `single_type_kv_cache_manager.py`): a
+//! global layer's table grows by a block every `block_tokens` tokens; a window layer's stops
+//! at the blocks `SlidingWindowManager.remove_skipped_blocks` leaves — at most
+//! `⌈window / block_tokens⌉ + 1` ([`crate::kv::SlidingWindow::blocks_held`]). A sequence's bytes
+//! are the window layers' (capped) plus the global layers' ([`BlockSizer::paged_bytes`]), in
+//! blocks of `block_tokens` tokens of every layer.
 
 use crate::error::{Error, Result};
 use crate::kv::{CacheGeometry, KvScheme};
@@ -44,9 +53,29 @@ impl BlockSizer {
         self.scheme.bytes_for(&self.geom, 1, seen) as u64
     }
 
-    /// Blocks one sequence needs after `seen` tokens: `⌈seq_bytes(seen) / block_bytes⌉`.
+    /// Bytes one sequence's block tables cover after `seen` tokens: without a window
+    /// [`Self::seq_bytes`]; with one, the window layers at the slots of the blocks vLLM keeps
+    /// ([`crate::kv::SlidingWindow::blocks_held`] × `block_tokens`, never more than the tokens
+    /// held) plus the global layers at every held token. Gemma 3 27B (10 global + 52 window
+    /// layers of 16 KV heads × 128) in fp16 with blocks of 16, after 4,097 tokens: window
+    /// layers keep 257 − ⌊3074 / 16⌋ = 65 blocks = 1,040 slots, so 52 · 1,040 · 8192 +
+    /// 10 · 4,097 · 8192 bytes.
+    pub fn paged_bytes(&self, seen: usize) -> u64 {
+        let g = &self.geom;
+        let held = self.scheme.held_tokens(seen);
+        let Some(w) = g.window else {
+            return self.seq_bytes(seen);
+        };
+        let slots = (w.blocks_held(seen, self.block_tokens) * self.block_tokens).min(held);
+        self.scheme
+            .bytes_by_layer_type(g, 1, slots.max(held.min(w.window)), held)
+            .total() as u64
+    }
+
+    /// Blocks one sequence needs after `seen` tokens: `⌈paged_bytes(seen) / block_bytes⌉`
+    /// (`⌈seq_bytes(seen) / block_bytes⌉` without a window).
     pub fn blocks_for(&self, seen: usize) -> usize {
-        self.seq_bytes(seen).div_ceil(self.block_bytes().max(1)) as usize
+        self.paged_bytes(seen).div_ceil(self.block_bytes().max(1)) as usize
     }
 
     /// The most blocks one sequence holds at any point of a life of `seen` tokens:
@@ -57,8 +86,17 @@ impl BlockSizer {
     /// length, then failed for want of a block). Within one period of the formats' token
     /// groups the bytes only grow, and each period's peak exceeds the one before, so the maximum
     /// is in the last `k group × v group` tokens: those are the only ones evaluated.
+    /// With a sliding window the window layers' blocks rise and fall by one every
+    /// `block_tokens` tokens (a block is freed as the window leaves it), so the last
+    /// `groups × block_tokens` tokens are evaluated.
     pub fn peak_blocks(&self, seen: usize) -> usize {
-        let period = self.scheme.k.token_group() * self.scheme.v.token_group();
+        let period = self.scheme.k.token_group()
+            * self.scheme.v.token_group()
+            * if self.geom.window.is_some() {
+                self.block_tokens.max(1)
+            } else {
+                1
+            };
         (seen.saturating_sub(period)..=seen)
             .map(|s| self.blocks_for(s))
             .max()
@@ -275,6 +313,7 @@ mod tests {
             kv_heads: 3,
             q_heads: 9,
             head_dim: 64,
+            window: None,
         }
     }
 
@@ -387,5 +426,37 @@ mod tests {
         }
         assert_eq!(p.used(), 0);
         assert_eq!(p.free(), 20);
+    }
+
+    /// Gemma 3 27B (62 layers: 10 global, 52 with a 1024-token window; 16 KV heads × 128) in
+    /// fp16, blocks of 16: a block is 16 · 62 · 8192 = 8,126,464 bytes. At 512 tokens every
+    /// layer holds 512 → 32 blocks; at 131,072 the window layers keep 64 blocks (1024 slots)
+    /// and the global ones 8192: (52 · 1024 + 10 · 131,072) / (62 · 16) = 1,363,968 / 992 =
+    /// 1374.96 → 1375 blocks, against 8192 counted all-global. At 131,073 the window straddles
+    /// a block edge: 52 · 1040 + 10 · 131,073 = 1,364,810 / 992 → 1376 blocks.
+    #[test]
+    fn gemma3_window_blocks_by_hand() {
+        let g = crate::model::geometry::geometry("gemma-3-27b")
+            .unwrap()
+            .cache();
+        let s = BlockSizer {
+            scheme: KvScheme::FP16,
+            geom: g,
+            block_tokens: 16,
+        };
+        assert_eq!(s.block_bytes(), 8_126_464);
+        assert_eq!(s.blocks_for(512), 32);
+        assert_eq!(s.blocks_for(131_072), 1375);
+        assert_eq!(s.blocks_for(131_073), 1376);
+        assert_eq!(s.seq_bytes(131_072), 1_363_968 * 8192);
+        let naive = BlockSizer {
+            geom: g.without_window(),
+            ..s
+        };
+        assert_eq!(naive.blocks_for(131_072), 8192);
+        // At 131,087 the window layers are back to 64 blocks (8193 − ⌊130,064 / 16⌋ = 8129):
+        // 52 · 1024 + 10 · 131,087 = 1,364,118 / 992 → 1376 blocks still.
+        assert_eq!(s.blocks_for(131_087), 1376);
+        assert_eq!(s.peak_blocks(131_087), 1376);
     }
 }

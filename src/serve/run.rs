@@ -99,6 +99,7 @@ pub fn plan_geometry(name: &str, geom: CacheGeometry, max_ctx: usize) -> ModelGe
         head_dim: geom.head_dim,
         max_ctx,
         params: 0,
+        window: geom.window,
         weight_dtype: "gguf".into(),
         source: "loaded model".into(),
     }

@@ -156,6 +156,7 @@ layer_us = 0
             kv_heads: 1,
             head_dim: 2,
             params: 500_000_000,
+            window: None,
             decode_weight_bytes: 1_000_000_000,
             prefill_weight_bytes: 1_000_000_000,
         };
@@ -167,6 +168,7 @@ layer_us = 0
                 kv_heads: 1,
                 q_heads: 1,
                 head_dim: 2,
+                window: None,
             },
             block_tokens: 16,
         };

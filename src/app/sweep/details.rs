@@ -189,16 +189,18 @@ fn generation(
     }
 }
 
-/// The sections of a synthetic sweep's `meta.json`: what it times, the geometry, the memory
-/// limit, the spec.
+/// The sections of a synthetic sweep's `meta.json`: what it times, the geometry, the KV bytes
+/// per layer type of a windowed geometry (empty without a window), the memory limit, the spec.
 pub(super) fn synthetic(
     model: &crate::model::geometry::ModelGeometry,
     memory_limit: u64,
     spec: &SweepSpec,
+    by_layer_type: &[crate::measure::synthetic::LayerTypeBytes],
 ) -> serde_json::Map<String, serde_json::Value> {
     object(serde_json::json!({
         "mode_description": "attention + append only, synthetic K/V (outlier key channels), no weights",
         "model_geometry": model,
+        "kv_bytes_by_layer_type": by_layer_type,
         "memory_limit_bytes": memory_limit,
         "sweep": spec,
         "csv_columns": CSV_COLUMNS,

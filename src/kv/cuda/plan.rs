@@ -924,6 +924,7 @@ mod tests {
             kv_heads,
             q_heads,
             head_dim,
+            window: None,
         }
     }
 
