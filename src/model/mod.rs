@@ -6,11 +6,14 @@
 //!
 //! Architecture as in Touvron et al. 2023 (Llama 2, §2.2): pre-norm RMSNorm, rotary position
 //! embeddings (RoFormer, Su et al. 2021), grouped-query attention (Ainslie et al. 2023), SwiGLU MLP.
-//! Qwen2 adds biases to the q/k/v projections.
+//! Qwen2 adds biases to the q/k/v projections. Gemma 3 ([`gemma3`]) runs through the same
+//! [`Model`] with its own forward pass ([`DecoderVariant`]) and a SentencePiece tokenizer
+//! ([`spm`]).
 
 pub mod decoder;
 pub mod device;
 pub mod fetch;
+pub mod gemma3;
 pub mod geometry;
 pub mod gguf;
 pub mod gguf_scan;
@@ -19,10 +22,11 @@ pub mod load;
 pub mod qmatmul;
 pub mod safetensors;
 pub mod shapes;
+pub mod spm;
 pub mod tokenizer;
 
 pub use decoder::{
-    argmax_rows, Block, LayerInputFn, LayerInputHook, Linear, Model, ModelConfig, ModelSource,
+    argmax_rows, Block, DecoderVariant, LayerInputFn, LayerInputHook, Linear, Model, ModelConfig, ModelSource,
     RopeStyle, WeightDtype,
 };
 pub use device::DeviceSpec;
