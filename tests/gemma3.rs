@@ -94,21 +94,27 @@ fn compare(logits: &Tensor, positions: &Value, probe: &[u32], tol: f32) -> f32 {
 }
 
 /// The prompt's logits, no cache (candle ops, f32) vs numpy float64 on the same dequantized
-/// weights. Tolerance 2e-3 on logits of magnitude ~10–40: f32 accumulation over 18 layers
-/// (measured max in the test output).
+/// weights. Tolerance 5e-4 on logits of magnitude ~10–40: f32 accumulation over 18 layers
+/// (measured 2.1e-5).
 #[test]
 fn gemma3_logits_match_numpy_reference() {
     let Some(m) = gemma() else { return };
     let r = reference();
     let prompt = ids(&r["prompt_ids"]);
     let probe = ids(&r["probe_ids"]);
-    let logits = m.model.forward(&prompt, 1, None).unwrap().squeeze(0).unwrap();
-    let worst = compare(&logits, &r["prompt"], &probe, 2e-3);
+    let logits = m
+        .model
+        .forward(&prompt, 1, None)
+        .unwrap()
+        .squeeze(0)
+        .unwrap();
+    let worst = compare(&logits, &r["prompt"], &probe, 5e-4);
     eprintln!("gemma3 prompt logits: max |diff| vs numpy = {worst:.2e}");
 }
 
 /// The same through the fp16 KV cache: 9 tokens prefilled, then 5 decode steps one token at a
-/// time. The cache rounds K and V to fp16 (relative error ≤ 2⁻¹¹), hence a looser 0.05.
+/// time. The cache rounds K and V to fp16 (relative error ≤ 2⁻¹¹), hence a looser 0.03
+/// (measured 2.1e-3).
 #[test]
 fn gemma3_cached_decode_matches_numpy_reference() {
     let Some(m) = gemma() else { return };
@@ -132,7 +138,7 @@ fn gemma3_cached_decode_matches_numpy_reference() {
         );
     }
     let logits = Tensor::cat(&rows, 0).unwrap();
-    let worst = compare(&logits, &r["prompt"], &probe, 0.05);
+    let worst = compare(&logits, &r["prompt"], &probe, 0.03);
     eprintln!("gemma3 cached (fp16) logits: max |diff| vs numpy = {worst:.2e}");
 }
 
@@ -152,9 +158,14 @@ fn gemma3_sliding_window_matches_numpy_reference() {
     for lw in model.config.layer_windows.iter_mut().flatten() {
         *lw = window;
     }
-    let sliding = model.config.layer_windows.iter().position(Option::is_some).unwrap();
+    let sliding = model
+        .config
+        .layer_windows
+        .iter()
+        .position(Option::is_some)
+        .unwrap();
     let plain = model.forward(&prompt, 1, None).unwrap().squeeze(0).unwrap();
-    let worst = compare(&plain, &w["positions"], &probe, 2e-3);
+    let worst = compare(&plain, &w["positions"], &probe, 5e-4);
     eprintln!("gemma3 window {window}, uncached: max |diff| = {worst:.2e}");
 
     let mut cache = KvCache::new(KvScheme::FP16, model.config.cache_geometry(), 1).unwrap();
@@ -163,7 +174,7 @@ fn gemma3_sliding_window_matches_numpy_reference() {
         .unwrap()
         .squeeze(0)
         .unwrap();
-    let worst = compare(&pre, &w["positions"], &probe, 0.05);
+    let worst = compare(&pre, &w["positions"], &probe, 0.03);
     eprintln!("gemma3 window {window}, one cached prefill: max |diff| = {worst:.2e}");
     assert_eq!(cache.held(sliding, 0, 0), window - 1);
     assert_eq!(cache.held(5, 0, 0), prompt.len(), "layer 5 is global");
@@ -180,7 +191,12 @@ fn gemma3_sliding_window_matches_numpy_reference() {
         );
         assert!(cache.held(sliding, 0, 0) < window);
     }
-    let worst = compare(&Tensor::cat(&rows, 0).unwrap(), &w["positions"], &probe, 0.05);
+    let worst = compare(
+        &Tensor::cat(&rows, 0).unwrap(),
+        &w["positions"],
+        &probe,
+        0.03,
+    );
     eprintln!("gemma3 window {window}, decode: max |diff| = {worst:.2e}");
 }
 
@@ -206,8 +222,13 @@ fn gemma3_refuses_a_cache_without_windows() {
         }
     }
     let Some(m) = gemma() else { return };
-    let mut c = NoWindows(KvCache::new(KvScheme::FP16, m.model.config.cache_geometry(), 1).unwrap());
-    let e = m.model.forward(&[2, 818], 1, Some(&mut c)).unwrap_err().to_string();
+    let mut c =
+        NoWindows(KvCache::new(KvScheme::FP16, m.model.config.cache_geometry(), 1).unwrap());
+    let e = m
+        .model
+        .forward(&[2, 818], 1, Some(&mut c))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("sliding windows"), "{e}");
 }
 
@@ -233,7 +254,10 @@ fn gemma3_tokenizer_matches_llama_cpp_spm_port() {
         if got != want {
             bad.push(i);
             if bad.len() <= 3 {
-                eprintln!("line {i}: {:?}\n  ours {got:?}\n  want {want:?}", line.as_str());
+                eprintln!(
+                    "line {i}: {:?}\n  ours {got:?}\n  want {want:?}",
+                    line.as_str()
+                );
             }
         }
     }
@@ -246,7 +270,9 @@ fn gemma3_tokenizer_matches_llama_cpp_spm_port() {
     assert_eq!(m.tokenizer.bos, Some(2));
     assert!(m.tokenizer.add_bos);
     assert_eq!(
-        m.tokenizer.decode(&m.tokenizer.encode("héllo  wörld\t\tx 😀").unwrap()).unwrap(),
+        m.tokenizer
+            .decode(&m.tokenizer.encode("héllo  wörld\t\tx 😀").unwrap())
+            .unwrap(),
         "héllo  wörld\t\tx 😀"
     );
 }

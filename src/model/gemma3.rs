@@ -100,7 +100,11 @@ fn bad(f: &Path, reason: String) -> Error {
 }
 
 /// An unsigned integer metadata value (u8..u64 or a non-negative i32/i64).
-fn meta_usize<R: std::io::Read + std::io::Seek>(f: &GgufFile<R>, path: &Path, key: &str) -> Result<usize> {
+fn meta_usize<R: std::io::Read + std::io::Seek>(
+    f: &GgufFile<R>,
+    path: &Path,
+    key: &str,
+) -> Result<usize> {
     let v = f.meta(key)?;
     let x: Option<u64> = match v {
         Value::U8(x) => Some(*x as u64),
@@ -115,12 +119,19 @@ fn meta_usize<R: std::io::Read + std::io::Seek>(f: &GgufFile<R>, path: &Path, ke
         .ok_or_else(|| bad(path, format!("metadata `{key}` is {v:?}, not a count")))
 }
 
-fn meta_f32<R: std::io::Read + std::io::Seek>(f: &GgufFile<R>, path: &Path, key: &str) -> Result<f32> {
+fn meta_f32<R: std::io::Read + std::io::Seek>(
+    f: &GgufFile<R>,
+    path: &Path,
+    key: &str,
+) -> Result<f32> {
     let v = f.meta(key)?;
     match v {
         Value::F32(x) => Ok(*x),
         Value::F64(x) => Ok(*x as f32),
-        _ => Err(bad(path, format!("metadata `{key}` is {v:?}, not a number"))),
+        _ => Err(bad(
+            path,
+            format!("metadata `{key}` is {v:?}, not a number"),
+        )),
     }
 }
 
@@ -137,7 +148,10 @@ fn has_meta<R: std::io::Read + std::io::Seek>(f: &GgufFile<R>, key: &str) -> boo
 /// attention.layer_norm_rms_epsilon, attention.sliding_window, context_length}`; the vocabulary
 /// size from `token_embd`'s rows, read by the loader. Errors: [`Error::Unsupported`] for another
 /// architecture or key ≠ value length; [`Error::ModelFormat`] for missing or degenerate values.
-pub fn config<R: std::io::Read + std::io::Seek>(f: &GgufFile<R>, path: &Path) -> Result<(ModelConfig, f32, Option<f32>)> {
+pub fn config<R: std::io::Read + std::io::Seek>(
+    f: &GgufFile<R>,
+    path: &Path,
+) -> Result<(ModelConfig, f32, Option<f32>)> {
     let arch = match f.meta("general.architecture")? {
         Value::String(a) => a.clone(),
         v => return Err(bad(path, format!("general.architecture is {v:?}"))),
@@ -177,7 +191,10 @@ pub fn config<R: std::io::Read + std::io::Seek>(f: &GgufFile<R>, path: &Path) ->
         head_dim as f32
     };
     if !(qpas.is_finite() && qpas > 0.0) {
-        return Err(bad(path, format!("query_pre_attn_scalar {qpas} is not > 0")));
+        return Err(bad(
+            path,
+            format!("query_pre_attn_scalar {qpas} is not > 0"),
+        ));
     }
     let softcap = if has_meta(f, &k("final_logit_softcapping")) {
         let c = meta_f32(f, path, &k("final_logit_softcapping"))?;
@@ -285,7 +302,10 @@ impl DecoderVariant for Gemma3 {
         if batch == 0 || tokens.is_empty() || !tokens.len().is_multiple_of(batch) {
             return Err(Error::InvalidArgument {
                 name: "tokens".into(),
-                reason: format!("{} tokens do not split into {batch} sequences", tokens.len()),
+                reason: format!(
+                    "{} tokens do not split into {batch} sequences",
+                    tokens.len()
+                ),
             });
         }
         let n = tokens.len() / batch;
@@ -505,7 +525,10 @@ pub fn load(
     if hidden != cfg.hidden {
         return Err(bad(
             path,
-            format!("token_embd is {vocab}×{hidden}, hidden size is {}", cfg.hidden),
+            format!(
+                "token_embd is {vocab}×{hidden}, hidden size is {}",
+                cfg.hidden
+            ),
         ));
     }
     cfg.vocab = vocab;
@@ -577,8 +600,8 @@ pub fn load(
         Linear::new(embed_q, None, dtype, dev)?
     };
     let variant = Gemma3::new(&cfg, norms, qpas, softcap, dev)?;
-    let model = Model::new(cfg, dtype, embed, blocks, out_norm, lm_head)?
-        .with_variant(Arc::new(variant));
+    let model =
+        Model::new(cfg, dtype, embed, blocks, out_norm, lm_head)?.with_variant(Arc::new(variant));
     let source = ModelSource {
         spec: path.display().to_string(),
         format: "gguf".into(),

@@ -26,8 +26,8 @@ pub mod spm;
 pub mod tokenizer;
 
 pub use decoder::{
-    argmax_rows, Block, DecoderVariant, LayerInputFn, LayerInputHook, Linear, Model, ModelConfig, ModelSource,
-    RopeStyle, WeightDtype,
+    argmax_rows, Block, DecoderVariant, LayerInputFn, LayerInputHook, Linear, Model, ModelConfig,
+    ModelSource, RopeStyle, WeightDtype,
 };
 pub use device::DeviceSpec;
 pub use hub::ModelLocation;

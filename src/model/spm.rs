@@ -42,7 +42,11 @@ const BYTE: i32 = 6;
 /// order; ties by id) each split `(left, right)` with both halves in the vocabulary, halves
 /// ordered by their ids — Hugging Face's `SentencePieceExtractor.extract`. Byte tokens take no
 /// part. `tokens[i]`, `scores[i]`, `types[i]`: id `i`'s piece, score and GGUF type.
-pub fn merges_from_scores(tokens: &[String], scores: &[f32], types: &[i32]) -> Vec<(String, String)> {
+pub fn merges_from_scores(
+    tokens: &[String],
+    scores: &[f32],
+    types: &[i32],
+) -> Vec<(String, String)> {
     let ids: HashMap<&str, usize> = tokens
         .iter()
         .enumerate()
@@ -66,7 +70,11 @@ pub fn merges_from_scores(tokens: &[String], scores: &[f32], types: &[i32]) -> V
             })
             .collect();
         local.sort_unstable();
-        merges.extend(local.into_iter().map(|(_, _, l, r)| (l.to_string(), r.to_string())));
+        merges.extend(
+            local
+                .into_iter()
+                .map(|(_, _, l, r)| (l.to_string(), r.to_string())),
+        );
     }
     merges
 }
@@ -76,7 +84,10 @@ pub fn merges_from_scores(tokens: &[String], scores: &[f32], types: &[i32]) -> V
 /// `tokenizer.ggml.model` is `llama`. Errors: [`Error::Unsupported`] for another tokenizer
 /// model; [`Error::ModelFormat`] for missing or inconsistent arrays; [`Error::Tokenizer`] when
 /// the `tokenizers` crate refuses the vocabulary.
-pub fn from_gguf<R: std::io::Read + std::io::Seek>(f: &GgufFile<R>, path: &Path) -> Result<TextTokenizer> {
+pub fn from_gguf<R: std::io::Read + std::io::Seek>(
+    f: &GgufFile<R>,
+    path: &Path,
+) -> Result<TextTokenizer> {
     let bad = |reason: String| Error::ModelFormat {
         path: path.to_path_buf(),
         reason,
@@ -94,7 +105,10 @@ pub fn from_gguf<R: std::io::Read + std::io::Seek>(f: &GgufFile<R>, path: &Path)
     let array = |key: &str| -> Result<&Vec<Value>> {
         match f.meta(key)? {
             Value::Array(v) => Ok(v),
-            v => Err(bad(format!("metadata `{key}` is {:?}, not an array", v.value_type()))),
+            v => Err(bad(format!(
+                "metadata `{key}` is {:?}, not an array",
+                v.value_type()
+            ))),
         }
     };
     let tokens: Vec<String> = array("tokenizer.ggml.tokens")?
@@ -144,7 +158,10 @@ pub fn from_gguf<R: std::io::Read + std::io::Seek>(f: &GgufFile<R>, path: &Path)
             _ => default,
         }
     };
-    let (bos, eos) = (id("tokenizer.ggml.bos_token_id"), id("tokenizer.ggml.eos_token_id"));
+    let (bos, eos) = (
+        id("tokenizer.ggml.bos_token_id"),
+        id("tokenizer.ggml.eos_token_id"),
+    );
     let unk = id("tokenizer.ggml.unknown_token_id");
     let add_bos = flag("tokenizer.ggml.add_bos_token", true);
     let space_prefix = flag("tokenizer.ggml.add_space_prefix", true);
