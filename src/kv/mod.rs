@@ -298,7 +298,7 @@ impl KvCache {
             reason: "no caches given".into(),
         })?;
         for p in it {
-            if p.scheme != first.scheme || p.geom != first.geom || p.windows != first.windows {
+            if p.scheme != first.scheme || p.geom != first.geom || !first.adopt_windows(&p) {
                 return Err(Error::InvalidArgument {
                     name: "cache stack".into(),
                     reason: "caches must share scheme, geometry and layer windows".into(),
@@ -350,7 +350,7 @@ impl KvCache {
     /// scales are per layer and batch-wide: this cache's are kept where set. Errors:
     /// [`Error::InvalidArgument`] if schemes or geometries differ.
     pub fn join(&mut self, other: KvCache) -> Result<()> {
-        if other.scheme != self.scheme || other.geom != self.geom || other.windows != self.windows {
+        if other.scheme != self.scheme || other.geom != self.geom || !self.adopt_windows(&other) {
             return Err(Error::InvalidArgument {
                 name: "cache join".into(),
                 reason: "caches must share scheme, geometry and layer windows".into(),
@@ -419,6 +419,21 @@ impl KvCache {
         }
         self.windows = windows;
         Ok(())
+    }
+
+    /// Whether `other`'s layer windows fit this cache's for a [`join`](Self::join) or
+    /// [`stack`](Self::stack): equal, or one side has none set yet and holds no tokens (a
+    /// fresh batch cache meeting a prefilled request), in which case this cache takes
+    /// `other`'s.
+    fn adopt_windows(&mut self, other: &KvCache) -> bool {
+        if self.windows == other.windows || other.windows.is_empty() && other.is_empty() {
+            return true;
+        }
+        if self.windows.is_empty() && self.is_empty() {
+            self.windows = other.windows.clone();
+            return true;
+        }
+        false
     }
 
     /// The sliding window of `layer` ([`Self::set_layer_windows`]), `None` when global.

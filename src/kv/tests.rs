@@ -488,3 +488,29 @@ fn per_layer_windows_hold_and_attend_the_last_w_tokens() {
     assert_eq!(c.held_positions(0, 0, 0), vec![0, 3, 4, 5, 6]);
     assert_eq!(c.held_positions(1, 0, 0), vec![5, 6]);
 }
+
+/// A fresh cache joined with one whose layers have windows takes them; caches holding tokens
+/// under different windows are refused.
+#[test]
+fn join_adopts_layer_windows_of_a_prefilled_cache() {
+    let g = CacheGeometry {
+        layers: 2,
+        kv_heads: 1,
+        q_heads: 1,
+        head_dim: 8,
+    };
+    let mut prefilled = KvCache::new(KvScheme::FP16, g, 1).unwrap();
+    prefilled.set_layer_windows(&[Some(2), None]).unwrap();
+    for layer in 0..2 {
+        prefilled.append(layer, &[0.5; 8], &[0.5; 8], 1);
+    }
+    let mut batch = KvCache::new(KvScheme::FP16, g, 1).unwrap();
+    let _ = batch.take(0).unwrap(); // an empty batch of 0 sequences
+    batch.join(prefilled).unwrap();
+    assert_eq!(batch.layer_window(0), Some(2));
+    let mut other = KvCache::new(KvScheme::FP16, g, 1).unwrap();
+    for layer in 0..2 {
+        other.append(layer, &[0.5; 8], &[0.5; 8], 1);
+    }
+    assert!(batch.join(other).is_err());
+}
