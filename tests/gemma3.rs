@@ -276,3 +276,22 @@ fn gemma3_tokenizer_matches_llama_cpp_spm_port() {
         "héllo  wörld\t\tx 😀"
     );
 }
+
+/// `kvbench fetch NAME` names the packaged models when NAME is not one (usage error, exit 2),
+/// and the name resolves to the pinned file.
+#[test]
+fn fetch_names_the_packaged_models() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvbench"))
+        .args(["fetch", "gemma-9"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("default, gemma-3-270m") && !err.contains("panicked"),
+        "{err}"
+    );
+    let m = fetch::packaged("Gemma-3-270M").unwrap();
+    assert_eq!(m.file_name, "gemma-3-270m-q4_k_m.gguf");
+    assert_eq!(m.packages.len(), 4);
+}
