@@ -88,8 +88,12 @@ pub struct ExtraNorms {
 /// Whether the GGUF at `path` is a Gemma 3 model (its `general.architecture`). Errors: as
 /// [`GgufFile::open`].
 pub fn is_gemma3_file(path: &Path) -> Result<bool> {
-    let f = GgufFile::open(path)?;
-    Ok(matches!(f.meta("general.architecture"), Ok(Value::String(a)) if a == ARCH))
+    Ok(is_gemma3(&GgufFile::open(path)?))
+}
+
+/// Whether an opened GGUF is a Gemma 3 model (`general.architecture = gemma3`).
+pub fn is_gemma3<R: std::io::Read + std::io::Seek>(f: &GgufFile<R>) -> bool {
+    matches!(f.meta("general.architecture"), Ok(Value::String(a)) if a == ARCH)
 }
 
 fn bad(f: &Path, reason: String) -> Error {

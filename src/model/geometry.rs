@@ -235,7 +235,7 @@ pub fn geometry(spec: &str) -> Result<ModelGeometry> {
     }
     if path.is_file() {
         let f = super::gguf::GgufFile::open(path)?;
-        let c = if super::gemma3::is_gemma3_file(path)? {
+        let c = if super::gemma3::is_gemma3(&f) {
             super::gemma3::config(&f, path)?.0
         } else {
             f.config()?
