@@ -20,7 +20,13 @@ with `gguf.quants.dequantize`, and computes in plain numpy (float64):
   their merge history down to `<0xXX>` byte tokens.
 
 Usage: scripts/gemma3_reference.py MODEL.gguf OUT_DIR [--lines N]
-Writes OUT_DIR/gemma3_270m_logits.json and OUT_DIR/gemma3_270m_tokens.json.
+Writes OUT_DIR/gemma3_270m_logits.json and OUT_DIR/gemma3_270m_tokens.json (tests/data/ holds
+the output for N = 300). To check the tokenizer on more lines:
+  scripts/gemma3_reference.py MODEL.gguf /tmp --lines 2500
+  GEMMA3_TOKENS_JSON=/tmp/gemma3_270m_tokens.json cargo test --release --test gemma3 tokenizer
+
+The stored norm weights already hold Gemma's 1 + w: on the 14-token prompt, mean next-token NLL
+is 2.53 nats with them as stored (" Berlin" predicted last) and 16.8 nats with 1 added again.
 """
 
 import heapq
