@@ -218,6 +218,7 @@ fn read_safetensors(bytes: &[u8]) {
         rope_style: kvbench::model::RopeStyle::Half,
         rms_eps: 1e-5,
         max_ctx: 64,
+        layer_windows: Vec::new(),
     };
     let ok = kvbench::model::shapes::check_shapes(
         &cfg,

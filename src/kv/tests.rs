@@ -487,3 +487,89 @@ fn all_layers_sliding_by_hand() {
     let fp8: KvScheme = "fp8:scale=tensor".parse().unwrap();
     assert_eq!(fp8.bytes_for(&g, 1, 100_000), 268_435_712);
 }
+
+/// Per-layer sliding windows (Gemma 3 local layers): layer 1 of two with window 3, tokens one
+/// per call. Layer 0 keeps everything; layer 1 holds the 2 newest between calls, and each
+/// query's attention equals the dense reference over the last 3 positions (itself included).
+/// With the `window:size=4,sinks=1` scheme on top, layer 1 holds what both keep.
+#[test]
+fn per_layer_windows_hold_and_attend_the_last_w_tokens() {
+    let d = 8;
+    let g = CacheGeometry {
+        layers: 2,
+        kv_heads: 1,
+        q_heads: 1,
+        head_dim: d,
+        window: None,
+    };
+    let (w, n) = (3usize, 7usize);
+    let keys: Vec<Vec<f32>> = (0..n).map(|t| f16r(&noise(10 + t as u64, d))).collect();
+    let vals: Vec<Vec<f32>> = (0..n).map(|t| f16r(&noise(50 + t as u64, d))).collect();
+    let mut c = KvCache::new(KvScheme::FP16, g, 1).unwrap();
+    c.set_layer_windows(&[None, Some(w)]).unwrap();
+    c.set_layer_windows(&[None, Some(w)]).unwrap(); // the same again: a no-op
+    for t in 0..n {
+        let q = noise(90 + t as u64, d);
+        for layer in 0..2 {
+            c.append(layer, &keys[t], &vals[t], 1);
+            let out = c.attend(layer, &q, 1);
+            let from = if layer == 1 {
+                (t + 1).saturating_sub(w)
+            } else {
+                0
+            };
+            let want = dense(&q, &keys[from..=t], &vals[from..=t]);
+            for (a, b) in out.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-5, "layer {layer} token {t}: {a} vs {b}");
+            }
+        }
+        assert_eq!(c.held(0, 0, 0), t + 1);
+        assert_eq!(c.held(1, 0, 0), (t + 1).min(w - 1));
+    }
+    assert_eq!(c.held_positions(1, 0, 0), vec![5, 6]);
+    // Changing windows on a cache that holds tokens is refused; so is a wrong length or 0.
+    assert!(c.set_layer_windows(&[None, Some(4)]).is_err());
+    let mut e = KvCache::new(KvScheme::FP16, g, 1).unwrap();
+    assert!(e.set_layer_windows(&[Some(3)]).is_err());
+    assert!(e.set_layer_windows(&[None, Some(0)]).is_err());
+    // Composed with a window scheme (4 newest + 1 sink): the layer window drops the sink too.
+    let s: KvScheme = "window:size=4,sinks=1@fp16".parse().unwrap();
+    let mut c = KvCache::new(s, g, 1).unwrap();
+    c.set_layer_windows(&[None, Some(w)]).unwrap();
+    for t in 0..n {
+        let q = noise(90 + t as u64, d);
+        for layer in 0..2 {
+            c.append(layer, &keys[t], &vals[t], 1);
+            c.attend(layer, &q, 1);
+        }
+    }
+    assert_eq!(c.held_positions(0, 0, 0), vec![0, 3, 4, 5, 6]);
+    assert_eq!(c.held_positions(1, 0, 0), vec![5, 6]);
+}
+
+/// A fresh cache joined with one whose layers have windows takes them; caches holding tokens
+/// under different windows are refused.
+#[test]
+fn join_adopts_layer_windows_of_a_prefilled_cache() {
+    let g = CacheGeometry {
+        layers: 2,
+        kv_heads: 1,
+        q_heads: 1,
+        head_dim: 8,
+        window: None,
+    };
+    let mut prefilled = KvCache::new(KvScheme::FP16, g, 1).unwrap();
+    prefilled.set_layer_windows(&[Some(2), None]).unwrap();
+    for layer in 0..2 {
+        prefilled.append(layer, &[0.5; 8], &[0.5; 8], 1);
+    }
+    let mut batch = KvCache::new(KvScheme::FP16, g, 1).unwrap();
+    let _ = batch.take(0).unwrap(); // an empty batch of 0 sequences
+    batch.join(prefilled).unwrap();
+    assert_eq!(batch.layer_window(0), Some(2));
+    let mut other = KvCache::new(KvScheme::FP16, g, 1).unwrap();
+    for layer in 0..2 {
+        other.append(layer, &[0.5; 8], &[0.5; 8], 1);
+    }
+    assert!(batch.join(other).is_err());
+}

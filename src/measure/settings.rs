@@ -66,7 +66,8 @@ pub use super::suites::{read_suite_file, MAX_SUITE_BYTES};
 #[derive(Debug, Clone, PartialEq, clap::Args, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct ModelArgs {
-    /// Model: `default` (SmolLM2-135M-Instruct, fetched on first use), a .gguf file, a folder
+    /// Model: `default` (SmolLM2-135M-Instruct, fetched on first use), `gemma-3-270m` (Gemma 3
+    /// 270M Q4_K_M, fetched on first use), a .gguf file, a folder
     /// with config.json + tokenizer.json + *.safetensors, an alias (llama-3-8b,
     /// llama-3-8b-instruct, llama-2-7b, mistral-7b, qwen2.5-0.5b, qwen2.5-7b, smollm2-135m) or a
     /// Hugging Face repo id.

@@ -52,6 +52,17 @@ pub struct ModelConfig {
     pub rms_eps: f64,
     /// Context length the model was trained for (tokens).
     pub max_ctx: usize,
+    /// Sliding attention window per layer, in tokens: `Some(w)` — the layer's queries see only
+    /// keys at most `w − 1` positions back (Gemma 2/3 local layers; Longformer-style sliding
+    /// window, Beltagy et al. 2020 §3.1) and its cache holds at most `w` tokens; `None` — global
+    /// causal attention. Empty (Llama, Qwen2, Mistral files) means every layer is global.
+    #[serde(skip_serializing_if = "no_windows")]
+    pub layer_windows: Vec<Option<usize>>,
+}
+
+/// Whether no layer has a sliding window (the field is then left out of `meta.json`).
+fn no_windows(w: &[Option<usize>]) -> bool {
+    w.iter().all(Option::is_none)
 }
 
 impl ModelConfig {
@@ -65,6 +76,34 @@ impl ModelConfig {
             window: None,
         }
     }
+
+    /// The sliding window of `layer` in tokens, `None` for a global layer (see
+    /// [`Self::layer_windows`]).
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        self.layer_windows.get(layer).copied().flatten()
+    }
+}
+
+/// A decoder whose forward pass differs from the Llama one (Gemma 3: QK-norm, four norms per
+/// block, GELU MLP, per-layer RoPE base and sliding windows) but shares [`Model`]'s weights
+/// (embedding, [`Block`]s, output norm, head) and cache contract. Implemented in the variant's
+/// own file (e.g. `gemma3.rs`), which names this file, never the other way round.
+pub trait DecoderVariant: std::fmt::Debug + Send + Sync {
+    /// [`Model::forward_hidden`] for this architecture: same arguments, shapes and errors.
+    fn forward_hidden(
+        &self,
+        model: &Model,
+        tokens: &[u32],
+        batch: usize,
+        cache: Option<&mut dyn AttentionCache>,
+    ) -> Result<Tensor>;
+    /// Applied to the head's logits `[..., vocab]` (final logit soft-capping); identity by
+    /// default.
+    fn finish_logits(&self, logits: Tensor) -> Result<Tensor> {
+        Ok(logits)
+    }
+    /// Bytes of the weights the variant holds beyond [`Model`]'s (extra norms), as stored.
+    fn extra_weight_bytes(&self) -> usize;
 }
 
 /// One decoder block's weights.
@@ -127,6 +166,8 @@ pub struct Model {
     /// A hook applied to each layer's input hidden state (noise-floor reruns,
     /// [`Model::with_layer_input_hook`]); `None` — the default — leaves the forward alone.
     perturb: Option<LayerInputHook>,
+    /// The architecture's own forward pass, when it is not Llama's ([`Model::with_variant`]).
+    variant: Option<std::sync::Arc<dyn DecoderVariant>>,
 }
 
 impl Model {
@@ -156,7 +197,42 @@ impl Model {
             cos,
             sin,
             perturb: None,
+            variant: None,
         })
+    }
+
+    /// This model with `variant`'s forward pass ([`DecoderVariant`]) instead of Llama's; the
+    /// weights [`Model::new`] took stay where they are and the variant reads them through
+    /// [`Self::embedding`], [`Self::blocks`] and [`Self::output_norm`].
+    pub fn with_variant(mut self, variant: std::sync::Arc<dyn DecoderVariant>) -> Model {
+        self.variant = Some(variant);
+        self
+    }
+
+    /// Token embedding `[vocab, hidden]` (dense f32, or the stored rows: see [`Embedding`]).
+    pub fn embedding(&self) -> &Embedding {
+        &self.embed
+    }
+
+    /// The decoder blocks, in order.
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
+    /// Final RMSNorm weight `[hidden]` f32.
+    pub fn output_norm(&self) -> &Tensor {
+        &self.norm
+    }
+
+    /// RoPE cos/sin tables `[max_ctx, head_dim/2]` for base [`ModelConfig::rope_theta`].
+    pub fn rope_tables(&self) -> (&Tensor, &Tensor) {
+        (&self.cos, &self.sin)
+    }
+
+    /// A layer's input hidden state through the layer-input hook, if one is set
+    /// ([`Self::with_layer_input_hook`]); the identity otherwise.
+    pub fn layer_input(&self, x: Tensor) -> Result<Tensor> {
+        self.perturbed(x)
     }
 
     /// A copy of this model (weights shared, not copied) whose forward passes each decoder
@@ -203,6 +279,7 @@ impl Model {
             }
         }
         n + self.lm_head.weight_bytes(&mut seen)
+            + self.variant.as_ref().map_or(0, |v| v.extra_weight_bytes())
     }
 
     /// Of [`Self::weight_bytes`], the bytes that are the model file's mapped pages (shared with
@@ -235,6 +312,9 @@ impl Model {
         batch: usize,
         mut cache: Option<&mut dyn AttentionCache>,
     ) -> Result<Tensor> {
+        if let Some(v) = &self.variant {
+            return v.forward_hidden(self, tokens, batch, cache);
+        }
         let c = &self.config;
         let n = tokens.len() / batch;
         // Each sequence continues from its own position (prompts of different lengths).
@@ -323,7 +403,11 @@ impl Model {
 
     /// Logits for hidden states: `[..., hidden]` → `[..., vocab]` f32.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        self.lm_head.forward(&hidden.contiguous()?)
+        let logits = self.lm_head.forward(&hidden.contiguous()?)?;
+        match &self.variant {
+            Some(v) => v.finish_logits(logits),
+            None => Ok(logits),
+        }
     }
 
     /// Full forward: logits for every position, `[batch, n, vocab]` f32 (see

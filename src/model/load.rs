@@ -53,6 +53,9 @@ pub fn load_location_on(
     device: &Device,
 ) -> Result<LoadedModel> {
     let (model, tokenizer, mut source) = match loc {
+        ModelLocation::Gguf(path) if super::gemma3::is_gemma3_file(path)? => {
+            super::gemma3::load(path, dtype, device)?
+        }
         ModelLocation::Gguf(path) => gguf::load(path, dtype, device)?,
         ModelLocation::Safetensors {
             config,

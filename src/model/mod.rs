@@ -6,12 +6,15 @@
 //!
 //! Architecture as in Touvron et al. 2023 (Llama 2, §2.2): pre-norm RMSNorm, rotary position
 //! embeddings (RoFormer, Su et al. 2021), grouped-query attention (Ainslie et al. 2023), SwiGLU MLP.
-//! Qwen2 adds biases to the q/k/v projections.
+//! Qwen2 adds biases to the q/k/v projections. Gemma 3 ([`gemma3`]) runs through the same
+//! [`Model`] with its own forward pass ([`DecoderVariant`]) and a SentencePiece tokenizer
+//! ([`spm`]).
 
 pub mod decoder;
 pub mod device;
 pub mod digest;
 pub mod fetch;
+pub mod gemma3;
 pub mod geometry;
 pub mod gguf;
 pub mod gguf_scan;
@@ -22,10 +25,12 @@ pub mod mapped;
 pub mod qmatmul;
 pub mod safetensors;
 pub mod shapes;
+pub mod spm;
 pub mod tokenizer;
 
 pub use decoder::{
-    argmax_rows, Block, LayerInputFn, LayerInputHook, Model, ModelConfig, ModelSource, RopeStyle,
+    argmax_rows, Block, DecoderVariant, LayerInputFn, LayerInputHook, Model, ModelConfig,
+    ModelSource, RopeStyle,
 };
 pub use device::DeviceSpec;
 pub use hub::ModelLocation;

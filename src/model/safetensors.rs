@@ -73,6 +73,7 @@ pub fn read_config(path: &Path) -> Result<(ModelConfig, bool)> {
         rope_style: RopeStyle::Half,
         rms_eps: hf.rms_norm_eps,
         max_ctx: hf.max_position_embeddings,
+        layer_windows: Vec::new(),
     };
     super::shapes::check_config(&cfg, path)?;
     Ok((cfg, hf.tie_word_embeddings))

@@ -132,6 +132,25 @@ impl TextTokenizer {
         })
     }
 
+    /// Wraps a tokenizer built elsewhere (e.g. SentencePiece from GGUF, [`super::spm`]) with its
+    /// BOS/EOS policy; `description` is recorded in `meta.json`. No chat template.
+    pub fn from_parts(
+        inner: Tokenizer,
+        bos: Option<u32>,
+        eos: Option<u32>,
+        add_bos: bool,
+        description: String,
+    ) -> Self {
+        Self {
+            inner,
+            bos,
+            eos,
+            add_bos,
+            description,
+            chat_template: None,
+        }
+    }
+
     /// Loads a `tokenizer.json`. The BOS policy is read from its post-processor: if encoding the
     /// empty string with special tokens yields a leading token, that token is the BOS.
     pub fn from_file(path: &Path) -> Result<Self> {
