@@ -58,7 +58,8 @@ def main():
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--tokenizer-from", type=Path,
                     default=Path.home() / ".local/share/kvbench/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-                    help="a GGUF whose gpt2 tokenizer to copy (default: kvbench's default model)")
+                    help="a GGUF whose gpt2 tokenizer to copy (default: kvbench's default model; "
+                         "`kvbench fetch` prints its path)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     layers, hidden, nq, nkv, ffn, vocab, theta, eps, ctx, source = SHAPES[a.shape]
