@@ -232,7 +232,8 @@ pub fn which_scheme(rows: &[ResultRow], caption: &Caption) -> Option<Panels> {
     let ok: Vec<&ResultRow> = rows.iter().filter(|r| r.status.is_ok()).collect();
     let schemes = by_scheme(&ok);
     // Per scheme: ΔPPL %, its interval, bytes per token (scheme-level, from any row).
-    let quality: Vec<Option<(f64, Option<(f64, f64)>, f64)>> = schemes
+    type Quality = Option<(f64, Option<(f64, f64)>, f64)>;
+    let quality: Vec<Quality> = schemes
         .iter()
         .map(|(_, rs)| {
             let r = rs.iter().find(|r| r.ppl_delta_pct.is_some())?;
