@@ -74,7 +74,12 @@ fn header(
                     stored_bytes: bytes,
                 })
                 .collect();
-            Ok((f.config()?, tensors, device.is_cpu()))
+            let cfg = if crate::model::gemma3::is_gemma3(&f) {
+                crate::model::gemma3::config(&f, path)?.0
+            } else {
+                f.config()?
+            };
+            Ok((cfg, tensors, device.is_cpu()))
         }
         ModelLocation::Safetensors {
             config, weights, ..
