@@ -184,7 +184,7 @@ impl Model {
     ) -> Result<Self> {
         let embed = embed.into();
         let device = embed.device();
-        let (cos, sin) = rope_tables(&config)?;
+        let (cos, sin) = rope_tables(config.max_ctx, config.head_dim, config.rope_theta)?;
         let (cos, sin) = (cos.to_device(&device)?, sin.to_device(&device)?);
         Ok(Self {
             config,
@@ -316,44 +316,16 @@ impl Model {
             return v.forward_hidden(self, tokens, batch, cache);
         }
         let c = &self.config;
-        let n = tokens.len() / batch;
-        // Each sequence continues from its own position (prompts of different lengths).
-        let pos0: Vec<usize> = match cache.as_deref() {
-            Some(k) => (0..batch).map(|b| k.seen(b)).collect(),
-            None => vec![0; batch],
-        };
-        if let Some(&p) = pos0.iter().max() {
-            if p + n > c.max_ctx {
-                return Err(Error::InvalidArgument {
-                    name: "sequence length".into(),
-                    reason: format!(
-                        "{} tokens exceed the model's context length {}",
-                        p + n,
-                        c.max_ctx
-                    ),
-                });
-            }
-        }
+        let (n, pos0) = start_positions(cache.as_deref(), c, tokens, batch)?;
         let mut x = self
             .embed
             .lookup(tokens)?
             .to_device(&self.device)?
             .reshape((batch, n, c.hidden))?;
-        let (cos, sin) = if pos0.iter().all(|&p| p == pos0[0]) {
-            (
-                self.cos.narrow(0, pos0[0], n)?,
-                self.sin.narrow(0, pos0[0], n)?,
-            )
-        } else {
-            let pick = |t: &Tensor| -> Result<Tensor> {
-                let rows = pos0
-                    .iter()
-                    .map(|&p| t.narrow(0, p, n))
-                    .collect::<candle_core::Result<Vec<_>>>()?;
-                Ok(Tensor::stack(&rows, 0)?)
-            };
-            (pick(&self.cos)?, pick(&self.sin)?)
-        };
+        let (cos, sin) = (
+            table_rows(&self.cos, &pos0, n)?,
+            table_rows(&self.sin, &pos0, n)?,
+        );
         let rope = |t: Tensor| -> Result<Tensor> {
             Ok(match c.rope_style {
                 RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&t, &cos, &sin)?,
@@ -374,19 +346,7 @@ impl Model {
             let attn = match cache.as_deref_mut() {
                 Some(cache) => {
                     cache.append_tensors(layer, &k, &v)?;
-                    let out = cache.attend_tensor(layer, &q)?;
-                    if !out.device().same_device(&self.device) {
-                        return Err(Error::InvalidArgument {
-                            name: "KV cache".into(),
-                            reason: format!(
-                                "it returned attention on {:?}, but the model runs on {:?}; \
-                                 use a cache on the model's device",
-                                out.device().location(),
-                                self.device.location()
-                            ),
-                        });
-                    }
-                    out
+                    on_device(cache.attend_tensor(layer, &q)?, &self.device)?
                 }
                 None => reference_attention(&q, &k, &v, c)?,
             };
@@ -456,13 +416,15 @@ fn reference_attention(q: &Tensor, k: &Tensor, v: &Tensor, c: &ModelConfig) -> R
     Ok(p.matmul(&v.contiguous()?)?)
 }
 
-/// cos/sin tables `[max_ctx, head_dim/2]` f32 on the CPU: θ_i = base^(−2i/d), angle = pos · θ_i.
-/// Computed on the CPU for every device, so positions are encoded identically everywhere.
-fn rope_tables(c: &ModelConfig) -> Result<(Tensor, Tensor)> {
-    let half = c.head_dim / 2;
+/// cos/sin tables `[max_ctx, head_dim/2]` f32 on the CPU for RoPE base `base`: θ_i =
+/// base^(−2i/d), angle = pos · θ_i (RoFormer, Su et al. 2021, §3.4.2). Computed on the CPU for
+/// every device, so positions are encoded identically everywhere. Errors:
+/// [`Error::InvalidArgument`] when the tables would take more than half the available memory.
+pub(crate) fn rope_tables(max_ctx: usize, head_dim: usize, base: f32) -> Result<(Tensor, Tensor)> {
+    let half = head_dim / 2;
     // Two f32 tables of max_ctx × half (max_ctx ≤ shapes::MAX_CONTEXT): refuse a size the
     // machine cannot hold instead of letting the allocation abort.
-    let bytes = (c.max_ctx as u64)
+    let bytes = (max_ctx as u64)
         .saturating_mul(half as u64)
         .saturating_mul(8);
     if let Some(avail) = crate::util::memory::available_bytes() {
@@ -470,8 +432,8 @@ fn rope_tables(c: &ModelConfig) -> Result<(Tensor, Tensor)> {
             return Err(Error::InvalidArgument {
                 name: "model context length".into(),
                 reason: format!(
-                    "{} tokens need {:.1} GiB of RoPE tables, more than half the {:.1} GiB                      available; is the model's context length right?",
-                    c.max_ctx,
+                    "{max_ctx} tokens need {:.1} GiB of RoPE tables, more than half the {:.1} GiB \
+                     available; is the model's context length right?",
                     bytes as f64 / (1u64 << 30) as f64,
                     avail as f64 / (1u64 << 30) as f64
                 ),
@@ -479,14 +441,83 @@ fn rope_tables(c: &ModelConfig) -> Result<(Tensor, Tensor)> {
         }
     }
     let inv: Vec<f32> = (0..half)
-        .map(|i| 1.0 / c.rope_theta.powf(2.0 * i as f32 / c.head_dim as f32))
+        .map(|i| 1.0 / base.powf(2.0 * i as f32 / head_dim as f32))
         .collect();
     let inv = Tensor::from_vec(inv, (1, half), &Device::Cpu)?;
-    let pos = Tensor::arange(0u32, c.max_ctx as u32, &Device::Cpu)?
+    let pos = Tensor::arange(0u32, max_ctx as u32, &Device::Cpu)?
         .to_dtype(DType::F32)?
-        .reshape((c.max_ctx, 1))?;
+        .reshape((max_ctx, 1))?;
     let ang = pos.broadcast_mul(&inv)?;
     Ok((ang.cos()?, ang.sin()?))
+}
+
+/// Rows `pos0[b] .. pos0[b] + n` of a `[max_ctx, d/2]` table: `[n, d/2]` when every sequence
+/// starts at the same position, else `[batch, n, d/2]`. Errors: [`Error::Candle`].
+pub(crate) fn table_rows(t: &Tensor, pos0: &[usize], n: usize) -> Result<Tensor> {
+    if pos0.iter().all(|&p| p == pos0[0]) {
+        return Ok(t.narrow(0, pos0[0], n)?);
+    }
+    let rows = pos0
+        .iter()
+        .map(|&p| t.narrow(0, p, n))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(Tensor::stack(&rows, 0)?)
+}
+
+/// Tokens per sequence of a forward over `tokens` (`[batch, n]`) and each sequence's first
+/// position (what `cache` has seen; 0 without one: prompts of different lengths continue from
+/// their own). Errors: [`Error::InvalidArgument`] when the tokens do not split into `batch`
+/// rows or a sequence would pass the model's context length.
+pub(crate) fn start_positions(
+    cache: Option<&dyn AttentionCache>,
+    c: &ModelConfig,
+    tokens: &[u32],
+    batch: usize,
+) -> Result<(usize, Vec<usize>)> {
+    if batch == 0 || tokens.is_empty() || !tokens.len().is_multiple_of(batch) {
+        return Err(Error::InvalidArgument {
+            name: "tokens".into(),
+            reason: format!(
+                "{} tokens do not split into {batch} sequences",
+                tokens.len()
+            ),
+        });
+    }
+    let n = tokens.len() / batch;
+    let pos0: Vec<usize> = match cache {
+        Some(k) => (0..batch).map(|b| k.seen(b)).collect(),
+        None => vec![0; batch],
+    };
+    if let Some(&p) = pos0.iter().max() {
+        if p + n > c.max_ctx {
+            return Err(Error::InvalidArgument {
+                name: "sequence length".into(),
+                reason: format!(
+                    "{} tokens exceed the model's context length {}",
+                    p + n,
+                    c.max_ctx
+                ),
+            });
+        }
+    }
+    Ok((n, pos0))
+}
+
+/// `out` when it lives on `device`. Errors: [`Error::InvalidArgument`] naming the KV cache
+/// that returned attention on another device than the model's.
+pub(crate) fn on_device(out: Tensor, device: &Device) -> Result<Tensor> {
+    if out.device().same_device(device) {
+        return Ok(out);
+    }
+    Err(Error::InvalidArgument {
+        name: "KV cache".into(),
+        reason: format!(
+            "it returned attention on {:?}, but the model runs on {:?}; use a cache on the \
+             model's device",
+            out.device().location(),
+            device.location()
+        ),
+    })
 }
 
 /// Index of the largest value in each row of `[rows, vocab]` logits (greedy decoding).

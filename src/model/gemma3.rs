@@ -33,9 +33,12 @@ use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::QTensor;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
-use super::decoder::{Block, DecoderVariant, Model, ModelConfig, ModelSource, RopeStyle};
+use super::decoder::{
+    on_device, rope_tables, start_positions, table_rows, Block, DecoderVariant, Model, ModelConfig,
+    ModelSource, RopeStyle,
+};
 use super::gguf::GgufFile;
 use super::linear::{Linear, WeightDtype};
 use super::tokenizer::TextTokenizer;
@@ -228,34 +231,6 @@ pub fn config<R: std::io::Read + std::io::Seek>(
     Ok((cfg, qpas, softcap))
 }
 
-/// cos/sin tables `[max_ctx, head_dim/2]` f32 for RoPE base `base`: θᵢ = base^(−2i/d), angle =
-/// pos · θᵢ (RoFormer, Su et al. 2021, §3.4.2).
-fn rope_tables(max_ctx: usize, head_dim: usize, base: f32) -> Result<(Tensor, Tensor)> {
-    let half = head_dim / 2;
-    let inv: Vec<f32> = (0..half)
-        .map(|i| 1.0 / base.powf(2.0 * i as f32 / head_dim as f32))
-        .collect();
-    let inv = Tensor::from_vec(inv, (1, half), &Device::Cpu)?;
-    let pos = Tensor::arange(0u32, max_ctx as u32, &Device::Cpu)?
-        .to_dtype(DType::F32)?
-        .reshape((max_ctx, 1))?;
-    let ang = pos.broadcast_mul(&inv)?;
-    Ok((ang.cos()?, ang.sin()?))
-}
-
-/// Rows `pos0[b] .. pos0[b] + n` of a `[max_ctx, d/2]` table: `[n, d/2]` when every sequence
-/// starts at the same position, else `[batch, n, d/2]`.
-fn table_rows(t: &Tensor, pos0: &[usize], n: usize) -> Result<Tensor> {
-    if pos0.iter().all(|&p| p == pos0[0]) {
-        return Ok(t.narrow(0, pos0[0], n)?);
-    }
-    let rows = pos0
-        .iter()
-        .map(|&p| t.narrow(0, p, n))
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    Ok(Tensor::stack(&rows, 0)?)
-}
-
 impl Gemma3 {
     /// Builds the variant; `norms` one entry per layer, on `device`. Errors: a device error.
     pub fn new(
@@ -302,37 +277,12 @@ impl DecoderVariant for Gemma3 {
     ) -> Result<Tensor> {
         let c = &model.config;
         let device = model.device();
-        if batch == 0 || tokens.is_empty() || !tokens.len().is_multiple_of(batch) {
-            return Err(Error::InvalidArgument {
-                name: "tokens".into(),
-                reason: format!(
-                    "{} tokens do not split into {batch} sequences",
-                    tokens.len()
-                ),
-            });
-        }
-        let n = tokens.len() / batch;
+        let (n, pos0) = start_positions(cache.as_deref(), c, tokens, batch)?;
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
             return Err(Error::InvalidArgument {
                 name: "token id".into(),
                 reason: format!("{t} is outside the vocabulary of {} tokens", c.vocab),
             });
-        }
-        let pos0: Vec<usize> = match cache.as_deref() {
-            Some(k) => (0..batch).map(|b| k.seen(b)).collect(),
-            None => vec![0; batch],
-        };
-        if let Some(&p) = pos0.iter().max() {
-            if p + n > c.max_ctx {
-                return Err(Error::InvalidArgument {
-                    name: "sequence length".into(),
-                    reason: format!(
-                        "{} tokens exceed the model's context length {}",
-                        p + n,
-                        c.max_ctx
-                    ),
-                });
-            }
         }
         if let Some(k) = cache.as_deref_mut() {
             k.set_layer_windows(&c.layer_windows)?;
@@ -440,18 +390,7 @@ fn cached_attention(
         let m = if off == 0 { first } else { 1 };
         cache.append_tensors(layer, &k.narrow(2, off, m)?, &v.narrow(2, off, m)?)?;
         let out = cache.attend_tensor(layer, &q.narrow(2, off, m)?.contiguous()?)?;
-        if !out.device().same_device(device) {
-            return Err(Error::InvalidArgument {
-                name: "KV cache".into(),
-                reason: format!(
-                    "it returned attention on {:?}, but the model runs on {:?}; use a cache on \
-                     the model's device",
-                    out.device().location(),
-                    device.location()
-                ),
-            });
-        }
-        outs.push(out);
+        outs.push(on_device(out, device)?);
         off += m;
     }
     Ok(if outs.len() == 1 {
