@@ -394,15 +394,14 @@ impl FromStr for KvScheme {
 
 impl serde::Serialize for KvScheme {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        crate::util::serde_text::serialize(self, s)
     }
 }
 
 impl<'de> serde::Deserialize<'de> for KvScheme {
     /// Parses the spec string, with the same error text as `--dtypes`.
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+        crate::util::serde_text::deserialize(d)
     }
 }
 

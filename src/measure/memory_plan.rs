@@ -67,14 +67,13 @@ impl std::str::FromStr for WeightChoice {
 
 impl serde::Serialize for WeightChoice {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        crate::util::serde_text::serialize(self, s)
     }
 }
 
 impl<'de> serde::Deserialize<'de> for WeightChoice {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+        crate::util::serde_text::deserialize(d)
     }
 }
 

@@ -101,14 +101,13 @@ impl FromStr for DeviceSpec {
 
 impl serde::Serialize for DeviceSpec {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        crate::util::serde_text::serialize(self, s)
     }
 }
 
 impl<'de> serde::Deserialize<'de> for DeviceSpec {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+        crate::util::serde_text::deserialize(d)
     }
 }
 

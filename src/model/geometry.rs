@@ -379,6 +379,42 @@ fn text_fields(v: &serde_json::Value) -> &serde_json::Value {
     v.get("text_config").filter(|t| t.is_object()).unwrap_or(v)
 }
 
+/// The geometry fields a planning-only config reads, whatever the file calls them.
+#[derive(Clone, Copy)]
+enum Key {
+    Layers,
+    Hidden,
+    Ffn,
+    QHeads,
+    KvHeads,
+    HeadDim,
+    Context,
+    Vocab,
+}
+
+/// A [`super::ModelConfig`] for planning a model kvbench does not run, from `get` (one file
+/// format's keys): KV heads default to the query heads and head_dim to hidden / heads, as
+/// transformers does; the fields a forward pass would need (RoPE, ε) take placeholders.
+/// Errors: `get`'s, for a required key.
+fn planning_config(arch: &str, get: impl Fn(Key) -> Result<usize>) -> Result<super::ModelConfig> {
+    let (hidden, q_heads) = (get(Key::Hidden)?, get(Key::QHeads)?);
+    Ok(super::ModelConfig {
+        layer_windows: Vec::new(),
+        layers: get(Key::Layers)?,
+        hidden,
+        intermediate: get(Key::Ffn)?,
+        q_heads,
+        kv_heads: get(Key::KvHeads).unwrap_or(q_heads),
+        head_dim: get(Key::HeadDim).unwrap_or(hidden / q_heads.max(1)),
+        vocab: get(Key::Vocab)?,
+        rope_theta: 10_000.0,
+        rope_style: super::RopeStyle::Half,
+        rms_eps: 1e-6,
+        max_ctx: get(Key::Context)?,
+        arch: arch.into(),
+    })
+}
+
 /// The geometry fields of a `config.json` whose model kvbench does not run (so
 /// [`super::safetensors::read_config`] refused it): the `num_*`, `head_dim`, `hidden_size`,
 /// `intermediate_size`, `vocab_size` and `max_position_embeddings` keys, from `text_config`
@@ -402,22 +438,18 @@ fn lenient_config(v: &serde_json::Value, path: &Path) -> Result<(super::ModelCon
                 reason: format!("config.json: `{key}` is missing or not a whole number"),
             })
     };
-    let (hidden, q_heads) = (num("hidden_size")?, num("num_attention_heads")?);
-    let c = super::ModelConfig {
-        layer_windows: Vec::new(),
-        layers: num("num_hidden_layers")?,
-        hidden,
-        intermediate: num("intermediate_size")?,
-        q_heads,
-        kv_heads: num("num_key_value_heads").unwrap_or(q_heads),
-        head_dim: num("head_dim").unwrap_or(hidden / q_heads.max(1)),
-        vocab: num("vocab_size")?,
-        rope_theta: 10_000.0,
-        rope_style: super::RopeStyle::Half,
-        rms_eps: 1e-6,
-        max_ctx: num("max_position_embeddings")?,
-        arch: model_type.clone(),
-    };
+    let c = planning_config(&model_type, |k| {
+        num(match k {
+            Key::Layers => "num_hidden_layers",
+            Key::Hidden => "hidden_size",
+            Key::Ffn => "intermediate_size",
+            Key::QHeads => "num_attention_heads",
+            Key::KvHeads => "num_key_value_heads",
+            Key::HeadDim => "head_dim",
+            Key::Context => "max_position_embeddings",
+            Key::Vocab => "vocab_size",
+        })
+    })?;
     let tied = t
         .get("tie_word_embeddings")
         .or_else(|| v.get("tie_word_embeddings"))
@@ -517,21 +549,16 @@ fn lenient_gguf(f: &super::gguf::GgufFile, arch: &str, path: &Path) -> Result<su
             reason: format!("GGUF metadata `{arch}.{s}` is missing or not a whole number"),
         })
     };
-    let (hidden, q_heads) = (need("embedding_length")?, need("attention.head_count")?);
-    Ok(super::ModelConfig {
-        layer_windows: Vec::new(),
-        layers: need("block_count")?,
-        hidden,
-        intermediate: need("feed_forward_length")?,
-        q_heads,
-        kv_heads: need("attention.head_count_kv").unwrap_or(q_heads),
-        head_dim: need("attention.key_length").unwrap_or(hidden / q_heads.max(1)),
-        vocab: 0,
-        rope_theta: 10_000.0,
-        rope_style: super::RopeStyle::Half,
-        rms_eps: 1e-6,
-        max_ctx: need("context_length")?,
-        arch: arch.into(),
+    planning_config(arch, |k| match k {
+        Key::Layers => need("block_count"),
+        Key::Hidden => need("embedding_length"),
+        Key::Ffn => need("feed_forward_length"),
+        Key::QHeads => need("attention.head_count"),
+        Key::KvHeads => need("attention.head_count_kv"),
+        Key::HeadDim => need("attention.key_length"),
+        Key::Context => need("context_length"),
+        // The vocabulary does not enter a plan.
+        Key::Vocab => Ok(0),
     })
 }
 
