@@ -287,10 +287,10 @@ pub fn plan(ask: &MemoryAsk) -> Result<MemoryPlan> {
 
 /// The plan for fixed `weights`.
 fn make(ask: &MemoryAsk, weights: &[(String, WeightDtype)]) -> MemoryPlan {
+    // A phase that does not run already carries the decode dtype ([`plan`]'s resolve).
     let mut dtypes: Vec<WeightDtype> = Vec::new();
-    for (p, d) in weights {
-        let runs = ask.phases.iter().any(|a| a.phase == p && a.runs) || p == "decode";
-        if runs && !dtypes.contains(d) {
+    for (_, d) in weights {
+        if !dtypes.contains(d) {
             dtypes.push(*d);
         }
     }
