@@ -147,6 +147,72 @@ fn suite_resume_and_report() {
         4
     );
 
+    // --rerun-contended: two finished points doctored to 12345.5 ms TTFT samples, the first
+    // marked as timed while other processes used 1.9 cores, the second on an idle machine
+    // (0.0). Resumed with the flag, the first is measured again (its doctored mean is gone)
+    // and the second kept as it was; every point still once.
+    let busy = d.join("busy");
+    std::fs::create_dir_all(&busy).unwrap();
+    std::fs::copy(full.join("meta.json"), busy.join("meta.json")).unwrap();
+    let doctor = |line: &str, other_cores: f64| {
+        let mut v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let t = &mut v["timing"];
+        t["ttft_ms"] = serde_json::json!([12345.5, 12345.5]);
+        t["contention"] =
+            serde_json::json!({"other_cores": other_cores, "load_1m": 0.0, "span_s": 1.0});
+        v.to_string()
+    };
+    std::fs::write(
+        busy.join("raw.jsonl"),
+        format!(
+            "{}\n{}\n{}\n{}\n",
+            doctor(lines[0], 1.9),
+            doctor(lines[1], 0.0),
+            lines[2],
+            lines[3]
+        ),
+    )
+    .unwrap();
+    let (code, _, err) = kvbench(&[
+        "sweep",
+        "--rerun-contended",
+        "--out",
+        busy.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "--rerun-contended needs --resume: {err}");
+    assert!(err.contains("--resume"), "{err}");
+    let (code, _, err) = kvbench(&[
+        "sweep",
+        "--resume",
+        busy.to_str().unwrap(),
+        "--rerun-contended",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("--rerun-contended: "), "{err}");
+    let (h, rows) = csv_table(&busy.join("results.csv"));
+    let col = |name: &str| h.iter().position(|c| c == name).unwrap();
+    let key = |i: usize| {
+        let v: serde_json::Value = serde_json::from_str(lines[i]).unwrap();
+        (
+            v["scheme"].as_str().unwrap().to_string(),
+            v["seq_len"].to_string(),
+        )
+    };
+    let ttft = |k: &(String, String)| {
+        let r: Vec<&Vec<String>> = rows
+            .iter()
+            .filter(|r| (r[col("scheme")].clone(), r[col("seq_len")].clone()) == *k)
+            .collect();
+        assert_eq!(r.len(), 1, "{k:?} once: {rows:?}");
+        r[0][col("ttft_ms_mean")].parse::<f64>().unwrap()
+    };
+    assert!(
+        ttft(&key(0)) < 4000.0,
+        "the contended point was measured again"
+    );
+    assert_eq!(ttft(&key(1)), 12345.5, "the idle point was kept");
+    assert_eq!(rows.len(), 4);
+
     // Re-rendering from raw data reproduces the CSV the sweep wrote.
     let before = std::fs::read_to_string(full.join("results.csv")).unwrap();
     std::fs::remove_file(full.join("results.csv")).unwrap();

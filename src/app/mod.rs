@@ -76,7 +76,7 @@ pub fn resolve_settings<S: Settings>(
     };
     let extra: Vec<String> = cli
         .iter()
-        .filter(|id| !["resume", "threads"].contains(&id.as_str()))
+        .filter(|id| !["resume", "threads", "rerun_contended"].contains(&id.as_str()))
         .map(|id| format!("--{}", id.replace('_', "-")))
         .collect();
     let bad = |reason: String| Error::InvalidArgument {
@@ -123,13 +123,15 @@ pub fn open_folder(
 ) -> Result<RunDir> {
     let now = crate::util::time::now_rfc3339();
     if let (Some(m), Some(dir)) = (earlier, &run.out) {
-        return RunDir::resume(
+        let mut folder = RunDir::resume(
             dir.clone(),
             m["run_id"].as_str().unwrap_or(label).to_string(),
             m["started_at"].as_str().unwrap_or(&now).to_string(),
             serde_json::from_value(m["resumed_at"].clone()).unwrap_or_default(),
             &now,
-        );
+        )?;
+        folder.rerun_contended = run.rerun_contended;
+        return Ok(folder);
     }
     let run_id = crate::util::time::run_id(&now, label);
     let dir = run

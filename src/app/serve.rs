@@ -305,7 +305,7 @@ pub fn execute<'m>(
     work: &Workload,
     backend: &mut dyn FnMut(crate::kv::KvScheme) -> crate::Result<Box<dyn Backend + 'm>>,
 ) -> anyhow::Result<()> {
-    let (earlier, done) = finished(read_raw(&folder.dir)?);
+    let (earlier, done) = finished(read_raw(&folder.dir)?, folder.rerun_contended);
     let meta_path = folder.dir.join(crate::report::META_FILE);
     meta::write_json(&meta_path, &meta)?;
     let todo: Vec<_> = plan

@@ -82,7 +82,7 @@ pub fn run(
     };
     let earlier = Earlier {
         done: match &resumed {
-            Some(r) => read_records(&r.dir)?,
+            Some(r) => finished_records(&r.dir, run.rerun_contended)?,
             None => RawRecords::default(),
         },
         meta: resumed.map(|r| r.meta),
@@ -163,6 +163,21 @@ pub fn run(
     );
     bar.finish_and_clear();
     exec.finish(result, "kvbench sweep")
+}
+
+/// The finished records of the resumed folder `dir`, less its contended points when
+/// `rerun_contended` (`--rerun-contended`: they run again). Errors: as [`read_records`].
+fn finished_records(dir: &Path, rerun_contended: bool) -> crate::Result<RawRecords> {
+    let mut done = read_records(dir)?;
+    if rerun_contended {
+        let n = done.drop_contended();
+        eprintln!(
+            "--rerun-contended: {n} finished point(s) of {} were timed on a busy machine; \
+             measuring them again",
+            dir.display()
+        );
+    }
+    Ok(done)
 }
 
 /// `--resume` continues one sweep's (or one shard's) folder. A `kvbench merge` output is not

@@ -426,6 +426,18 @@ impl RawRecords {
         self.quality.iter().find(|q| q.scheme == scheme)
     }
 
+    /// Drops the finished points timed while other processes used the CPU (their
+    /// [`crate::measure::contention::Contention`] says `contended`), so a resumed run measures
+    /// them again (`--rerun-contended`); failed points and quality results stay. Returns how
+    /// many were dropped.
+    pub fn drop_contended(&mut self) -> usize {
+        let before = self.points.len();
+        self.points.retain(
+            |p| !matches!(&p.timing, Ok(t) if t.contention.as_ref().is_some_and(|c| c.contended())),
+        );
+        before - self.points.len()
+    }
+
     /// The fp16 cache's perplexity, the baseline of `ppl_delta_pct`.
     pub fn baseline_ppl(&self) -> Option<f64> {
         self.baseline().map(|p| p.perplexity)

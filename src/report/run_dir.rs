@@ -43,6 +43,12 @@ pub struct RunDirArgs {
     /// a new run there.
     #[arg(long)]
     pub force: bool,
+    /// With --resume: measure again the finished points that were timed while other processes
+    /// used more than 0.15 cores (`contended = true` in results.csv); their old records are
+    /// dropped from raw.jsonl and the new measurement takes their place. Quality results are
+    /// kept (they do not depend on the machine's load).
+    #[arg(long, requires = "resume")]
+    pub rerun_contended: bool,
 }
 
 /// A run folder this process writes: its id, when it started and was resumed, the path, and
@@ -57,6 +63,8 @@ pub struct RunDir {
     pub resumed_at: Vec<String>,
     /// The folder.
     pub dir: PathBuf,
+    /// `--rerun-contended`: finished points timed on a busy machine run again.
+    pub rerun_contended: bool,
     _lock: FolderLock,
 }
 
@@ -86,6 +94,7 @@ impl RunDir {
             started_at: now.to_string(),
             resumed_at: Vec::new(),
             dir,
+            rerun_contended: false,
             _lock: lock,
         })
     }
@@ -106,6 +115,7 @@ impl RunDir {
             started_at,
             resumed_at,
             dir,
+            rerun_contended: false,
             _lock: lock,
         })
     }

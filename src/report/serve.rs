@@ -232,11 +232,14 @@ pub fn read_raw(dir: &Path) -> Result<Vec<RawLine>> {
 }
 
 /// The lines of the points that finished, in file order (requests of an unfinished point are
-/// dropped: the point runs again on `--resume`), and those points.
-pub fn finished(lines: Vec<RawLine>) -> (Vec<RawLine>, Vec<PointKey>) {
+/// dropped: the point runs again on `--resume`), and those points. With `rerun_contended`
+/// (`--rerun-contended`) a point timed while other processes used the CPU counts as
+/// unfinished too, so it is measured again.
+pub fn finished(lines: Vec<RawLine>, rerun_contended: bool) -> (Vec<RawLine>, Vec<PointKey>) {
     let done: Vec<PointKey> = lines
         .iter()
         .filter_map(|l| match l {
+            RawLine::Point { row, .. } if rerun_contended && row.contended() => None,
             RawLine::Point { point, .. } => Some(point.clone()),
             RawLine::Request { .. } => None,
         })
@@ -832,7 +835,7 @@ pub fn merge_runs(runs: &[ServeRun], allow_partial: bool) -> Result<MergedServe>
                 meta.settings.load.concurrency.push(*c);
             }
         }
-        let (kept, done) = finished(read_raw(&r.dir)?);
+        let (kept, done) = finished(read_raw(&r.dir)?, false);
         if let Some(p) = done.iter().find(|p| seen.contains(p)) {
             return Err(bad(
                 r,
@@ -985,8 +988,25 @@ mod tests {
         }
         raw.push_str(&third[0][..third[0].len() / 2]);
         std::fs::write(cut.join("raw.jsonl"), raw).unwrap();
-        let (earlier, done) = finished(read_raw(&cut).unwrap());
+        let (earlier, done) = finished(read_raw(&cut).unwrap(), false);
         assert_eq!(done, points[..2]);
+        // `--rerun-contended`: the first point marked as timed while others used 0.9 cores
+        // no longer counts as finished (its requests go with it); the second still does.
+        let marked = || {
+            let mut lines = read_raw(&cut).unwrap();
+            for l in &mut lines {
+                if let RawLine::Point { point, row, .. } = l {
+                    if *point == points[0] {
+                        row.other_cores = Some(0.9);
+                    }
+                }
+            }
+            lines
+        };
+        let (kept, again) = finished(marked(), true);
+        assert_eq!(again, points[1..2]);
+        assert!(kept.iter().all(|l| l.point() == &points[1]));
+        assert_eq!(finished(marked(), false).1, points[..2]);
         let todo: Vec<PointKey> = points
             .iter()
             .filter(|p| !done.contains(p))

@@ -206,9 +206,9 @@ impl Warnings {
                     Cause::Contended { other_cores } => format!(
                         "{k} of {n} points ran while other processes used more than \
                          {CONTENDED_CORES} cores (worst {other_cores:.2} cores, {p}): their \
-                         latencies describe a shared machine, not the scheme; rerun them on an \
-                         idle machine (or with --threads 1) in a new run — `kvbench {} --resume` \
-                         does not re-measure finished points",
+                         latencies describe a shared machine, not the scheme; when the machine \
+                         is idle, `kvbench {} --resume <run folder> --rerun-contended` measures \
+                         them again",
                         self.command
                     ),
                     Cause::ItlOutliers { outliers, samples } => format!(
@@ -314,7 +314,7 @@ mod tests {
     }
 
     /// Issue #26: one line per cause, with the count, the worst point and the advice once; the
-    /// contended advice no longer promises that `--resume` re-measures.
+    /// contended advice names the flag that re-measures (`--rerun-contended`).
     #[test]
     fn sweep_warnings_one_line_per_cause() {
         let w = Warnings::of_sweep(&sweep_fixture());
@@ -325,8 +325,8 @@ mod tests {
             vec![
                 "1 of 4 points ran while other processes used more than 0.15 cores (worst 1.20 \
                  cores, int4 batch 4 × 512): their latencies describe a shared machine, not the \
-                 scheme; rerun them on an idle machine (or with --threads 1) in a new run — \
-                 `kvbench sweep --resume` does not re-measure finished points"
+                 scheme; when the machine is idle, `kvbench sweep --resume <run folder> \
+                 --rerun-contended` measures them again"
                     .to_string(),
                 "1 of 4 points: more than 5 % of inter-token latencies outside Tukey's fences \
                  (worst 3 of 21, int8 batch 4 × 512): the machine was busy or throttling; rerun \
@@ -435,8 +435,8 @@ mod tests {
             vec![
                 "2 of 3 points ran while other processes used more than 0.15 cores (worst 1.70 \
                   cores, int8 poisson 2 req/s, prefix cached): their latencies describe a shared \
-                  machine, not the scheme; rerun them on an idle machine (or with --threads 1) in \
-                  a new run — `kvbench serve --resume` does not re-measure finished points"
+                  machine, not the scheme; when the machine is idle, `kvbench serve --resume \
+                  <run folder> --rerun-contended` measures them again"
                     .to_string()
             ]
         );
