@@ -350,6 +350,8 @@ pub struct ServeRun {
     pub rows: Vec<ServeRow>,
     /// Each point's scheduler trace, in the same order.
     pub traces: Vec<(PointKey, Vec<StepSample>)>,
+    /// Each point's request records, in the same order (the samples of its percentiles).
+    pub requests: Vec<Vec<RequestRecord>>,
 }
 
 impl ServeRun {
@@ -359,15 +361,23 @@ impl ServeRun {
         let (meta, value) = ServeMeta::read(&dir.join(super::run_dir::META_FILE))?;
         let mut rows = Vec::new();
         let mut traces = Vec::new();
+        let mut requests = Vec::new();
+        let mut pending: Vec<(PointKey, RequestRecord)> = Vec::new();
         let ctx = &meta.report_context;
         for l in read_raw(dir)? {
-            if let RawLine::Point {
+            if let RawLine::Request { point, record } = l {
+                pending.push((point, record));
+            } else if let RawLine::Point {
                 point,
                 mut row,
                 steps,
                 ..
             } = l
             {
+                let (mine, rest): (Vec<_>, Vec<_>) =
+                    pending.into_iter().partition(|(p, _)| *p == point);
+                pending = rest;
+                requests.push(mine.into_iter().map(|(_, r)| r).collect());
                 // Rows written before these were columns.
                 if row.run_id.is_empty() {
                     row.run_id = ctx.run_id.clone();
@@ -389,6 +399,7 @@ impl ServeRun {
             value,
             rows,
             traces,
+            requests,
         })
     }
 
@@ -595,45 +606,53 @@ fn charts(run: &ServeRun) -> Result<()> {
         s.load.output_len,
         env!("CARGO_PKG_VERSION")
     );
-    // A point timed while other processes kept the machine busy is drawn hollow.
-    let series = |f: &dyn Fn(&ServeRow) -> Option<f64>| -> Vec<Series> {
+    // A point timed while other processes kept the machine busy is drawn hollow; every point
+    // carries its 95 % interval as a bar ([`intervals`]).
+    type Value<'a> = &'a dyn Fn(&ServeRow, &Intervals) -> Option<(f64, (f64, f64))>;
+    let series = |f: Value<'_>| -> Vec<Series> {
         names
             .iter()
             .map(|n| {
-                let mut pts: Vec<(f64, f64, bool)> = run
+                let mut pts: Vec<(f64, f64, (f64, f64), bool)> = run
                     .rows
                     .iter()
-                    .filter(|r| {
+                    .zip(&run.requests)
+                    .filter(|(r, _)| {
                         &run.label(&r.scheme, r.prefix_caching) == n
                             && r.status.is_ok()
                             && r.load.0.is_finite()
                     })
-                    .filter_map(|r| Some((r.load.0, f(r)?, r.contended())))
+                    .filter_map(|(r, reqs)| {
+                        let slo = &run.meta.settings.slo.slo;
+                        let (y, bar) = f(r, &intervals(reqs, slo, r.stats.duration_s))?;
+                        Some((r.load.0, y, bar, r.contended()))
+                    })
                     .collect();
                 pts.sort_by(|x, y| x.0.total_cmp(&y.0));
                 Series::line(n.clone(), pts.iter().map(|p| (p.0, p.1)).collect())
-                    .with_hollow(pts.iter().map(|p| p.2).collect())
+                    .with_bars(pts.iter().map(|p| p.2).collect())
+                    .with_hollow(pts.iter().map(|p| p.3).collect())
             })
             .collect()
     };
     let charts = [
         (
             "p95_latency_vs_rate",
-            "E2E latency p95 vs load",
+            "E2E latency p95 vs load (bars: 95 % interval of the percentile)",
             "E2E latency p95 (ms)",
-            series(&|r| r.stats.e2e_ms.p95),
+            series(&|r, i| Some((r.stats.e2e_ms.p95?, i.e2e_p95))),
         ),
         (
             "ttft_p95_vs_rate",
-            "TTFT p95 vs load",
+            "TTFT p95 vs load (bars: 95 % interval of the percentile)",
             "TTFT p95 (ms)",
-            series(&|r| r.stats.ttft_ms.p95),
+            series(&|r, i| Some((r.stats.ttft_ms.p95?, i.ttft_p95))),
         ),
         (
             "goodput_vs_rate",
-            "Goodput vs load",
+            "Goodput vs load (bars: Wilson 95 % interval)",
             "goodput (requests/s meeting the SLO)",
-            series(&|r| r.stats.goodput),
+            series(&|r, i| Some((r.stats.goodput?, i.goodput))),
         ),
     ];
     for (stem, title, y, series) in charts {
@@ -647,6 +666,47 @@ fn charts(run: &ServeRun) -> Result<()> {
         .render(&plots, stem)?;
     }
     running_chart(run, &plots, caption)
+}
+
+/// The 95 % intervals a serving point's charts draw as bars, `(lo, hi)` in the value's unit
+/// (NaN ends: no bar).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Intervals {
+    /// E2E latency p95, ms: order statistics of the completed requests'
+    /// ([`crate::stats::percentile_ci95`]).
+    pub e2e_p95: (f64, f64),
+    /// TTFT p95, ms, likewise.
+    pub ttft_p95: (f64, f64),
+    /// Goodput, requests/s: Wilson's interval of the share of requests that met the SLO
+    /// ([`crate::stats::wilson_ci95`]) times requests ÷ the point's duration.
+    pub goodput: (f64, f64),
+}
+
+/// A point's [`Intervals`] from its request records `reqs` (as `raw.jsonl` holds them), the
+/// run's `slo` and the point's `duration_s` (first arrival to last token, s, as
+/// [`summarize`] measures it): the samples [`summarize`] takes its percentiles and goodput
+/// from, so each bar brackets the value drawn. A point without records (older folders) gets
+/// no bars.
+pub fn intervals(reqs: &[RequestRecord], slo: &Slo, duration_s: f64) -> Intervals {
+    let none = (f64::NAN, f64::NAN);
+    let ok: Vec<&RequestRecord> = reqs.iter().filter(|r| r.status == "ok").collect();
+    let p95 = |f: &dyn Fn(&RequestRecord) -> f64| {
+        let mut xs: Vec<f64> = ok.iter().map(|r| f(r)).collect();
+        crate::stats::percentile_ci95(&mut xs, 95.0).map_or(none, |(b, _)| b)
+    };
+    let good = ok.iter().filter(|r| slo.met(r)).count();
+    let goodput = match (crate::stats::wilson_ci95(good, reqs.len()), duration_s) {
+        (Some((lo, hi)), d) if d > 0.0 => {
+            let per_s = reqs.len() as f64 / d;
+            (lo * per_s, hi * per_s)
+        }
+        _ => none,
+    };
+    Intervals {
+        e2e_p95: p95(&|r| r.e2e_ms()),
+        ttft_p95: p95(&|r| r.ttft_ms()),
+        goodput,
+    }
 }
 
 /// Running sequences over time at the highest load, as steps (the count holds between
@@ -957,6 +1017,33 @@ mod tests {
                 serde_json::to_string(&l).unwrap()
             })
             .collect()
+    }
+
+    /// Issue #26's error bars, by hand: 10 one-token requests arriving at 0 with TTFT
+    /// 100, 200, …, 1000 ms, SLO TTFT ≤ 800 ms (8 met), 1 s long. TTFT p95's interval: for
+    /// B ~ Bin(10, 0.95), P(B ≤ 7) = 0.0115 ≤ 0.025 < P(B ≤ 8) = 0.0861, so the lower end is
+    /// the 8th value (800 ms); no upper rank exists (P(B ≤ 9) = 0.401), so the maximum
+    /// (1000 ms). Goodput: Wilson's (0.4902, 0.9434) for 8 of 10 × 10 requests/s.
+    #[test]
+    fn serve_bars_by_hand() {
+        let reqs: Vec<RequestRecord> = (1..=10)
+            .map(|i| RequestRecord {
+                id: i,
+                prompt_tokens: 8,
+                output_tokens: 1,
+                arrival_s: 0.0,
+                first_token_s: i as f64 * 0.1,
+                token_s: Vec::new(),
+                preemptions: 0,
+                status: "ok".into(),
+            })
+            .collect();
+        let slo: Slo = "ttft=800".parse().unwrap();
+        let i = intervals(&reqs, &slo, 1.0);
+        assert!((i.ttft_p95.0 - 800.0).abs() < 1e-9 && (i.ttft_p95.1 - 1000.0).abs() < 1e-9);
+        assert_eq!(i.e2e_p95, i.ttft_p95, "one-token outputs: E2E = TTFT");
+        assert!((i.goodput.0 - 4.902).abs() < 1e-3 && (i.goodput.1 - 9.434).abs() < 1e-3);
+        assert!(intervals(&[], &slo, 0.0).goodput.0.is_nan());
     }
 
     /// Issue #21: a serving run killed mid-point (two points done, part of the third's requests

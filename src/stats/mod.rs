@@ -115,9 +115,98 @@ fn percentile_sorted(xs: &[f64], p: f64) -> f64 {
     xs[lo] + (h - lo as f64) * (xs[hi] - xs[lo])
 }
 
+/// A distribution-free 95 % confidence interval of the `p`-th percentile (0–100) from the
+/// order statistics of `xs` (Conover 1999, *Practical Nonparametric Statistics*, §3.2; Hahn &
+/// Meeker 1991, §5.2): with B ~ Binomial(n, p/100), the interval is [x₍ᵣ₎, x₍ₛ₎] where r − 1 is
+/// the largest k with P(B ≤ k) ≤ 0.025 and s the smallest with P(B ≤ s − 1) ≥ 0.975 (1-based
+/// ranks), so it covers the percentile with probability ≥ 95 % whatever the distribution.
+/// When the sample is too small for a rank on one side (e.g. fewer than 72 samples for the
+/// 95th percentile's upper end) that end is the sample's extreme and the coverage is lower;
+/// the returned flag says so (`true` = a full 95 % interval). Sorts `xs`. `None` for an empty
+/// sample or `p` outside 0–100.
+pub fn percentile_ci95(xs: &mut [f64], p: f64) -> Option<((f64, f64), bool)> {
+    use statrs::distribution::{Binomial, DiscreteCDF};
+    let n = xs.len();
+    if n == 0 || !(0.0..=100.0).contains(&p) {
+        return None;
+    }
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let b = Binomial::new(p / 100.0, n as u64).ok()?;
+    // P(B ≤ k) for k = −1 … n.
+    let cdf = |k: i64| if k < 0 { 0.0 } else { b.cdf(k as u64) };
+    let below = (-1..n as i64).rev().find(|&k| cdf(k) <= 0.025);
+    let above = (0..=n as i64).find(|&k| cdf(k) >= 0.975);
+    // r − 1 = `below` (r ≥ 1 needs below ≥ 0); s − 1 = `above` (s ≤ n needs above < n).
+    let (r, full_lo) = match below {
+        Some(k) if k >= 0 => (k as usize + 1, true),
+        _ => (1, false),
+    };
+    let (s, full_hi) = match above {
+        Some(k) if (k as usize) < n => (k as usize + 1, true),
+        _ => (n, false),
+    };
+    Some(((xs[r - 1], xs[s - 1]), full_lo && full_hi))
+}
+
+/// The Wilson score 95 % interval of a proportion: `k` successes in `n` trials, as
+/// (centre ± z·√(p̂(1 − p̂)/n + z²/4n²)) / (1 + z²/n) with z = 1.959964 (Wilson 1927, *JASA*
+/// 22:209; Brown, Cai & DasGupta 2001 recommend it over the Wald interval for small n). Stays
+/// within [0, 1]. `None` for `n = 0` or `k > n`.
+pub fn wilson_ci95(k: usize, n: usize) -> Option<(f64, f64)> {
+    if n == 0 || k > n {
+        return None;
+    }
+    let (z, nf) = (1.959_963_984_540_054, n as f64);
+    let ph = k as f64 / nf;
+    let d = 1.0 + z * z / nf;
+    let c = ph + z * z / (2.0 * nf);
+    let h = z * (ph * (1.0 - ph) / nf + z * z / (4.0 * nf * nf)).sqrt();
+    // At k = 0 and k = n the ends are exactly 0 and 1 (the formula's rounding aside).
+    let lo = if k == 0 { 0.0 } else { ((c - h) / d).max(0.0) };
+    let hi = if k == n { 1.0 } else { ((c + h) / d).min(1.0) };
+    Some((lo, hi))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The median of 10 samples: the textbook interval [x₍₂₎, x₍₉₎] (Conover §3.2: P(2 ≤ B ≤ 8)
+    /// for B ~ Bin(10, ½) = 1 − 2·11/1024 = 0.9785); the 95th percentile of 100: by hand
+    /// P(B ≤ 89) = 0.0115 ≤ 0.025 < P(B ≤ 90) = 0.0282 and P(B ≤ 98) = 0.9629 < 0.975 ≤
+    /// P(B ≤ 99) = 0.9941 for B ~ Bin(100, 0.95), so [x₍₉₀₎, x₍₁₀₀₎]; of 20 samples the upper
+    /// rank does not exist (P(B ≤ 19) = 1 − 0.95²⁰ = 0.642): the maximum, flagged.
+    #[test]
+    fn percentile_intervals_from_order_statistics() {
+        let mut ten: Vec<f64> = (1..=10).rev().map(f64::from).collect();
+        assert_eq!(percentile_ci95(&mut ten, 50.0), Some(((2.0, 9.0), true)));
+        let mut hundred: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(
+            percentile_ci95(&mut hundred, 95.0),
+            Some(((90.0, 100.0), true))
+        );
+        let mut twenty: Vec<f64> = (1..=20).map(f64::from).collect();
+        let ((lo, hi), full) = percentile_ci95(&mut twenty, 95.0).unwrap();
+        assert_eq!((hi, full), (20.0, false));
+        assert!(lo < 19.0, "{lo}");
+        assert_eq!(percentile_ci95(&mut [], 95.0), None);
+        assert_eq!(percentile_ci95(&mut [1.0], 101.0), None);
+    }
+
+    /// Wilson's interval for 8 of 10: (0.4902, 0.9434) by hand (p̂ = 0.8, z² = 3.8415:
+    /// centre 0.99208 / 1.38415 = 0.71674, half-width 1.96 × 0.16001 / 1.38415 = 0.22657);
+    /// 0 of 10 starts at 0 and 10 of 10 ends at 1.
+    #[test]
+    fn wilson_interval_by_hand() {
+        let (lo, hi) = wilson_ci95(8, 10).unwrap();
+        assert!(
+            (lo - 0.4902).abs() < 1e-4 && (hi - 0.9434).abs() < 1e-4,
+            "{lo} {hi}"
+        );
+        assert_eq!(wilson_ci95(0, 10).unwrap().0, 0.0);
+        assert_eq!(wilson_ci95(10, 10).unwrap().1, 1.0);
+        assert_eq!(wilson_ci95(1, 0), None);
+    }
 
     /// Past 10^4 degrees of freedom: R's `qt(0.975, 10001)` = 1.9602012 and the expansion by
     /// hand at 10^6 (z = 1.959963985: z + (z³+z)/(4·10^6) = 1.9599664); it answers at once even
