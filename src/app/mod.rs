@@ -175,8 +175,10 @@ pub fn model_files(location: &ModelLocation) -> Result<(Vec<PathBuf>, Vec<String
 pub fn progress_bar(len: u64) -> ProgressBar {
     let bar = ProgressBar::new(len);
     bar.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
-            .expect("static template"),
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {percent:>3}% · about {eta} left · {msg}",
+        )
+        .expect("static template"),
     );
     bar
 }
@@ -215,7 +217,12 @@ impl BarProgress {
             String::new()
         };
         eprintln!(
-            "progress: {pos}/{len} units, {} elapsed{left}{}{what}",
+            "progress: {:.0} % of the estimated work, {} elapsed{left}{}{what}",
+            if len > 0 {
+                100.0 * pos as f64 / len as f64
+            } else {
+                0.0
+            },
             humantime::format_duration(std::time::Duration::from_secs(elapsed.as_secs())),
             if what.is_empty() { "" } else { ": " }
         );

@@ -13,7 +13,6 @@ use crate::measure::plan::SweepPlan;
 use crate::measure::settings::SweepSettings;
 use crate::measure::shard::{Shard, ShardArgs, ShardRecord, TaskLoad};
 use crate::measure::sweep::{run_sweep, PhaseModels, QualityTasks, SweepSpec, SweepText, Work};
-use crate::measure::unit::work_units;
 use crate::model::{self, hub, ModelLocation, WeightDtype};
 use crate::quality::passkey;
 use crate::quality::wikitext;
@@ -138,8 +137,11 @@ pub fn run(
         (sha256, &weights),
         tokens.len(),
     );
-    let quality_units = plan.settings.perplexity.ppl_windows + tasks.units();
-    let bar = progress_bar(work_units(selection.units(), quality_units));
+    let cost = selection
+        .units()
+        .iter()
+        .map(|u| spec.unit_cost(u, Some(&tasks)));
+    let bar = progress_bar(cost.sum());
     let mut exec = Execution::start(folder, run_meta, details, &earlier.done, &bar)?;
     let result = run_sweep(
         PhaseModels {
@@ -446,7 +448,13 @@ fn synthetic(
     let run_meta = run_meta(&folder, &plan.settings, RunMode::Synthetic, record, row_ctx);
     let by_layer_type = crate::measure::synthetic::layer_type_bytes(&model.cache(), &spec);
     let details = details::synthetic(&model, memory_limit, &spec, &by_layer_type);
-    let bar = progress_bar(work_units(selection.units(), 0));
+    let bar = progress_bar(
+        selection
+            .units()
+            .iter()
+            .map(|u| spec.unit_cost(u, None))
+            .sum(),
+    );
     let mut exec = Execution::start(folder, run_meta, details, &earlier.done, &bar)?;
     let result = crate::measure::synthetic::run(
         &geom,

@@ -26,7 +26,7 @@
 
 use rand::{Rng, SeedableRng};
 
-use super::unit::Selection;
+use super::unit::{Selection, Unit};
 use crate::error::{Error, Result};
 use crate::kv::{AnyCache, KvScheme};
 use crate::model::tokenizer::TextTokenizer;
@@ -35,7 +35,7 @@ use crate::quality::generate::greedy;
 use crate::quality::passkey::{
     first_integer, PasskeyPrompt, PasskeyResult, PasskeySpec, PasskeyTrial,
 };
-use crate::quality::perplexity::{perplexity_vs, PplProtocol, PplResult};
+use crate::quality::perplexity::{perplexity_vs, PplMode, PplProtocol, PplResult};
 use crate::quality::xsum::{RougeResult, RougeTask};
 use crate::stats::summarize;
 use crate::util::memory;
@@ -140,13 +140,92 @@ pub struct QualityTasks<'a> {
 }
 
 impl QualityTasks<'_> {
-    /// Units of progress per scheme: one per generated summary and per passkey prompt.
+    /// Work items per scheme: one per generated summary and per passkey prompt.
     pub fn units(&self) -> usize {
         self.rouge.as_ref().map_or(0, |r| r.prompts.len()) + self.passkey.len()
     }
+
+    /// Estimated cost of one scheme's generation tasks, in [`STEP_TOKENS`]' unit: each XSum
+    /// prompt's tokens plus its new tokens' decode steps, each passkey prompt plus its 8.
+    pub fn cost(&self) -> u64 {
+        self.rouge.as_ref().map_or(0, |r| {
+            r.prompts
+                .iter()
+                .map(|p| prompt_cost(p.len(), r.max_new))
+                .sum()
+        }) + self
+            .passkey
+            .iter()
+            .map(|p| prompt_cost(p.tokens.len(), PASSKEY_NEW_TOKENS))
+            .sum::<u64>()
+    }
+}
+
+/// What the progress display counts: estimated cost in prompt-token forwards, a decode step
+/// of batch b costing `STEP_TOKENS + b` of them (the step reads every weight once, which on
+/// CPUs costs about as much as the forward of 10–30 prompt tokens: ~30 for the default model
+/// on 2 cores, where a step takes ~10 ms and a prompt token ~0.3 ms; fewer for 8B shapes).
+/// An estimate for a time-left figure, not a measurement; it keeps a unit of 512-token
+/// perplexity from counting like a point that decodes 4 × 32 tokens four times.
+pub const STEP_TOKENS: u64 = 16;
+
+/// Greedy tokens a passkey trial generates at most.
+const PASSKEY_NEW_TOKENS: usize = 8;
+
+/// Estimated cost of generating `new` tokens after a `prompt`-token prompt, batch 1.
+fn prompt_cost(prompt: usize, new: usize) -> u64 {
+    prompt as u64 + new as u64 * (STEP_TOKENS + 1)
 }
 
 impl SweepSpec {
+    /// Estimated cost of timing point `batch` × `seq_len` ([`STEP_TOKENS`]' unit): warm-up and
+    /// timed repeats (at least `repeats`; `min_time_s` may add more), each a prefill of
+    /// `batch × seq_len` tokens and `gen` decode steps of the batch.
+    pub fn point_cost(&self, batch: usize, seq_len: usize) -> u64 {
+        let (b, l, g) = (batch as u64, seq_len as u64, self.gen as u64);
+        (self.warmup + self.repeats).max(1) as u64 * (b * l + g * (STEP_TOKENS + b))
+    }
+
+    /// Estimated cost of one perplexity window for `scheme` ([`STEP_TOKENS`]' unit): `ctx`
+    /// prompt tokens chunked, or `ctx` decode steps shared by the protocol's batch of
+    /// windows; twice that with the fp16 cache run in lockstep (KL), and once more per
+    /// noise-floor rerun. 0 without perplexity.
+    pub fn window_cost(&self, scheme: &KvScheme) -> u64 {
+        self.window_pass_cost(scheme) + self.ppl_noise_floor as u64 * self.window_once(scheme)
+    }
+
+    /// [`Self::window_cost`] without the noise-floor reruns.
+    pub fn window_pass_cost(&self, scheme: &KvScheme) -> u64 {
+        let lockstep = if self.kl && !scheme.is_baseline() {
+            2
+        } else {
+            1
+        };
+        lockstep * self.window_once(scheme)
+    }
+
+    /// One window through `scheme`'s cache alone.
+    fn window_once(&self, scheme: &KvScheme) -> u64 {
+        let Some(p) = &self.ppl else { return 0 };
+        let ctx = p.ctx as u64;
+        match p.mode.resolve(scheme) {
+            PplMode::Decode => ctx + ctx * STEP_TOKENS / p.batch.max(1) as u64,
+            _ => ctx,
+        }
+    }
+
+    /// Estimated cost of `unit` ([`STEP_TOKENS`]' unit): [`Self::point_cost`] for a timing
+    /// point; every perplexity window plus `tasks`' [`QualityTasks::cost`] for a quality unit.
+    pub fn unit_cost(&self, unit: &Unit, tasks: Option<&QualityTasks<'_>>) -> u64 {
+        match unit {
+            Unit::Timing { batch, seq_len, .. } => self.point_cost(*batch, *seq_len),
+            Unit::Quality { scheme } => {
+                let windows = self.ppl.as_ref().map_or(0, |p| p.windows.unwrap_or(0)) as u64;
+                windows * self.window_cost(scheme) + tasks.map_or(0, |t| t.cost())
+            }
+        }
+    }
+
     /// A timing-only spec (no perplexity, no generation tasks, one repeat, no warm-up), as
     /// attention-only synthetic sweeps use.
     pub fn timing_only(
@@ -569,8 +648,6 @@ pub trait Progress {
 
 impl Progress for () {}
 
-pub use super::unit::work_units;
-
 /// The schemes of timing point `batch` × `seq_len` still to run: those `selection` holds that
 /// `done` (a resumed run's finished points) lacks, in `spec` order; the selected ones already
 /// done count as progress at once.
@@ -593,7 +670,7 @@ pub fn pending_at(
         .copied()
         .filter(|&s| !is_done(done, s, batch, seq_len))
         .collect();
-    progress.advance((selected.len() - todo.len()) as u64);
+    progress.advance((selected.len() - todo.len()) as u64 * spec.point_cost(batch, seq_len));
     todo
 }
 
@@ -603,10 +680,11 @@ fn is_done(done: &[PointOutcome], scheme: KvScheme, batch: usize, seq_len: usize
         .any(|o| o.scheme == scheme && o.batch == batch && o.seq_len == seq_len)
 }
 
-/// Hands a timed (or failed) point to `sink` and counts it as progress.
+/// Hands a timed (or failed) point of `spec` to `sink` and counts its cost as progress.
 pub fn emit_point(
     sink: &mut dyn PointSink,
     progress: &dyn Progress,
+    spec: &SweepSpec,
     scheme: KvScheme,
     batch: usize,
     seq_len: usize,
@@ -618,7 +696,7 @@ pub fn emit_point(
         seq_len,
         timing,
     })?;
-    progress.advance(1);
+    progress.advance(spec.point_cost(batch, seq_len));
     Ok(())
 }
 
@@ -680,8 +758,6 @@ fn quality_stage(
     let mut baseline_rouge: Option<Vec<String>> = fp16_earlier
         .as_ref()
         .and_then(|q| q.rouge.as_ref().map(|r| r.predictions.clone()));
-    let quality_units = spec.ppl.as_ref().map_or(0, |p| p.windows.unwrap_or(0))
-        + text.tasks.map_or(0, |t| t.units());
     for &scheme in &spec.schemes {
         let todo = points_to_run(spec, work, scheme);
         // This process runs the scheme's quality unit (sharded runs: maybe without any of its
@@ -690,7 +766,7 @@ fn quality_stage(
         let earlier = work.earlier_quality(scheme);
         if todo == 0 && (!quality_here || earlier.is_some()) {
             if quality_here {
-                progress.advance(quality_units as u64);
+                progress.advance(spec.unit_cost(&Unit::Quality { scheme }, text.tasks));
             }
             continue;
         }
@@ -754,12 +830,13 @@ fn scheme_perplexity(
     let earlier_ppl = earlier.and_then(|q| q.ppl.clone());
     Ok(match (&spec.ppl, earlier_ppl) {
         (Some(proto), Some(r)) => {
-            progress.advance(proto.windows.unwrap_or(0) as u64);
+            progress.advance(proto.windows.unwrap_or(0) as u64 * spec.window_cost(&scheme));
             Some(r)
         }
         (Some(proto), None) if quality_here => {
             progress.start(&format!("{scheme}: perplexity"));
             let baseline = spec.kl.then_some(KvScheme::FP16);
+            let window = spec.window_pass_cost(&scheme);
             let r = perplexity_vs(
                 model,
                 text.tokens,
@@ -767,17 +844,13 @@ fn scheme_perplexity(
                 baseline,
                 proto,
                 text.bos,
-                |_, _| progress.advance(1),
+                |_, _| progress.advance(window),
             )?;
-            Some(with_noise_floor(
-                r,
-                spec,
-                model,
-                text.tokens,
-                scheme,
-                proto,
-                text.bos,
-            )?)
+            let r = with_noise_floor(r, spec, model, text.tokens, scheme, proto, text.bos)?;
+            // The noise-floor reruns count once they are done.
+            let windows = proto.windows.unwrap_or(0) as u64;
+            progress.advance(windows * (spec.window_cost(&scheme) - window));
+            Some(r)
         }
         _ => None,
     })
@@ -800,7 +873,11 @@ fn scheme_tasks(
     let earlier_rouge = earlier.and_then(|o| o.rouge.clone());
     let rouge = match (&t.rouge, earlier_rouge) {
         (Some(task), Some(r)) => {
-            progress.advance(task.prompts.len() as u64);
+            let cost = task
+                .prompts
+                .iter()
+                .map(|p| prompt_cost(p.len(), task.max_new));
+            progress.advance(cost.sum());
             Some(r)
         }
         (Some(task), None) if quality_here => {
@@ -814,7 +891,11 @@ fn scheme_tasks(
     }
     let passkey = match earlier.and_then(|o| o.passkey.clone()) {
         Some(p) => {
-            progress.advance(t.passkey.len() as u64);
+            let cost = t
+                .passkey
+                .iter()
+                .map(|p| prompt_cost(p.tokens.len(), PASSKEY_NEW_TOKENS));
+            progress.advance(cost.sum());
             Some(p)
         }
         None if quality_here && !t.passkey.is_empty() => {
@@ -862,7 +943,7 @@ fn timing_stage(
             let timings =
                 interleaved_point(models, &schemes, batch, seq_len, spec, &prompts, order_seed);
             for (&scheme, timing) in schemes.iter().zip(timings) {
-                emit_point(sink, progress, scheme, batch, seq_len, timing)?;
+                emit_point(sink, progress, spec, scheme, batch, seq_len, timing)?;
             }
         }
     }
@@ -1148,7 +1229,7 @@ fn summarize_xsum(
     for prompt in &task.prompts {
         let ids = greedy(model, scheme, prompt, task.max_new, &t.stop)?;
         predictions.push(t.tokenizer.decode(&ids)?.trim().to_string());
-        progress.advance(1);
+        progress.advance(prompt_cost(prompt.len(), task.max_new));
     }
     Ok(RougeResult::score(task, predictions, baseline))
 }
@@ -1163,7 +1244,7 @@ fn passkey_trials(
     progress.start(&format!("{scheme}: passkey retrieval"));
     let mut trials = Vec::with_capacity(t.passkey.len());
     for p in &t.passkey {
-        let ids = greedy(model, scheme, &p.tokens, 8, &t.stop)?;
+        let ids = greedy(model, scheme, &p.tokens, PASSKEY_NEW_TOKENS, &t.stop)?;
         let answer = t.tokenizer.decode(&ids)?;
         trials.push(PasskeyTrial {
             length: p.length,
@@ -1172,9 +1253,55 @@ fn passkey_trials(
             correct: first_integer(&answer) == Some(p.key as u64),
             answer,
         });
-        progress.advance(1);
+        progress.advance(prompt_cost(p.tokens.len(), PASSKEY_NEW_TOKENS));
     }
     Ok(PasskeyResult { trials })
+}
+
+#[cfg(test)]
+mod cost_tests {
+    use super::*;
+
+    /// Progress weights by hand (issue #26), `STEP_TOKENS` = 16: a point of batch 4 × 512
+    /// with gen 32, 1 warm-up and 3 repeats costs 4 × (4·512 + 32·(16 + 4)) = 4 × 2,688 =
+    /// 10,752; a chunked 512-token window 512, 1,024 with KL's fp16 run in lockstep (not for
+    /// fp16 itself), plus 512 per noise-floor rerun; in decode mode with 4 windows batched
+    /// 512 + 512·16/4 = 2,560; a quality unit of 4 windows = 4 × the window.
+    #[test]
+    fn costs_by_hand() {
+        let int4: KvScheme = "int4".parse().unwrap();
+        let h2o: KvScheme = "h2o:ratio=0.5".parse().unwrap();
+        let mut spec =
+            SweepSpec::timing_only(vec![KvScheme::FP16, int4], vec![4], vec![512], 32, 0);
+        spec.warmup = 1;
+        spec.repeats = 3;
+        assert_eq!(spec.point_cost(4, 512), 10_752);
+        assert_eq!(spec.window_cost(&int4), 0, "no perplexity");
+        spec.ppl = Some(PplProtocol {
+            mode: PplMode::Auto,
+            batch: 4,
+            ctx: 512,
+            windows: Some(4),
+            scoring: crate::quality::perplexity::Scoring::Half,
+            bos: false,
+            exact_attention: true,
+        });
+        assert_eq!(spec.window_cost(&int4), 512);
+        spec.kl = true;
+        assert_eq!(spec.window_cost(&int4), 1024);
+        assert_eq!(spec.window_cost(&KvScheme::FP16), 512);
+        spec.ppl_noise_floor = 2;
+        assert_eq!(spec.window_cost(&int4), 1024 + 2 * 512);
+        assert_eq!(spec.window_pass_cost(&int4), 1024);
+        spec.ppl_noise_floor = 0;
+        assert_eq!(
+            spec.window_cost(&h2o),
+            2 * 2_560,
+            "eviction: decode mode, KL"
+        );
+        let unit = Unit::Quality { scheme: int4 };
+        assert_eq!(spec.unit_cost(&unit, None), 4 * 1024);
+    }
 }
 
 #[cfg(test)]

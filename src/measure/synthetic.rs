@@ -163,7 +163,7 @@ pub fn run(
                         point(geom, scheme, batch, seq_len, spec.gen, spec.seed)
                     })
                 };
-                super::sweep::emit_point(sink, progress, scheme, batch, seq_len, timing)?;
+                super::sweep::emit_point(sink, progress, spec, scheme, batch, seq_len, timing)?;
             }
         }
     }

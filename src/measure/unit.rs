@@ -80,15 +80,3 @@ impl Selection {
             .count()
     }
 }
-
-/// Units of work a sweep reports to its progress display for `units`: one per timing point,
-/// `quality_units` (perplexity windows plus generation-task prompts) per quality unit.
-pub fn work_units(units: &[Unit], quality_units: usize) -> u64 {
-    units
-        .iter()
-        .map(|u| match u {
-            Unit::Timing { .. } => 1,
-            Unit::Quality { .. } => quality_units as u64,
-        })
-        .sum()
-}
