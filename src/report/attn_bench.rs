@@ -82,6 +82,24 @@ pub fn table(h: &AttnHeader, t: &AttnTable) -> String {
                 .map_or(String::new(), |p| format!(" {:>9.1}", 100.0 * r.gb_s / p))
         ));
     }
+    if let Some(p) = h.peak_gb_s {
+        let over: Vec<&str> = t
+            .rows
+            .iter()
+            .filter_map(|(_, r)| r.as_ref().ok())
+            .filter(|r| r.gb_s > p)
+            .map(|r| r.scheme.as_str())
+            .collect();
+        if !over.is_empty() {
+            s.push_str(&format!(
+                "warning: {} read faster than the peak bandwidth ({p:.1} GB/s): the peak is \
+                 wrong (a probe run while the machine was busy, or a figure below this \
+                 machine's), or the cache fits in the CPU's caches at this length; the \
+                 \"% of peak\" column is not a share of anything\n",
+                over.join(", ")
+            ));
+        }
+    }
     if let Some(c) = t.contention.filter(|c| c.contended()) {
         s.push_str(&format!(
             "warning: other processes used {:.2} cores while this table was timed (load {:.1}); \
@@ -207,4 +225,51 @@ pub fn read_csv(path: &Path) -> Result<Vec<AttnBenchRow>> {
         .deserialize()
         .map(|r| r.map_err(io))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::attn_bench::AttnRow;
+
+    fn row(scheme: &str, gb_s: f64) -> (String, std::result::Result<AttnRow, String>) {
+        let r = AttnRow {
+            scheme: scheme.into(),
+            kv_bytes: 1 << 20,
+            bytes_per_step: 1 << 20,
+            flops_per_step: 0,
+            p50_ms: 1.0,
+            p95_ms: 1.0,
+            vs_fp16: None,
+            gb_s,
+        };
+        (scheme.into(), Ok(r))
+    }
+
+    /// Issue #24: a bandwidth above the peak (fp16 at 20.4 GB/s against a 10.2 GB/s probe:
+    /// "200.0 % of peak") is flagged, naming the scheme; below it nothing is said.
+    #[test]
+    fn above_the_peak_is_flagged() {
+        let h = |p| AttnHeader {
+            layers: 30,
+            batch: 1,
+            device: "CPU".into(),
+            model: "default".into(),
+            kv_heads: 3,
+            head_dim: 64,
+            peak_gb_s: Some(p),
+        };
+        let t = AttnTable {
+            seq_len: 8192,
+            rows: vec![row("fp16", 20.4), row("int4", 9.0)],
+            contention: None,
+        };
+        let out = table(&h(10.2), &t);
+        assert!(out.contains("200.0"), "{out}");
+        assert!(
+            out.contains("warning: fp16 read faster than the peak bandwidth (10.2 GB/s)"),
+            "{out}"
+        );
+        assert!(!table(&h(27.7), &t).contains("warning"));
+    }
 }
