@@ -11,6 +11,7 @@
 int cmp(const void*a,const void*b){double x=*(double*)a,y=*(double*)b;return x<y?-1:x>y;}
 int main(int argc,char**argv){
   size_t bytes = (argc>1? strtoull(argv[1],0,10):512ull)<<20; int passes = argc>2?atoi(argv[2]):10;
+  if (passes < 1) passes = 1; if (passes > 64) passes = 64;
   size_t n = bytes/8; uint64_t *b = aligned_alloc(64, n*8);
   #pragma omp parallel for schedule(static)
   for(size_t i=0;i<n;i++) b[i]=i;
