@@ -251,14 +251,16 @@ fn gemma3_mapped_load_equals_read_load() {
 /// each call).
 ///
 /// By hand, per token and kv head: fp16 K + V = 2 · 256 · 2 = 1024 bytes; q8_0 (ggml blocks of
-/// 32 codes + an f16 scale, 34 bytes) 2 · 8 · 34 = 544 bytes. The prediction counts a window
-/// layer at min(4096, 512) tokens (the window, the current token included):
-/// fp16 15 · 512 · 1024 + 3 · 4096 · 1024 = 20,447,232,
-/// q8_0 15 · 512 · 544 + 3 · 4096 · 544 = 10,862,592.
-/// Between calls a window layer holds 511 tokens (the next call's token makes 512), each with
-/// a 4-byte position: fp16 15 · 511 · (1024 + 4) + 12,582,912 = 20,462,532, q8_0
-/// 15 · 511 · (544 + 4) + 6,684,672 = 10,885,092. Counted all-global (the bug): fp16
-/// 18 · 4096 · 1024 = 75,497,472.
+/// 32 codes + an f16 scale, 34 bytes) 2 · 8 · 34 = 544 bytes; a window layer also keeps a
+/// 4-byte position per token. The prediction counts a window layer at min(4096, 512) tokens
+/// (the window, the current token included):
+/// fp16 15 · 512 · (1024 + 4) + 3 · 4096 · 1024 = 20,477,952,
+/// q8_0 15 · 512 · (544 + 4) + 3 · 4096 · 544 = 10,893,312.
+/// Between calls a window layer holds 511 tokens (the next call's token makes 512):
+/// fp16 15 · 511 · 1028 + 12,582,912 = 20,462,532, q8_0 15 · 511 · 548 + 6,684,672 =
+/// 10,885,092 — one token per window layer below the prediction. Below 512 tokens the two
+/// agree: at 300, fp16 15 · 300 · 1028 + 3 · 300 · 1024 = 5,547,600. Counted all-global (the
+/// bug): fp16 18 · 4096 · 1024 = 75,497,472.
 #[test]
 fn gemma3_kv_bytes_by_hand_at_4096_tokens() {
     use kvbench::model::gemma3;
@@ -278,8 +280,8 @@ fn gemma3_kv_bytes_by_hand_at_4096_tokens() {
     let geom = cfg.cache_geometry();
     let n = 4096;
     for (name, predicted, held) in [
-        ("fp16", 20_447_232, 20_462_532),
-        ("q8_0", 10_862_592, 10_885_092),
+        ("fp16", 20_477_952, 20_462_532),
+        ("q8_0", 10_893_312, 10_885_092),
     ] {
         let scheme: KvScheme = name.parse().unwrap();
         assert_eq!(scheme.bytes_for(&geom, 1, n), predicted, "{name} predicted");
@@ -307,6 +309,19 @@ fn gemma3_kv_bytes_by_hand_at_4096_tokens() {
         KvScheme::FP16.bytes_for(&geom.without_window(), 1, n),
         75_497_472
     );
+    let mut short = KvCache::new(KvScheme::FP16, geom, 1).unwrap();
+    short.set_layer_windows(&cfg.layer_windows).unwrap();
+    let x = vec![0.25f32; 300 * cfg.head_dim];
+    for layer in 0..cfg.layers {
+        short.append(layer, &x, &x, 300);
+        short.attend(
+            layer,
+            &[x.clone(), x.clone(), x.clone(), x.clone()].concat(),
+            300,
+        );
+    }
+    assert_eq!(short.kv_bytes(), 5_547_600);
+    assert_eq!(KvScheme::FP16.bytes_for(&geom, 1, 300), 5_547_600);
 }
 
 /// A cache without per-layer windows (the trait's default) is refused with a clear error
