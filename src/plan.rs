@@ -481,7 +481,8 @@ mod tests {
         let f = KvScheme::FP16;
         let rows = plan(&i, &[f], &[131_072]).unwrap();
         let r = &rows[0];
-        let want = 11_173_625_856u64;
+        // (10 · 131,072 + 52 · 1024) · 8192 + 52 · 1024 · 16 · 4 (window positions).
+        let want = 11_177_033_728u64;
         assert!(
             (r.kv_bytes_per_seq as f64 - want as f64).abs() <= 0.01 * want as f64,
             "{}",
@@ -490,7 +491,7 @@ mod tests {
         // 131,072 is a whole number of blocks and the window ends on a block edge: exact.
         assert_eq!(r.kv_bytes_per_seq, want);
         assert_eq!(r.kv_bytes_global_layers, 10 * 131_072 * 8192);
-        assert_eq!(r.kv_bytes_window_layers, 52 * 1024 * 8192);
+        assert_eq!(r.kv_bytes_window_layers, 52 * 1024 * (8192 + 64));
         assert_eq!(r.kv_bytes_all_global, 62 * 131_072 * 8192);
         assert_eq!(r.paging_waste_bytes, 0);
         // The budget: ⌊141 GiB · 0.9⌋ = 136,257,837,465 bytes less 2 · 27,432,406,640 of bf16
@@ -501,14 +502,15 @@ mod tests {
     }
 
     /// Below the window every layer holds every token: 512 tokens of Gemma 3 27B take
-    /// 62 · 512 · 8192 = 260,046,848 bytes, the all-global count.
+    /// 62 · 512 · 8192 = 260,046,848 bytes, the all-global count, plus the window layers'
+    /// positions 52 · 512 · 16 · 4 = 1,703,936: 261,750,784.
     #[test]
     fn gemma3_27b_below_window_equals_naive() {
         let i = input("gemma-3-27b", "141GiB", 0.1);
         let r = &plan(&i, &[KvScheme::FP16], &[512]).unwrap()[0];
-        assert_eq!(r.kv_bytes_per_seq, 62 * 512 * 8192);
-        assert_eq!(r.kv_bytes_per_seq, r.kv_bytes_all_global);
-        assert_eq!(r.kv_bytes_window_layers, 52 * 512 * 8192);
+        assert_eq!(r.kv_bytes_per_seq, 261_750_784);
+        assert_eq!(r.kv_bytes_all_global, 62 * 512 * 8192);
+        assert_eq!(r.kv_bytes_window_layers, 52 * 512 * (8192 + 64));
     }
 
     /// A window that straddles a block edge keeps one block more (vLLM frees only whole
@@ -520,20 +522,20 @@ mod tests {
         let i = input("gemma-3-27b", "141GiB", 0.1);
         let b = i.seq_bytes_by_layer_type(&KvScheme::FP16, 131_073);
         assert_eq!(b.global_paged, 10 * 8193 * 16 * 8192);
-        assert_eq!(b.window_paged, 52 * 65 * 16 * 8192);
+        assert_eq!(b.window_paged, 52 * 65 * 16 * (8192 + 64));
         assert_eq!(b.global, 10 * 131_073 * 8192);
-        assert_eq!(b.window, 52 * 1024 * 8192);
+        assert_eq!(b.window, 52 * 1024 * (8192 + 64));
     }
 
     /// Mistral 7B v0.1 keeps a 4096-token window on all 32 layers (config.json
     /// `sliding_window: 4096`, no global layer): 32k tokens cost what 4k do,
-    /// 32 · 4096 · 2 · 8 · 128 · 2 = 536,870,912 bytes.
+    /// 32 · 4096 · (2 · 8 · 128 · 2 + 8 · 4 positions) = 541,065,216 bytes.
     #[test]
     fn mistral_all_sliding() {
         let i = input("mistral-7b", "80GiB", 0.1);
         let r = plan(&i, &[KvScheme::FP16], &[4096, 32_768]).unwrap();
-        assert_eq!(r[0].kv_bytes_per_seq, 536_870_912);
-        assert_eq!(r[1].kv_bytes_per_seq, 536_870_912);
+        assert_eq!(r[0].kv_bytes_per_seq, 541_065_216);
+        assert_eq!(r[1].kv_bytes_per_seq, 541_065_216);
         assert_eq!(r[1].kv_bytes_global_layers, 0);
         assert_eq!(r[1].kv_bytes_all_global, 8 * 536_870_912);
     }

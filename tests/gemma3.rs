@@ -200,6 +200,130 @@ fn gemma3_sliding_window_matches_numpy_reference() {
     eprintln!("gemma3 window {window}, decode: max |diff| = {worst:.2e}");
 }
 
+/// The mapped load (one mmap of the file, layers and the token table read in place) gives the
+/// same model as reading every tensor into memory through a reader, in every weight dtype:
+/// bit-identical logits for 20 tokens, uncached; the reader's copy maps nothing, while the
+/// native-dtype mapped model keeps the Q8_0 token table (the tied head) in the file's pages.
+#[test]
+fn gemma3_mapped_load_equals_read_load() {
+    use kvbench::model::gemma3::load_from;
+    use kvbench::model::gguf::GgufFile;
+    let Some(path) = model_path() else {
+        eprintln!("skipping: Gemma 3 270M is not fetched");
+        return;
+    };
+    let tokens: Vec<u32> = (0..20u32).map(|i| 2 + i * 997).collect();
+    for dtype in [WeightDtype::F32, WeightDtype::Q8_0, WeightDtype::Native] {
+        let mapped = model::load(path.to_str().unwrap(), dtype).unwrap().model;
+        let reader = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
+        let read = GgufFile::from_reader(&path, reader).unwrap();
+        let (copied, _, _) = load_from(read, dtype, &candle_core::Device::Cpu).unwrap();
+        assert_eq!(
+            copied.mapped_weight_bytes(),
+            0,
+            "{dtype}: the reader copies"
+        );
+        assert!(
+            mapped.mapped_weight_bytes() > 0,
+            "{dtype}: the table is mapped"
+        );
+        assert_eq!(mapped.weight_bytes(), copied.weight_bytes(), "{dtype}");
+        let a = mapped.forward(&tokens, 1, None).unwrap();
+        let b = copied.forward(&tokens, 1, None).unwrap();
+        let diff = (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert_eq!(diff, 0.0, "{dtype}");
+    }
+}
+
+/// Issue #22: the KV bytes of Gemma 3 270M at 4,096 tokens, counted by hand from its header
+/// (18 layers, 1 kv head of 256, window 512 on 15 layers, layers 5, 11 and 17 global), against
+/// the scheme's prediction on the model's cache geometry and the bytes a cache holds after 4,096
+/// tokens went through it in 8 calls of 512 (each window layer drops what left its window after
+/// each call).
+///
+/// By hand, per token and kv head: fp16 K + V = 2 · 256 · 2 = 1024 bytes; q8_0 (ggml blocks of
+/// 32 codes + an f16 scale, 34 bytes) 2 · 8 · 34 = 544 bytes; a window layer also keeps a
+/// 4-byte position per token. The prediction counts a window layer at min(4096, 512) tokens
+/// (the window, the current token included):
+/// fp16 15 · 512 · (1024 + 4) + 3 · 4096 · 1024 = 20,477,952,
+/// q8_0 15 · 512 · (544 + 4) + 3 · 4096 · 544 = 10,893,312.
+/// Between calls a window layer holds 511 tokens (the next call's token makes 512):
+/// fp16 15 · 511 · 1028 + 12,582,912 = 20,462,532, q8_0 15 · 511 · 548 + 6,684,672 =
+/// 10,885,092 — one token per window layer below the prediction. Below 512 tokens the two
+/// agree: at 300, fp16 15 · 300 · 1028 + 3 · 300 · 1024 = 5,547,600. Counted all-global (the
+/// bug): fp16 18 · 4096 · 1024 = 75,497,472.
+#[test]
+fn gemma3_kv_bytes_by_hand_at_4096_tokens() {
+    use kvbench::model::gemma3;
+    use kvbench::model::gguf::GgufFile;
+    let Some(path) = model_path() else {
+        eprintln!("skipping: Gemma 3 270M is not fetched");
+        return;
+    };
+    let (cfg, ..) = gemma3::config(&GgufFile::open(&path).unwrap(), &path).unwrap();
+    assert_eq!(
+        (cfg.layers, cfg.kv_heads, cfg.q_heads, cfg.head_dim),
+        (18, 1, 4, 256)
+    );
+    let globals: Vec<usize> = (0..18).filter(|&l| cfg.layer_window(l).is_none()).collect();
+    assert_eq!(globals, [5, 11, 17]);
+    assert!((0..18).all(|l| globals.contains(&l) || cfg.layer_window(l) == Some(512)));
+    let geom = cfg.cache_geometry();
+    let n = 4096;
+    for (name, predicted, held) in [
+        ("fp16", 20_477_952, 20_462_532),
+        ("q8_0", 10_893_312, 10_885_092),
+    ] {
+        let scheme: KvScheme = name.parse().unwrap();
+        assert_eq!(scheme.bytes_for(&geom, 1, n), predicted, "{name} predicted");
+        let mut cache = KvCache::new(scheme, geom, 1).unwrap();
+        cache.set_layer_windows(&cfg.layer_windows).unwrap();
+        let d = cfg.head_dim;
+        let mut fed = 0;
+        while fed < n {
+            let m = 512;
+            for layer in 0..cfg.layers {
+                let x: Vec<f32> = (0..m * d)
+                    .map(|i| ((i * 7 + fed * 13 + layer) % 17) as f32 / 17.0 - 0.5)
+                    .collect();
+                let q: Vec<f32> = x.iter().cycle().take(4 * m * d).copied().collect();
+                cache.append(layer, &x, &x, m);
+                cache.attend(layer, &q, m);
+            }
+            fed += m;
+        }
+        assert_eq!(cache.seen(0), n);
+        assert_eq!((cache.held(0, 0, 0), cache.held(5, 0, 0)), (511, n));
+        assert_eq!(cache.kv_bytes(), held, "{name} held between calls");
+    }
+    assert_eq!(
+        KvScheme::FP16.bytes_for(&geom.without_window(), 1, n),
+        75_497_472
+    );
+    let mut short = KvCache::new(KvScheme::FP16, geom, 1).unwrap();
+    short.set_layer_windows(&cfg.layer_windows).unwrap();
+    let x = vec![0.25f32; 300 * cfg.head_dim];
+    for layer in 0..cfg.layers {
+        short.append(layer, &x, &x, 300);
+        short.attend(
+            layer,
+            &[x.clone(), x.clone(), x.clone(), x.clone()].concat(),
+            300,
+        );
+    }
+    assert_eq!(short.kv_bytes(), 5_547_600);
+    assert_eq!(KvScheme::FP16.bytes_for(&geom, 1, 300), 5_547_600);
+}
+
 /// A cache without per-layer windows (the trait's default) is refused with a clear error
 /// rather than attending past the window.
 #[test]

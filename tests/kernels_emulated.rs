@@ -551,7 +551,8 @@ fn geom(layers: usize, kv_heads: usize, q_heads: usize, head_dim: usize) -> Cach
     }
 }
 
-/// Every scheme on head_dim 64 (3 kv heads, 9 query heads) and 128 (2 and 8), batch 2, 2 layers:
+/// Every scheme on head_dim 64 (3 kv heads, 9 query heads), 128 (2 and 8) and 256 (1 and 4,
+/// Gemma 3 270M's heads: the `d256` kernels), batch 2, 2 layers:
 /// a 70-token prefill, 20 decode steps, then a 60-token chunked prefill (the cache grows from
 /// 128 to 256 rows per head with 90 held) and 2 more decode steps (eviction schemes hold
 /// fewer and do not grow); plus, for a few schemes, a 300-token prefill whose decode steps
@@ -566,7 +567,7 @@ fn kernels_match_the_cpu_cache() {
     forwards.extend([1; 20]);
     forwards.extend([60, 1, 1]);
     let mut scenarios = Vec::new();
-    for (i, g) in [geom(2, 3, 9, 64), geom(2, 2, 8, 128)]
+    for (i, g) in [geom(2, 3, 9, 64), geom(2, 2, 8, 128), geom(2, 1, 4, 256)]
         .into_iter()
         .enumerate()
     {

@@ -190,7 +190,9 @@ impl KvScheme {
     /// block-rounded counts). Per layer: `batch · kv_heads · (K stream + V stream + bookkeeping)`
     /// plus the per-layer fp8 scales of a layer holding anything. The per-layer-type formula of
     /// hybrid models (Gemma 3 report, arXiv 2503.19786, §2.2 and Fig. 5): fp16 Gemma 3 27B after
-    /// 131,072 tokens holds `(10 · 131,072 + 52 · 1024) · 2 (K, V) · 16 heads · 128 · 2 bytes`.
+    /// 131,072 tokens holds `(10 · 131,072 + 52 · 1024) · 2 (K, V) · 16 heads · 128 · 2 bytes`,
+    /// plus on each window layer the position kvbench's cache keeps per held token to drop what
+    /// leaves the window ([`Self::window_bookkeeping_bytes_per_token`]: `52 · 1024 · 16 · 4`).
     pub fn bytes_by_layer_type(
         &self,
         geom: &CacheGeometry,
@@ -198,9 +200,23 @@ impl KvScheme {
         window_held: usize,
         global_held: usize,
     ) -> LayerBytes {
+        let positions =
+            batch * geom.kv_heads * window_held * self.window_bookkeeping_bytes_per_token();
         LayerBytes {
-            window: geom.window_layers() * self.layer_bytes(geom, batch, window_held),
+            window: geom.window_layers() * (self.layer_bytes(geom, batch, window_held) + positions),
             global: geom.global_layers() * self.layer_bytes(geom, batch, global_held),
+        }
+    }
+
+    /// Bytes per held token and kv head a sliding-window layer keeps beyond
+    /// [`Self::bookkeeping_bytes_per_token`]: the u32 absolute position the cache evicts by
+    /// (`KvCache::set_layer_windows`; llama.cpp's KV cells keep a position per token too), 4
+    /// bytes, unless the scheme's own eviction already keeps one (0).
+    pub fn window_bookkeeping_bytes_per_token(&self) -> usize {
+        if self.evicts() {
+            0
+        } else {
+            4
         }
     }
 

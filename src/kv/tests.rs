@@ -436,8 +436,10 @@ fn new_formats_attend_close_to_fp16() {
 
 /// Gemma 2 9B's 1:1 split (config.json: 42 layers, 8 KV heads of 256, `sliding_window` 4096,
 /// layer 0 local): 21 window and 21 global layers. fp16 at 8192 tokens: 21 · 4096 + 21 · 8192
-/// = 258,048 layer tokens · 2 · 8 · 256 · 2 = 8192 bytes = 2,113,929,216 bytes; all-global
-/// 42 · 8192 · 8192 = 2,818,572,288. Below the window (4096) the two agree.
+/// = 258,048 layer tokens · 2 · 8 · 256 · 2 = 8192 bytes = 2,113,929,216 bytes, plus the
+/// window layers' positions 21 · 4096 · 8 heads · 4 = 2,752,512: 2,116,681,728; all-global
+/// 42 · 8192 · 8192 = 2,818,572,288. Below the window (4096) the two differ by the positions
+/// only.
 #[test]
 fn gemma2_one_to_one_by_hand() {
     let g = CacheGeometry {
@@ -450,25 +452,25 @@ fn gemma2_one_to_one_by_hand() {
     assert_eq!((g.window_layers(), g.global_layers()), (21, 21));
     assert!(g.is_window_layer(0) && !g.is_window_layer(1));
     let f = KvScheme::FP16;
-    assert_eq!(f.bytes_for(&g, 1, 8192), 2_113_929_216);
+    assert_eq!(f.bytes_for(&g, 1, 8192), 2_116_681_728);
     assert_eq!(f.bytes_for(&g.without_window(), 1, 8192), 2_818_572_288);
     let split = f.bytes_by_layer_type(&g, 1, 4096, 8192);
     assert_eq!(
         (split.window, split.global),
-        (21 * 4096 * 8192, 21 * 8192 * 8192)
+        (21 * 4096 * (8192 + 32), 21 * 8192 * 8192)
     );
     assert_eq!(
         f.bytes_for(&g, 1, 4096),
-        f.bytes_for(&g.without_window(), 1, 4096)
+        f.bytes_for(&g.without_window(), 1, 4096) + 21 * 4096 * 32
     );
     // bytes/token stays every layer's: 42 · 8192.
     assert_eq!(f.bytes_per_token(&g), 42 * 8192);
 }
 
 /// Every layer windowed (Mistral 7B v0.1: 32 layers, 8 KV heads of 128, window 4096): past
-/// the window the cache stops growing at 32 · 4096 · 4096 = 536,870,912 bytes in fp16; with
-/// fp8 `scale=tensor` (128 + 128 bytes per layer token, K and V) plus two f32 scales per
-/// layer: 32 · (4096 · 8 · 256 + 8) = 268,435,712.
+/// the window the cache stops growing at 32 · 4096 · (4096 + 8 · 4 positions) = 541,065,216
+/// bytes in fp16; with fp8 `scale=tensor` (128 + 128 bytes per layer token, K and V, and a
+/// 4-byte position) plus two f32 scales per layer: 32 · (4096 · 8 · 260 + 8) = 272,630,016.
 #[test]
 fn all_layers_sliding_by_hand() {
     let g = CacheGeometry {
@@ -482,10 +484,10 @@ fn all_layers_sliding_by_hand() {
         }),
     };
     assert_eq!(g.global_layers(), 0);
-    assert_eq!(KvScheme::FP16.bytes_for(&g, 1, 100_000), 536_870_912);
+    assert_eq!(KvScheme::FP16.bytes_for(&g, 1, 100_000), 541_065_216);
     assert_eq!(g.layer_tokens(100_000), 32 * 4096);
     let fp8: KvScheme = "fp8:scale=tensor".parse().unwrap();
-    assert_eq!(fp8.bytes_for(&g, 1, 100_000), 268_435_712);
+    assert_eq!(fp8.bytes_for(&g, 1, 100_000), 272_630_016);
 }
 
 /// Per-layer sliding windows (Gemma 3 local layers): layer 1 of two with window 3, tokens one

@@ -162,8 +162,22 @@ pub fn global_layers_from_types(types: &[&str]) -> Result<GlobalLayers> {
             }
         }
     }
+    global_layers_from_flags(&global).ok_or_else(|| Error::InvalidArgument {
+        name: "layer_types".into(),
+        reason: format!(
+            "{} layers whose full-attention layers follow no period: at most 128 supported",
+            global.len()
+        ),
+    })
+}
+
+/// The split of a list of per-layer flags (`true`: the layer attends globally):
+/// [`GlobalLayers::None`] when none is, [`GlobalLayers::Every`]`(p)` when exactly every `p`-th is
+/// (`p` = the first global layer's index + 1), else a [`GlobalLayers::Mask`]; `None` for more
+/// than 128 layers that follow no period.
+fn global_layers_from_flags(global: &[bool]) -> Option<GlobalLayers> {
     if !global.contains(&true) {
-        return Ok(GlobalLayers::None);
+        return Some(GlobalLayers::None);
     }
     let first = global.iter().position(|&g| g).unwrap_or(0) + 1;
     if global
@@ -171,21 +185,62 @@ pub fn global_layers_from_types(types: &[&str]) -> Result<GlobalLayers> {
         .enumerate()
         .all(|(i, &g)| g == (i + 1).is_multiple_of(first))
     {
-        return Ok(GlobalLayers::Every(first));
+        return Some(GlobalLayers::Every(first));
     }
-    if global.len() > 128 {
-        return bad(format!(
-            "{} layers whose full-attention layers follow no period: at most 128 supported",
-            global.len()
-        ));
+    (global.len() <= 128).then(|| {
+        GlobalLayers::Mask(
+            global
+                .iter()
+                .enumerate()
+                .filter(|(_, &g)| g)
+                .fold(0u128, |m, (i, _)| m | 1 << i),
+        )
+    })
+}
+
+/// The description of a model's per-layer windows (`windows[i] = Some(w)`: layer `i` slides
+/// over `w` tokens; `None`: global; layers past the list are global — the form of
+/// `ModelConfig::layer_windows`, one entry per layer). `Ok(None)` when no layer slides.
+///
+/// Errors: [`Error::InvalidArgument`] naming `layer windows` for a window of 0 tokens, windows
+/// of different sizes (one [`SlidingWindow`] has one size; no Gemma 2/3, Mistral or gpt-oss file
+/// has more), or more than 128 layers whose global ones follow no period.
+pub fn from_layer_windows(
+    windows: &[Option<usize>],
+    layers: usize,
+) -> Result<Option<SlidingWindow>> {
+    let bad = |reason: String| Error::InvalidArgument {
+        name: "layer windows".into(),
+        reason,
+    };
+    let mut sizes = windows.iter().flatten().copied();
+    let Some(window) = sizes.next() else {
+        return Ok(None);
+    };
+    if window == 0 || sizes.clone().any(|w| w == 0) {
+        return Err(bad("a sliding window of 0 tokens".into()));
     }
-    Ok(GlobalLayers::Mask(
-        global
-            .iter()
-            .enumerate()
-            .filter(|(_, &g)| g)
-            .fold(0u128, |m, (i, _)| m | 1 << i),
-    ))
+    if let Some(other) = sizes.find(|&w| w != window) {
+        return Err(bad(format!(
+            "windows of {window} and {other} tokens on different layers: kvbench counts one \
+             window size per model"
+        )));
+    }
+    if windows.len() > layers {
+        return Err(bad(format!(
+            "{} windows for a model of {layers} layers",
+            windows.len()
+        )));
+    }
+    let global: Vec<bool> = (0..layers)
+        .map(|i| windows.get(i).copied().flatten().is_none())
+        .collect();
+    let global = global_layers_from_flags(&global).ok_or_else(|| {
+        bad(format!(
+            "{layers} layers whose global ones follow no period: at most 128 supported"
+        ))
+    })?;
+    Ok(Some(SlidingWindow { window, global }))
 }
 
 #[cfg(test)]

@@ -276,7 +276,8 @@ mod tests {
 
     /// Gemma 3 27B's split at 2048 + 2 − 1 = 2049 tokens, batch 1, fp16: 10 global layers ×
     /// 2049 and 52 window layers × 1024 tokens, at 2 · 16 · 128 · 2 = 8192 bytes per layer
-    /// token: 167,854,080 and 436,207,616 bytes; every layer global 62 · 2049 · 8192 =
+    /// token (plus 16 · 4 = 64 bytes of positions on a window layer): 167,854,080 and
+    /// 52 · 1024 · 8256 = 439,615,488 bytes; every layer global 62 · 2049 · 8192 =
     /// 1,040,695,296.
     #[test]
     fn layer_type_bytes_gemma3_by_hand() {
@@ -288,7 +289,7 @@ mod tests {
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].tokens, 2049);
         assert_eq!(r[0].global_layers_bytes, 167_854_080);
-        assert_eq!(r[0].window_layers_bytes, 436_207_616);
+        assert_eq!(r[0].window_layers_bytes, 439_615_488);
         assert_eq!(r[0].all_global_bytes, 1_040_695_296);
         assert!(layer_type_bytes(&g.without_window(), &spec).is_empty());
     }

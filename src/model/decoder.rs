@@ -66,15 +66,29 @@ fn no_windows(w: &[Option<usize>]) -> bool {
 }
 
 impl ModelConfig {
-    /// The geometry the KV cache needs.
+    /// The geometry the KV cache needs, with the sliding windows of [`Self::layer_windows`]
+    /// (Gemma 3: window 512 or 1024, every 6th layer global), so that every KV figure counted
+    /// from it ([`crate::kv::KvScheme::bytes_for`]: a sweep's `kv_bytes_predicted`, the memory
+    /// plan) holds `min(n, window)` tokens on a window layer. Windows that one
+    /// [`crate::kv::SlidingWindow`] cannot describe (different sizes, more than 128 layers
+    /// without a period; refused when a model is loaded, see [`Self::check_windows`]) count
+    /// every layer as global, the upper bound.
     pub fn cache_geometry(&self) -> CacheGeometry {
         CacheGeometry {
             layers: self.layers,
             kv_heads: self.kv_heads,
             q_heads: self.q_heads,
             head_dim: self.head_dim,
-            window: None,
+            window: self.check_windows().unwrap_or(None),
         }
+    }
+
+    /// [`Self::layer_windows`] as one [`crate::kv::SlidingWindow`] (`None`: every layer global).
+    /// Errors: [`Error::InvalidArgument`] naming `layer windows` for a window of 0 tokens,
+    /// windows of different sizes, more windows than layers, or more than 128 layers whose
+    /// global ones follow no period ([`crate::kv::window::from_layer_windows`]).
+    pub fn check_windows(&self) -> Result<Option<crate::kv::SlidingWindow>> {
+        crate::kv::window::from_layer_windows(&self.layer_windows, self.layers)
     }
 
     /// The sliding window of `layer` in tokens, `None` for a global layer (see

@@ -32,15 +32,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::Value;
-use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 
 use super::decoder::{
-    on_device, rope_tables, start_positions, table_rows, Block, DecoderVariant, Model, ModelConfig,
+    on_device, rope_tables, start_positions, table_rows, DecoderVariant, Model, ModelConfig,
     ModelSource, RopeStyle,
 };
 use super::gguf::GgufFile;
-use super::linear::{Linear, WeightDtype};
+use super::linear::WeightDtype;
 use super::tokenizer::TextTokenizer;
 use crate::error::{Error, Result};
 use crate::kv::AttentionCache;
@@ -443,27 +442,44 @@ pub fn attention_mask(n: usize, window: Option<usize>) -> Vec<f32> {
 }
 
 /// Loads a Gemma 3 model and its SentencePiece tokenizer ([`super::spm`]) from a GGUF file,
-/// linear layers in `dtype`, every weight on `device` (read on the CPU, then copied).
-///
-/// Tensors: `token_embd` (tied head), `output_norm`, and per block `attn_norm`, `attn_q`,
-/// `attn_k`, `attn_v`, `attn_q_norm`, `attn_k_norm`, `attn_output`, `post_attention_norm`,
-/// `ffn_norm`, `ffn_gate`, `ffn_up`, `ffn_down`, `post_ffw_norm`, each checked against the
-/// configuration's shape. Errors: [`config`]'s; [`Error::ModelFormat`] for a missing tensor, a
-/// wrong shape or non-finite norm weights; the tokenizer's.
+/// linear layers in `dtype`, every weight on `device`. As the Llama path
+/// ([`super::gguf::load`]): the file is mapped once and paged in, and on the CPU the layers that
+/// compute in the stored format and the token table ([`super::Embedding::Rows`]) read its pages
+/// in place. Errors: [`load_from`]'s; [`Error::ModelNotFound`] / [`Error::Io`] when the file
+/// cannot be opened.
 pub fn load(
     path: &Path,
     dtype: WeightDtype,
     device: &Device,
 ) -> Result<(Model, TextTokenizer, ModelSource)> {
-    let mut f = GgufFile::open(path)?;
+    let f = GgufFile::open(path)?;
+    f.prefault();
+    load_from(f, dtype, device)
+}
+
+/// [`load`] from an opened file (mapped, or any reader: then every tensor is read into memory).
+///
+/// Tensors: the ones every GGUF decoder shares (`token_embd` — the tied head —, `output_norm`,
+/// per block `attn_norm`, `attn_{q,k,v,output}`, `ffn_norm`, `ffn_{gate,up,down}`; read by
+/// [`super::gguf::decoder_weights`]) and Gemma's own per block: `attn_q_norm`, `attn_k_norm`
+/// `[head_dim]`, `post_attention_norm`, `post_ffw_norm` `[hidden]`, each checked against the
+/// configuration's shape. Errors: [`config`]'s; [`Error::ModelFormat`] for a missing tensor, a
+/// wrong shape or non-finite norm weights; the tokenizer's.
+pub fn load_from<R: std::io::Read + std::io::Seek>(
+    mut f: GgufFile<R>,
+    dtype: WeightDtype,
+    device: &Device,
+) -> Result<(Model, TextTokenizer, ModelSource)> {
+    let path = f.path().to_path_buf();
+    let path = path.as_path();
     let (mut cfg, qpas, softcap) = config(&f, path)?;
     let tokenizer = super::spm::from_gguf(&f, path)?;
-    let dev = device;
-    let embed_q = f.tensor("token_embd.weight")?;
-    let (vocab, hidden) = embed_q
-        .shape()
-        .dims2()
-        .map_err(|_| bad(path, format!("token_embd has shape {:?}", embed_q.shape())))?;
+    let dims = f
+        .tensor_dims("token_embd.weight")
+        .ok_or_else(|| bad(path, "tensor `token_embd.weight` is missing".into()))?;
+    let [vocab, hidden] = dims[..] else {
+        return Err(bad(path, format!("token_embd has shape {dims:?}")));
+    };
     if hidden != cfg.hidden {
         return Err(bad(
             path,
@@ -474,50 +490,22 @@ pub fn load(
         ));
     }
     cfg.vocab = vocab;
-    super::shapes::check_config(&cfg, path)?;
-    let (qd, kvd) = (cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim);
-    let check = |t: &QTensor, name: &str, want: &[usize]| -> Result<()> {
-        if t.shape().dims() != want {
+    f.check_shapes(&cfg)?;
+    let norm = |f: &mut GgufFile<R>, name: &str, len: usize| -> Result<Tensor> {
+        let t = f.stored(name)?;
+        if t.dims != [len] {
             return Err(bad(
                 path,
-                format!(
-                    "tensor `{name}` has shape {:?}, expected {want:?}",
-                    t.shape().dims()
-                ),
+                format!("tensor `{name}` has shape {:?}, expected [{len}]", t.dims),
             ));
         }
-        Ok(())
-    };
-    let read = |f: &mut GgufFile, name: &str, want: &[usize]| -> Result<QTensor> {
-        let t = f.tensor(name)?;
-        check(&t, name, want)?;
-        Ok(t)
-    };
-    let norm = |f: &mut GgufFile, name: &str, len: usize| -> Result<Tensor> {
-        let t = f.tensor(name)?;
-        check(&t, name, &[len])?;
-        let t = t.dequantize(dev)?;
+        let t = t.dequantize(device)?;
         super::shapes::check_finite(&t, name, path)?;
         Ok(t)
     };
-    let mut blocks = Vec::with_capacity(cfg.layers);
     let mut norms = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
         let p = |s: &str| format!("blk.{i}.{s}.weight");
-        let lin = |f: &mut GgufFile, s: &str, out: usize, inp: usize| -> Result<Linear> {
-            Linear::new(read(f, &p(s), &[out, inp])?, None, dtype, dev)
-        };
-        blocks.push(Block {
-            attn_norm: norm(&mut f, &p("attn_norm"), cfg.hidden)?,
-            q: lin(&mut f, "attn_q", qd, cfg.hidden)?,
-            k: lin(&mut f, "attn_k", kvd, cfg.hidden)?,
-            v: lin(&mut f, "attn_v", kvd, cfg.hidden)?,
-            o: lin(&mut f, "attn_output", cfg.hidden, qd)?,
-            ffn_norm: norm(&mut f, &p("ffn_norm"), cfg.hidden)?,
-            gate: lin(&mut f, "ffn_gate", cfg.intermediate, cfg.hidden)?,
-            up: lin(&mut f, "ffn_up", cfg.intermediate, cfg.hidden)?,
-            down: lin(&mut f, "ffn_down", cfg.hidden, cfg.intermediate)?,
-        });
         norms.push(ExtraNorms {
             q_norm: norm(&mut f, &p("attn_q_norm"), cfg.head_dim)?,
             k_norm: norm(&mut f, &p("attn_k_norm"), cfg.head_dim)?,
@@ -525,32 +513,11 @@ pub fn load(
             post_ffw: norm(&mut f, &p("post_ffw_norm"), cfg.hidden)?,
         });
     }
-    let out_norm = norm(&mut f, "output_norm.weight", cfg.hidden)?;
-    let embed = embed_q.dequantize(dev)?;
-    // Tied head. f32 weights share the embedding's storage (counted once in weight_bytes);
-    // other dtypes take the stored blocks as Linear::new converts them.
-    let lm_head = if f.has_tensor("output.weight") {
-        Linear::new(
-            read(&mut f, "output.weight", &[vocab, cfg.hidden])?,
-            None,
-            dtype,
-            dev,
-        )?
-    } else if dtype == WeightDtype::F32 {
-        Linear::from_dense(embed.clone(), None, dtype, dev)?
-    } else {
-        Linear::new(embed_q, None, dtype, dev)?
-    };
-    let variant = Gemma3::new(&cfg, norms, qpas, softcap, dev)?;
-    let model =
-        Model::new(cfg, dtype, embed, blocks, out_norm, lm_head)?.with_variant(Arc::new(variant));
-    let source = ModelSource {
-        spec: path.display().to_string(),
-        format: "gguf".into(),
-        files: vec![path.to_path_buf()],
-        repo: None,
-    };
-    Ok((model, tokenizer, source))
+    let w = super::gguf::decoder_weights(&mut f, &cfg, dtype, device)?;
+    let variant = Gemma3::new(&cfg, norms, qpas, softcap, device)?;
+    let model = Model::new(cfg, dtype, w.embed, w.blocks, w.norm, w.lm_head)?
+        .with_variant(Arc::new(variant));
+    Ok((model, tokenizer, super::gguf::source(path)))
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 
 use super::mapped::WeightBytes;
 use super::tokenizer::TextTokenizer;
@@ -276,21 +276,37 @@ impl<R: Read + Seek> GgufFile<R> {
             layer_windows: Vec::new(),
             arch,
         };
-        super::shapes::check_config(&cfg, &self.path)?;
-        let shape = |name: &str| {
-            self.content
-                .tensor_infos
-                .get(name)
-                .map(|t| t.shape.dims().to_vec())
-        };
+        self.check_shapes(&cfg)?;
+        Ok(cfg)
+    }
+
+    /// The file's path, as opened.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Dims of a tensor as stored, outermost first (`[out, in]` for a matrix), `None` when it
+    /// is absent.
+    pub fn tensor_dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.content
+            .tensor_infos
+            .get(name)
+            .map(|t| t.shape.dims().to_vec())
+    }
+
+    /// Checks `cfg` and the shapes of the weights every GGUF decoder shares (llama.cpp names:
+    /// `token_embd`, `output_norm`, `output`, per block `attn_norm`, `attn_{q,k,v,output}`,
+    /// `ffn_norm`, `ffn_{gate,up,down}` and their biases) with
+    /// [`super::shapes::check_shapes`]. Errors: [`Error::ModelFormat`] naming the first tensor
+    /// that is missing or has another shape.
+    pub fn check_shapes(&self, cfg: &ModelConfig) -> Result<()> {
         super::shapes::check_shapes(
-            &cfg,
+            cfg,
             super::shapes::Naming::Gguf,
-            shape,
+            |name| self.tensor_dims(name),
             self.content.tensor_infos.keys().map(String::as_str),
             &self.path,
-        )?;
-        Ok(cfg)
+        )
     }
 
     /// Builds the byte-level BPE tokenizer from `tokenizer.ggml.*` metadata.
@@ -365,7 +381,45 @@ pub fn load_from<R: Read + Seek>(
 ) -> Result<(Model, TextTokenizer, ModelSource)> {
     let cfg = f.config()?;
     let tokenizer = f.tokenizer()?;
+    let w = decoder_weights(&mut f, &cfg, dtype, device)?;
+    let model = Model::new(cfg, dtype, w.embed, w.blocks, w.norm, w.lm_head)?;
+    Ok((model, tokenizer, source(f.path())))
+}
+
+/// The weights every GGUF decoder kvbench runs holds (Llama, Mistral, Qwen2 and Gemma 3 alike),
+/// as [`Model::new`] takes them.
+pub(crate) struct DecoderWeights {
+    /// The token table `[vocab, hidden]`: its stored rows on the CPU ([`Embedding::Rows`],
+    /// looked up per token), dense f32 on another device.
+    pub embed: Embedding,
+    /// The decoder blocks, in order.
+    pub blocks: Vec<Block>,
+    /// `output_norm` `[hidden]` f32.
+    pub norm: Tensor,
+    /// The head `[vocab, hidden]`: `output` when the file has one, else the token table (tied).
+    pub lm_head: Linear,
+}
+
+/// Reads the shared weights of a decoder of `cfg`'s shape (checked beforehand with
+/// [`GgufFile::check_shapes`]) from `f`, linear layers in `dtype`, on `device`: each tensor
+/// through [`GgufFile::stored`] (the mapped file's bytes in place when opened from a path), a
+/// layer that computes in the stored format on the CPU keeping those bytes
+/// ([`Linear::from_stored`]). Errors: [`GgufFile::stored`]'s, [`Error::Candle`],
+/// [`Error::ModelFormat`] for norm weights that are not finite.
+pub(crate) fn decoder_weights<R: Read + Seek>(
+    f: &mut GgufFile<R>,
+    cfg: &ModelConfig,
+    dtype: WeightDtype,
+    device: &Device,
+) -> Result<DecoderWeights> {
     let dev = device;
+    let path = f.path.clone();
+    let norm = |f: &mut GgufFile<R>, name: &str| -> Result<Tensor> {
+        let t = f.stored(name)?.dequantize(dev)?;
+        // NaN or infinite norm weights make every logit NaN: refuse them here.
+        super::shapes::check_finite(&t, name, &path)?;
+        Ok(t)
+    };
     let embed_s = f.stored("token_embd.weight")?;
     let embed = if dev.is_cpu() {
         Embedding::Rows(embed_s.clone())
@@ -374,7 +428,7 @@ pub fn load_from<R: Read + Seek>(
     };
     let mut blocks = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
-        let mut lin = |name: &str| -> Result<Linear> {
+        let lin = |f: &mut GgufFile<R>, name: &str| -> Result<Linear> {
             let w = f.stored(&format!("blk.{i}.{name}.weight"))?;
             let bias_name = format!("blk.{i}.{name}.bias");
             let b = if f.has_tensor(&bias_name) {
@@ -385,49 +439,47 @@ pub fn load_from<R: Read + Seek>(
             Linear::from_stored(&w, b, dtype, dev)
         };
         let (q, k, v, o) = (
-            lin("attn_q")?,
-            lin("attn_k")?,
-            lin("attn_v")?,
-            lin("attn_output")?,
+            lin(f, "attn_q")?,
+            lin(f, "attn_k")?,
+            lin(f, "attn_v")?,
+            lin(f, "attn_output")?,
         );
-        let (gate, up, down) = (lin("ffn_gate")?, lin("ffn_up")?, lin("ffn_down")?);
+        let (gate, up, down) = (lin(f, "ffn_gate")?, lin(f, "ffn_up")?, lin(f, "ffn_down")?);
         blocks.push(Block {
-            attn_norm: f
-                .stored(&format!("blk.{i}.attn_norm.weight"))?
-                .dequantize(dev)?,
+            attn_norm: norm(f, &format!("blk.{i}.attn_norm.weight"))?,
             q,
             k,
             v,
             o,
-            ffn_norm: f
-                .stored(&format!("blk.{i}.ffn_norm.weight"))?
-                .dequantize(dev)?,
+            ffn_norm: norm(f, &format!("blk.{i}.ffn_norm.weight"))?,
             gate,
             up,
             down,
         });
     }
-    let path = f.path.clone();
-    let norm = f.stored("output_norm.weight")?.dequantize(dev)?;
-    // NaN or infinite norm weights make every logit NaN: refuse them here.
-    super::shapes::check_finite(&norm, "output_norm.weight", &path)?;
-    for (i, b) in blocks.iter().enumerate() {
-        super::shapes::check_finite(&b.attn_norm, &format!("blk.{i}.attn_norm.weight"), &path)?;
-        super::shapes::check_finite(&b.ffn_norm, &format!("blk.{i}.ffn_norm.weight"), &path)?;
-    }
-    // Tied embeddings (SmolLM2, Qwen2-0.5B): no output.weight, the head reuses token_embd.
+    let out_norm = norm(f, "output_norm.weight")?;
+    // Tied embeddings (SmolLM2, Qwen2-0.5B, Gemma 3): no output.weight, the head reuses
+    // token_embd.
     let head = if f.has_tensor("output.weight") {
         f.stored("output.weight")?
     } else {
         embed_s
     };
     let lm_head = Linear::from_stored(&head, None, dtype, dev)?;
-    let model = Model::new(cfg, dtype, embed, blocks, norm, lm_head)?;
-    let source = ModelSource {
+    Ok(DecoderWeights {
+        embed,
+        blocks,
+        norm: out_norm,
+        lm_head,
+    })
+}
+
+/// What `meta.json` records of a model read from the GGUF at `path`.
+pub(crate) fn source(path: &Path) -> ModelSource {
+    ModelSource {
         spec: path.display().to_string(),
         format: "gguf".into(),
-        files: vec![path],
+        files: vec![path.to_path_buf()],
         repo: None,
-    };
-    Ok((model, tokenizer, source))
+    }
 }

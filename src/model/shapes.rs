@@ -100,7 +100,9 @@ fn bad(path: &Path, reason: String) -> Error {
 
 /// Checks the scalar hyper-parameters: non-zero geometry within bounds, query heads a multiple
 /// of kv heads, an even head size (RoPE rotates pairs), ε finite and in (0, 1), RoPE base finite
-/// and > 1, context in 1..=[`MAX_CONTEXT`]. Errors: [`Error::ModelFormat`] naming the value.
+/// and > 1, context in 1..=[`MAX_CONTEXT`], sliding windows that one window size and layer
+/// split describe ([`ModelConfig::check_windows`]). Errors: [`Error::ModelFormat`] naming the
+/// value.
 pub fn check_config(cfg: &ModelConfig, path: &Path) -> Result<()> {
     let c = cfg;
     if c.layers == 0
@@ -158,6 +160,9 @@ pub fn check_config(cfg: &ModelConfig, path: &Path) -> Result<()> {
                 c.max_ctx
             ),
         ));
+    }
+    if let Err(e) = c.check_windows() {
+        return Err(bad(path, crate::error::first_line(&e)));
     }
     // Products used to size activations must not overflow.
     let q = c.q_heads.checked_mul(c.head_dim);

@@ -141,11 +141,13 @@ record::csv_record! {
         /// Bytes of K/V held at the end, all sequences, scales and zero-points included.
         pub kv_bytes: Option<usize>,
         /// What the scheme's byte formula predicts for `batch_size` sequences of `kv_tokens`
-        /// (the same accounting `kvbench plan` uses); equals `kv_bytes` when the cache is right.
+        /// (the same accounting `kvbench plan` uses: a sliding-window layer of the model counts
+        /// `min(kv_tokens, window)` tokens); equals `kv_bytes` when the cache is right.
         pub kv_bytes_predicted: Option<usize>,
         /// `kv_bytes / (batch_size × kv_tokens)`: bytes per token of context.
         pub kv_bytes_per_token: Option<f64>,
-        /// `kv_bytes` over what fp16 would hold for the same tokens (formula), e.g. 0.516 for int8.
+        /// `kv_bytes` over what fp16 would hold for the same tokens on the same layers (formula,
+        /// window layers capped at their window), e.g. 0.516 for int8.
         pub kv_ratio_vs_fp16: Option<f64>,
         /// Bytes the cache had allocated (capacity ≥ kv_bytes).
         pub kv_reserved_bytes: Option<usize>,
@@ -319,9 +321,9 @@ impl ResultRow {
         let tpot = latency(|t| t.tpot_ms());
         let rouge_f1 = rouge.map(|r| r.mean_f1());
         let agreement = ppl.and_then(|p| p.agreement.as_ref());
-        let fp16_bytes = |tokens: usize| {
-            (KvScheme::FP16.bytes_per_token(&ctx.geometry) * tokens * o.batch) as f64
-        };
+        // fp16 on the same geometry: a model's window layers hold min(n, window) there too.
+        let fp16_bytes =
+            |tokens: usize| KvScheme::FP16.bytes_for(&ctx.geometry, o.batch, tokens) as f64;
         ResultRow {
             run_id: ctx.run_id.clone(),
             model: ctx.model.clone(),

@@ -39,12 +39,15 @@ pub struct BlockSizer {
 impl BlockSizer {
     /// Bytes of one block: `block_tokens` tokens at the scheme's long-run bytes per token for
     /// the whole model ([`KvScheme::bytes_per_token`]) plus eviction bookkeeping (a u32 position,
-    /// and an f32 score for H2O, per token and kv head and layer). For SmolLM2-135M (30 layers,
-    /// 3 kv heads, head_dim 64) in fp16: 16 · 2·30·3·64·2 = 368,640 bytes.
+    /// and an f32 score for H2O, per token and kv head and layer) and the position a window
+    /// layer keeps per token and kv head
+    /// ([`KvScheme::window_bookkeeping_bytes_per_token`]). For SmolLM2-135M (30 layers, 3 kv
+    /// heads, head_dim 64) in fp16: 16 · 2·30·3·64·2 = 368,640 bytes.
     pub fn block_bytes(&self) -> u64 {
         let g = &self.geom;
         let per_token = self.scheme.bytes_per_token(g)
-            + self.scheme.bookkeeping_bytes_per_token() * g.layers * g.kv_heads;
+            + self.scheme.bookkeeping_bytes_per_token() * g.layers * g.kv_heads
+            + self.scheme.window_bookkeeping_bytes_per_token() * g.window_layers() * g.kv_heads;
         (per_token * self.block_tokens) as u64
     }
 
@@ -429,11 +432,13 @@ mod tests {
     }
 
     /// Gemma 3 27B (62 layers: 10 global, 52 with a 1024-token window; 16 KV heads × 128) in
-    /// fp16, blocks of 16: a block is 16 · 62 · 8192 = 8,126,464 bytes. At 512 tokens every
-    /// layer holds 512 → 32 blocks; at 131,072 the window layers keep 64 blocks (1024 slots)
-    /// and the global ones 8192: (52 · 1024 + 10 · 131,072) / (62 · 16) = 1,363,968 / 992 =
-    /// 1374.96 → 1375 blocks, against 8192 counted all-global. At 131,073 the window straddles
-    /// a block edge: 52 · 1040 + 10 · 131,073 = 1,364,810 / 992 → 1376 blocks.
+    /// fp16, blocks of 16: a layer token is 2 · 16 · 128 · 2 = 8192 bytes, plus 16 · 4 = 64 of
+    /// positions on a window layer, so a block is 16 · (62 · 8192 + 52 · 64) = 8,179,712 bytes.
+    /// At 512 tokens every layer holds 512 → 32 blocks; at 131,072 the window layers keep 64
+    /// blocks (1024 slots) and the global ones 8192: 52 · 1024 · 8256 + 10 · 131,072 · 8192 =
+    /// 11,177,033,728 bytes / 8,179,712 = 1366.4 → 1367 blocks, against 8192 counted
+    /// all-global. At 131,073 the window straddles a block edge: 52 · 1040 · 8256 +
+    /// 10 · 131,073 · 8192 = 11,183,984,640 → 1367.3 → 1368 blocks.
     #[test]
     fn gemma3_window_blocks_by_hand() {
         let g = crate::model::geometry::geometry("gemma-3-27b")
@@ -444,19 +449,21 @@ mod tests {
             geom: g,
             block_tokens: 16,
         };
-        assert_eq!(s.block_bytes(), 8_126_464);
+        assert_eq!(s.block_bytes(), 8_179_712);
         assert_eq!(s.blocks_for(512), 32);
-        assert_eq!(s.blocks_for(131_072), 1375);
-        assert_eq!(s.blocks_for(131_073), 1376);
-        assert_eq!(s.seq_bytes(131_072), 1_363_968 * 8192);
+        assert_eq!(s.blocks_for(131_072), 1367);
+        assert_eq!(s.blocks_for(131_073), 1368);
+        assert_eq!(s.seq_bytes(131_072), 11_177_033_728);
         let naive = BlockSizer {
             geom: g.without_window(),
             ..s
         };
         assert_eq!(naive.blocks_for(131_072), 8192);
         // At 131,087 the window layers are back to 64 blocks (8193 − ⌊130,064 / 16⌋ = 8129):
-        // 52 · 1024 + 10 · 131,087 = 1,364,118 / 992 → 1376 blocks still.
-        assert_eq!(s.blocks_for(131_087), 1376);
-        assert_eq!(s.peak_blocks(131_087), 1376);
+        // 52 · 1024 · 8256 + 10 · 131,087 · 8192 = 11,178,262,528 / 8,179,712 → 1367 blocks;
+        // the peak of the last 16 tokens is at 131,086 (65 window blocks): 52 · 1040 · 8256 +
+        // 10 · 131,086 · 8192 = 11,185,049,600 → 1368.
+        assert_eq!(s.blocks_for(131_087), 1367);
+        assert_eq!(s.peak_blocks(131_087), 1368);
     }
 }
