@@ -822,8 +822,8 @@ fn alloc(buf: Buf, count: usize, fill: Fill) -> Step {
     }
 }
 
-/// The rows of one bh in the CPU row layout of [`crate::kv::format`] (per block: meta, then
-/// codes), from its slice of the codes and meta planes (`n` rows from the bh's start).
+/// The rows of one bh in the CPU row layout of [`crate::kv::format`] (the row-level head, then
+/// per block: meta, then codes), from its slice of the codes and meta planes (`n` rows from the bh's start).
 pub fn rows_from_planes(
     f: GpuFormat,
     d: usize,
@@ -836,8 +836,9 @@ pub fn rows_from_planes(
     (0..n)
         .map(|t| {
             let mut r = Vec::with_capacity(cb + mb);
+            r.extend_from_slice(&meta[t * mb..][..f.head]);
             for k in 0..nb {
-                r.extend_from_slice(&meta[t * mb + k * bm..][..bm]);
+                r.extend_from_slice(&meta[t * mb + f.head + k * bm..][..bm]);
                 r.extend_from_slice(&codes[t * cb + k * bc..][..bc]);
             }
             r
