@@ -82,6 +82,10 @@ impl RowCodec for Mxfp4Row {
         Some(crate::kv::intdot::IntKeys::Mxfp4)
     }
 
+    fn code_values(&self) -> Option<crate::kv::codeaxpy::CodeValues> {
+        Some(crate::kv::codeaxpy::CodeValues::Mxfp4)
+    }
+
     fn row_bytes(&self, head_dim: usize) -> usize {
         head_dim / MXFP4_BLOCK * MXFP4_BLOCK_BYTES
     }

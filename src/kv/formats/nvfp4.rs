@@ -103,6 +103,10 @@ impl RowCodec for Nvfp4Row {
         Some(crate::kv::intdot::IntKeys::Nvfp4)
     }
 
+    fn code_values(&self) -> Option<crate::kv::codeaxpy::CodeValues> {
+        Some(crate::kv::codeaxpy::CodeValues::Nvfp4)
+    }
+
     fn row_bytes(&self, head_dim: usize) -> usize {
         4 + head_dim / NVFP4_BLOCK * NVFP4_BLOCK_BYTES
     }
