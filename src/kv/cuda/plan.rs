@@ -1060,6 +1060,28 @@ mod tests {
         assert_eq!((k.resid, k.chan_scales), (None, None));
         let v = p.stream_arg(0, true);
         assert_eq!((v.fmt, v.group, v.code_bytes, v.meta_bytes), (6, 0, 32, 4));
+        // NVFP4 keys: 32 code bytes, meta = the f32 row scale + 4 E4M3 block scales = 8;
+        // MXFP4 values: 32 code bytes, 2 E8M0 scales.
+        let (p, _) = planner("nvfp4/mxfp4", geom(2, 1, 1, 64), 1);
+        let k = p.stream_arg(0, false);
+        assert_eq!((k.fmt, k.group, k.code_bytes, k.meta_bytes), (8, 0, 32, 8));
+        let v = p.stream_arg(0, true);
+        assert_eq!((v.fmt, v.group, v.code_bytes, v.meta_bytes), (9, 0, 32, 2));
+    }
+
+    /// The CPU row layout rebuilt from the planes by hand for NVFP4 at d = 32: the 4-byte row
+    /// scale first, then per block its scale byte and its 8 code bytes.
+    #[test]
+    fn nvfp4_rows_from_planes_by_hand() {
+        let f = crate::kv::Quant::Nvfp4.gpu().unwrap();
+        let codes: Vec<u8> = (100..116).collect();
+        let meta = [1, 2, 3, 4, 50, 60];
+        let rows = rows_from_planes(f, 32, &codes, &meta, 1);
+        let mut want = vec![1, 2, 3, 4, 50];
+        want.extend(100..108);
+        want.push(60);
+        want.extend(108..116);
+        assert_eq!(rows, vec![want]);
     }
 
     /// H2O: after attention come the score update and eviction with the policy's arguments;
