@@ -208,18 +208,23 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    /// Activations with outliers: N(0, 1)-ish plus a few channels 8× larger (as K after RoPE).
-    fn random(rng: &mut StdRng, n: usize, d: usize) -> Vec<f32> {
+    /// Activations: a sum of two uniforms on [−1, 1], with `outliers` channels (the first few
+    /// of each row) 8× larger (as K after RoPE).
+    fn random_with(rng: &mut StdRng, n: usize, d: usize, outliers: usize) -> Vec<f32> {
         (0..n)
             .map(|i| {
                 let x: f32 = rng.random_range(-1.0..1.0) + rng.random_range(-1.0..1.0);
-                if i % d < 3 {
+                if i % d < outliers {
                     8.0 * x
                 } else {
                     x
                 }
             })
             .collect()
+    }
+
+    fn random(rng: &mut StdRng, n: usize, d: usize) -> Vec<f32> {
+        random_with(rng, n, d, 3)
     }
 
     /// Encodes `n` rows with `c`; returns the bytes and the decoded rows (`[n, d]`).
@@ -299,9 +304,11 @@ mod tests {
             for (group, n_q) in [(1usize, 1usize), (3, 1), (4, 5)] {
                 for fmt in ["nvfp4", "mxfp4"] {
                     let n = 45;
+                    // Keys with outlier channels; queries and values without (a query
+                    // outlier would set sq, and so the bound, by itself).
                     let k = random(&mut rng, n * d, d);
-                    let v = random(&mut rng, n * d, d);
-                    let q = random(&mut rng, group * n_q * d, d);
+                    let v = random_with(&mut rng, n * d, d, 0);
+                    let q = random_with(&mut rng, group * n_q * d, d, 0);
                     let (mut ks, mut vs): (Box<dyn Stream>, Box<dyn Stream>) = match fmt {
                         "nvfp4" => (
                             Box::new(RowStream::new(Nvfp4Row, d)),
