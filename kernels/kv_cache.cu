@@ -13,6 +13,11 @@
 //   INT4       codes d/2 (elt 2j low nibble)      meta 4·d/G (per group f16 scale, f16 minimum)
 //   Q8_0       codes d  (ggml quantize_row_q8_0)  meta 2·d/32
 //   Q4_0       codes d/2 (elt j low, j+16 high)   meta 2·d/32
+//   NVFP4      codes d/2 (per block of 16: elt j low, j+8 high; E2M1)
+//                                                 meta 4 + d/16 (f32 row scale g = amax/2688,
+//                                                 then per block an E4M3 scale of bmax/(6g))
+//   MXFP4      codes d/2 (per block of 32: elt j low, j+16 high; E2M1)
+//                                                 meta d/32 (per block an E8M0 scale, MX v1.0)
 //   CHAN8      KIVI keys (arXiv 2402.02750 §3.2): codes d (i8) for slots in quantized token
 //              groups; per group of G tokens a block of d f16 per-channel scales in
 //              chan_scales [bh][cap/G][d]; the newest rows (the residual) as f16 in a ring
@@ -78,6 +83,40 @@ __device__ __forceinline__ uint8_t fp8_encode(float v, int fmt) {
                                           fmt == FP8_E4M3 ? __NV_E4M3 : __NV_E5M2);
 }
 
+// E2M1 (OCP MX v1.0 §5.3.3): the value of code q (bit 3 the sign), magnitudes 0, 0.5, 1, 1.5,
+// 2, 3, 4, 6 (as src/kv/formats/fp4.rs E2M1).
+__device__ __forceinline__ float e2m1_value(int q) {
+    const int m = q & 7;
+    const float v = m < 2 ? 0.5f * (float)m : (float)((2 + (m & 1)) << (m >> 1)) * 0.25f;
+    return (q & 8) ? -v : v;
+}
+
+// The E2M1 code of a finite y: nearest, ties to the even code, beyond ±6 saturated, sign bit
+// kept (fp4.rs e2m1_code).
+__device__ __forceinline__ uint8_t e2m1_code(float y) {
+    const float a = fabsf(y);
+    const int m = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3
+                : a <= 2.5f ? 4 : a < 3.5f ? 5 : a <= 5.f ? 6 : 7;
+    return (uint8_t)((signbit(y) ? 8 : 0) | m);
+}
+
+// E8M0 (MX v1.0 §5.4.1): 2^(b − 127), b = 0 the f32 subnormal 2^−127, 0xFF NaN.
+__device__ __forceinline__ float e8m0_value(uint8_t b) {
+    if (b == 0) return __int_as_float(0x00400000);
+    if (b == 0xff) return __int_as_float(0x7fc00000);
+    return __int_as_float((int)b << 23);
+}
+
+// One FP4 block's codes: byte j = code(xs[j] / den) | code(xs[j + half] / den) << 4; den = 0
+// stores zeros (fp4.rs pack_block).
+__device__ __forceinline__ void e2m1_pack(const float *xs, int half, float den, uint8_t *c) {
+    for (int j = 0; j < half; j++) {
+        const int q0 = den == 0.f ? 0 : e2m1_code(xs[j] / den);
+        const int q1 = den == 0.f ? 0 : e2m1_code(xs[j + half] / den);
+        c[j] = (uint8_t)(q0 | (q1 << 4));
+    }
+}
+
 // Number of CHAN8 slots in quantized groups when `len` rows are held (as ChannelStream::push:
 // groups are quantized while the residual holds at least residual + group rows).
 __device__ __forceinline__ int chan_quantized(int len, int residual, int group) {
@@ -112,6 +151,18 @@ __device__ __forceinline__ float load_elem(const Stream &s, int d, int bh, int s
         const uint8_t b = c[(e >> 5) * 16 + (j & 15)];
         const int q = (j < 16 ? b : b >> 4) & 15;
         return (float)(q - 8) * h2f(((const uint16_t *)m)[e >> 5]);
+    }
+    case NVFP4: {
+        const int blk = e >> 4, j = e & 15;
+        const uint8_t b = c[blk * 8 + (j & 7)];
+        const int q = (j < 8 ? b : b >> 4) & 15;
+        return e2m1_value(q) * (fp8_decode(m[4 + blk], FP8_E4M3) * *(const float *)m);
+    }
+    case MXFP4: {
+        const int blk = e >> 5, j = e & 31;
+        const uint8_t b = c[blk * 16 + (j & 15)];
+        const int q = (j < 16 ? b : b >> 4) & 15;
+        return e2m1_value(q) * e8m0_value(m[blk]);
     }
     case CHAN8: {
         if (slot >= quantized) {
@@ -228,6 +279,45 @@ extern "C" __global__ void kv_append(Stream s, const float *__restrict__ x, cons
                 const int q1 = min(15, (int)(xs[j + 16] * id + 8.5f));
                 c[16 * b + j] = (uint8_t)(q0 | (q1 << 4));
             }
+        }
+        break;
+    case NVFP4: {
+        // Row scale g = amax / (6·448) (NaN for a row holding NaN/Inf: it decodes to NaN);
+        // per block of 16 an E4M3 scale of bmax / (6g), codes of x / (scale·g) (nvfp4.rs).
+        bool bad = false;
+        for (int k = 0; k < d; k++) bad |= !isfinite(row[k]);
+        const float g = bad ? __int_as_float(0x7fc00000) : amax / (6.f * 448.f);
+        if (lane == 0) *(float *)m = g;
+        for (int b = lane; b < d / 16; b += 32) {
+            const float *xs = row + 16 * b;
+            uint8_t sb = 0;
+            float den = 0.f;
+            if (!bad) {
+                float a = 0.f;
+                for (int k = 0; k < 16; k++) a = fmaxf(a, fabsf(xs[k]));
+                if (g > 0.f) sb = fp8_encode(a / (6.f * g), FP8_E4M3);
+                den = fp8_decode(sb, FP8_E4M3) * g;
+            }
+            m[4 + b] = sb;
+            e2m1_pack(xs, 8, den, c + 8 * b);
+        }
+        break;
+    }
+    case MXFP4:
+        // MX v1.0 §6.3: X = 2^(floor(log2 amax) − 2), clamped to E8M0 (byte 0 for amax 0);
+        // a block holding NaN/Inf gets the NaN scale 0xFF and zero codes (mxfp4.rs).
+        for (int b = lane; b < d / 32; b += 32) {
+            const float *xs = row + 32 * b;
+            bool bad = false;
+            float a = 0.f;
+            for (int k = 0; k < 32; k++) {
+                bad |= !isfinite(xs[k]);
+                a = fmaxf(a, fabsf(xs[k]));
+            }
+            const int biased = (__float_as_int(a) >> 23) & 0xff;
+            const uint8_t sb = bad ? 0xff : (uint8_t)(biased >= 2 ? biased - 2 : 0);
+            m[b] = sb;
+            e2m1_pack(xs, 16, bad ? 0.f : e8m0_value(sb), c + 16 * b);
         }
         break;
     }

@@ -53,6 +53,8 @@ fn append_writes_the_cpu_encoders_rows() {
         "int4:group=16",
         "q8_0",
         "q4_0",
+        "nvfp4",
+        "mxfp4",
     ];
     for d in [64, 128] {
         let geom = CacheGeometry {
@@ -131,6 +133,9 @@ fn attention_and_eviction_match_the_cpu_cache() {
         "h2o:budget=48,recent=16",
         "h2o",
         "window:size=40,sinks=4",
+        "nvfp4",
+        "mxfp4",
+        "window:size=40,sinks=4@nvfp4/mxfp4",
     ];
     for (d, kvh, qh) in [(64, 3, 9), (128, 2, 8)] {
         let geom = CacheGeometry {

@@ -524,7 +524,7 @@ fn check_all(mut scenarios: Vec<Scenario>) {
     eprintln!("{n} scenarios in {:.1} s", t.elapsed().as_secs_f64());
 }
 
-const SCHEMES: [&str; 14] = [
+const SCHEMES: [&str; 17] = [
     "fp16",
     "int8-token",
     "fp8",
@@ -539,6 +539,9 @@ const SCHEMES: [&str; 14] = [
     "h2o:budget=48,recent=16",
     "h2o",
     "window:size=40,sinks=4",
+    "nvfp4",
+    "mxfp4",
+    "window:size=40,sinks=4@nvfp4/mxfp4",
 ];
 
 fn geom(layers: usize, kv_heads: usize, q_heads: usize, head_dim: usize) -> CacheGeometry {
@@ -620,6 +623,8 @@ fn kernels_match_the_cpu_cache_on_os_threads() {
         "int4:group=16",
         "q8_0",
         "q4_0",
+        "nvfp4",
+        "mxfp4",
         "int8-channel:group=4,residual=4",
         "int8-token/int4",
         "h2o:budget=8,recent=3",

@@ -3,7 +3,9 @@
 //! Plain seeded loops rather than a property-testing crate: its dependency tree would force a
 //! second build of candle for the tests (6 minutes of CI), and a failure prints its seed.
 
-use kvbench::kv::format::{F16Row, Fp8Row, Int4GroupRow, Int8TokenRow, Q4_0Row, Q8_0Row, RowCodec};
+use kvbench::kv::format::{
+    F16Row, Fp8Row, Int4GroupRow, Int8TokenRow, Mxfp4Row, Nvfp4Row, Q4_0Row, Q8_0Row, RowCodec,
+};
 use kvbench::kv::Fp8Kind;
 use kvbench::util::noise::Noise;
 
@@ -152,6 +154,81 @@ fn fp8_per_token_error_within_half_ulp() {
                     (a - b).abs() <= a.abs() * rel + floor,
                     "{kind:?} seed {seed}: {a} vs {b}"
                 );
+            }
+        }
+    }
+}
+
+/// E2M1 magnitudes (OCP MX v1.0 §5.3.3), written out here rather than read from the crate.
+const E2M1_GRID: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+/// Checks that `got` is a nearest point of `scale` × {0, ±0.5, …, ±6} to `x` (either side of a
+/// tie; beyond ±6·scale the nearest is ±6·scale, i.e. saturation), up to f32 rounding.
+fn assert_nearest_fp4(x: f32, got: f32, scale: f64, what: &str) {
+    let x = x as f64;
+    let best = E2M1_GRID
+        .iter()
+        .flat_map(|&v| [v, -v])
+        .map(|v| (x - scale * v).abs())
+        .fold(f64::INFINITY, f64::min);
+    let err = (x - got as f64).abs();
+    assert!(
+        err <= best + 1e-6 * scale.max(f64::MIN_POSITIVE),
+        "{what}: {x} stored as {got}, a grid point {best} away exists (scale {scale})"
+    );
+}
+
+/// MXFP4 (MX v1.0 §6.3): each block's E8M0 scale is 2^(⌊log2 amax⌋ − 2), computed here with
+/// f64 `log2` (2⁻¹²⁷, byte 0, for an all-zero block), and every element decodes to a nearest
+/// point of its scaled E2M1 grid.
+#[test]
+fn mxfp4_scale_is_the_specs_and_elements_are_nearest() {
+    for seed in 0..CASES {
+        let x = row(seed);
+        let (b, y) = roundtrip(Mxfp4Row, &x);
+        for blk in 0..2 {
+            let xs = &x[32 * blk..32 * (blk + 1)];
+            let amax = xs.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
+            let want = if amax == 0.0 {
+                -127
+            } else {
+                amax.log2().floor() as i32 - 2
+            };
+            assert_eq!(b[17 * blk] as i32 - 127, want, "seed {seed} block {blk}");
+            let scale = 2f64.powi(want);
+            for i in 0..32 {
+                let at = 32 * blk + i;
+                assert_nearest_fp4(x[at], y[at], scale, &format!("seed {seed} elt {at}"));
+            }
+        }
+    }
+}
+
+/// NVFP4 (arXiv 2509.25149 §2, kvbench's per-row second-level scale): the row scale is
+/// amax / (6·448); each block's E4M3 scale is within E4M3's half-ulp of bmax / (6·g) (2⁻⁴
+/// relative for normals, 2⁻¹⁰ absolute for subnormals); every element decodes to a nearest
+/// point of its block's scaled E2M1 grid.
+#[test]
+fn nvfp4_scales_are_the_specs_and_elements_are_nearest() {
+    for seed in 0..CASES {
+        let x = row(seed);
+        let (b, y) = roundtrip(Nvfp4Row, &x);
+        let amax = x.iter().fold(0f32, |m, &v| m.max(v.abs()));
+        let g = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        assert_eq!(g, amax / 2688.0, "seed {seed}");
+        for blk in 0..4 {
+            let xs = &x[16 * blk..16 * (blk + 1)];
+            let bmax = xs.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
+            let t = bmax / (6.0 * g as f64);
+            let sb = float8::F8E4M3::from_bits(b[4 + 9 * blk]).to_f32() as f64;
+            assert!(
+                (sb - t).abs() <= (t / 16.0).max(2f64.powi(-10)) * (1.0 + 1e-6),
+                "seed {seed} block {blk}: E4M3 scale {sb} for {t}"
+            );
+            let scale = sb * g as f64;
+            for i in 0..16 {
+                let at = 16 * blk + i;
+                assert_nearest_fp4(x[at], y[at], scale, &format!("seed {seed} elt {at}"));
             }
         }
     }

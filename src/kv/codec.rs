@@ -31,6 +31,11 @@ pub trait RowCodec: Copy + Send + Sync + 'static {
     fn int_keys(&self) -> Option<super::intdot::IntKeys> {
         None
     }
+    /// The code form of this format when attention accumulates its value rows on the codes
+    /// ([`super::codeaxpy`]); `None` decodes each row to f32 first.
+    fn code_values(&self) -> Option<super::codeaxpy::CodeValues> {
+        None
+    }
 }
 
 /// The smallest f16 that is `>= v`, saturating at f16's maximum.

@@ -12,6 +12,11 @@
 //! - Q4_0 (`k = dk · (nib − 8)`): `score = sq · Σ_b dk_b · (Σ c·nib − 8 · Σc)`;
 //! - int4 (`k = dk · nib + mk`, groups of 32, pairs of elements per byte): `score =
 //!   sq · Σ_b (dk_b · Σ c·nib + mk_b · Σc)`, the query's codes reordered to the nibble order.
+//! - NVFP4 / MXFP4 (`k = s_b · e2m1(nib)`, E2M1 values 0, ±0.5, …, ±6): each nibble is looked
+//!   up in a 16-entry table of twice its value (the integers 0, ±1, ±2, ±3, ±4, ±6, ±8, ±12,
+//!   [`super::formats::fp4::E2M1_X2`]; a byte shuffle on AVX2), so `score = sq · ½ · Σ_b s_b ·
+//!   Σ c·2e2m1(nib)` with the block scale factored out of the block's integer sum (NVFP4's
+//!   per-row f32 scale multiplies the whole sum once).
 //!
 //! The only error against the exact f32 path is the query's rounding, at most `sq/2` per
 //! element; [`super::KvCache::set_exact_attention`] keeps the f32 path where that matters.
@@ -86,6 +91,12 @@ pub enum IntKeys {
     Q4_0,
     /// int4 groups of 32: f16 d, f16 m, 16 bytes (element 2j low nibble, 2j + 1 high).
     Int4G32,
+    /// NVFP4 rows: f32 row scale, then blocks of 16: E4M3 scale, 8 bytes (element j low
+    /// nibble, j + 8 high) ([`super::formats::nvfp4`]).
+    Nvfp4,
+    /// MXFP4 blocks of 32: E8M0 scale, 16 bytes (element j low nibble, j + 16 high)
+    /// ([`super::formats::mxfp4`]).
+    Mxfp4,
 }
 
 /// `out[(t − t0)·nq + j] = q_j · key_t` for rows `t0..t1` of `data` (rows of `rb` bytes in
@@ -136,6 +147,21 @@ pub(crate) fn dot_nibbles(n: &[u8], c: &[i8]) -> i32 {
         .sum()
 }
 
+/// `Σ_{i<h} 2e2m1(n_i & 15) · c_i + 2e2m1(n_i >> 4) · c_{h+i}`, `h = n.len()`: one FP4 block's
+/// packed E2M1 codes `n` against the query codes `c` of its `2h` elements, in integers (each
+/// term within ±12·127, exact in i32).
+#[inline(always)]
+pub(crate) fn dot_e2m1(n: &[u8], c: &[i8]) -> i32 {
+    use super::formats::fp4::E2M1_X2;
+    let h = n.len();
+    (0..h)
+        .map(|i| {
+            E2M1_X2[(n[i] & 15) as usize] as i32 * c[i] as i32
+                + E2M1_X2[(n[i] >> 4) as usize] as i32 * c[h + i] as i32
+        })
+        .sum()
+}
+
 /// The same integer arithmetic in scalar code: the path without AVX2 and the reference the
 /// SIMD kernel is tested against.
 pub fn scalar_scores(
@@ -179,6 +205,24 @@ pub fn scalar_scores(
                         acc += f16_at(blk, 0) * dot as f32 + f16_at(blk, 2) * q.bsum[j * nb + b];
                     }
                 }
+                IntKeys::Nvfp4 => {
+                    use super::formats::fp4::e4m3_to_f32;
+                    let g = f32::from_le_bytes([row[0], row[1], row[2], row[3]]);
+                    for b in 0..d / 16 {
+                        let blk = &row[4 + b * 9..4 + (b + 1) * 9];
+                        let dot = dot_e2m1(&blk[1..], &c[b * 16..(b + 1) * 16]);
+                        acc += e4m3_to_f32(blk[0]) * dot as f32;
+                    }
+                    acc *= 0.5 * g;
+                }
+                IntKeys::Mxfp4 => {
+                    for b in 0..nb {
+                        let blk = &row[b * 17..(b + 1) * 17];
+                        let dot = dot_e2m1(&blk[1..], &c[b * B..(b + 1) * B]);
+                        acc += super::formats::fp4::e8m0_to_f32(blk[0]) * dot as f32;
+                    }
+                    acc *= 0.5;
+                }
             }
             out[(t - t0) * nq + j] = q.scale[j] * acc;
         }
@@ -192,8 +236,33 @@ pub fn scalar_scores(
 ))]
 mod avx {
     use super::{IntKeys, QueryI8, B};
+    use crate::kv::formats::fp4::{e4m3_to_f32, e8m0_to_f32, E2M1_X2};
     use crate::kv::simd::avx::{dot_u8_i8, f16_at as f16p, nibbles};
     use std::arch::x86_64::*;
+
+    /// The E2M1 table ×2 in both 128-bit lanes (for `_mm256_shuffle_epi8`).
+    #[inline(always)]
+    unsafe fn e2m1_lut() -> __m256i {
+        let t = _mm_loadu_si128(E2M1_X2.as_ptr() as *const __m128i);
+        _mm256_set_m128i(t, t)
+    }
+
+    /// 8 bytes of an NVFP4 block's nibbles at `p` → 16 bytes in element order (low nibbles =
+    /// elements 0..8, then high nibbles = 8..16).
+    #[inline(always)]
+    unsafe fn nibbles8(p: *const u8) -> __m128i {
+        let x = _mm_loadl_epi64(p as *const __m128i);
+        let m = _mm_set1_epi8(0x0f);
+        _mm_unpacklo_epi64(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m))
+    }
+
+    /// `Σ lut(nib_i) · c_i` per 4-byte lane group (8 i32 lanes) for 32 nibble values `nib` (one
+    /// per byte) and 32 query codes `cv`.
+    #[inline(always)]
+    unsafe fn e2m1_dot(nib: __m256i, cv: __m256i) -> __m256i {
+        let k = _mm256_shuffle_epi8(e2m1_lut(), nib);
+        dot_u8_i8(_mm256_sign_epi8(k, k), _mm256_sign_epi8(cv, k))
+    }
 
     /// Lane r of the result = Σ lanes of `v[r]`, for eight vectors.
     #[inline(always)]
@@ -268,6 +337,36 @@ mod avx {
                 }
                 (acc, side)
             }
+            IntKeys::Nvfp4 => {
+                // Two blocks of 16 per 32 query codes: lanes 0–3 hold block 2b's sum, 4–7 block
+                // 2b + 1's, each multiplied by its own E4M3 scale.
+                let g = 0.5 * (row as *const f32).read_unaligned();
+                let mut acc = _mm256_setzero_ps();
+                for b in 0..nb {
+                    let b0 = row.add(4 + 18 * b);
+                    let b1 = b0.add(9);
+                    let nib = _mm256_set_m128i(nibbles8(b1.add(1)), nibbles8(b0.add(1)));
+                    let cv = _mm256_loadu_si256(c.add(b * B) as *const __m256i);
+                    let p = e2m1_dot(nib, cv);
+                    let s = _mm256_set_m128(
+                        _mm_set1_ps(e4m3_to_f32(*b1)),
+                        _mm_set1_ps(e4m3_to_f32(*b0)),
+                    );
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc);
+                }
+                (_mm256_mul_ps(acc, _mm256_set1_ps(g)), 0.0)
+            }
+            IntKeys::Mxfp4 => {
+                let mut acc = _mm256_setzero_ps();
+                for b in 0..nb {
+                    let blk = row.add(b * 17);
+                    let cv = _mm256_loadu_si256(c.add(b * B) as *const __m256i);
+                    let p = e2m1_dot(nibbles(blk.add(1)), cv);
+                    let s = _mm256_set1_ps(e8m0_to_f32(*blk));
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc);
+                }
+                (_mm256_mul_ps(acc, _mm256_set1_ps(0.5)), 0.0)
+            }
         }
     }
 
@@ -321,7 +420,9 @@ mod avx {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::format::{Int4GroupRow, Int8TokenRow, Q4_0Row, Q8_0Row, RowCodec};
+    use crate::kv::format::{
+        Int4GroupRow, Int8TokenRow, Mxfp4Row, Nvfp4Row, Q4_0Row, Q8_0Row, RowCodec,
+    };
 
     fn rows<C: RowCodec>(c: C, n: usize, d: usize) -> (Vec<u8>, Vec<f32>) {
         let rb = c.row_bytes(d);
@@ -363,6 +464,14 @@ mod tests {
                         let c = Int4GroupRow { group: 32 };
                         let (a, b) = rows(c, n, d);
                         (IntKeys::Int4G32, a, b, c.row_bytes(d))
+                    },
+                    {
+                        let (a, b) = rows(Nvfp4Row, n, d);
+                        (IntKeys::Nvfp4, a, b, Nvfp4Row.row_bytes(d))
+                    },
+                    {
+                        let (a, b) = rows(Mxfp4Row, n, d);
+                        (IntKeys::Mxfp4, a, b, Mxfp4Row.row_bytes(d))
                     },
                 ];
                 for (f, data, dec, rb) in cases {

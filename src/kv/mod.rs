@@ -28,6 +28,7 @@
 //!   and compiled in every build; the device side needs the `cuda` feature).
 
 pub mod attention;
+pub mod codeaxpy;
 pub mod codec;
 pub mod contract;
 pub mod cuda;

@@ -469,8 +469,8 @@ pub(crate) mod tests {
              int4-channel[:group=G,residual=R], int2-channel[:group=G,residual=R], \
              fp8[:scale=token|head|tensor|none], fp8-e5m2[:scale=...], q8_0, q4_0, \
              int2[:group=G|row], int3[:group=G|row], int4-row, turboquant[:bits=1..4,seed=S], \
-             turboquant-nc[:bits=1..4,seed=S], turboquant-prod[:bits=2..5,seed=S], \
-             h2o[:budget=N|ratio=r,recent=M], window[:size=W,sinks=S]; compose as \
+             turboquant-nc[:bits=1..4,seed=S], turboquant-prod[:bits=2..5,seed=S], nvfp4, \
+             mxfp4, h2o[:budget=N|ratio=r,recent=M], window[:size=W,sinks=S]; compose as \
              EVICT@K/V+rot, e.g. window:size=1024@int8, int4-channel/int4, q4_0+rot; presets: \
              k4v2 = int4-channel/int2, k2v4 = int2-channel/int4, \
              turboquant_k8v4 = fp8:scale=none/int4-row, turboquant_4bit_nc = turboquant-nc/int4-row, \
@@ -506,6 +506,9 @@ pub(crate) mod tests {
             "int2:group=16",
             "int3:group=row",
             "int4-row",
+            "nvfp4",
+            "mxfp4",
+            "int4-channel/nvfp4",
             "int2-channel/int3:group=64",
             "turboquant",
             "turboquant:bits=3",

@@ -209,6 +209,12 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
 
     fn axpy_rows(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
         let (codec, rb, data) = (self.codec, self.rb, &self.data);
+        if let Some(f) = codec.code_values() {
+            if self.head_dim.is_multiple_of(32) {
+                let d = self.head_dim;
+                return super::codeaxpy::axpy_codes(f, data, rb, d, t0, t1, w, acc);
+            }
+        }
         axpy_rows_with(t0, t1, w, acc, self.head_dim, |t, r| {
             codec.decode(&data[t * rb..(t + 1) * rb], r)
         });

@@ -240,6 +240,9 @@ fn kv_bytes_match_formula_for_every_scheme() {
         "turboquant_3bit_nc",
         "h2o:budget=40,recent=8@turboquant_3bit_nc",
         "window:size=32,sinks=4@turboquant-prod",
+        "nvfp4",
+        "mxfp4",
+        "h2o:budget=40,recent=8@nvfp4/mxfp4",
     ];
     for spec in specs {
         let s: KvScheme = spec.parse().unwrap();
@@ -299,6 +302,10 @@ fn bytes_per_token_by_hand() {
         ("turboquant_3bit_nc", 4860),
         ("turboquant_k8v4", 9000),
         ("turboquant-prod", 6480),
+        // nvfp4: 4 + 4·(1 + 8) = 40 bytes per row → 80·90 = 7,200; mxfp4: 2·(1 + 16) = 34 →
+        // 68·90 = 6,120.
+        ("nvfp4", 7200),
+        ("mxfp4", 6120),
     ] {
         let s: KvScheme = spec.parse().unwrap();
         assert_eq!(s.bytes_per_token(&g), want, "{spec}");
@@ -362,6 +369,8 @@ fn per_token_formats_are_chunking_invariant() {
         "turboquant-prod",
         "turboquant_k8v4",
         "turboquant_3bit_nc",
+        "nvfp4",
+        "mxfp4",
     ] {
         let s: KvScheme = spec.parse().unwrap();
         let n = 40;

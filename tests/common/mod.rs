@@ -71,7 +71,7 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
 /// the GPU and emulated kernels' stored rows are compared with.
 pub fn cpu_row_bytes(q: kvbench::kv::Quant, x: &[f32]) -> Vec<u8> {
     use kvbench::kv::format::{
-        F16Row, Fp8Row, Int4GroupRow, Int8TokenRow, Q4_0Row, Q8_0Row, RowCodec,
+        F16Row, Fp8Row, Int4GroupRow, Int8TokenRow, Mxfp4Row, Nvfp4Row, Q4_0Row, Q8_0Row, RowCodec,
     };
     use kvbench::kv::Quant;
     fn enc(c: impl RowCodec, x: &[f32]) -> Vec<u8> {
@@ -86,6 +86,8 @@ pub fn cpu_row_bytes(q: kvbench::kv::Quant, x: &[f32]) -> Vec<u8> {
         Quant::Q8_0 => enc(Q8_0Row, x),
         Quant::Q4_0 => enc(Q4_0Row, x),
         Quant::Fp8 { kind, .. } => enc(Fp8Row { kind, scale: None }, x),
+        Quant::Nvfp4 => enc(Nvfp4Row, x),
+        Quant::Mxfp4 => enc(Mxfp4Row, x),
         other => panic!("no row codec for {other}"),
     }
 }

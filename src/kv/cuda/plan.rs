@@ -822,8 +822,8 @@ fn alloc(buf: Buf, count: usize, fill: Fill) -> Step {
     }
 }
 
-/// The rows of one bh in the CPU row layout of [`crate::kv::format`] (per block: meta, then
-/// codes), from its slice of the codes and meta planes (`n` rows from the bh's start).
+/// The rows of one bh in the CPU row layout of [`crate::kv::format`] (the row-level head, then
+/// per block: meta, then codes), from its slice of the codes and meta planes (`n` rows from the bh's start).
 pub fn rows_from_planes(
     f: GpuFormat,
     d: usize,
@@ -836,8 +836,9 @@ pub fn rows_from_planes(
     (0..n)
         .map(|t| {
             let mut r = Vec::with_capacity(cb + mb);
+            r.extend_from_slice(&meta[t * mb..][..f.head]);
             for k in 0..nb {
-                r.extend_from_slice(&meta[t * mb + k * bm..][..bm]);
+                r.extend_from_slice(&meta[t * mb + f.head + k * bm..][..bm]);
                 r.extend_from_slice(&codes[t * cb + k * bc..][..bc]);
             }
             r
@@ -1059,6 +1060,28 @@ mod tests {
         assert_eq!((k.resid, k.chan_scales), (None, None));
         let v = p.stream_arg(0, true);
         assert_eq!((v.fmt, v.group, v.code_bytes, v.meta_bytes), (6, 0, 32, 4));
+        // NVFP4 keys: 32 code bytes, meta = the f32 row scale + 4 E4M3 block scales = 8;
+        // MXFP4 values: 32 code bytes, 2 E8M0 scales.
+        let (p, _) = planner("nvfp4/mxfp4", geom(2, 1, 1, 64), 1);
+        let k = p.stream_arg(0, false);
+        assert_eq!((k.fmt, k.group, k.code_bytes, k.meta_bytes), (8, 0, 32, 8));
+        let v = p.stream_arg(0, true);
+        assert_eq!((v.fmt, v.group, v.code_bytes, v.meta_bytes), (9, 0, 32, 2));
+    }
+
+    /// The CPU row layout rebuilt from the planes by hand for NVFP4 at d = 32: the 4-byte row
+    /// scale first, then per block its scale byte and its 8 code bytes.
+    #[test]
+    fn nvfp4_rows_from_planes_by_hand() {
+        let f = crate::kv::Quant::Nvfp4.gpu().unwrap();
+        let codes: Vec<u8> = (100..116).collect();
+        let meta = [1, 2, 3, 4, 50, 60];
+        let rows = rows_from_planes(f, 32, &codes, &meta, 1);
+        let mut want = vec![1, 2, 3, 4, 50];
+        want.extend(100..108);
+        want.push(60);
+        want.extend(108..116);
+        assert_eq!(rows, vec![want]);
     }
 
     /// H2O: after attention come the score update and eviction with the policy's arguments;

@@ -128,6 +128,7 @@ impl Format for Channel {
             residual: self.residual,
             block: 0,
             meta: 0,
+            head: 0,
             bits: 8,
             token_group: self.group,
         })

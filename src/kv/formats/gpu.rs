@@ -10,8 +10,9 @@ include!("gpu_ids.rs");
 pub const KV_FORMATS_H: &str = include_str!(concat!(env!("OUT_DIR"), "/kv_formats.h"));
 
 /// The CUDA form of one K or V format: the kernel's `fmt` id and the row layout the kernels
-/// index with. A row of `head_dim` elements is `blocks(head_dim).0` blocks, each `meta` bytes of
-/// scales/zero-points followed by codes; the GPU keeps meta and codes in separate planes.
+/// index with. A row of `head_dim` elements is `head` bytes of row-level scale (NVFP4's f32)
+/// then `blocks(head_dim).0` blocks, each `meta` bytes of scales/zero-points followed by codes;
+/// the GPU keeps meta (the head, then every block's meta) and codes in separate planes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuFormat {
     /// The kernel's format id (see `gpu_ids.rs`).
@@ -24,6 +25,8 @@ pub struct GpuFormat {
     pub block: usize,
     /// Scale/zero-point bytes per block.
     pub meta: usize,
+    /// Row-level scale bytes before the first block (NVFP4's f32 second-level scale), else 0.
+    pub head: usize,
     /// Code bits per element (16 for f16).
     pub bits: usize,
     /// Tokens per quantized token group (KIVI keys), else 1: capacities are multiples of it.
@@ -40,6 +43,7 @@ impl GpuFormat {
             residual: 0,
             block,
             meta,
+            head: 0,
             bits,
             token_group: 1,
         }
@@ -57,10 +61,10 @@ impl GpuFormat {
         n * c
     }
 
-    /// Scale/zero-point bytes per row of `d` elements.
+    /// Scale/zero-point bytes per row of `d` elements (the row-level head included).
     pub fn meta_bytes(self, d: usize) -> usize {
         let (n, m, _) = self.blocks(d);
-        n * m
+        self.head + n * m
     }
 }
 
@@ -90,5 +94,16 @@ mod tests {
         assert_eq!(GpuFormat::per_token(INT4, 16, 4, 4).blocks(64), (4, 4, 8));
         assert_eq!(GpuFormat::per_token(F16, 0, 0, 16).blocks(64), (1, 0, 128));
         assert_eq!(GpuFormat::per_token(INT8_TOKEN, 0, 2, 8).meta_bytes(64), 2);
+        // NVFP4 at d = 64: 4 blocks of (1, 8) after a 4-byte f32 head: meta 4 + 4 = 8, codes
+        // 32; MXFP4: 2 blocks of (1, 16).
+        let nv = GpuFormat {
+            head: 4,
+            ..GpuFormat::per_token(NVFP4, 16, 1, 4)
+        };
+        assert_eq!(
+            (nv.blocks(64), nv.meta_bytes(64), nv.code_bytes(64)),
+            ((4, 1, 8), 8, 32)
+        );
+        assert_eq!(GpuFormat::per_token(MXFP4, 32, 1, 4).blocks(64), (2, 1, 16));
     }
 }

@@ -20,6 +20,10 @@ pub const Q8_0: i32 = 5;
 pub const Q4_0: i32 = 6;
 /// KIVI per-channel int8 keys with an f16 residual.
 pub const CHAN8: i32 = 7;
+/// NVFP4: E2M1 codes, per block of 16 an E4M3 scale, per row an f32 scale.
+pub const NVFP4: i32 = 8;
+/// MXFP4: E2M1 codes, per block of 32 an E8M0 scale.
+pub const MXFP4: i32 = 9;
 
 /// Every format id with the name of its `#define` in kv_formats.h.
 pub const GPU_FORMAT_IDS: &[(&str, i32)] = &[
@@ -31,6 +35,8 @@ pub const GPU_FORMAT_IDS: &[(&str, i32)] = &[
     ("Q8_0", Q8_0),
     ("Q4_0", Q4_0),
     ("CHAN8", CHAN8),
+    ("NVFP4", NVFP4),
+    ("MXFP4", MXFP4),
 ];
 
 /// `kv_evict`'s `mode`: sliding window with sinks (StreamingLLM).

@@ -13,6 +13,7 @@
 //! the registry here, which names them all.
 
 mod contract;
+pub mod fp4;
 pub mod gpu;
 
 use std::fmt;
@@ -202,7 +203,7 @@ impl Quant {
                 name: "--dtypes".into(),
                 reason: format!(
                 "`{self}` has no CUDA kernels yet (fp16, int8-token, int4, fp8 with scale=token, \
-                 q8_0, q4_0 and int8-channel do); run it with --device cpu"
+                 q8_0, q4_0, nvfp4, mxfp4 and int8-channel do); run it with --device cpu"
             ),
             })
     }
@@ -235,6 +236,10 @@ formats! {
     Uniform { bits: u8, group: usize } => uniform::Uniform;
     /// TurboQuant rows (arXiv 2504.19874): rotated, Lloyd–Max codebook, optional QJL residual.
     TurboQuant { kind: turboquant::TqKind, bits: u8, seed: u64 } => turboquant::TurboQuant;
+    /// NVIDIA NVFP4: E2M1 values, an E4M3 scale per 16 along head_dim, an f32 scale per row.
+    Nvfp4 => nvfp4::Nvfp4;
+    /// OCP MXFP4 (MX v1.0): E2M1 values, an E8M0 power-of-two scale per 32 along head_dim.
+    Mxfp4 => mxfp4::Mxfp4;
 }
 
 #[cfg(test)]
@@ -302,6 +307,8 @@ mod tests {
             "fp8-e5m2",
             "q8_0",
             "q4_0",
+            "nvfp4",
+            "mxfp4",
             "int8-channel",
         ] {
             assert!(on_gpu(s), "{s}");

@@ -209,7 +209,8 @@ mod tests {
     /// Issue 25: at head_dim 80 the advice used to be int4 or q4_0, both refused there (int4's
     /// group 32 and q4_0's blocks of 32 do not divide 80). It now names formats that validate:
     /// by hand at d = 80, TurboQuant 4-bit rows take 40 + 2 = 42 bytes; int4-row 40 + 4 = 44,
-    /// int8-token 80 + 2 = 82, fp8 82 (int2/int3 groups of 32 do not divide 80 either).
+    /// nvfp4 4 + 5·9 = 49, int8-token 80 + 2 = 82, fp8 82 (int2/int3 groups and mxfp4 blocks of
+    /// 32 do not divide 80 either).
     #[test]
     fn head_dim_80_suggests_schemes_valid_there() {
         for old in ["int4", "q4_0"] {
@@ -220,8 +221,8 @@ mod tests {
         let e = s.validate(80).unwrap_err().to_string();
         assert!(
             e.contains(
-                "needs head_dim a power of two (model: 80); use `int4-row`, `int8-token` or \
-                 `fp8` for this model"
+                "needs head_dim a power of two (model: 80); use `int4-row`, `nvfp4` or \
+                 `int8-token` for this model"
             ),
             "{e}"
         );

@@ -1,0 +1,360 @@
+//! Attention's P·V on stored FP4 codes (NVFP4, MXFP4): `acc_j += Σ_t p_tj · v_t` computed
+//! block by block, the block's scale factored out — per (row, block, query) the factor
+//! `p_tj · s_b` is formed once and multiplies the block's E2M1 values, read from a 16-entry table
+//! (`Σ_t p·s·e2m1(c) = Σ_t (p·s) · e2m1(c)`), so a value row is never widened to an f32 buffer
+//! first. The keys' counterpart (Q·K on the codes) is [`super::intdot`].
+//!
+//! The result is the dequantize-then-accumulate result up to f32 rounding (the same products,
+//! associated differently): no query or weight is quantized.
+
+use super::formats::fp4::{e4m3_to_f32, e8m0_to_f32, E2M1};
+use crate::util::simd::simd_dispatch;
+
+/// Value formats whose P·V runs on the codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeValues {
+    /// NVFP4 rows: f32 row scale, then blocks of 16: E4M3 scale, 8 bytes (element `j` low
+    /// nibble, `j + 8` high) ([`super::formats::nvfp4`]).
+    Nvfp4,
+    /// MXFP4 blocks of 32: E8M0 scale, 16 bytes (element `j` low nibble, `j + 16` high)
+    /// ([`super::formats::mxfp4`]).
+    Mxfp4,
+}
+
+impl CodeValues {
+    /// `(elements per block, bytes per block, bytes before the first block)`.
+    fn layout(self) -> (usize, usize, usize) {
+        match self {
+            CodeValues::Nvfp4 => (16, 9, 4),
+            CodeValues::Mxfp4 => (32, 17, 0),
+        }
+    }
+
+    /// The row-level factor (NVFP4's f32 scale; 1 for MXFP4) of `row`.
+    #[inline(always)]
+    fn row_scale(self, row: &[u8]) -> f32 {
+        match self {
+            CodeValues::Nvfp4 => f32::from_le_bytes([row[0], row[1], row[2], row[3]]),
+            CodeValues::Mxfp4 => 1.0,
+        }
+    }
+
+    /// The value of a block's scale byte.
+    #[inline(always)]
+    fn block_scale(self, b: u8) -> f32 {
+        match self {
+            CodeValues::Nvfp4 => e4m3_to_f32(b),
+            CodeValues::Mxfp4 => e8m0_to_f32(b),
+        }
+    }
+}
+
+/// `acc[j·d..(j+1)·d] += Σ_t w[(t − t0)·nq + j] · row_t` for rows `t0..t1` of `data` (rows of
+/// `rb` bytes of `d` elements in format `f`; `acc`: `[nq, d]` f32, `w`: `[(t1 − t0), nq]`), on
+/// the codes. Rows whose weights are all zero are not read. Panics (a caller's bug, not input)
+/// unless `d` is a multiple of 32 and the slices hold what the shapes say.
+#[allow(clippy::too_many_arguments)] // the stream's coordinates; a struct would only rename them
+pub fn axpy_codes(
+    f: CodeValues,
+    data: &[u8],
+    rb: usize,
+    d: usize,
+    t0: usize,
+    t1: usize,
+    w: &[f32],
+    acc: &mut [f32],
+) {
+    let nq = acc.len() / d;
+    assert!(d.is_multiple_of(32) && data.len() >= t1 * rb && w.len() >= (t1 - t0) * nq);
+    assert!(rb >= f.layout().2 + d / f.layout().0 * f.layout().1);
+    simd_dispatch!(
+        ["avx2", "fma"],
+        // SAFETY: features enabled at compile time; every read is inside `data`, `w` and `acc`
+        // (asserted above: rows t0..t1 of rb bytes, each holding d / block blocks).
+        unsafe { avx::axpy_codes(f, data, rb, d, t0, t1, w, acc) },
+        scalar_axpy_codes(f, data, rb, d, t0, t1, w, acc)
+    )
+}
+
+/// [`axpy_codes`] in scalar code: the path without AVX2 and the reference the SIMD kernel is
+/// tested against.
+#[allow(clippy::too_many_arguments)]
+pub fn scalar_axpy_codes(
+    f: CodeValues,
+    data: &[u8],
+    rb: usize,
+    d: usize,
+    t0: usize,
+    t1: usize,
+    w: &[f32],
+    acc: &mut [f32],
+) {
+    let nq = acc.len() / d;
+    let (blk, bytes, off) = f.layout();
+    let half = blk / 2;
+    for t in t0..t1 {
+        let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
+        if wt.iter().all(|&x| x == 0.0) {
+            continue;
+        }
+        let row = &data[t * rb..(t + 1) * rb];
+        let g = f.row_scale(row);
+        for b in 0..d / blk {
+            let p = &row[off + b * bytes..off + (b + 1) * bytes];
+            let s = f.block_scale(p[0]) * g;
+            for (j, &wj) in wt.iter().enumerate() {
+                let k = wj * s;
+                let a = &mut acc[j * d + b * blk..j * d + (b + 1) * blk];
+                for i in 0..half {
+                    a[i] += k * E2M1[(p[1 + i] & 15) as usize];
+                    a[i + half] += k * E2M1[(p[1 + i] >> 4) as usize];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+mod avx {
+    use super::CodeValues;
+    use crate::kv::formats::fp4::E2M1_X2;
+    use crate::kv::simd::avx::nibbles;
+    use std::arch::x86_64::*;
+
+    /// 8 bytes of an NVFP4 block's nibbles at `p` → 16 bytes in element order.
+    #[inline(always)]
+    unsafe fn nibbles8(p: *const u8) -> __m128i {
+        let x = _mm_loadl_epi64(p as *const __m128i);
+        let m = _mm_set1_epi8(0x0f);
+        _mm_unpacklo_epi64(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m))
+    }
+
+    /// 32 elements at a time: their nibbles (element order) through the E2M1 ×2 table to four
+    /// vectors of 8 f32 (twice the values), then per query `acc += (w·s/2) · v`, `s` the scale
+    /// of the block each 16 (NVFP4) or 32 (MXFP4) elements belong to.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn axpy_codes(
+        f: CodeValues,
+        data: &[u8],
+        rb: usize,
+        d: usize,
+        t0: usize,
+        t1: usize,
+        w: &[f32],
+        acc: &mut [f32],
+    ) {
+        let nq = acc.len() / d;
+        let t = _mm_loadu_si128(E2M1_X2.as_ptr() as *const __m128i);
+        let lut = _mm256_set_m128i(t, t);
+        let o = acc.as_mut_ptr();
+        for t in t0..t1 {
+            let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
+            if wt.iter().all(|&x| x == 0.0) {
+                continue;
+            }
+            let row = &data[t * rb..(t + 1) * rb];
+            let g = 0.5 * f.row_scale(row);
+            let base = row.as_ptr();
+            for b in 0..d / 32 {
+                let (nib, s0, s1) = match f {
+                    CodeValues::Nvfp4 => {
+                        let b0 = base.add(4 + 18 * b);
+                        let b1 = b0.add(9);
+                        (
+                            _mm256_set_m128i(nibbles8(b1.add(1)), nibbles8(b0.add(1))),
+                            f.block_scale(*b0) * g,
+                            f.block_scale(*b1) * g,
+                        )
+                    }
+                    CodeValues::Mxfp4 => {
+                        let blk = base.add(17 * b);
+                        let s = f.block_scale(*blk) * g;
+                        (nibbles(blk.add(1)), s, s)
+                    }
+                };
+                let k = _mm256_shuffle_epi8(lut, nib);
+                let (lo, hi) = (_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
+                let v = [
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))),
+                ];
+                for (j, &wj) in wt.iter().enumerate() {
+                    let a = o.add(j * d + 32 * b);
+                    let (f0, f1) = (_mm256_set1_ps(wj * s0), _mm256_set1_ps(wj * s1));
+                    for (r, &vr) in v.iter().enumerate() {
+                        let fr = if r < 2 { f0 } else { f1 };
+                        let p = a.add(8 * r);
+                        _mm256_storeu_ps(p, _mm256_fmadd_ps(fr, vr, _mm256_loadu_ps(p)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::attention::{attend, AttnShape, HeadView};
+    use crate::kv::codec::RowCodec;
+    use crate::kv::format::{Mxfp4Row, Nvfp4Row};
+    use crate::kv::stream::{RowStream, Stream};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// Activations: a sum of two uniforms on [−1, 1], with `outliers` channels (the first few
+    /// of each row) 8× larger (as K after RoPE).
+    fn random_with(rng: &mut StdRng, n: usize, d: usize, outliers: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let x: f32 = rng.random_range(-1.0..1.0) + rng.random_range(-1.0..1.0);
+                if i % d < outliers {
+                    8.0 * x
+                } else {
+                    x
+                }
+            })
+            .collect()
+    }
+
+    fn random(rng: &mut StdRng, n: usize, d: usize) -> Vec<f32> {
+        random_with(rng, n, d, 3)
+    }
+
+    /// Encodes `n` rows with `c`; returns the bytes and the decoded rows (`[n, d]`).
+    fn store<C: RowCodec>(c: C, x: &[f32], d: usize) -> (Vec<u8>, Vec<f32>) {
+        let n = x.len() / d;
+        let rb = c.row_bytes(d);
+        let mut data = vec![0u8; n * rb];
+        let mut dec = vec![0f32; n * d];
+        for t in 0..n {
+            c.encode(&x[t * d..(t + 1) * d], &mut data[t * rb..(t + 1) * rb]);
+            c.decode(&data[t * rb..(t + 1) * rb], &mut dec[t * d..(t + 1) * d]);
+        }
+        (data, dec)
+    }
+
+    /// P·V on the codes against f64 sums of the decoded rows, for d 64/128 and nq 1–8 (GQA
+    /// groups × new tokens), some weights zero. The bound is f32 rounding of the sum
+    /// (Higham, "Accuracy and Stability of Numerical Algorithms" §3.1: a sum of n products
+    /// differs from the exact one by at most γ_{n+2}·Σ|w·v|, γ_k = k·u/(1 − k·u), u = 2⁻²⁴),
+    /// plus the decoded values' own rounding (one more u).
+    #[test]
+    fn code_axpy_matches_decoded_rows() {
+        let mut rng = StdRng::seed_from_u64(24);
+        for d in [64usize, 128] {
+            for nq in [1usize, 3, 8] {
+                let n = 37;
+                let x = random(&mut rng, n * d, d);
+                let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
+                w[..nq].iter_mut().for_each(|v| *v = 0.0); // row 0 unread
+                let cases = [
+                    (
+                        CodeValues::Nvfp4,
+                        store(Nvfp4Row, &x, d),
+                        Nvfp4Row.row_bytes(d),
+                    ),
+                    (
+                        CodeValues::Mxfp4,
+                        store(Mxfp4Row, &x, d),
+                        Mxfp4Row.row_bytes(d),
+                    ),
+                ];
+                for (f, (data, dec), rb) in cases {
+                    let mut got = vec![0f32; nq * d];
+                    axpy_codes(f, &data, rb, d, 0, n, &w, &mut got);
+                    let mut scalar = vec![0f32; nq * d];
+                    scalar_axpy_codes(f, &data, rb, d, 0, n, &w, &mut scalar);
+                    let u = 2f64.powi(-24);
+                    let gamma = (n + 3) as f64 * u / (1.0 - (n + 3) as f64 * u);
+                    for j in 0..nq {
+                        for i in 0..d {
+                            let terms =
+                                (0..n).map(|t| w[t * nq + j] as f64 * dec[t * d + i] as f64);
+                            let exact: f64 = terms.clone().sum();
+                            let abs: f64 = terms.map(f64::abs).sum();
+                            let bound = gamma * abs + 1e-30;
+                            for (name, v) in [("simd", &got), ("scalar", &scalar)] {
+                                let e = (v[j * d + i] as f64 - exact).abs();
+                                assert!(e <= bound, "{f:?} {name} d={d} nq={nq}: {e} > {bound}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whole attention, fast path (keys scored on the codes with int8 queries, values
+    /// accumulated on the codes) against the exact path (keys decoded to f32), random inputs,
+    /// head_dim 64 and 128, GQA groups 1, 3 and 4, prefill and decode. Derived bound: a query
+    /// quantized with step sq changes each score by at most E = Σ_i|k_i|·sq/2 / √d (intdot's
+    /// bound, scaled); logits moved by at most E move every softmax weight by a factor within
+    /// [e^−2E, e^2E], so each output moves by at most (e^2E − 1)·max|v| (plus f32 slack).
+    #[test]
+    fn fast_attention_matches_exact_within_query_rounding() {
+        let mut rng = StdRng::seed_from_u64(4);
+        for d in [64usize, 128] {
+            for (group, n_q) in [(1usize, 1usize), (3, 1), (4, 5)] {
+                for fmt in ["nvfp4", "mxfp4"] {
+                    let n = 45;
+                    // Keys with outlier channels; queries and values without (a query
+                    // outlier would set sq, and so the bound, by itself).
+                    let k = random(&mut rng, n * d, d);
+                    let v = random_with(&mut rng, n * d, d, 0);
+                    let q = random_with(&mut rng, group * n_q * d, d, 0);
+                    let (mut ks, mut vs): (Box<dyn Stream>, Box<dyn Stream>) = match fmt {
+                        "nvfp4" => (
+                            Box::new(RowStream::new(Nvfp4Row, d)),
+                            Box::new(RowStream::new(Nvfp4Row, d)),
+                        ),
+                        _ => (
+                            Box::new(RowStream::new(Mxfp4Row, d)),
+                            Box::new(RowStream::new(Mxfp4Row, d)),
+                        ),
+                    };
+                    ks.push(&k);
+                    vs.push(&v);
+                    let head = HeadView { k: &*ks, v: &*vs };
+                    let shape = |exact| AttnShape {
+                        batch: 1,
+                        kv_heads: 1,
+                        group,
+                        n_q,
+                        head_dim: d,
+                        exact,
+                    };
+                    let fast = attend(&[head], &q, shape(false), false).out;
+                    let exact = attend(&[head], &q, shape(true), false).out;
+                    let mut kd = vec![0f32; d];
+                    let (mut ksum, mut vmax) = (0f64, 0f64);
+                    let mut row = vec![0f32; d];
+                    for t in 0..n {
+                        ks.decode(t, &mut kd);
+                        ksum = ksum.max(kd.iter().map(|&a| a.abs() as f64).sum());
+                        vs.decode(t, &mut row);
+                        vmax = row.iter().fold(vmax, |m, &a| m.max(a.abs() as f64));
+                    }
+                    for (r, qr) in q.chunks_exact(d).enumerate() {
+                        let sq = qr.iter().fold(0f32, |m, a| m.max(a.abs())) as f64 / 127.0;
+                        let e = ksum * sq / 2.0 / (d as f64).sqrt();
+                        let bound = ((2.0 * e).exp() - 1.0) * vmax + 1e-4 * vmax;
+                        for i in 0..d {
+                            let diff = (fast[r * d + i] - exact[r * d + i]).abs() as f64;
+                            assert!(
+                                diff <= bound,
+                                "{fmt} d={d} group={group} n_q={n_q} row {r}: {diff} > {bound}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
