@@ -127,6 +127,7 @@ pub fn run(
         ppl_ci: plan.settings.perplexity.ppl_ci,
         geometry: cfg.cache_geometry(),
         decode_weight_bytes: Some(m.timing.model.weight_bytes()),
+        read_gb_s: probe_read_bandwidth(&device),
     };
     let run_meta = run_meta(&folder, &plan.settings, RunMode::Model, record, row_ctx);
     let details = details::model(
@@ -165,6 +166,31 @@ pub fn run(
     );
     bar.finish_and_clear();
     exec.finish(result, "kvbench sweep")
+}
+
+/// Bytes and passes of the sweep's bandwidth probe: 256 MiB (8× a 32 MiB last-level cache),
+/// best of 10 (~0.15 s at 20 GB/s).
+const PROBE_BYTES: usize = 256 << 20;
+const PROBE_PASSES: usize = 10;
+
+/// The read bandwidth the CPU gives kvbench's thread pool now, GB/s
+/// ([`crate::measure::bandwidth::measure_read`], best of [`PROBE_PASSES`] over
+/// [`PROBE_BYTES`]), printed as a note; `None` on a GPU, where the floor is the device's.
+fn probe_read_bandwidth(device: &candle_core::Device) -> Option<f64> {
+    if !device.is_cpu() {
+        return None;
+    }
+    let r = crate::measure::bandwidth::measure_read(PROBE_BYTES, PROBE_PASSES)?;
+    eprintln!(
+        "note: read bandwidth {:.1} GB/s (best of {PROBE_PASSES} passes over {} MiB on {} \
+         threads, median {:.1}): each point's tpot_vs_floor is its median TPOT over (decode \
+         weights + KV held) ÷ this rate",
+        r.best_gb_s,
+        r.bytes >> 20,
+        r.threads,
+        r.median_gb_s
+    );
+    Some(r.best_gb_s)
 }
 
 /// The finished records of the resumed folder `dir`, less its contended points when
@@ -444,6 +470,7 @@ fn synthetic(
         ppl_ci: Default::default(),
         geometry: geom,
         decode_weight_bytes: None,
+        read_gb_s: None,
     };
     let run_meta = run_meta(&folder, &plan.settings, RunMode::Synthetic, record, row_ctx);
     let by_layer_type = crate::measure::synthetic::layer_type_bytes(&model.cache(), &spec);

@@ -161,6 +161,10 @@ record::csv_record! {
         /// `kv_bytes`) over the median TPOT. The floor of a memory-bound step is these bytes over
         /// the device's peak bandwidth (roofline; see `crate::measure::floors`).
         pub decode_gb_s: Option<f64>,
+        /// The median TPOT over its bandwidth floor: (decode weights + KV held) ÷ the read
+        /// bandwidth probed in the same run ([`RowContext::read_gb_s`]), i.e. that bandwidth over
+        /// `decode_gb_s`. 1.0 = the step runs at the machine's read rate; CPU runs only.
+        pub tpot_vs_floor: Option<f64>,
         /// Values saturated by an fp8 scale fixed at the first write (0 for other formats).
         pub saturated_values: Option<u64>,
         /// Cores other processes occupied on average during this point's timed repeats (Linux
@@ -285,6 +289,11 @@ pub struct RowContext {
     /// achieved-bandwidth column; absent in runs made before it was recorded.
     #[serde(default)]
     pub decode_weight_bytes: Option<usize>,
+    /// Read bandwidth the machine gave at the start of this run, GB/s (10⁹ bytes/s): the
+    /// STREAM-like probe of `crate::measure::bandwidth` on the CPU; absent on GPUs and in runs
+    /// made before it was measured. The denominator of `tpot_vs_floor`.
+    #[serde(default)]
+    pub read_gb_s: Option<f64>,
 }
 
 impl ResultRow {
@@ -324,6 +333,12 @@ impl ResultRow {
         // fp16 on the same geometry: a model's window layers hold min(n, window) there too.
         let fp16_bytes =
             |tokens: usize| KvScheme::FP16.bytes_for(&ctx.geometry, o.batch, tokens) as f64;
+        let decode_gb_s = t
+            .zip(tpot.p50)
+            .zip(ctx.decode_weight_bytes)
+            .and_then(|((t, p50), w)| {
+                (p50 > 0.0).then(|| (w + t.kv_bytes) as f64 / (p50 * 1e-3) / 1e9)
+            });
         ResultRow {
             run_id: ctx.run_id.clone(),
             model: ctx.model.clone(),
@@ -349,12 +364,11 @@ impl ResultRow {
             kv_reserved_bytes: t.map(|t| t.kv_reserved_bytes),
             peak_rss_bytes: t.and_then(|t| t.peak_rss_bytes),
             vram_peak_bytes: t.and_then(|t| t.vram_peak_bytes),
-            decode_gb_s: t
-                .zip(tpot.p50)
-                .zip(ctx.decode_weight_bytes)
-                .and_then(|((t, p50), w)| {
-                    (p50 > 0.0).then(|| (w + t.kv_bytes) as f64 / (p50 * 1e-3) / 1e9)
-                }),
+            decode_gb_s,
+            tpot_vs_floor: ctx
+                .read_gb_s
+                .zip(decode_gb_s)
+                .and_then(|(bw, d)| (bw > 0.0 && d > 0.0).then(|| bw / d)),
             saturated_values: t.map(|t| t.saturated_values),
             other_cpu_cores: t.and_then(|t| t.contention).map(|c| c.other_cores),
             contended: t.and_then(|t| t.contention).map(|c| c.contended()),
@@ -775,7 +789,7 @@ mod tests {
         tpot_ms_p95,tpot_ms_p99,tpot_ms_std,tpot_ms_ci95,itl_ms_mean,itl_ms_p50,itl_ms_p95,\
         itl_ms_p99,itl_outliers,e2e_ms_mean,decode_tokens_per_s,kv_tokens,kv_bytes,\
         kv_bytes_predicted,kv_bytes_per_token,kv_ratio_vs_fp16,kv_reserved_bytes,\
-        peak_rss_bytes,vram_peak_bytes,decode_gb_s,saturated_values,other_cpu_cores,contended,\
+        peak_rss_bytes,vram_peak_bytes,decode_gb_s,tpot_vs_floor,saturated_values,other_cpu_cores,contended,\
         ppl,ppl_delta_pct,ppl_mean_nll,kl_mean,kl_p99,kl_q1,kl_q2,kl_q3,kl_q4,top1_agree_pct,\
         mean_abs_dp_top,ppl_se,delta_ppl_pct,delta_ppl_pct_lo,delta_ppl_pct_hi,delta_ppl,\
         delta_ppl_lo,delta_ppl_hi,ci_method,ci_unit,kl_p99_9,kl_max,kl_se,same_top_p_se,\
@@ -783,13 +797,13 @@ mod tests {
         rouge2_f1,rouge_l_f1,rouge_lsum_f1,rouge_l_vs_fp16,passkey_trials,passkey_accuracy_pct,\
         ppl_mode,ppl_windows,ppl_ctx,ppl_weight_dtype";
 
-    /// The columns derived from [`ResultRow`] are the 81 of [`HEADER`], in its order; csv's own
+    /// The columns derived from [`ResultRow`] are the 82 of [`HEADER`], in its order; csv's own
     /// header (from the serialized field names) agrees; and the README's column table documents
     /// exactly these columns, each once (no stale or misspelt name).
     #[test]
     fn csv_columns_match_the_row_fields() {
         let want: Vec<&str> = HEADER.split(',').collect();
-        assert_eq!(want.len(), 81);
+        assert_eq!(want.len(), 82);
         assert_eq!(CSV_COLUMNS, want);
         let mut w = csv::Writer::from_writer(Vec::new());
         w.serialize(ResultRow::default()).unwrap();
@@ -858,6 +872,7 @@ mod tests {
             peak_rss_bytes: Some(1_000_000),
             vram_peak_bytes: None,
             decode_gb_s: Some(1e-7),
+            tpot_vs_floor: Some(1e-7),
             saturated_values: Some(0),
             other_cpu_cores: Some(0.05),
             contended: Some(false),
@@ -904,15 +919,15 @@ mod tests {
         let line = "r,m.gguf,f32,q8_0,int4:group=32,2,64,8,oom: x,3,\
             1.5,1.25,2.0,2.5,0.1,0.125,100.0,10.0,9.5,11.0,12.0,0.5,0.75,\
             10.25,10.0,13.0,14.0,1,80.0,200.0,\
-            71,7200,7201,50.5,0.3125,8192,1000000,,1e-7,0,0.05,false,\
+            71,7200,7201,50.5,0.3125,8192,1000000,,1e-7,1e-7,0,0.05,false,\
             21.5,-0.25,3.0,0.001,0.01,0.1,0.2,0.3,0.4,98.0,0.02,\
             0.5,1.0,-2.0,4.0,0.2,-0.4,0.8,t,window,0.05,1.5,0.0001,0.8,3,0.02,0.25,\
             10,0.3,0.1,0.25,0.26,0.9,5,80.0,chunked,2,512,f32";
         let path = std::env::temp_dir().join(format!("kvbench-row-{}.csv", std::process::id()));
         write_csv(&path, &[row.clone(), ResultRow::default()]).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        // The default row: five empty strings, three zeros, `ok`, then 81 − 9 empty cells.
-        let empty = format!(",,,,,0,0,0,ok{}", ",".repeat(72));
+        // The default row: five empty strings, three zeros, `ok`, then 82 − 9 empty cells.
+        let empty = format!(",,,,,0,0,0,ok{}", ",".repeat(73));
         assert_eq!(text, format!("{HEADER}\n{line}\n{empty}\n"));
         assert_eq!(read_csv(&path).unwrap(), vec![row, ResultRow::default()]);
         std::fs::remove_file(&path).ok();
@@ -997,6 +1012,7 @@ mod tests {
                 window: None,
             },
             decode_weight_bytes: None,
+            read_gb_s: None,
         };
         let timing = PointTiming {
             ttft_ms: vec![100.0, 300.0],
@@ -1039,6 +1055,22 @@ mod tests {
             }
         );
         assert_eq!((r.repeats, r.gen_tokens), (Some(2), 3));
+        assert_eq!(
+            (r.decode_gb_s, r.tpot_vs_floor),
+            (None, None),
+            "no weight bytes, no probe"
+        );
+        // The bandwidth floor by hand: 1,997,440 weight bytes + 2,560 KV bytes = 2 MB read per
+        // step in the median TPOT of 20 ms → 0.1 GB/s; a probed 0.08 GB/s puts the floor at
+        // 2e6 / 0.08e9 = 25 ms, so TPOT ÷ floor = 20 / 25 = 0.8 (faster than the probe read).
+        let probed = RowContext {
+            decode_weight_bytes: Some(1_997_440),
+            read_gb_s: Some(0.08),
+            ..ctx
+        };
+        let r = ResultRow::new(&probed, &o, None, None);
+        assert!((r.decode_gb_s.unwrap() - 0.1).abs() < 1e-12);
+        assert!((r.tpot_vs_floor.unwrap() - 0.8).abs() < 1e-12);
     }
 
     /// A row joins its scheme's quality and the fp16 perplexity: the delta by hand,
@@ -1061,6 +1093,7 @@ mod tests {
                 window: None,
             },
             decode_weight_bytes: None,
+            read_gb_s: None,
         };
         let ppl = |p: f64| PplResult {
             perplexity: p,
@@ -1136,6 +1169,7 @@ mod tests {
                 window: None,
             },
             decode_weight_bytes: None,
+            read_gb_s: None,
         };
         let ppl = |w: Vec<f64>| {
             let m = w.iter().sum::<f64>() / w.len() as f64;
