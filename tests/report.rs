@@ -356,6 +356,8 @@ fn old_run_folders_rerender_as_written() {
             "noise_floor_runs",
             "noise_floor_sd",
             "noise_floor_spread_pct",
+            // Issue #22: the bandwidth floor measured in the run (empty for older folders).
+            "tpot_vs_floor",
         ];
         let old_cols: Vec<&String> = h2.iter().filter(|c| !added.contains(&c.as_str())).collect();
         assert_eq!(
