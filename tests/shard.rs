@@ -368,6 +368,21 @@ fn merged_shards_equal_single_run_and_killed_shard_resumes() {
         v
     };
     assert_eq!(sorted(columns(&merged, &cols)), sorted(want));
+    // Each shard probed its own machine's read bandwidth (two probes never agree to the bit):
+    // the merged rows leave the floor ratio empty rather than label them with one shard's;
+    // the one-machine run has it on every row.
+    let floor = |dir: &Path| columns(dir, &["tpot_vs_floor"]);
+    assert!(
+        floor(&merged).iter().all(|r| r[0].is_empty()),
+        "{:?}",
+        floor(&merged)
+    );
+    assert!(
+        floor(&one).iter().all(|r| !r[0].is_empty()),
+        "{:?}",
+        floor(&one)
+    );
+    assert!(err.contains("leave tpot_vs_floor empty"), "{err}");
     // Each scheme's quality once in the merged raw.jsonl, and once in the one-machine run.
     assert_eq!(quality_lines(&merged).len(), 3);
     assert_eq!(quality_lines(&one).len(), 3);

@@ -110,6 +110,19 @@ pub fn run(args: &MergeArgs) -> anyhow::Result<()> {
     for m in &merged.missing {
         eprintln!("warning: {m}");
     }
+    // Each shard probed the read bandwidth of its own machine: one figure cannot serve every
+    // row, so `tpot_vs_floor` stays empty unless the shards agree exactly (e.g. none probed).
+    let probes: Vec<&serde_json::Value> = shards
+        .iter()
+        .map(|s| &s.meta["report_context"]["read_gb_s"])
+        .collect();
+    if probes.iter().any(|p| *p != probes[0]) {
+        merged.meta["report_context"]["read_gb_s"] = serde_json::Value::Null;
+        eprintln!(
+            "note: the shards probed different read bandwidths (each its own machine); the \
+             merged results leave tpot_vs_floor empty — each shard's own folder has it"
+        );
+    }
     let ctx: RowContext = serde_json::from_value(merged.meta["report_context"].clone())
         .context("the shards' meta.json has no usable report_context")?;
     if let Some(m) = merged.meta.as_object_mut() {
