@@ -114,11 +114,18 @@ pub fn e4m3_code(v: f32) -> u8 {
 }
 
 /// The value of an E4M3 byte (never 0x7F/0xFF, the NaNs, when written by [`e4m3_code`] from a
-/// finite value).
+/// finite value), from a 256-entry table (the float8 crate's conversion is a branchy software
+/// path; the attention kernels call this once per block of 16 or 32 values).
 #[inline(always)]
 pub fn e4m3_to_f32(b: u8) -> f32 {
-    float8::F8E4M3::from_bits(b).to_f32()
+    E4M3_VALUES[b as usize]
 }
+
+/// Every E4M3 byte's value, filled from the float8 crate's `F8E4M3::to_f32` (an independent
+/// implementation of OCP FP8 E4M3FN) at first use.
+static E4M3_VALUES: std::sync::LazyLock<[f32; 256]> = std::sync::LazyLock::new(|| {
+    std::array::from_fn(|b| float8::F8E4M3::from_bits(b as u8).to_f32())
+});
 
 #[cfg(test)]
 mod tests {
