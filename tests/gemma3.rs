@@ -7,6 +7,8 @@
 //! `kvbench fetch gemma-3-270m` has put it in kvbench's data folder (or `KVBENCH_GEMMA3` names
 //! the file).
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -207,7 +209,6 @@ fn gemma3_sliding_window_matches_numpy_reference() {
 #[test]
 fn gemma3_mapped_load_equals_read_load() {
     use kvbench::model::gemma3::load_from;
-    use kvbench::model::gguf::GgufFile;
     let Some(path) = model_path() else {
         eprintln!("skipping: Gemma 3 270M is not fetched");
         return;
@@ -215,8 +216,7 @@ fn gemma3_mapped_load_equals_read_load() {
     let tokens: Vec<u32> = (0..20u32).map(|i| 2 + i * 997).collect();
     for dtype in [WeightDtype::F32, WeightDtype::Q8_0, WeightDtype::Native] {
         let mapped = model::load(path.to_str().unwrap(), dtype).unwrap().model;
-        let reader = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
-        let read = GgufFile::from_reader(&path, reader).unwrap();
+        let read = common::gguf_read_copy(&path);
         let (copied, _, _) = load_from(read, dtype, &candle_core::Device::Cpu).unwrap();
         assert_eq!(
             copied.mapped_weight_bytes(),
@@ -230,17 +230,7 @@ fn gemma3_mapped_load_equals_read_load() {
         assert_eq!(mapped.weight_bytes(), copied.weight_bytes(), "{dtype}");
         let a = mapped.forward(&tokens, 1, None).unwrap();
         let b = copied.forward(&tokens, 1, None).unwrap();
-        let diff = (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        assert_eq!(diff, 0.0, "{dtype}");
+        assert_eq!(common::max_abs_diff(&a, &b), 0.0, "{dtype}");
     }
 }
 

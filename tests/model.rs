@@ -249,7 +249,7 @@ fn weight_bytes_match_the_gguf_header() {
 /// logits for 24 WikiText tokens, uncached.
 #[test]
 fn mapped_load_equals_read_load() {
-    use kvbench::model::gguf::{load_from, GgufFile};
+    use kvbench::model::gguf::load_from;
     use kvbench::model::{self, WeightDtype};
     let path = model::fetch::ensure_default_model().unwrap();
     let tokens = &common::smollm_f32()
@@ -258,8 +258,7 @@ fn mapped_load_equals_read_load() {
         .unwrap()[..24];
     for dtype in [WeightDtype::F32, WeightDtype::Q8_0, WeightDtype::Native] {
         let mapped = model::load(path.to_str().unwrap(), dtype).unwrap().model;
-        let reader = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
-        let read = GgufFile::from_reader(&path, reader).unwrap();
+        let read = common::gguf_read_copy(&path);
         let (copied, _, _) = load_from(read, dtype, &candle_core::Device::Cpu).unwrap();
         assert_eq!(
             copied.mapped_weight_bytes(),

@@ -53,6 +53,14 @@ pub fn reference_tokens() -> (usize, Vec<u32>) {
     (v["n_tokens"].as_u64().unwrap() as usize, ids)
 }
 
+/// The GGUF file at `path` opened through a plain buffered reader rather than mapped, so a
+/// model loaded from it copies every tensor into memory: the "read" side of the mapped-vs-read
+/// load tests.
+pub fn gguf_read_copy(path: &std::path::Path) -> kvbench::model::gguf::GgufFile {
+    let reader = std::io::BufReader::new(std::fs::File::open(path).unwrap());
+    kvbench::model::gguf::GgufFile::from_reader(path, reader).unwrap()
+}
+
 /// Largest absolute elementwise difference of two tensors of the same shape.
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     (a - b)
