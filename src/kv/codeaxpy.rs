@@ -122,16 +122,8 @@ pub fn scalar_axpy_codes(
 mod avx {
     use super::CodeValues;
     use crate::kv::formats::fp4::E2M1_X2;
-    use crate::kv::simd::avx::nibbles;
+    use crate::kv::simd::avx::{nibbles, nibbles8};
     use std::arch::x86_64::*;
-
-    /// 8 bytes of an NVFP4 block's nibbles at `p` → 16 bytes in element order.
-    #[inline(always)]
-    unsafe fn nibbles8(p: *const u8) -> __m128i {
-        let x = _mm_loadl_epi64(p as *const __m128i);
-        let m = _mm_set1_epi8(0x0f);
-        _mm_unpacklo_epi64(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m))
-    }
 
     /// 32 elements at a time: their nibbles (element order) through the E2M1 ×2 table to four
     /// vectors of 8 f32 (twice the values), then per query `acc += (w·s/2) · v`, `s` the scale

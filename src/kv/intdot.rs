@@ -237,7 +237,7 @@ pub fn scalar_scores(
 mod avx {
     use super::{IntKeys, QueryI8, B};
     use crate::kv::formats::fp4::{e4m3_to_f32, e8m0_to_f32, E2M1_X2};
-    use crate::kv::simd::avx::{dot_u8_i8, f16_at as f16p, nibbles};
+    use crate::kv::simd::avx::{dot_u8_i8, f16_at as f16p, nibbles, nibbles8};
     use std::arch::x86_64::*;
 
     /// The E2M1 table ×2 in both 128-bit lanes (for `_mm256_shuffle_epi8`).
@@ -245,15 +245,6 @@ mod avx {
     unsafe fn e2m1_lut() -> __m256i {
         let t = _mm_loadu_si128(E2M1_X2.as_ptr() as *const __m128i);
         _mm256_set_m128i(t, t)
-    }
-
-    /// 8 bytes of an NVFP4 block's nibbles at `p` → 16 bytes in element order (low nibbles =
-    /// elements 0..8, then high nibbles = 8..16).
-    #[inline(always)]
-    unsafe fn nibbles8(p: *const u8) -> __m128i {
-        let x = _mm_loadl_epi64(p as *const __m128i);
-        let m = _mm_set1_epi8(0x0f);
-        _mm_unpacklo_epi64(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m))
     }
 
     /// `Σ lut(nib_i) · c_i` per 4-byte lane group (8 i32 lanes) for 32 nibble values `nib` (one

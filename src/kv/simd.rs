@@ -454,6 +454,15 @@ pub(crate) mod avx {
         _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m))
     }
 
+    /// 8 bytes of nibbles at `p` (an NVFP4 block's) → 16 bytes: the low nibbles (elements
+    /// 0..8), then the high nibbles (8..16); [`nibbles`] for half a block of 16 bytes.
+    #[inline(always)]
+    pub unsafe fn nibbles8(p: *const u8) -> __m128i {
+        let x = _mm_loadl_epi64(p as *const __m128i);
+        let m = _mm_set1_epi8(0x0f);
+        _mm_unpacklo_epi64(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m))
+    }
+
     /// Eight `e^x` at once; see [`super::exp_f32`] for the method and range.
     #[inline(always)]
     pub unsafe fn exp8(x: __m256) -> __m256 {
