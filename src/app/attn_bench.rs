@@ -93,12 +93,6 @@ fn parse_peak(s: &str) -> Result<Peak, String> {
     }
 }
 
-/// Bytes the `auto` probe reads per pass: 16× a 32 MiB last-level cache.
-const PROBE_BYTES: usize = 512 << 20;
-
-/// Timed passes of the probe; the best is the peak (~0.3 s at 20 GB/s).
-const PROBE_PASSES: usize = 10;
-
 /// Runs the benchmark and prints a table per context length (or, with `--format json`, the
 /// rows as JSON), writing `--out`'s results.csv after each length. Errors:
 /// [`crate::Error::InvalidArgument`] for sizes that cannot run ([`AttnBench::check`]),
@@ -141,13 +135,14 @@ pub fn run(a: AttnBenchArgs) -> anyhow::Result<()> {
         None => None,
         Some(Peak::GbS(p)) => Some(p),
         Some(Peak::Auto) if dev.is_cpu() => {
-            let r = bandwidth::measure_read(PROBE_BYTES, PROBE_PASSES)
+            let r = bandwidth::probe()
                 .ok_or_else(|| anyhow::anyhow!("the bandwidth probe read nothing"))?;
             // On stderr under --format json, so stdout stays one JSON document.
             let line = format!(
-                "measured read bandwidth: {:.1} GB/s best, {:.1} GB/s median of {PROBE_PASSES} passes over {} MiB on {} threads (STREAM-like sum)",
+                "measured read bandwidth: {:.1} GB/s best, {:.1} GB/s median of {} passes over {} MiB on {} threads (STREAM-like sum)",
                 r.best_gb_s,
                 r.median_gb_s,
+                bandwidth::PROBE_PASSES,
                 r.bytes >> 20,
                 r.threads
             );

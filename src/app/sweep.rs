@@ -168,24 +168,20 @@ pub fn run(
     exec.finish(result, "kvbench sweep")
 }
 
-/// Bytes and passes of the sweep's bandwidth probe: 256 MiB (8× a 32 MiB last-level cache),
-/// best of 10 (~0.15 s at 20 GB/s).
-const PROBE_BYTES: usize = 256 << 20;
-const PROBE_PASSES: usize = 10;
-
-/// The read bandwidth the CPU gives kvbench's thread pool now, GB/s
-/// ([`crate::measure::bandwidth::measure_read`], best of [`PROBE_PASSES`] over
-/// [`PROBE_BYTES`]), printed as a note; `None` on a GPU, where the floor is the device's.
+/// The read bandwidth the CPU gives kvbench's thread pool now, GB/s (the standard probe,
+/// [`crate::measure::bandwidth::probe`]), printed as a note; `None` on a GPU, where the floor
+/// is the device's.
 fn probe_read_bandwidth(device: &candle_core::Device) -> Option<f64> {
     if !device.is_cpu() {
         return None;
     }
-    let r = crate::measure::bandwidth::measure_read(PROBE_BYTES, PROBE_PASSES)?;
+    let r = crate::measure::bandwidth::probe()?;
     eprintln!(
-        "note: read bandwidth {:.1} GB/s (best of {PROBE_PASSES} passes over {} MiB on {} \
+        "note: read bandwidth {:.1} GB/s (best of {} passes over {} MiB on {} \
          threads, median {:.1}): each point's tpot_vs_floor is its median TPOT over (decode \
          weights + KV held) ÷ this rate",
         r.best_gb_s,
+        crate::measure::bandwidth::PROBE_PASSES,
         r.bytes >> 20,
         r.threads,
         r.median_gb_s

@@ -23,6 +23,18 @@ pub struct ReadBandwidth {
     pub threads: usize,
 }
 
+/// Bytes the standard probe reads per pass: 16× a 32 MiB last-level cache.
+pub const PROBE_BYTES: usize = 512 << 20;
+
+/// Timed passes of the standard probe; the best is the peak (~0.3 s in all at 20 GB/s).
+pub const PROBE_PASSES: usize = 10;
+
+/// The standard probe every command uses (`attn-bench --peak-bandwidth auto`, the sweep's
+/// `tpot_vs_floor`, `calibrate`): [`measure_read`] of [`PROBE_BYTES`], [`PROBE_PASSES`] times.
+pub fn probe() -> Option<ReadBandwidth> {
+    measure_read(PROBE_BYTES, PROBE_PASSES)
+}
+
 /// Reads a `bytes`-long buffer `passes` times (after one untimed pass) on candle's CPU pool.
 /// `bytes` is rounded down to whole 32-byte vectors; use at least 4× the last-level cache
 /// (e.g. 512 MiB on a 32 MiB L3). Returns `None` for `bytes < 32` or `passes == 0`.

@@ -64,7 +64,7 @@ pub fn measure(
             })
     };
     progress.start("probes: read bandwidth, GEMM");
-    let bw = bandwidth::measure_read(512 << 20, 10).map_or(0.0, |r| r.best_gb_s);
+    let bw = bandwidth::probe().map_or(0.0, |r| r.best_gb_s);
     let tflops = bandwidth::measure_gemm(1024, 5)?;
     let mut samples = Samples {
         probe_bw_gb_s: bw,
