@@ -199,6 +199,17 @@ impl AnyCache {
             Self::Cuda(_) => 0,
         }
     }
+
+    /// The attention kernels' time and bytes since the last call
+    /// ([`KvCache::take_attention_meter`]); `None` on CUDA, whose kernels run asynchronously
+    /// (timing them alone would need events around every layer's launch).
+    pub fn take_attention_meter(&mut self) -> Option<AttentionMeter> {
+        match self {
+            Self::Cpu(c) => Some(c.take_attention_meter()),
+            #[cfg(feature = "cuda")]
+            Self::Cuda(_) => None,
+        }
+    }
 }
 
 /// One (sequence, kv head): its K and V streams and eviction bookkeeping.
@@ -256,6 +267,31 @@ pub struct KvCache {
     exact: bool,
     /// Per-layer sliding windows ([`KvCache::set_layer_windows`]); empty: none.
     windows: Vec<Option<usize>>,
+    /// Time and bytes of the attention kernels since the last [`KvCache::take_attention_meter`].
+    meter: AttentionMeter,
+}
+
+/// What the attention kernels of a cache did between two reads
+/// ([`KvCache::take_attention_meter`]): wall time inside `attention::attend` (scores, softmax
+/// and P·V over the held K/V; not the query rotation or eviction around it) and the K/V stream
+/// bytes those calls read (codes, scales and zero-points of every held row, once per call).
+/// The "attention alone" rate of issue #24: bytes ÷ seconds, against the machine's read
+/// bandwidth, says whether a format's attention is bound by memory or by its arithmetic.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AttentionMeter {
+    /// Seconds spent in the attention kernels.
+    pub seconds: f64,
+    /// K/V bytes those kernels read.
+    pub bytes: u64,
+    /// Calls (one per layer per forward).
+    pub calls: u64,
+}
+
+impl AttentionMeter {
+    /// Bytes read per second, GB/s (10⁹ bytes/s); `None` before any timed call.
+    pub fn gb_s(&self) -> Option<f64> {
+        (self.seconds > 0.0).then(|| self.bytes as f64 / self.seconds / 1e9)
+    }
 }
 
 impl KvCache {
@@ -291,6 +327,7 @@ impl KvCache {
             saturated: 0,
             exact: true,
             windows: Vec::new(),
+            meter: AttentionMeter::default(),
         })
     }
 
@@ -348,6 +385,7 @@ impl KvCache {
             saturated: 0,
             exact: self.exact,
             windows: self.windows.clone(),
+            meter: AttentionMeter::default(),
         })
     }
 
@@ -512,6 +550,13 @@ impl KvCache {
         self.saturated
     }
 
+    /// The attention kernels' time and bytes since the last call (or since the cache was made),
+    /// and starts counting afresh: a sweep takes it after the prefill and again after the
+    /// decode steps, so the second reading is the decode steps' attention alone.
+    pub fn take_attention_meter(&mut self) -> AttentionMeter {
+        std::mem::take(&mut self.meter)
+    }
+
     /// Drops every cached token but keeps the allocations (as a serving engine reuses blocks).
     pub fn clear(&mut self) {
         for l in &mut self.layers {
@@ -618,6 +663,7 @@ impl KvCache {
                 v: h.v.as_ref(),
             })
             .collect();
+        let read: usize = l.heads.iter().map(|h| h.k.bytes() + h.v.bytes()).sum();
         let shape = attention::AttnShape {
             batch: l.seen.len(),
             kv_heads: g.kv_heads,
@@ -626,10 +672,14 @@ impl KvCache {
             head_dim: d,
             exact: self.exact,
         };
+        let started = std::time::Instant::now();
         let attention::Attention {
             mut out,
             slot_scores,
         } = attention::attend(&views, q, shape, h2o);
+        self.meter.seconds += started.elapsed().as_secs_f64();
+        self.meter.bytes += read as u64;
+        self.meter.calls += 1;
         drop(views);
         if let Some(b) = rot {
             hadamard(&mut out, b); // V was rotated: rotate the output back (H is an involution)

@@ -398,6 +398,15 @@ pub struct PointTiming {
     /// Other processes' CPU use during this scheme's timed repeats (Linux only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub contention: Option<super::contention::Contention>,
+    /// For each timed repeat, the attention kernels' time per decode step, all layers, ms
+    /// ([`crate::kv::AttentionMeter`]: scores, softmax and P·V, not the projections). Empty on
+    /// CUDA and in runs made before it was measured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attn_step_ms: Vec<f64>,
+    /// For each timed repeat, the K/V bytes the decode steps' attention read over its time,
+    /// GB/s (10⁹ bytes/s). Empty where `attn_step_ms` is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attn_gb_s: Vec<f64>,
 }
 
 impl PointTiming {
@@ -1024,6 +1033,8 @@ struct Samples {
     measured_s: f64,
     peak_rss: Option<u64>,
     vram_peak: Option<u64>,
+    attn_step_ms: Vec<f64>,
+    attn_gb_s: Vec<f64>,
     last: Option<PointTiming>,
 }
 
@@ -1101,6 +1112,8 @@ pub fn interleaved_point(
                         * 1e-3;
                     s.ttft_ms.extend(&t.ttft_ms);
                     s.itl_ms.extend(t.itl_ms.iter().cloned());
+                    s.attn_step_ms.extend(&t.attn_step_ms);
+                    s.attn_gb_s.extend(&t.attn_gb_s);
                     s.run_order.push(slot);
                     s.peak_rss = s.peak_rss.max(memory::peak_rss_bytes());
                     s.vram_peak = s.vram_peak.max(t.vram_peak_bytes);
@@ -1120,6 +1133,8 @@ pub fn interleaved_point(
                 .ok_or_else(|| PointStatus::Error("no timed repeat ran".into()))?;
             t.ttft_ms = s.ttft_ms;
             t.itl_ms = s.itl_ms;
+            t.attn_step_ms = s.attn_step_ms;
+            t.attn_gb_s = s.attn_gb_s;
             t.run_order = s.run_order;
             t.peak_rss_bytes = s.peak_rss;
             t.vram_peak_bytes = s.vram_peak;
@@ -1132,18 +1147,23 @@ pub fn interleaved_point(
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// One timed request: the cache it filled, TTFT and each ITL (ms), the first sequence's tokens,
-/// and the device memory high-water (GPU only).
+/// the device memory high-water (GPU only) and the decode steps' attention alone (CPU only).
 struct Run {
     cache: AnyCache,
     ttft_ms: f64,
     itl_ms: Vec<f64>,
     generated: Vec<u32>,
     vram_peak_bytes: Option<u64>,
+    decode_attention: Option<crate::kv::AttentionMeter>,
 }
 
 impl Run {
     /// This one run as a point's timing (one repeat; the caller joins repeats).
-    fn into_timing(self) -> PointTiming {
+    fn into_timing(mut self) -> PointTiming {
+        let steps = self.itl_ms.len();
+        let attn = self
+            .decode_attention
+            .filter(|a| steps > 0 && a.seconds > 0.0);
         PointTiming {
             ttft_ms: vec![self.ttft_ms],
             itl_ms: vec![self.itl_ms],
@@ -1153,9 +1173,14 @@ impl Run {
             peak_rss_bytes: None,
             vram_peak_bytes: self.vram_peak_bytes,
             saturated_values: self.cache.saturated(),
-            generated: self.generated,
+            generated: std::mem::take(&mut self.generated),
             run_order: Vec::new(),
             contention: None,
+            attn_step_ms: attn
+                .map(|a| a.seconds * 1e3 / steps as f64)
+                .into_iter()
+                .collect(),
+            attn_gb_s: attn.and_then(|a| a.gb_s()).into_iter().collect(),
         }
     }
 }
@@ -1191,6 +1216,7 @@ fn run_once(
         Ok(())
     };
     sample(&mut vram)?;
+    cache.take_attention_meter(); // the prefill's attention: not the decode steps'
     let mut generated = vec![next[0]];
     let mut itl_ms = Vec::with_capacity(gen.saturating_sub(1));
     for _ in 1..gen {
@@ -1205,12 +1231,14 @@ fn run_once(
         sample(&mut vram)?;
         generated.push(next[0]);
     }
+    let decode_attention = cache.take_attention_meter();
     Ok(Run {
         cache,
         ttft_ms,
         itl_ms,
         generated,
         vram_peak_bytes: vram,
+        decode_attention,
     })
 }
 

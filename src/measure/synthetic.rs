@@ -182,12 +182,13 @@ fn point(
     cache.set_exact_attention(false); // timed as the sweep's decode steps are
     crate::util::memory::reset_peak_rss();
     fill(&mut cache, geom, seq_len, seed);
+    cache.take_attention_meter();
     let before = super::contention::CpuSample::now();
     let steps = time_decode_steps(&mut cache, geom, gen - 1, seed);
     let after = super::contention::CpuSample::now();
+    let attn = Some(cache.take_attention_meter()).filter(|a| !steps.is_empty() && a.seconds > 0.0);
     Ok(super::sweep::PointTiming {
         ttft_ms: Vec::new(),
-        itl_ms: vec![steps],
         kv_tokens: cache.seen(0),
         kv_bytes: cache.kv_bytes(),
         kv_reserved_bytes: cache.reserved_bytes(),
@@ -199,6 +200,12 @@ fn point(
         contention: before
             .zip(after)
             .and_then(|(a, b)| super::contention::Contention::between(&a, &b)),
+        attn_step_ms: attn
+            .map(|a| a.seconds * 1e3 / steps.len() as f64)
+            .into_iter()
+            .collect(),
+        attn_gb_s: attn.and_then(|a| a.gb_s()).into_iter().collect(),
+        itl_ms: vec![steps],
     })
 }
 

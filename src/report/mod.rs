@@ -72,6 +72,11 @@ impl Latency {
     }
 }
 
+/// The median of `xs` ([`crate::stats::percentile`], type 7); `None` for an empty sample.
+fn median(xs: &[f64]) -> Option<f64> {
+    (!xs.is_empty()).then(|| crate::stats::percentile(&mut xs.to_vec(), 50.0))
+}
+
 record::csv_record! {
     /// One row of `results.csv`: the output schema. Its fields are the columns, in order (a group
     /// field is the sub-fields it lists, named as listed; see [`record`]), so a new column is one
@@ -165,6 +170,18 @@ record::csv_record! {
         /// bandwidth probed in the same run ([`RowContext::read_gb_s`]), i.e. that bandwidth over
         /// `decode_gb_s`. 1.0 = the step runs at the machine's read rate; CPU runs only.
         pub tpot_vs_floor: Option<f64>,
+        /// The attention kernels' time per decode step, all layers, ms: median over the timed
+        /// repeats of each repeat's mean ([`crate::kv::AttentionMeter`]: scores, softmax and P·V
+        /// over the held K/V; not the projections, the MLP or the query rotation). CPU runs only.
+        pub attn_step_ms: Option<f64>,
+        /// Attention alone, GB/s: the K/V bytes the decode steps' attention read (every held
+        /// row's codes, scales and zero-points, once per step and layer) over the time it
+        /// took, median over repeats. A format whose rate sits well below fp16's at the same
+        /// point is bound by its arithmetic (dequantization), not by the bytes. CPU runs only.
+        pub attn_gb_s: Option<f64>,
+        /// `attn_gb_s` over the read bandwidth probed in the same run
+        /// ([`RowContext::read_gb_s`]): 1.0 = attention reads at the machine's rate.
+        pub attn_bw_frac: Option<f64>,
         /// Values saturated by an fp8 scale fixed at the first write (0 for other formats).
         pub saturated_values: Option<u64>,
         /// Cores other processes occupied on average during this point's timed repeats (Linux
@@ -339,6 +356,7 @@ impl ResultRow {
             .and_then(|((t, p50), w)| {
                 (p50 > 0.0).then(|| (w + t.kv_bytes) as f64 / (p50 * 1e-3) / 1e9)
             });
+        let attn_gb_s = t.and_then(|t| median(&t.attn_gb_s));
         ResultRow {
             run_id: ctx.run_id.clone(),
             model: ctx.model.clone(),
@@ -369,6 +387,12 @@ impl ResultRow {
                 .read_gb_s
                 .zip(decode_gb_s)
                 .and_then(|(bw, d)| (bw > 0.0 && d > 0.0).then(|| bw / d)),
+            attn_step_ms: t.and_then(|t| median(&t.attn_step_ms)),
+            attn_gb_s,
+            attn_bw_frac: ctx
+                .read_gb_s
+                .zip(attn_gb_s)
+                .and_then(|(bw, a)| (bw > 0.0).then(|| a / bw)),
             saturated_values: t.map(|t| t.saturated_values),
             other_cpu_cores: t.and_then(|t| t.contention).map(|c| c.other_cores),
             contended: t.and_then(|t| t.contention).map(|c| c.contended()),
@@ -789,7 +813,8 @@ mod tests {
         tpot_ms_p95,tpot_ms_p99,tpot_ms_std,tpot_ms_ci95,itl_ms_mean,itl_ms_p50,itl_ms_p95,\
         itl_ms_p99,itl_outliers,e2e_ms_mean,decode_tokens_per_s,kv_tokens,kv_bytes,\
         kv_bytes_predicted,kv_bytes_per_token,kv_ratio_vs_fp16,kv_reserved_bytes,\
-        peak_rss_bytes,vram_peak_bytes,decode_gb_s,tpot_vs_floor,saturated_values,other_cpu_cores,contended,\
+        peak_rss_bytes,vram_peak_bytes,decode_gb_s,tpot_vs_floor,attn_step_ms,attn_gb_s,attn_bw_frac,\
+        saturated_values,other_cpu_cores,contended,\
         ppl,ppl_delta_pct,ppl_mean_nll,kl_mean,kl_p99,kl_q1,kl_q2,kl_q3,kl_q4,top1_agree_pct,\
         mean_abs_dp_top,ppl_se,delta_ppl_pct,delta_ppl_pct_lo,delta_ppl_pct_hi,delta_ppl,\
         delta_ppl_lo,delta_ppl_hi,ci_method,ci_unit,kl_p99_9,kl_max,kl_se,same_top_p_se,\
@@ -797,13 +822,13 @@ mod tests {
         rouge2_f1,rouge_l_f1,rouge_lsum_f1,rouge_l_vs_fp16,passkey_trials,passkey_accuracy_pct,\
         ppl_mode,ppl_windows,ppl_ctx,ppl_weight_dtype";
 
-    /// The columns derived from [`ResultRow`] are the 82 of [`HEADER`], in its order; csv's own
+    /// The columns derived from [`ResultRow`] are the 85 of [`HEADER`], in its order; csv's own
     /// header (from the serialized field names) agrees; and the README's column table documents
     /// exactly these columns, each once (no stale or misspelt name).
     #[test]
     fn csv_columns_match_the_row_fields() {
         let want: Vec<&str> = HEADER.split(',').collect();
-        assert_eq!(want.len(), 82);
+        assert_eq!(want.len(), 85);
         assert_eq!(CSV_COLUMNS, want);
         let mut w = csv::Writer::from_writer(Vec::new());
         w.serialize(ResultRow::default()).unwrap();
@@ -873,6 +898,9 @@ mod tests {
             vram_peak_bytes: None,
             decode_gb_s: Some(1e-7),
             tpot_vs_floor: Some(1e-7),
+            attn_step_ms: Some(2.5),
+            attn_gb_s: Some(12.25),
+            attn_bw_frac: Some(0.5),
             saturated_values: Some(0),
             other_cpu_cores: Some(0.05),
             contended: Some(false),
@@ -919,15 +947,15 @@ mod tests {
         let line = "r,m.gguf,f32,q8_0,int4:group=32,2,64,8,oom: x,3,\
             1.5,1.25,2.0,2.5,0.1,0.125,100.0,10.0,9.5,11.0,12.0,0.5,0.75,\
             10.25,10.0,13.0,14.0,1,80.0,200.0,\
-            71,7200,7201,50.5,0.3125,8192,1000000,,1e-7,1e-7,0,0.05,false,\
+            71,7200,7201,50.5,0.3125,8192,1000000,,1e-7,1e-7,2.5,12.25,0.5,0,0.05,false,\
             21.5,-0.25,3.0,0.001,0.01,0.1,0.2,0.3,0.4,98.0,0.02,\
             0.5,1.0,-2.0,4.0,0.2,-0.4,0.8,t,window,0.05,1.5,0.0001,0.8,3,0.02,0.25,\
             10,0.3,0.1,0.25,0.26,0.9,5,80.0,chunked,2,512,f32";
         let path = std::env::temp_dir().join(format!("kvbench-row-{}.csv", std::process::id()));
         write_csv(&path, &[row.clone(), ResultRow::default()]).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        // The default row: five empty strings, three zeros, `ok`, then 82 − 9 empty cells.
-        let empty = format!(",,,,,0,0,0,ok{}", ",".repeat(73));
+        // The default row: five empty strings, three zeros, `ok`, then 85 − 9 empty cells.
+        let empty = format!(",,,,,0,0,0,ok{}", ",".repeat(76));
         assert_eq!(text, format!("{HEADER}\n{line}\n{empty}\n"));
         assert_eq!(read_csv(&path).unwrap(), vec![row, ResultRow::default()]);
         std::fs::remove_file(&path).ok();
@@ -1026,6 +1054,8 @@ mod tests {
             generated: vec![],
             run_order: vec![],
             contention: None,
+            attn_step_ms: vec![2.0, 4.0, 3.0],
+            attn_gb_s: vec![0.05, 0.04, 0.06],
         };
         let o = PointOutcome {
             scheme: KvScheme::FP16,
@@ -1060,6 +1090,12 @@ mod tests {
             (None, None),
             "no weight bytes, no probe"
         );
+        // Attention alone: medians of the repeats (3 of 2/4/3 ms, 0.05 of 0.05/0.04/0.06 GB/s);
+        // its share of the probe needs a probe.
+        assert_eq!(
+            (r.attn_step_ms, r.attn_gb_s, r.attn_bw_frac),
+            (Some(3.0), Some(0.05), None)
+        );
         // The bandwidth floor by hand: 1,997,440 weight bytes + 2,560 KV bytes = 2 MB read per
         // step in the median TPOT of 20 ms → 0.1 GB/s; a probed 0.08 GB/s puts the floor at
         // 2e6 / 0.08e9 = 25 ms, so TPOT ÷ floor = 20 / 25 = 0.8 (faster than the probe read).
@@ -1071,6 +1107,8 @@ mod tests {
         let r = ResultRow::new(&probed, &o, None, None);
         assert!((r.decode_gb_s.unwrap() - 0.1).abs() < 1e-12);
         assert!((r.tpot_vs_floor.unwrap() - 0.8).abs() < 1e-12);
+        // 0.05 GB/s of attention against the 0.08 GB/s probed: 0.625 of the machine's rate.
+        assert!((r.attn_bw_frac.unwrap() - 0.625).abs() < 1e-12);
     }
 
     /// A row joins its scheme's quality and the fp16 perplexity: the delta by hand,
