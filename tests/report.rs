@@ -358,6 +358,10 @@ fn old_run_folders_rerender_as_written() {
             "noise_floor_spread_pct",
             // Issue #22: the bandwidth floor measured in the run (empty for older folders).
             "tpot_vs_floor",
+            // Issue #24: attention alone per point (empty for older folders).
+            "attn_step_ms",
+            "attn_gb_s",
+            "attn_bw_frac",
         ];
         let old_cols: Vec<&String> = h2.iter().filter(|c| !added.contains(&c.as_str())).collect();
         assert_eq!(
