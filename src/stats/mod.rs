@@ -340,7 +340,8 @@ mod tests {
         let y = [5.0, 4.0, 9.0, 1.0, 7.0, 7.5, 2.0, 8.0];
         let z = isotonic_increasing(&y, &[2.0, 1.0, 1.0, 3.0, 1.0, 1.0, 2.0, 1.0]).unwrap();
         assert!(z.windows(2).all(|p| p[0] <= p[1]), "{z:?}");
-        // Pooling keeps each block's weighted sum, so the whole sum: Σ w·z = Σ w·y = 10 + 4 + 9 + 3 + 7 + 7.5 + 4 + 8 = 52.5.
+        // Pooling keeps each block's weighted sum, so the whole sum:
+        // Σ w·z = Σ w·y = 10 + 4 + 9 + 3 + 7 + 7.5 + 4 + 8 = 52.5.
         let w = [2.0, 1.0, 1.0, 3.0, 1.0, 1.0, 2.0, 1.0];
         let sum: f64 = z.iter().zip(&w).map(|(a, b)| a * b).sum();
         assert!((sum - 52.5).abs() < 1e-9, "{sum}");
