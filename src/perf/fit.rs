@@ -14,6 +14,11 @@
 //!
 //! Peaks are then the largest of the probes (a STREAM-like read, a GEMM) and the rates seen,
 //! and each efficiency a rate over its peak, so every efficiency lies in (0, 1].
+//!
+//! Before any of this, the prefill and short-context decode timings are smoothed across sizes
+//! (weighted isotonic regression by Pool Adjacent Violators: time per token or sequence
+//! non-increasing, time non-decreasing; [`smooth_across_sizes`]), so one size's noise is
+//! pooled with its neighbours instead of becoming the efficiency of every shape near it.
 
 use std::collections::BTreeMap;
 
@@ -231,7 +236,7 @@ fn smooth(samples: &mut Samples, prefill_w: &[f64], decode_w: &[f64]) -> Result<
 ///
 /// Steps:
 /// 0. timings of one size pooled (their mean, weight the count), then the prefill and
-///    short-context decode timings smoothed across sizes ([`smooth`]: time per token or
+///    short-context decode timings smoothed across sizes (`smooth`: time per token or
 ///    sequence non-increasing, time non-decreasing, weighted least squares by Pool Adjacent
 ///    Violators), so a size that came out fast or slow against its neighbours is pooled with
 ///    them instead of carrying its noise into every step near it; all below fits the smoothed
