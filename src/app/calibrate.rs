@@ -18,6 +18,9 @@ use crate::serve::calibrate::{measure, CalibrationSpec};
 
 use super::{progress_bar, set_threads, BarProgress};
 
+/// `--prefill-lens`'s default, tokens.
+const DEFAULT_PREFILL_LENS: &str = "32,64,128,192,256,384,512";
+
 /// Arguments of `kvbench calibrate`: the shared `--model`, `--dtypes` (the schemes whose K/V
 /// reads are fitted), `--weights`, `--prefill-weights`, `--threads`, and what to time.
 #[derive(Debug, clap::Args)]
@@ -35,18 +38,24 @@ pub struct CalibrateArgs {
     /// `--threads`.
     #[command(flatten)]
     pub threads: ThreadArgs,
-    /// Prompt lengths of the timed prefills, tokens, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "32,128,256,384")]
+    /// Prompt lengths of the timed prefills, tokens, comma-separated. The default reaches
+    /// past the longest recompute prefill the shipped serve suites can produce (prompt + all
+    /// but the last output token: 384 + 63 = 447 in `suites/serve.toml`); beyond the longest
+    /// length the profile holds its matmul efficiency (time linear in tokens).
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_PREFILL_LENS)]
     pub prefill_lens: Vec<usize>,
     /// Batch sizes of the timed decode steps, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,6,8,12,16")]
     pub batch_sizes: Vec<usize>,
     /// Context of the per-scheme decode steps, tokens.
     #[arg(long, default_value_t = 1024)]
     pub long_ctx: usize,
-    /// Timed runs per timing (the median is kept).
-    #[arg(long, default_value_t = 9)]
+    /// Timed prefills per prompt length (the median is kept).
+    #[arg(long, default_value_t = 11)]
     pub repeats: usize,
+    /// Timed decode steps per batch size and per scheme (the median is kept).
+    #[arg(long, default_value_t = 33)]
+    pub step_repeats: usize,
     /// The profile's name (default: cpu-<host name>).
     #[arg(long)]
     pub name: Option<String>,
@@ -65,11 +74,12 @@ pub struct CalibrateArgs {
 /// timings cannot be separated; I/O.
 pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
     set_threads(a.threads.threads)?;
-    if a.repeats == 0 || a.prefill_lens.len() < 3 || a.batch_sizes.len() < 2 {
+    if a.repeats == 0 || a.step_repeats == 0 || a.prefill_lens.len() < 3 || a.batch_sizes.len() < 2
+    {
         return Err(crate::Error::InvalidArgument {
             name: "kvbench calibrate".into(),
-            reason: "need --repeats ≥ 1, three or more --prefill-lens and two or more \
-                     --batch-sizes to separate the terms"
+            reason: "need --repeats ≥ 1, --step-repeats ≥ 1, three or more --prefill-lens and \
+                     two or more --batch-sizes to separate the terms"
                 .into(),
         }
         .into());
@@ -82,6 +92,8 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
     let max = |v: &[usize]| v.iter().copied().max().unwrap_or(0);
     let peak = super::memory::PeakLoad {
         schemes: a.schemes.dtypes.0.clone(),
+        // An upper bound: the largest batch at the longest context. The short-context batches,
+        // held at once for interleaved rounds, hold far less (Σ batch × ~70 tokens).
         batch: max(&a.batch_sizes),
         prompt: max(&a.prefill_lens).max(a.long_ctx),
         gen: 0,
@@ -107,6 +119,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         scheme_batch: 4,
         long_ctx: a.long_ctx,
         repeats: a.repeats,
+        step_repeats: a.step_repeats,
     };
     for s in &spec.schemes {
         s.validate(decode.model.config.head_dim)?;
@@ -114,8 +127,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
     let samples = match &a.from_timings {
         Some(path) => read_timings(path)?,
         None => {
-            let units = spec.prefill_lens.len() + spec.batches.len() + spec.schemes.len();
-            let bar = progress_bar(units as u64);
+            let bar = progress_bar(spec.units());
             let samples = measure(
                 &prefill.model,
                 &decode.model,
@@ -338,5 +350,35 @@ mod tests {
         let e = read_timings(&p).unwrap_err().to_string();
         assert!(e.contains("row 2"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The default prompt lengths reach the longest recompute prefill of every shipped serve
+    /// suite, read from the suite files: the largest prompt plus all but the last of the
+    /// largest output (a preempted sequence still has a token to generate; 384 + 64 − 1 = 447
+    /// in `suites/serve.toml`, 64 + 256 − 1 = 319 in `suites/serve-decode.toml`).
+    #[test]
+    fn prefill_lens_reach_the_longest_recompute() {
+        let longest: usize = DEFAULT_PREFILL_LENS
+            .split(',')
+            .map(|t| t.parse::<usize>().unwrap())
+            .max()
+            .unwrap();
+        let upper = |v: &toml::Value, key: &str| -> usize {
+            let t = v[key].as_str().unwrap();
+            t.rsplit("..").next().unwrap().trim().parse().unwrap()
+        };
+        let mut seen = 0;
+        for e in std::fs::read_dir("suites").unwrap() {
+            let path = e.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if !(name.starts_with("serve") && name.ends_with(".toml")) {
+                continue;
+            }
+            let v: toml::Value = toml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let recompute = upper(&v, "input-len") + upper(&v, "output-len") - 1;
+            assert!(recompute <= longest, "{name}: {recompute} > {longest}");
+            seen += 1;
+        }
+        assert!(seen >= 2, "{seen} serve suites");
     }
 }

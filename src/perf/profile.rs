@@ -23,9 +23,10 @@ pub struct Efficiency {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode_matmul: Option<f64>,
     /// The prefill's matrix products by prompt length, `[[tokens, efficiency], …]` with tokens
-    /// rising: the efficiency measured at the nearest shapes, interpolated in log(tokens) and
-    /// held at the ends (AIConfigurator's method: speed of light ÷ the efficiency measured at
-    /// the nearest shape). Empty: `matmul` for every length. `kvbench calibrate` fills it.
+    /// rising: the efficiency measured at the nearest shapes (AIConfigurator's method: speed
+    /// of light ÷ the efficiency measured at the nearest shape), interpolated so that the
+    /// matmul time is linear in tokens between two lengths ([`interpolate`]) and held at the
+    /// ends. Empty: `matmul` for every length. `kvbench calibrate` fills it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub matmul_by_tokens: Vec<(u64, f64)>,
     /// The decode step's matrix products by batch size, `[[batch, efficiency], …]`, as
@@ -50,7 +51,7 @@ pub struct Efficiency {
 
 impl Efficiency {
     /// The prefill matmuls' efficiency for `tokens` new tokens: `matmul_by_tokens` at that
-    /// length (log-interpolated, held at the ends), else `matmul`.
+    /// length ([`interpolate`], held at the ends), else `matmul`.
     pub fn prefill_matmul_at(&self, tokens: usize) -> f64 {
         interpolate(&self.matmul_by_tokens, tokens).unwrap_or(self.matmul)
     }
@@ -64,8 +65,14 @@ impl Efficiency {
     }
 }
 
-/// `table`'s value at `n`: linear in log(n) between the two nearest sizes, the end value
-/// beyond either end; `None` for an empty table.
+/// `table`'s efficiency at size `n` (tokens or batch), such that the matrix products' time,
+/// proportional to `size / efficiency`, is linear in `n` between the two nearest sizes
+/// (harmonic interpolation of the efficiency): `e(n) = n / ((1 − f)·n₀/e₀ + f·n₁/e₁)` with
+/// `f = (n − n₀)/(n₁ − n₀)`; the end value beyond either end (time proportional to `n` there).
+/// Between two sizes whose times do not fall and whose time per row does not rise — what
+/// [`crate::perf::fit`]'s smoothing guarantees — the interpolated time keeps both properties
+/// (a chord through two such points has a non-negative intercept); linear interpolation of the
+/// efficiency in log n, used before, can dip between them. `None` for an empty table.
 pub fn interpolate(table: &[(u64, f64)], n: usize) -> Option<f64> {
     let (first, last) = (table.first()?, table.last()?);
     let n = n.max(1) as f64;
@@ -77,8 +84,9 @@ pub fn interpolate(table: &[(u64, f64)], n: usize) -> Option<f64> {
     }
     let i = table.iter().position(|&(m, _)| m as f64 >= n)?;
     let ((n0, e0), (n1, e1)) = (table[i - 1], table[i]);
-    let f = (n.ln() - (n0 as f64).ln()) / ((n1 as f64).ln() - (n0 as f64).ln());
-    Some(e0 + f * (e1 - e0))
+    let (n0, n1) = (n0 as f64, n1 as f64);
+    let f = (n - n0) / (n1 - n0);
+    Some(n / ((1.0 - f) * n0 / e0 + f * n1 / e1))
 }
 
 /// Fixed costs, µs.
@@ -337,14 +345,15 @@ mod tests {
         }
     }
 
-    /// Interpolation by hand: at 1 and 100 tokens 0.2 and 0.6; at 10 (halfway in log) 0.4;
-    /// below and above, the ends; a table that does not rise is refused.
+    /// Interpolation by hand: 1 token at 0.2 and 100 at 0.5 take 1/0.2 = 5 and 100/0.5 = 200
+    /// time units; 10 tokens lie 9/99 of the way, 5 + 195·9/99 = 22.727 units, so 10/22.727 =
+    /// 0.44; below and above, the ends; a table that does not rise is refused.
     #[test]
-    fn tables_interpolate_in_log_size() {
-        let t = [(1u64, 0.2), (100, 0.6)];
+    fn tables_interpolate_time_linearly() {
+        let t = [(1u64, 0.2), (100, 0.5)];
         assert_eq!(interpolate(&t, 1), Some(0.2));
-        assert!((interpolate(&t, 10).unwrap() - 0.4).abs() < 1e-12);
-        assert_eq!(interpolate(&t, 1000), Some(0.6));
+        assert!((interpolate(&t, 10).unwrap() - 0.44).abs() < 1e-12);
+        assert_eq!(interpolate(&t, 1000), Some(0.5));
         assert_eq!(interpolate(&[], 10), None);
         let mut p = DeviceProfile::parse(SHIPPED[0].1, "x").unwrap();
         p.efficiency.matmul_by_tokens = vec![(128, 0.5), (32, 0.4)];

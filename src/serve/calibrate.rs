@@ -2,8 +2,14 @@
 //! the path `kvbench serve` measures — the model backend's own prefill (`admit`) and decode
 //! steps (`step`) — so the profile describes what a serving run on this machine experiences:
 //! prefills of several lengths, decode steps of several batch sizes at a short context, and a
-//! decode step per scheme at a long context. Each timing is the median of `repeats`, after one
-//! untimed run.
+//! decode step per scheme at a long context. Each timing is the median of its repeats, after
+//! one untimed run.
+//!
+//! The prefill lengths and the short-context batch sizes are timed **interleaved**: each round
+//! runs every length (every batch size) once, and the median over rounds is kept. Contention
+//! on a shared machine (another process compiling for a few seconds) then falls on every size
+//! of a round alike instead of on all repeats of one size, which would bend the fitted curve
+//! there (the calibration's batch-2 step that came out 13.8 ms, README's validation).
 
 use std::time::Instant;
 
@@ -32,8 +38,18 @@ pub struct CalibrationSpec {
     pub scheme_batch: usize,
     /// Context of the long-context steps, tokens.
     pub long_ctx: usize,
-    /// Timed runs per timing (the median is kept).
+    /// Timed prefills per length (the median is kept).
     pub repeats: usize,
+    /// Timed decode steps per batch size and per scheme (the median is kept).
+    pub step_repeats: usize,
+}
+
+impl CalibrationSpec {
+    /// Units of progress [`measure`] reports: one per prefill round, one for the decode steps,
+    /// one per scheme.
+    pub fn units(&self) -> u64 {
+        (self.repeats.max(1) + 1 + 1 + self.schemes.len()) as u64
+    }
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -71,10 +87,11 @@ pub fn measure(
         probe_tflops: tflops,
         ..Default::default()
     };
-    for &t in &spec.prefill_lens {
-        progress.start(&format!("prefill {t} tokens"));
-        let mut times = Vec::new();
-        for r in 0..=repeats {
+    // Prefills, interleaved: round r prefills every length once (round 0 untimed).
+    let mut prefill_times = vec![Vec::with_capacity(repeats); spec.prefill_lens.len()];
+    for r in 0..=repeats {
+        progress.start(&format!("prefill round {r} of {repeats}"));
+        for (times, &t) in prefill_times.iter_mut().zip(&spec.prefill_lens) {
             let mut b = ModelBackend::new(prefill, decode, KvScheme::FP16);
             let p = prompt(r, t)?;
             let t0 = Instant::now();
@@ -83,32 +100,47 @@ pub fn measure(
                 times.push(t0.elapsed().as_secs_f64());
             }
         }
-        samples.prefill.push((t, median(times)));
         progress.advance(1);
     }
+    for (&t, times) in spec.prefill_lens.iter().zip(prefill_times) {
+        samples.prefill.push((t, median(times)));
+    }
+    // Decode steps at the short context, interleaved: every batch size's sequences admitted,
+    // then round r steps each batch once (round 0 untimed), so every batch's context grows
+    // alike.
+    progress.start("decode steps, interleaved batch sizes");
+    let step_repeats = spec.step_repeats.max(1);
+    let mut batches = Vec::with_capacity(spec.batches.len());
     for &batch in &spec.batches {
-        progress.start(&format!("decode steps, batch {batch}"));
-        let s = steps(
-            prefill,
-            decode,
-            KvScheme::FP16,
-            batch,
-            spec.short_ctx,
-            repeats,
-            &prompt,
-        )?;
+        let mut b = ModelBackend::new(prefill, decode, KvScheme::FP16);
+        let mut last = Vec::with_capacity(batch);
+        for i in 0..batch {
+            last.push(b.admit(prompt(i, spec.short_ctx)?, false)?);
+        }
+        batches.push((b, last, Vec::with_capacity(step_repeats)));
+    }
+    for r in 0..=step_repeats {
+        for (b, last, times) in batches.iter_mut() {
+            let t0 = Instant::now();
+            *last = b.step(last)?;
+            if r > 0 {
+                times.push(t0.elapsed().as_secs_f64());
+            }
+        }
+    }
+    for (&batch, (_, _, times)) in spec.batches.iter().zip(batches) {
         samples
             .decode
-            .push((batch, spec.short_ctx + repeats / 2 + 1, s));
-        progress.advance(1);
+            .push((batch, spec.short_ctx + step_repeats / 2 + 1, median(times)));
     }
+    progress.advance(1);
     for &scheme in &spec.schemes {
         progress.start(&format!("decode steps, {scheme}, {} tokens", spec.long_ctx));
         let (b, c) = (spec.scheme_batch, spec.long_ctx);
-        let s = steps(prefill, decode, scheme, b, c, repeats, &prompt)?;
+        let s = steps(prefill, decode, scheme, b, c, step_repeats, &prompt)?;
         samples
             .scheme_steps
-            .push((scheme, b, c + repeats / 2 + 1, s));
+            .push((scheme, b, c + step_repeats / 2 + 1, s));
         progress.advance(1);
     }
     Ok(samples)

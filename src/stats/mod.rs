@@ -62,6 +62,42 @@ pub fn t_quantile(p: f64, df: usize) -> Option<f64> {
         .map(|d| d.inverse_cdf(p))
 }
 
+/// Weighted isotonic regression, non-decreasing: the `z` that minimizes `Σ wᵢ·(zᵢ − yᵢ)²`
+/// subject to `z₁ ≤ z₂ ≤ … ≤ zₙ`, by the Pool Adjacent Violators algorithm (Ayer et al. 1955,
+/// *Ann. Math. Statist.* 26:641; Barlow, Bartholomew, Bremner & Brunk 1972, *Statistical
+/// Inference under Order Restrictions*, §1.2; de Leeuw, Hornik & Mair 2009, *J. Stat. Softw.*
+/// 32(5), §2; scikit-learn's `IsotonicRegression` is a reference implementation): scan left to
+/// right, and whenever a value falls below the block before it, pool the two blocks into their
+/// weighted mean, repeating backwards until the blocks rise. Values already non-decreasing
+/// come back unchanged; `[3, 1, 2]` with equal weights gives `[2, 2, 2]`. `y` and `w` in any
+/// unit, same length; `w` is each value's weight (e.g. the number of timed runs behind a
+/// median). `None` when the lengths differ or a value is not finite or a weight is not finite
+/// and > 0. O(n).
+pub fn isotonic_increasing(y: &[f64], w: &[f64]) -> Option<Vec<f64>> {
+    if y.len() != w.len()
+        || y.iter().any(|v| !v.is_finite())
+        || w.iter().any(|v| !(v.is_finite() && *v > 0.0))
+    {
+        return None;
+    }
+    // Blocks as (weighted mean, total weight, members).
+    let mut blocks: Vec<(f64, f64, usize)> = Vec::with_capacity(y.len());
+    for (&yi, &wi) in y.iter().zip(w) {
+        blocks.push((yi, wi, 1));
+        while blocks.len() > 1 && blocks[blocks.len() - 2].0 > blocks[blocks.len() - 1].0 {
+            let (m1, w1, n1) = blocks.pop().expect("two blocks");
+            let (m0, w0, n0) = blocks.pop().expect("two blocks");
+            blocks.push(((m0 * w0 + m1 * w1) / (w0 + w1), w0 + w1, n0 + n1));
+        }
+    }
+    Some(
+        blocks
+            .into_iter()
+            .flat_map(|(m, _, n)| std::iter::repeat_n(m, n))
+            .collect(),
+    )
+}
+
 /// Summarizes `xs` (any unit; the summary keeps it). Returns `None` for an empty sample.
 pub fn summarize(xs: &[f64]) -> Option<Summary> {
     if xs.is_empty() {
@@ -277,5 +313,41 @@ mod tests {
         assert_eq!(s.outliers, 0);
         let s = summarize(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 13.1]).unwrap();
         assert_eq!(s.outliers, 1);
+    }
+
+    /// PAV by hand: `[3, 1, 2]` with equal weights pools into their mean `[2, 2, 2]`; with
+    /// weights `[1, 3, 1]` the first two pool to (3 + 3)/4 = 1.5, below 2, so `[1.5, 1.5, 2]`;
+    /// a rising sequence comes back unchanged; `[1, 3, 2, 4]` pools the middle pair to 2.5;
+    /// the result never falls; bad input is refused.
+    #[test]
+    fn isotonic_by_hand() {
+        assert_eq!(
+            isotonic_increasing(&[3.0, 1.0, 2.0], &[1.0; 3]).unwrap(),
+            vec![2.0, 2.0, 2.0]
+        );
+        assert_eq!(
+            isotonic_increasing(&[3.0, 1.0, 2.0], &[1.0, 3.0, 1.0]).unwrap(),
+            vec![1.5, 1.5, 2.0]
+        );
+        assert_eq!(
+            isotonic_increasing(&[1.0, 2.0, 5.0], &[1.0; 3]).unwrap(),
+            vec![1.0, 2.0, 5.0]
+        );
+        assert_eq!(
+            isotonic_increasing(&[1.0, 3.0, 2.0, 4.0], &[1.0; 4]).unwrap(),
+            vec![1.0, 2.5, 2.5, 4.0]
+        );
+        let y = [5.0, 4.0, 9.0, 1.0, 7.0, 7.5, 2.0, 8.0];
+        let z = isotonic_increasing(&y, &[2.0, 1.0, 1.0, 3.0, 1.0, 1.0, 2.0, 1.0]).unwrap();
+        assert!(z.windows(2).all(|p| p[0] <= p[1]), "{z:?}");
+        // Pooling keeps each block's weighted sum, so the whole sum:
+        // Σ w·z = Σ w·y = 10 + 4 + 9 + 3 + 7 + 7.5 + 4 + 8 = 52.5.
+        let w = [2.0, 1.0, 1.0, 3.0, 1.0, 1.0, 2.0, 1.0];
+        let sum: f64 = z.iter().zip(&w).map(|(a, b)| a * b).sum();
+        assert!((sum - 52.5).abs() < 1e-9, "{sum}");
+        assert_eq!(isotonic_increasing(&[], &[]), Some(vec![]));
+        assert_eq!(isotonic_increasing(&[1.0, 2.0], &[1.0]), None);
+        assert_eq!(isotonic_increasing(&[1.0, 2.0], &[1.0, 0.0]), None);
+        assert_eq!(isotonic_increasing(&[f64::NAN, 2.0], &[1.0, 1.0]), None);
     }
 }
