@@ -111,7 +111,7 @@ pub struct SimArgs {
     pub tensor_parallel: usize,
     /// With --simulate and no --kv-budget: the share of device memory the engine may use
     /// (vLLM's --gpu-memory-utilization); the KV budget per GPU is that, less the weights per
-    /// GPU and --non-kv-reserve.
+    /// GPU and the engine's reserve (--non-kv-reserve).
     #[arg(long, default_value_t = 0.9)]
     #[serde(default = "util")]
     pub gpu_memory_utilization: f64,
