@@ -131,7 +131,12 @@ fn simulate(
         let fp16 = plan.sizer(crate::kv::KvScheme::FP16, plan.pool_geometry(geom.cache()));
         plan = plan.with_budget(n * fp16.block_bytes());
     } else if !budget_given {
-        plan = plan.with_budget(device_kv_budget(&device, &s, shape.decode_weight_bytes)?);
+        plan = plan.with_budget(device_kv_budget(
+            &device,
+            &s,
+            &geom,
+            shape.decode_weight_bytes,
+        )?);
     }
     plan.check_model(geom.cache(), geom.max_ctx)?;
     for scheme in plan.schemes() {
@@ -214,34 +219,32 @@ fn model_shape(
     })
 }
 
-/// The KV budget of one device, bytes: its memory × `--gpu-memory-utilization`, less the
-/// weights it holds (`weight_bytes` over `--tensor-parallel` GPUs) and `--non-kv-reserve`
-/// (vLLM's own accounting: `gpu_memory_utilization` × total, minus the weights and the peak
-/// of its profile run). Errors: [`crate::Error::InvalidArgument`] when nothing is left.
+/// The KV budget of one device, bytes, as vLLM sizes it
+/// ([`crate::serve::capacity::kv_memory`]): its memory × `--gpu-memory-utilization`, less the
+/// weights it holds (`weight_bytes` over `--tensor-parallel` GPUs), the profile run's
+/// activation peak for `geom` (a batch of `--max-num-batched-tokens` over `--max-num-seqs`
+/// sequences) and non-torch memory by tensor-parallel degree, or `--non-kv-reserve` in place
+/// of those two. Errors: [`crate::Error::InvalidArgument`] when nothing is left.
 fn device_kv_budget(
     device: &DeviceProfile,
     s: &ServeSettings,
+    geom: &crate::model::geometry::ModelGeometry,
     weight_bytes: u64,
 ) -> crate::Result<u64> {
-    let usable = device.memory_bytes() as f64 * s.sim.gpu_memory_utilization;
-    let weights = weight_bytes as f64 / s.sim.tensor_parallel as f64;
-    let left = usable - weights - s.sim.non_kv_reserve.bytes as f64;
-    if left < (1u64 << 20) as f64 {
-        return Err(crate::Error::InvalidArgument {
-            name: "--tensor-parallel".into(),
-            reason: format!(
-                "{} GiB × {} = {:.1} GiB per device, less {:.1} GiB of weights per GPU and \
-                 {} of reserve, leaves no room for KV; use more GPUs (--tensor-parallel), a \
-                 larger device or a smaller model",
-                device.memory_gib,
-                s.sim.gpu_memory_utilization,
-                usable / (1u64 << 30) as f64,
-                weights / (1u64 << 30) as f64,
-                s.sim.non_kv_reserve
-            ),
-        });
-    }
-    Ok(left as u64)
+    use crate::serve::capacity;
+    let engine = capacity::EngineMemory {
+        total_bytes: device.memory_bytes(),
+        gpu_memory_utilization: s.sim.gpu_memory_utilization,
+        tensor_parallel: s.sim.tensor_parallel,
+        weight_bytes,
+        max_num_batched_tokens: s
+            .sim
+            .max_num_batched_tokens
+            .unwrap_or_else(|| capacity::default_max_num_batched_tokens(geom.max_ctx)),
+        max_num_seqs: s.pool.max_num_seqs,
+    };
+    let reserve = s.sim.non_kv_reserve.as_ref().map(|r| r.bytes);
+    Ok(capacity::kv_memory(geom, &engine, reserve)?.kv)
 }
 
 /// The model in the decode weights, and in the prefill weights when they differ. Errors: the

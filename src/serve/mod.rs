@@ -5,10 +5,12 @@
 //! free list, block tables, reference counts) → [`engine`] (the scheduler: admission,
 //! preemption by recompute, decode steps, over a [`engine::Backend`]) with [`backend`] (the
 //! model and a batched [`crate::kv::KvCache`]) → [`metrics`] (one row per scheme × load).
+//! [`capacity`] sizes a simulated engine's pool per GPU as vLLM does.
 //! `kvbench serve` (`crate::cli::serve`) wires them and writes the run folder.
 
 pub mod backend;
 pub mod calibrate;
+pub mod capacity;
 pub mod engine;
 pub mod metrics;
 pub mod pool;

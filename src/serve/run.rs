@@ -89,7 +89,8 @@ pub trait ServeSink {
 }
 
 /// The model a serving run describes to `kvbench plan`: geometry and context, no weights (the
-/// budget is all KV).
+/// budget is all KV, so the MLP width and the vocabulary, which only size the engine's
+/// activation reserve, are left at 0).
 pub fn plan_geometry(name: &str, geom: CacheGeometry, max_ctx: usize) -> ModelGeometry {
     ModelGeometry {
         name: name.to_string(),
@@ -97,6 +98,9 @@ pub fn plan_geometry(name: &str, geom: CacheGeometry, max_ctx: usize) -> ModelGe
         q_heads: geom.q_heads,
         kv_heads: geom.kv_heads,
         head_dim: geom.head_dim,
+        hidden: geom.q_heads * geom.head_dim,
+        intermediate: 0,
+        vocab: 0,
         max_ctx,
         params: 0,
         window: geom.window,

@@ -111,15 +111,22 @@ pub struct SimArgs {
     pub tensor_parallel: usize,
     /// With --simulate and no --kv-budget: the share of device memory the engine may use
     /// (vLLM's --gpu-memory-utilization); the KV budget per GPU is that, less the weights per
-    /// GPU and --non-kv-reserve.
+    /// GPU and the engine's reserve (--non-kv-reserve).
     #[arg(long, default_value_t = 0.9)]
     #[serde(default = "util")]
     pub gpu_memory_utilization: f64,
-    /// With --simulate and no --kv-budget: memory per GPU kept for activations, CUDA graphs and
-    /// communication buffers (vLLM's profile run peak and reserves).
-    #[arg(long, default_value = "2GiB")]
-    #[serde(default = "reserve")]
-    pub non_kv_reserve: ByteSize,
+    /// With --simulate and no --kv-budget: memory per GPU kept beside weights and KV (vLLM's
+    /// profile-run activation peak plus non-torch memory), e.g. the sum an engine logs. Without
+    /// it, modelled from the geometry and --tensor-parallel (`kvbench::serve::capacity`).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub non_kv_reserve: Option<ByteSize>,
+    /// With --simulate and no --kv-budget: tokens of vLLM's profile-run batch
+    /// (--max-num-batched-tokens), which sizes the activation reserve. Default: vLLM's,
+    /// max(context, 2048) up to a 32,768-token context, else 2048 (chunked prefill).
+    #[arg(long, value_name = "TOKENS")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_num_batched_tokens: Option<usize>,
     /// With --simulate: the fp16 blocks (of --block-size tokens) each GPU holds, as vLLM logs them
     /// (`# GPU blocks: N`, or its `--num-gpu-blocks-override`): the KV budget per GPU is then
     /// N × the fp16 block's bytes for every scheme, the most faithful way to match an engine.
@@ -138,10 +145,6 @@ fn one() -> usize {
 
 fn util() -> f64 {
     0.9
-}
-
-fn reserve() -> ByteSize {
-    "2GiB".parse().expect("a size")
 }
 
 /// Every setting of `kvbench serve` that changes a number (see the module docs).
@@ -181,7 +184,8 @@ pub struct ServeSettings {
     #[command(flatten)]
     #[serde(flatten)]
     pub threads: ThreadArgs,
-    /// `--simulate`, `--tensor-parallel`, `--gpu-memory-utilization`, `--non-kv-reserve`.
+    /// `--simulate`, `--tensor-parallel`, `--gpu-memory-utilization`, `--non-kv-reserve`,
+    /// `--max-num-batched-tokens`, `--num-gpu-blocks-override`.
     #[command(flatten)]
     #[serde(flatten)]
     pub sim: SimArgs,
@@ -384,7 +388,7 @@ impl ServePlan {
 }
 
 /// `--simulate`'s companions: a tensor-parallel size of 1 or more (and only with
-/// `--simulate`), a memory share in (0, 1].
+/// `--simulate`), a memory share in (0, 1], a profile batch of at least one token.
 fn check_sim(s: &SimArgs) -> Result<()> {
     if s.tensor_parallel == 0 {
         return Err(usage("--tensor-parallel", "must be at least 1".into()));
@@ -400,6 +404,12 @@ fn check_sim(s: &SimArgs) -> Result<()> {
         return Err(usage(
             "--gpu-memory-utilization",
             format!("{u} is not a share in (0, 1], e.g. 0.9"),
+        ));
+    }
+    if s.max_num_batched_tokens == Some(0) {
+        return Err(usage(
+            "--max-num-batched-tokens",
+            "must be at least 1 (vLLM's default for an 8,192-token context is 8192)".into(),
         ));
     }
     Ok(())
