@@ -4,6 +4,9 @@
 //! (`Σ_t p·s·e2m1(c) = Σ_t (p·s) · e2m1(c)`), so a value row is never widened to an f32 buffer
 //! first. The keys' counterpart (Q·K on the codes) is [`super::intdot`].
 //!
+//! TurboQuant_mse 4-bit values ([`axpy_centroids4`]) are gathered the same way from their
+//! 16 f32 centroids, in the rotated basis (the caller rotates the sum back once).
+//!
 //! The result is the dequantize-then-accumulate result up to f32 rounding (the same products,
 //! associated differently): no query or weight is quantized.
 
@@ -114,6 +117,89 @@ pub fn scalar_axpy_codes(
     }
 }
 
+/// `acc[j·d + π(i)] += w[(t − t0)·nq + j] · (n_t · centroids[code_ti])` for rows `t0..t1` of
+/// `data`: rows of `rb` bytes, an f16 factor `n_t` (TurboQuant_mse's `‖v‖`) then `d` 4-bit
+/// indices packed two per byte (element 2m low nibble, 2m + 1 high; TurboQuant, Zandieh et al.
+/// 2025, arXiv 2504.19874, §3.1, as vLLM packs them). `acc` (`[nq, d]` f32) is kept in pair
+/// order: per block of 32 elements the 16 even elements, then the 16 odd ones
+/// (`π(32b + 2m) = 32b + m`, `π(32b + 2m + 1) = 32b + 16 + m`), the order the nibbles come out
+/// of a byte; [`unpair`] restores element order once per call. Rows whose weights are all zero
+/// are not read. The arithmetic per element is that of decoding the row (`n·centroid`, one
+/// rounding) then adding `w·value` (a product and a sum, no fused multiply-add), so the result
+/// equals the decode-then-accumulate loop's bit for bit. Panics (a caller's bug, not input)
+/// unless `d` is a multiple of 32 and the slices hold what the shapes say.
+#[allow(clippy::too_many_arguments)] // the stream's coordinates; a struct would only rename them
+pub fn axpy_centroids4(
+    centroids: &[f32; 16],
+    data: &[u8],
+    rb: usize,
+    d: usize,
+    t0: usize,
+    t1: usize,
+    w: &[f32],
+    acc: &mut [f32],
+) {
+    let nq = acc.len() / d;
+    assert!(d.is_multiple_of(32) && rb >= 2 + d / 2 && data.len() >= t1 * rb);
+    assert!(w.len() >= (t1 - t0) * nq && acc.len() == nq * d);
+    simd_dispatch!(
+        ["avx2", "fma"],
+        // SAFETY: features enabled at compile time; every read is inside `data`, `w` and `acc`
+        // (asserted above: rows t0..t1 of rb ≥ 2 + d/2 bytes).
+        unsafe { avx::axpy_centroids4(centroids, data, rb, d, t0, t1, w, acc) },
+        scalar_axpy_centroids4(centroids, data, rb, d, t0, t1, w, acc)
+    )
+}
+
+/// [`axpy_centroids4`] in scalar code: the path without AVX2 and the reference the SIMD kernel
+/// is tested against.
+#[allow(clippy::too_many_arguments)]
+pub fn scalar_axpy_centroids4(
+    centroids: &[f32; 16],
+    data: &[u8],
+    rb: usize,
+    d: usize,
+    t0: usize,
+    t1: usize,
+    w: &[f32],
+    acc: &mut [f32],
+) {
+    let nq = acc.len() / d;
+    let mut y = vec![0f32; d];
+    for t in t0..t1 {
+        let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
+        if wt.iter().all(|&x| x == 0.0) {
+            continue;
+        }
+        let row = &data[t * rb..(t + 1) * rb];
+        let n = half::f16::from_le_bytes([row[0], row[1]]).to_f32();
+        for b in 0..d / 32 {
+            for m in 0..16 {
+                let byte = row[2 + 16 * b + m];
+                y[32 * b + m] = centroids[(byte & 15) as usize] * n;
+                y[32 * b + 16 + m] = centroids[(byte >> 4) as usize] * n;
+            }
+        }
+        for (a, &wj) in acc.chunks_exact_mut(d).zip(wt) {
+            a.iter_mut().zip(&y).for_each(|(a, v)| *a += wj * v);
+        }
+    }
+}
+
+/// Restores element order in a `[nq, d]` buffer kept in [`axpy_centroids4`]'s pair order,
+/// through the scratch `tmp` (`[d]`).
+pub fn unpair(acc: &mut [f32], d: usize, tmp: &mut [f32]) {
+    for a in acc.chunks_exact_mut(d) {
+        tmp.copy_from_slice(a);
+        for b in 0..d / 32 {
+            for m in 0..16 {
+                a[32 * b + 2 * m] = tmp[32 * b + m];
+                a[32 * b + 2 * m + 1] = tmp[32 * b + 16 + m];
+            }
+        }
+    }
+}
+
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
@@ -122,7 +208,7 @@ pub fn scalar_axpy_codes(
 mod avx {
     use super::CodeValues;
     use crate::kv::formats::fp4::E2M1_X2;
-    use crate::kv::simd::avx::{nibbles, nibbles8};
+    use crate::kv::simd::avx::{f16_at, nibbles, nibbles8};
     use std::arch::x86_64::*;
 
     /// 32 elements at a time: their nibbles (element order) through the E2M1 ×2 table to four
@@ -183,6 +269,65 @@ mod avx {
                         let fr = if r < 2 { f0 } else { f1 };
                         let p = a.add(8 * r);
                         _mm256_storeu_ps(p, _mm256_fmadd_ps(fr, vr, _mm256_loadu_ps(p)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// 32 elements at a time: 32 nibbles (pair order) widened to i32 indices, eight at a time
+    /// looked up in the 16 centroids held in two vectors (`permutevar8x32` on each half, the
+    /// index's bit 3 choosing between them), times the row factor; then per query
+    /// `acc += w · v` as a product and a sum (the scalar loop's roundings).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn axpy_centroids4(
+        centroids: &[f32; 16],
+        data: &[u8],
+        rb: usize,
+        d: usize,
+        t0: usize,
+        t1: usize,
+        w: &[f32],
+        acc: &mut [f32],
+    ) {
+        let nq = acc.len() / d;
+        let lo = _mm256_loadu_ps(centroids.as_ptr());
+        let hi = _mm256_loadu_ps(centroids.as_ptr().add(8));
+        let o = acc.as_mut_ptr();
+        for t in t0..t1 {
+            let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
+            if wt.iter().all(|&x| x == 0.0) {
+                continue;
+            }
+            let row = data.as_ptr().add(t * rb);
+            let n = _mm256_set1_ps(f16_at(row));
+            for b in 0..d / 32 {
+                let nib = nibbles(row.add(2 + 16 * b));
+                let (n0, n1) = (
+                    _mm256_castsi256_si128(nib),
+                    _mm256_extracti128_si256(nib, 1),
+                );
+                let look = |i: __m256i| {
+                    let a = _mm256_permutevar8x32_ps(lo, i);
+                    let c = _mm256_permutevar8x32_ps(hi, i);
+                    let m = _mm256_castsi256_ps(_mm256_slli_epi32(i, 28));
+                    _mm256_mul_ps(_mm256_blendv_ps(a, c, m), n)
+                };
+                let v = [
+                    look(_mm256_cvtepu8_epi32(n0)),
+                    look(_mm256_cvtepu8_epi32(_mm_srli_si128(n0, 8))),
+                    look(_mm256_cvtepu8_epi32(n1)),
+                    look(_mm256_cvtepu8_epi32(_mm_srli_si128(n1, 8))),
+                ];
+                for (j, &wj) in wt.iter().enumerate() {
+                    let a = o.add(j * d + 32 * b);
+                    let wv = _mm256_set1_ps(wj);
+                    for (r, &vr) in v.iter().enumerate() {
+                        let p = a.add(8 * r);
+                        _mm256_storeu_ps(
+                            p,
+                            _mm256_add_ps(_mm256_loadu_ps(p), _mm256_mul_ps(wv, vr)),
+                        );
                     }
                 }
             }
