@@ -11,7 +11,7 @@ use crate::kv::intdot::{self, IntKeys, QueryI8};
 use crate::kv::quant::mse::TurboQuantMse;
 use crate::kv::quant::prod::{ProdQuery, TurboQuantProd};
 use crate::kv::simd::{dot, scale_in_place};
-use crate::kv::stream::{swap_remove_row, Stream};
+use crate::kv::stream::{dot_rows_with, swap_remove_row, Stream};
 
 /// Which TurboQuant row format a [`TurboQuantStream`] holds; shared (`Arc`) by every stream of a
 /// layer so the rotation, codebook and QJL matrix exist once.
@@ -146,7 +146,7 @@ impl Stream for TurboQuantStream {
     /// 4-bit TurboQuant_mse keys score on their codes ([`intdot::IntKeys::Lut4`]); other
     /// TurboQuant rows use [`dot_rows`](Stream::dot_rows).
     fn int_keys(&self) -> bool {
-        self.mse4().is_some()
+        self.mse4().is_some() || matches!(self.codec, TqCodec::Prod(_))
     }
 
     /// The query is rotated once per call (`R q`), quantized to int8 ([`QueryI8`]; the `q`
@@ -155,6 +155,20 @@ impl Stream for TurboQuantStream {
     /// Error against [`dot_rows`](Stream::dot_rows): at most
     /// `‖k‖·(sq/2·Σ|ŷ_i| + ts/2·Σ|sq·c_i|)` (see the tests), plus f32 rounding.
     fn dot_rows_int(&self, t0: usize, t1: usize, qs: &[f32], _q: &QueryI8, out: &mut [f32]) {
+        if let TqCodec::Prod(c) = &self.codec {
+            // TurboQuant_prod: each row unpacked once into [‖x‖ŷ, ‖x‖γ√(π/2)/d·z] and scored
+            // against every [R q, S q] by the tiled f32 kernel (f32 throughout; only the
+            // order of the sums differs from `dot_rows`).
+            let d = c.head_dim();
+            let qcat: Vec<f32> = qs
+                .chunks_exact(d)
+                .flat_map(|q| c.prepare_query(q).concat())
+                .collect();
+            let mut codes = vec![0u8; d];
+            return dot_rows_with(t0, t1, &qcat, out, 2 * d, |t, r| {
+                c.decode_split(self.row(t), &mut codes, r)
+            });
+        }
         let Some((c, cent)) = self.mse4() else {
             return self.dot_rows(t0, t1, qs, out);
         };
@@ -205,16 +219,11 @@ impl Stream for TurboQuantStream {
                 // Two running sums per query head; the QJL matrix is applied once at the end
                 // (O(d) per row instead of O(d²)).
                 let (mut racc, mut zacc) = (vec![0f32; nq * d], vec![0f32; nq * d]);
+                let mut codes = vec![0u8; d];
                 for t in t0..t1 {
                     let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
-                    for ((r, z), &wj) in racc
-                        .chunks_exact_mut(d)
-                        .zip(zacc.chunks_exact_mut(d))
-                        .zip(wt)
-                    {
-                        if wj != 0.0 {
-                            c.accumulate(self.row(t), wj, r, z);
-                        }
+                    if wt.iter().any(|&x| x != 0.0) {
+                        c.accumulate_many(self.row(t), wt, &mut racc, &mut zacc, &mut codes);
                     }
                 }
                 for ((a, r), z) in acc
@@ -403,6 +412,56 @@ mod tests {
             TurboQuantMse::new(16, 4, false, 1).unwrap(),
         ] {
             assert!(!TurboQuantStream::new(TqCodec::Mse(Arc::new(c))).int_keys());
+        }
+    }
+
+    /// TurboQuant_prod keys on the fast path (`dot_rows_int`: rows unpacked once to
+    /// `[‖x‖ŷ, ‖x‖γ√(π/2)/d·z]`, tiled f32 dot products with `[R q, S q]`) against the
+    /// estimator `‖x‖·(Σ_i r_i·c[code_i] + γ·√(π/2)/d·Σ_i ±s_i)` (TurboQuant §3.2) evaluated
+    /// here in f64 from the stored bits (read with `code_at`, not the unpacking under test),
+    /// r, s from `prepare_query`. d 32/64/128, bits 2–5, 1–8 queries. Bound: the fast path sums
+    /// 2d f32 products, each entry and product rounded once: `|err| ≤ γ_{2d+2}·Σ|terms|`
+    /// (Higham §3.1, `u = 2⁻²⁴`).
+    #[test]
+    fn prod_scores_on_split_rows_match_the_estimator() {
+        use crate::kv::quant::bits::code_at;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2406);
+        for d in [32usize, 64, 128] {
+            for bits in [2u8, 3, 4, 5] {
+                let nq = [1usize, 3, 8][(d + bits as usize) % 3];
+                let c = Arc::new(TurboQuantProd::new(d, bits, 9).unwrap());
+                let mut s = TurboQuantStream::new(TqCodec::Prod(c.clone()));
+                let n = 40;
+                s.push(&random_rows(&mut rng, n, d, 3));
+                assert!(s.int_keys());
+                let qs = random_rows(&mut rng, nq, d, 0);
+                let mut got = vec![0f32; n * nq];
+                s.dot_rows_int(0, n, &qs, &QueryI8::quantize(&qs, d), &mut got);
+                let cent = c.mse().codebook().centroids();
+                let m = TurboQuantMse::row_bytes_for(d, bits - 1);
+                let u = 2f64.powi(-24);
+                let g = (2 * d + 2) as f64 * u / (1.0 - (2 * d + 2) as f64 * u);
+                for t in 0..n {
+                    let row = s.row(t);
+                    let norm = half::f16::from_le_bytes([row[0], row[1]]).to_f32() as f64;
+                    let gamma = half::f16::from_le_bytes([row[m], row[m + 1]]).to_f32() as f64;
+                    let k = gamma * (std::f64::consts::PI / 2.0).sqrt() / d as f64;
+                    for j in 0..nq {
+                        let rs = c.prepare_query(&qs[j * d..(j + 1) * d]).concat();
+                        let (r, sk) = rs.split_at(d);
+                        let (mut exact, mut mass) = (0f64, 0f64);
+                        for i in 0..d {
+                            let a = norm * r[i] as f64 * cent[code_at(&row[2..m], bits - 1, i)] as f64;
+                            let sign = if code_at(&row[m + 2..], 1, i) == 1 { 1.0 } else { -1.0 };
+                            let b = norm * k * sign * sk[i] as f64;
+                            exact += a + b;
+                            mass += a.abs() + b.abs();
+                        }
+                        let e = (got[t * nq + j] as f64 - exact).abs();
+                        assert!(e <= g * mass + 1e-30, "d={d} bits={bits} t={t}: {e} > {}", g * mass);
+                    }
+                }
+            }
         }
     }
 
