@@ -359,6 +359,10 @@ fn block_scores(bits: u8, codes: &[u8], crb: usize, r0: usize, r1: usize, q: &Bl
 /// [`block_scores`] in scalar code: the path without AVX2 and the reference the SIMD kernel is
 /// tested against.
 #[allow(clippy::too_many_arguments)]
+#[cfg_attr(
+    all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"),
+    allow(dead_code) // with AVX2 only the tests call it
+)]
 fn scalar_block_scores(
     bits: u8,
     codes: &[u8],
