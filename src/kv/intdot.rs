@@ -260,7 +260,7 @@ pub fn scalar_scores(
     target_feature = "avx2",
     target_feature = "fma"
 ))]
-mod avx {
+pub(crate) mod avx {
     use super::{IntKeys, QueryI8, B};
     use crate::kv::formats::fp4::{e4m3_to_f32, e8m0_to_f32, E2M1_X2};
     use crate::kv::simd::avx::{dot_u8_i8, f16_at as f16p, nibbles, nibbles8};
@@ -283,7 +283,7 @@ mod avx {
 
     /// Lane r of the result = Σ lanes of `v[r]`, for eight vectors.
     #[inline(always)]
-    unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
+    pub(crate) unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
         let a = _mm256_hadd_ps(v[0], v[1]);
         let b = _mm256_hadd_ps(v[2], v[3]);
         let c = _mm256_hadd_ps(v[4], v[5]);

@@ -415,6 +415,7 @@ fn scalar_block_scores(
 ))]
 mod chan_avx {
     use super::BlockQueries;
+    use crate::kv::intdot::avx::hsum8;
     use crate::kv::simd::avx::{dot_u8_i8, hsum, nibbles};
     use std::arch::x86_64::*;
 
@@ -468,13 +469,36 @@ mod chan_avx {
         out: &mut [f32],
     ) {
         let nq = q.sq.len();
-        for r in r0..r1 {
+        let mut r = r0;
+        // Eight rows per query at a time: one horizontal reduction for all eight.
+        while r + 8 <= r1 {
+            for j in 0..nq {
+                let c = q.q8.as_ptr().add(j * d);
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for (k, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_cvtepi32_ps(row_dot(bits, codes.as_ptr().add((r + k) * crb), c, d));
+                }
+                let v = _mm256_fmadd_ps(
+                    hsum8(&acc),
+                    _mm256_set1_ps(q.sq[j]),
+                    _mm256_set1_ps(q.bias[j]),
+                );
+                let mut s = [0f32; 8];
+                _mm256_storeu_ps(s.as_mut_ptr(), v);
+                for (k, &x) in s.iter().enumerate() {
+                    *out.get_unchecked_mut((r + k - r0) * nq + j) = x;
+                }
+            }
+            r += 8;
+        }
+        while r < r1 {
             let row = codes.as_ptr().add(r * crb);
             for j in 0..nq {
                 let p = row_dot(bits, row, q.q8.as_ptr().add(j * d), d);
                 let dot = hsum(_mm256_cvtepi32_ps(p));
                 *out.get_unchecked_mut((r - r0) * nq + j) = q.sq[j] * dot + q.bias[j];
             }
+            r += 1;
         }
     }
 }
