@@ -338,6 +338,12 @@ struct BlockQueries {
     sq: Vec<f32>,
     /// `[nq]` `Σ_c q_c·m_c` (0 for 8-bit, which has no minimum).
     bias: Vec<f32>,
+    /// Scratch reused from block to block (no allocation per block): `[d]` scales,
+    /// minimums, `q'`, and the lane of each channel.
+    scale: Vec<f32>,
+    min: Vec<f32>,
+    qp: Vec<f32>,
+    lanes: Vec<usize>,
 }
 
 /// `out[(t − r0)·nq + j] = sq_j · Σ_c q8_j[lane(c)]·code_tc + bias_j` for code rows `r0..r1`
@@ -505,34 +511,54 @@ mod chan_avx {
 
 impl ChannelStream {
     /// [`BlockQueries`] of block `b` for the queries `qs` (`[nq, d]`).
+    #[cfg(test)]
     fn block_queries(&self, b: usize, qs: &[f32]) -> BlockQueries {
+        let mut bq = self.empty_block_queries(qs.len() / self.d);
+        self.fill_block_queries(b, qs, &mut bq);
+        bq
+    }
+
+    /// Buffers for [`fill_block_queries`](Self::fill_block_queries) with `nq` queries.
+    fn empty_block_queries(&self, nq: usize) -> BlockQueries {
         let d = self.d;
-        let nq = qs.len() / d;
+        BlockQueries {
+            q8: vec![0i8; nq * d],
+            sq: vec![0f32; nq],
+            bias: vec![0f32; nq],
+            scale: vec![0f32; d],
+            min: vec![0f32; d],
+            qp: vec![0f32; d],
+            lanes: (0..d).map(|c| self.lane_of(c)).collect(),
+        }
+    }
+
+    /// Fills `bq` with the [`BlockQueries`] of block `b` for the queries `qs` (`[nq, d]`).
+    fn fill_block_queries(&self, b: usize, qs: &[f32], bq: &mut BlockQueries) {
+        let d = self.d;
         let block = &self.blocks[b * self.block_bytes()..][..self.block_bytes()];
         let raw = &block[..self.params_bytes()];
-        let mut scale = vec![0f32; d];
-        F16Row.decode(&raw[..2 * d], &mut scale);
-        let mut min = vec![0f32; d];
+        F16Row.decode(&raw[..2 * d], &mut bq.scale);
         if self.bits != 8 {
-            F16Row.decode(&raw[2 * d..4 * d], &mut min);
+            F16Row.decode(&raw[2 * d..4 * d], &mut bq.min);
         }
-        let mut q8 = vec![0i8; nq * d];
-        let (mut sq, mut bias) = (vec![0f32; nq], vec![0f32; nq]);
-        let mut qp = vec![0f32; d];
         for (j, q) in qs.chunks_exact(d).enumerate() {
-            for c in 0..d {
-                qp[c] = q[c] * scale[c];
+            for ((p, &a), &s) in bq.qp.iter_mut().zip(q).zip(&bq.scale) {
+                *p = a * s;
             }
-            let amax = qp.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let amax = bq.qp.iter().fold(0f32, |m, v| m.max(v.abs()));
             let s = amax / 127.0;
             let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
-            for (c, &v) in qp.iter().enumerate() {
-                q8[j * d + self.lane_of(c)] = (v * inv).round_ties_even() as i8;
+            let q8 = &mut bq.q8[j * d..(j + 1) * d];
+            for (&v, &l) in bq.qp.iter().zip(&bq.lanes) {
+                q8[l] = (v * inv).round_ties_even() as i8;
             }
-            sq[j] = s;
-            bias[j] = q.iter().zip(&min).map(|(a, b)| a * b).sum();
+            bq.sq[j] = s;
+            bq.bias[j] = if self.bits == 8 {
+                0.0
+            } else {
+                q.iter().zip(&bq.min).map(|(a, b)| a * b).sum()
+            };
         }
-        BlockQueries { q8, sq, bias }
     }
 }
 
@@ -592,11 +618,12 @@ impl Stream for ChannelStream {
         let nq = qs.len() / d;
         let tq = t1.min(self.n_blocks * g).max(t0);
         let crb = self.code_row_bytes();
+        let mut q = self.empty_block_queries(nq);
         let mut t = t0;
         while t < tq {
             let b = t / g;
             let end = ((b + 1) * g).min(tq);
-            let q = self.block_queries(b, qs);
+            self.fill_block_queries(b, qs, &mut q);
             let block = &self.blocks[b * self.block_bytes()..][..self.block_bytes()];
             let codes = &block[self.params_bytes()..];
             let o = &mut out[(t - t0) * nq..(end - t0) * nq];
