@@ -198,6 +198,21 @@ impl TurboQuantProd {
     }
 }
 
+/// Byte `b` of sign bits as eight ±1.0 (bit `i` set → +1 at `i`), built once: QJL's `z`
+/// eight at a time.
+fn sign_table() -> &'static [[f32; 8]; 256] {
+    static T: std::sync::OnceLock<[[f32; 8]; 256]> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = [[0f32; 8]; 256];
+        for (b, e) in t.iter_mut().enumerate() {
+            for (i, v) in e.iter_mut().enumerate() {
+                *v = if (b >> i) & 1 == 1 { 1.0 } else { -1.0 };
+            }
+        }
+        t
+    })
+}
+
 impl ProdQuery {
     /// The query as one `[2d]` vector `[R q, S q]`: its dot product with
     /// [`TurboQuantProd::decode_split`]'s row is [`TurboQuantProd::score`].
@@ -225,7 +240,13 @@ impl TurboQuantProd {
         let gamma = f16::from_le_bytes([row[m], row[m + 1]]).to_f32();
         let k = n * gamma * (PI / 2.0).sqrt() as f32 / d as f32;
         let z = &row[m + 2..];
-        for (i, o) in out[d..].iter_mut().enumerate() {
+        let (signs, kv) = (sign_table(), [k; 8]);
+        for (o, &byte) in out[d..].chunks_exact_mut(8).zip(z) {
+            for ((o, &s), &k) in o.iter_mut().zip(&signs[byte as usize]).zip(&kv) {
+                *o = s * k; // ±k exactly
+            }
+        }
+        for (i, o) in out[d..].iter_mut().enumerate().skip(d / 8 * 8) {
             *o = if (z[i / 8] >> (i % 8)) & 1 == 1 {
                 k
             } else {
@@ -288,7 +309,14 @@ impl TurboQuantProd {
                 *a += wn * c[k as usize];
             }
             let cz = wn * gamma * (PI / 2.0).sqrt() as f32 / d as f32;
-            for (i, a) in za.iter_mut().enumerate() {
+            // ±1 · cz is ±cz exactly: the same additions as `accumulate`, eight at a time.
+            let signs = sign_table();
+            for (a8, &byte) in za.chunks_exact_mut(8).zip(z) {
+                for (a, &sg) in a8.iter_mut().zip(&signs[byte as usize]) {
+                    *a += sg * cz;
+                }
+            }
+            for (i, a) in za.iter_mut().enumerate().skip(d / 8 * 8) {
                 *a += if (z[i / 8] >> (i % 8)) & 1 == 1 {
                     cz
                 } else {
