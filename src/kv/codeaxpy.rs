@@ -4,6 +4,9 @@
 //! (`Σ_t p·s·e2m1(c) = Σ_t (p·s) · e2m1(c)`), so a value row is never widened to an f32 buffer
 //! first. The keys' counterpart (Q·K on the codes) is [`super::intdot`].
 //!
+//! TurboQuant_mse 4-bit values ([`axpy_centroids4`]) are gathered the same way from their
+//! 16 f32 centroids, in the rotated basis (the caller rotates the sum back once).
+//!
 //! The result is the dequantize-then-accumulate result up to f32 rounding (the same products,
 //! associated differently): no query or weight is quantized.
 
@@ -19,6 +22,10 @@ pub enum CodeValues {
     /// MXFP4 blocks of 32: E8M0 scale, 16 bytes (element `j` low nibble, `j + 16` high)
     /// ([`super::formats::mxfp4`]).
     Mxfp4,
+    /// 2-bit uniform groups of 32 (`int2`, KIVI's per-token values, Liu et al. 2024, arXiv
+    /// 2402.02750, §3.2): f16 step `s`, f16 minimum `m`, 8 bytes (element `4j + i` at bits
+    /// `2i..2i+2` of byte `j`); `v = m + code·s`, accumulated as `(w·s)·code + w·m`.
+    Int2G32,
 }
 
 impl CodeValues {
@@ -27,6 +34,7 @@ impl CodeValues {
         match self {
             CodeValues::Nvfp4 => (16, 9, 4),
             CodeValues::Mxfp4 => (32, 17, 0),
+            CodeValues::Int2G32 => (32, 12, 0),
         }
     }
 
@@ -35,7 +43,7 @@ impl CodeValues {
     fn row_scale(self, row: &[u8]) -> f32 {
         match self {
             CodeValues::Nvfp4 => f32::from_le_bytes([row[0], row[1], row[2], row[3]]),
-            CodeValues::Mxfp4 => 1.0,
+            CodeValues::Mxfp4 | CodeValues::Int2G32 => 1.0,
         }
     }
 
@@ -45,6 +53,7 @@ impl CodeValues {
         match self {
             CodeValues::Nvfp4 => e4m3_to_f32(b),
             CodeValues::Mxfp4 => e8m0_to_f32(b),
+            CodeValues::Int2G32 => unreachable!("int2 blocks hold f16 parameters"),
         }
     }
 }
@@ -67,6 +76,14 @@ pub fn axpy_codes(
     let nq = acc.len() / d;
     assert!(d.is_multiple_of(32) && data.len() >= t1 * rb && w.len() >= (t1 - t0) * nq);
     assert!(rb >= f.layout().2 + d / f.layout().0 * f.layout().1);
+    if f == CodeValues::Int2G32 {
+        return simd_dispatch!(
+            ["avx2", "fma"],
+            // SAFETY: as below; each block is 12 bytes inside its row.
+            unsafe { avx::axpy_int2(data, rb, d, t0, t1, w, acc) },
+            scalar_axpy_codes(f, data, rb, d, t0, t1, w, acc)
+        );
+    }
     simd_dispatch!(
         ["avx2", "fma"],
         // SAFETY: features enabled at compile time; every read is inside `data`, `w` and `acc`
@@ -74,6 +91,21 @@ pub fn axpy_codes(
         unsafe { avx::axpy_codes(f, data, rb, d, t0, t1, w, acc) },
         scalar_axpy_codes(f, data, rb, d, t0, t1, w, acc)
     )
+}
+
+/// Byte `b` of 2-bit codes as four f32 values (element `i` = bits `2i..2i+2`): the table the
+/// int2 value path loads 4 codes at a time from (256 × 16 bytes, built once).
+fn int2_table() -> &'static [[f32; 4]; 256] {
+    static T: std::sync::OnceLock<[[f32; 4]; 256]> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = [[0f32; 4]; 256];
+        for (b, e) in t.iter_mut().enumerate() {
+            for (i, v) in e.iter_mut().enumerate() {
+                *v = ((b >> (2 * i)) & 3) as f32;
+            }
+        }
+        t
+    })
 }
 
 /// [`axpy_codes`] in scalar code: the path without AVX2 and the reference the SIMD kernel is
@@ -98,6 +130,22 @@ pub fn scalar_axpy_codes(
             continue;
         }
         let row = &data[t * rb..(t + 1) * rb];
+        if f == CodeValues::Int2G32 {
+            for b in 0..d / 32 {
+                let p = &row[12 * b..12 * (b + 1)];
+                let s = half::f16::from_le_bytes([p[0], p[1]]).to_f32();
+                let m = half::f16::from_le_bytes([p[2], p[3]]).to_f32();
+                for (j, &wj) in wt.iter().enumerate() {
+                    let (ws, wm) = (wj * s, wj * m);
+                    let a = &mut acc[j * d + 32 * b..j * d + 32 * (b + 1)];
+                    for (e, a) in a.iter_mut().enumerate() {
+                        let code = (p[4 + e / 4] >> (2 * (e % 4))) & 3;
+                        *a += ws * code as f32 + wm;
+                    }
+                }
+            }
+            continue;
+        }
         let g = f.row_scale(row);
         for b in 0..d / blk {
             let p = &row[off + b * bytes..off + (b + 1) * bytes];
@@ -114,6 +162,89 @@ pub fn scalar_axpy_codes(
     }
 }
 
+/// `acc[j·d + π(i)] += w[(t − t0)·nq + j] · (n_t · centroids[code_ti])` for rows `t0..t1` of
+/// `data`: rows of `rb` bytes, an f16 factor `n_t` (TurboQuant_mse's `‖v‖`) then `d` 4-bit
+/// indices packed two per byte (element 2m low nibble, 2m + 1 high; TurboQuant, Zandieh et al.
+/// 2025, arXiv 2504.19874, §3.1, as vLLM packs them). `acc` (`[nq, d]` f32) is kept in pair
+/// order: per block of 32 elements the 16 even elements, then the 16 odd ones
+/// (`π(32b + 2m) = 32b + m`, `π(32b + 2m + 1) = 32b + 16 + m`), the order the nibbles come out
+/// of a byte; [`unpair`] restores element order once per call. Rows whose weights are all zero
+/// are not read. The arithmetic per element is that of decoding the row (`n·centroid`, one
+/// rounding) then adding `w·value` (a product and a sum, no fused multiply-add), so the result
+/// equals the decode-then-accumulate loop's bit for bit. Panics (a caller's bug, not input)
+/// unless `d` is a multiple of 32 and the slices hold what the shapes say.
+#[allow(clippy::too_many_arguments)] // the stream's coordinates; a struct would only rename them
+pub fn axpy_centroids4(
+    centroids: &[f32; 16],
+    data: &[u8],
+    rb: usize,
+    d: usize,
+    t0: usize,
+    t1: usize,
+    w: &[f32],
+    acc: &mut [f32],
+) {
+    let nq = acc.len() / d;
+    assert!(d.is_multiple_of(32) && rb >= 2 + d / 2 && data.len() >= t1 * rb);
+    assert!(w.len() >= (t1 - t0) * nq && acc.len() == nq * d);
+    simd_dispatch!(
+        ["avx2", "fma"],
+        // SAFETY: features enabled at compile time; every read is inside `data`, `w` and `acc`
+        // (asserted above: rows t0..t1 of rb ≥ 2 + d/2 bytes).
+        unsafe { avx::axpy_centroids4(centroids, data, rb, d, t0, t1, w, acc) },
+        scalar_axpy_centroids4(centroids, data, rb, d, t0, t1, w, acc)
+    )
+}
+
+/// [`axpy_centroids4`] in scalar code: the path without AVX2 and the reference the SIMD kernel
+/// is tested against.
+#[allow(clippy::too_many_arguments)]
+pub fn scalar_axpy_centroids4(
+    centroids: &[f32; 16],
+    data: &[u8],
+    rb: usize,
+    d: usize,
+    t0: usize,
+    t1: usize,
+    w: &[f32],
+    acc: &mut [f32],
+) {
+    let nq = acc.len() / d;
+    let mut y = vec![0f32; d];
+    for t in t0..t1 {
+        let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
+        if wt.iter().all(|&x| x == 0.0) {
+            continue;
+        }
+        let row = &data[t * rb..(t + 1) * rb];
+        let n = half::f16::from_le_bytes([row[0], row[1]]).to_f32();
+        for b in 0..d / 32 {
+            for m in 0..16 {
+                let byte = row[2 + 16 * b + m];
+                y[32 * b + m] = centroids[(byte & 15) as usize] * n;
+                y[32 * b + 16 + m] = centroids[(byte >> 4) as usize] * n;
+            }
+        }
+        for (a, &wj) in acc.chunks_exact_mut(d).zip(wt) {
+            a.iter_mut().zip(&y).for_each(|(a, v)| *a += wj * v);
+        }
+    }
+}
+
+/// Restores element order in a `[nq, d]` buffer kept in [`axpy_centroids4`]'s pair order,
+/// through the scratch `tmp` (`[d]`).
+pub fn unpair(acc: &mut [f32], d: usize, tmp: &mut [f32]) {
+    for a in acc.chunks_exact_mut(d) {
+        tmp.copy_from_slice(a);
+        for b in 0..d / 32 {
+            for m in 0..16 {
+                a[32 * b + 2 * m] = tmp[32 * b + m];
+                a[32 * b + 2 * m + 1] = tmp[32 * b + 16 + m];
+            }
+        }
+    }
+}
+
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
@@ -122,7 +253,7 @@ pub fn scalar_axpy_codes(
 mod avx {
     use super::CodeValues;
     use crate::kv::formats::fp4::E2M1_X2;
-    use crate::kv::simd::avx::{nibbles, nibbles8};
+    use crate::kv::simd::avx::{f16_at, nibbles, nibbles8};
     use std::arch::x86_64::*;
 
     /// 32 elements at a time: their nibbles (element order) through the E2M1 ×2 table to four
@@ -167,6 +298,7 @@ mod avx {
                         let s = f.block_scale(*blk) * g;
                         (nibbles(blk.add(1)), s, s)
                     }
+                    CodeValues::Int2G32 => unreachable!("int2 rows go to axpy_int2"),
                 };
                 let k = _mm256_shuffle_epi8(lut, nib);
                 let (lo, hi) = (_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
@@ -183,6 +315,109 @@ mod avx {
                         let fr = if r < 2 { f0 } else { f1 };
                         let p = a.add(8 * r);
                         _mm256_storeu_ps(p, _mm256_fmadd_ps(fr, vr, _mm256_loadu_ps(p)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// 32 elements at a time: each code byte's four codes read as f32 from [`int2_table`]
+    /// (two bytes per vector of 8, element order), then per query `acc += (w·s)·code + w·m`.
+    pub unsafe fn axpy_int2(
+        data: &[u8],
+        rb: usize,
+        d: usize,
+        t0: usize,
+        t1: usize,
+        w: &[f32],
+        acc: &mut [f32],
+    ) {
+        let nq = acc.len() / d;
+        let tab = super::int2_table().as_ptr() as *const f32;
+        let o = acc.as_mut_ptr();
+        for t in t0..t1 {
+            let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
+            if wt.iter().all(|&x| x == 0.0) {
+                continue;
+            }
+            let row = data.as_ptr().add(t * rb);
+            for b in 0..d / 32 {
+                let p = row.add(12 * b);
+                let (s, m) = (f16_at(p), f16_at(p.add(2)));
+                let c = p.add(4);
+                let pair = |k: usize| {
+                    _mm256_set_m128(
+                        _mm_loadu_ps(tab.add(4 * *c.add(2 * k + 1) as usize)),
+                        _mm_loadu_ps(tab.add(4 * *c.add(2 * k) as usize)),
+                    )
+                };
+                let v = [pair(0), pair(1), pair(2), pair(3)];
+                for (j, &wj) in wt.iter().enumerate() {
+                    let a = o.add(j * d + 32 * b);
+                    let (ws, wm) = (_mm256_set1_ps(wj * s), _mm256_set1_ps(wj * m));
+                    for (r, &vr) in v.iter().enumerate() {
+                        let q = a.add(8 * r);
+                        let x = _mm256_add_ps(_mm256_loadu_ps(q), wm);
+                        _mm256_storeu_ps(q, _mm256_fmadd_ps(ws, vr, x));
+                    }
+                }
+            }
+        }
+    }
+
+    /// 32 elements at a time: 32 nibbles (pair order) widened to i32 indices, eight at a time
+    /// looked up in the 16 centroids held in two vectors (`permutevar8x32` on each half, the
+    /// index's bit 3 choosing between them), times the row factor; then per query
+    /// `acc += w · v` as a product and a sum (the scalar loop's roundings).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn axpy_centroids4(
+        centroids: &[f32; 16],
+        data: &[u8],
+        rb: usize,
+        d: usize,
+        t0: usize,
+        t1: usize,
+        w: &[f32],
+        acc: &mut [f32],
+    ) {
+        let nq = acc.len() / d;
+        let lo = _mm256_loadu_ps(centroids.as_ptr());
+        let hi = _mm256_loadu_ps(centroids.as_ptr().add(8));
+        let o = acc.as_mut_ptr();
+        for t in t0..t1 {
+            let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
+            if wt.iter().all(|&x| x == 0.0) {
+                continue;
+            }
+            let row = data.as_ptr().add(t * rb);
+            let n = _mm256_set1_ps(f16_at(row));
+            for b in 0..d / 32 {
+                let nib = nibbles(row.add(2 + 16 * b));
+                let (n0, n1) = (
+                    _mm256_castsi256_si128(nib),
+                    _mm256_extracti128_si256(nib, 1),
+                );
+                let look = |i: __m256i| {
+                    let a = _mm256_permutevar8x32_ps(lo, i);
+                    let c = _mm256_permutevar8x32_ps(hi, i);
+                    let m = _mm256_castsi256_ps(_mm256_slli_epi32(i, 28));
+                    _mm256_mul_ps(_mm256_blendv_ps(a, c, m), n)
+                };
+                let v = [
+                    look(_mm256_cvtepu8_epi32(n0)),
+                    look(_mm256_cvtepu8_epi32(_mm_srli_si128(n0, 8))),
+                    look(_mm256_cvtepu8_epi32(n1)),
+                    look(_mm256_cvtepu8_epi32(_mm_srli_si128(n1, 8))),
+                ];
+                for (j, &wj) in wt.iter().enumerate() {
+                    let a = o.add(j * d + 32 * b);
+                    let wv = _mm256_set1_ps(wj);
+                    for (r, &vr) in v.iter().enumerate() {
+                        let p = a.add(8 * r);
+                        _mm256_storeu_ps(
+                            p,
+                            _mm256_add_ps(_mm256_loadu_ps(p), _mm256_mul_ps(wv, vr)),
+                        );
                     }
                 }
             }
@@ -276,6 +511,58 @@ mod tests {
                                 let e = (v[j * d + i] as f64 - exact).abs();
                                 assert!(e <= bound, "{f:?} {name} d={d} nq={nq}: {e} > {bound}");
                             }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `int2` (2-bit, groups of 32) P·V on the codes against f64 sums of the decoded rows,
+    /// d 32/64/128, nq 1–8, some weights zero; SIMD and scalar kernels both. Bound: each term
+    /// is formed as `(w·s)·code + w·m` (three roundings) and added to the running sum (one per
+    /// row), and the reference's decoded `m + code·s` carries two, all relative to
+    /// `w·(|m| + code·|s|) ≤ w·(|m| + 3|s|)`, not to `|w·v|` (m and code·s may cancel): so
+    /// `|err| ≤ γ_{n+5}·Σ_t w_t·(|m_t| + 3|s_t|)` (Higham §3.1, `γ_k = k·u/(1 − k·u)`,
+    /// `u = 2⁻²⁴`), with `s`, `m` the element's group parameters as stored (f16).
+    #[test]
+    fn int2_code_axpy_matches_decoded_rows() {
+        use crate::kv::formats::uniform::UniformGroupRow;
+        let mut rng = StdRng::seed_from_u64(2402);
+        let c = UniformGroupRow::new(2, 32).unwrap();
+        assert_eq!(c.code_values(), Some(CodeValues::Int2G32));
+        assert_eq!(UniformGroupRow::new(2, 16).unwrap().code_values(), None);
+        for d in [32usize, 64, 128] {
+            for nq in [1usize, 3, 8] {
+                let n = 41;
+                let x = random(&mut rng, n * d, d);
+                let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
+                w[3 * nq..4 * nq].iter_mut().for_each(|v| *v = 0.0);
+                let (data, dec) = store(c, &x, d);
+                let rb = c.row_bytes(d);
+                let mut got = vec![0f32; nq * d];
+                axpy_codes(CodeValues::Int2G32, &data, rb, d, 0, n, &w, &mut got);
+                let mut scalar = vec![0f32; nq * d];
+                scalar_axpy_codes(CodeValues::Int2G32, &data, rb, d, 0, n, &w, &mut scalar);
+                let u = 2f64.powi(-24);
+                let gamma = (n + 5) as f64 * u / (1.0 - (n + 5) as f64 * u);
+                let f16 = |p: &[u8]| half::f16::from_le_bytes([p[0], p[1]]).to_f32() as f64;
+                for j in 0..nq {
+                    for i in 0..d {
+                        let blk = |t: usize| &data[t * rb + 12 * (i / 32)..];
+                        let exact: f64 = (0..n)
+                            .map(|t| w[t * nq + j] as f64 * dec[t * d + i] as f64)
+                            .sum();
+                        let mass: f64 = (0..n)
+                            .map(|t| {
+                                let p = blk(t);
+                                w[t * nq + j] as f64 * (f16(&p[2..]).abs() + 3.0 * f16(p).abs())
+                            })
+                            .sum();
+                        let bound = gamma * mass + 1e-30;
+                        for (name, v) in [("simd", &got), ("scalar", &scalar)] {
+                            let e = (v[j * d + i] as f64 - exact).abs();
+                            assert!(e <= bound, "int2 {name} d={d} nq={nq}: {e} > {bound}");
                         }
                     }
                 }

@@ -18,8 +18,13 @@
 //!   Σ c·2e2m1(nib)` with the block scale factored out of the block's integer sum (NVFP4's
 //!   per-row f32 scale multiplies the whole sum once).
 //!
+//! - a 16-level codebook (TurboQuant_mse 4-bit keys, `k = ‖k‖ · centroid[nib]` in the rotated
+//!   basis): the centroids rounded to int8 in units of a step `ts` go through the same byte
+//!   shuffle, `score = sq · ts · ‖k‖ · Σ c·round(centroid/ts)[nib]`, the query rotated first.
+//!
 //! The only error against the exact f32 path is the query's rounding, at most `sq/2` per
-//! element; [`super::KvCache::set_exact_attention`] keeps the f32 path where that matters.
+//! element (and for a codebook, its rounding to the table, at most `ts/2` per centroid);
+//! [`super::KvCache::set_exact_attention`] keeps the f32 path where that matters.
 
 use half::f16;
 
@@ -97,6 +102,13 @@ pub enum IntKeys {
     /// MXFP4 blocks of 32: E8M0 scale, 16 bytes (element j low nibble, j + 16 high)
     /// ([`super::formats::mxfp4`]).
     Mxfp4,
+    /// Rows of 4-bit indices into a 16-level codebook (TurboQuant_mse keys, Zandieh et al.
+    /// 2025, arXiv 2504.19874, §3.1; [`super::formats::turboquant`]): f16 row factor, then `d/2`
+    /// bytes (element 2j low nibble, 2j + 1 high, as [`Self::Int4G32`]). Each index is looked up
+    /// in this 16-entry int8 table (a byte shuffle on AVX2, as the FP4 formats' E2M1 table), so
+    /// `score = sq · factor · Σ c·table[nib]`; a table holding the codebook in units of a step
+    /// `ts` gives the score divided by `ts`, which the caller multiplies back in.
+    Lut4([i8; 16]),
 }
 
 /// `out[(t − t0)·nq + j] = q_j · key_t` for rows `t0..t1` of `data` (rows of `rb` bytes in
@@ -223,6 +235,20 @@ pub fn scalar_scores(
                     }
                     acc *= 0.5;
                 }
+                IntKeys::Lut4(lut) => {
+                    let mut dot = 0i32;
+                    for b in 0..nb {
+                        let n = &row[2 + b * 16..2 + (b + 1) * 16];
+                        let c = &cp[b * B..(b + 1) * B];
+                        dot += (0..16)
+                            .map(|i| {
+                                lut[(n[i] & 15) as usize] as i32 * c[i] as i32
+                                    + lut[(n[i] >> 4) as usize] as i32 * c[16 + i] as i32
+                            })
+                            .sum::<i32>();
+                    }
+                    acc = f16_at(row, 0) * dot as f32;
+                }
             }
             out[(t - t0) * nq + j] = q.scale[j] * acc;
         }
@@ -234,7 +260,7 @@ pub fn scalar_scores(
     target_feature = "avx2",
     target_feature = "fma"
 ))]
-mod avx {
+pub(crate) mod avx {
     use super::{IntKeys, QueryI8, B};
     use crate::kv::formats::fp4::{e4m3_to_f32, e8m0_to_f32, E2M1_X2};
     use crate::kv::simd::avx::{dot_u8_i8, f16_at as f16p, nibbles, nibbles8};
@@ -257,7 +283,7 @@ mod avx {
 
     /// Lane r of the result = Σ lanes of `v[r]`, for eight vectors.
     #[inline(always)]
-    unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
+    pub(crate) unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
         let a = _mm256_hadd_ps(v[0], v[1]);
         let b = _mm256_hadd_ps(v[2], v[3]);
         let c = _mm256_hadd_ps(v[4], v[5]);
@@ -357,6 +383,26 @@ mod avx {
                     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc);
                 }
                 (_mm256_mul_ps(acc, _mm256_set1_ps(0.5)), 0.0)
+            }
+            IntKeys::Lut4(lut) => {
+                // One row factor: the integer sums of every block add up before one conversion
+                // (|Σ| ≤ d·127·127, far inside i32 for any head_dim).
+                let cp = q.pairs.as_ptr().add(j * d);
+                let t = _mm_loadu_si128(lut.as_ptr() as *const __m128i);
+                let tab = _mm256_set_m128i(t, t);
+                let mut acc = _mm256_setzero_si256();
+                for b in 0..nb {
+                    let k = _mm256_shuffle_epi8(tab, nibbles(row.add(2 + 16 * b)));
+                    let cv = _mm256_loadu_si256(cp.add(b * B) as *const __m256i);
+                    acc = _mm256_add_epi32(
+                        acc,
+                        dot_u8_i8(_mm256_sign_epi8(k, k), _mm256_sign_epi8(cv, k)),
+                    );
+                }
+                (
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(f16p(row))),
+                    0.0,
+                )
             }
         }
     }

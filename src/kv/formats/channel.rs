@@ -308,6 +308,260 @@ impl ChannelStream {
     }
 }
 
+impl ChannelStream {
+    /// Position of channel `c` in the order the SIMD unpacking yields a code row's channels
+    /// ("lane order"): 8-bit: `c`; 4-bit, per 32 channels: the even ones (low nibbles of 16
+    /// bytes), then the odd ones; 2-bit, per 64 channels (16 bytes): bits 0–1 of every byte
+    /// (channels 4j), then bits 2–3 (4j + 1), 4–5, 6–7.
+    fn lane_of(&self, c: usize) -> usize {
+        match self.bits {
+            8 => c,
+            4 => {
+                let (b, k) = (c / 32, c % 32);
+                32 * b + if k % 2 == 0 { k / 2 } else { 16 + k / 2 }
+            }
+            _ => {
+                let (b, k) = (c / 64, c % 64);
+                64 * b + (k % 4) * 16 + k / 4
+            }
+        }
+    }
+}
+
+/// A block's queries with the per-channel scales folded in (KIVI §3.2's per-channel scales
+/// factored out of the dot product): `q'_c = q_c·s_c` quantized to int8 with one step per
+/// query, `sq = max|q'|/127`, in lane order; the minimums' term `Σ_c q_c·m_c` kept in f32.
+struct BlockQueries {
+    /// `[nq, d]` int8 codes of `q'` in lane order.
+    q8: Vec<i8>,
+    /// `[nq]` steps `sq`.
+    sq: Vec<f32>,
+    /// `[nq]` `Σ_c q_c·m_c` (0 for 8-bit, which has no minimum).
+    bias: Vec<f32>,
+    /// Scratch reused from block to block (no allocation per block): `[d]` scales,
+    /// minimums, `q'`, and the lane of each channel.
+    scale: Vec<f32>,
+    min: Vec<f32>,
+    qp: Vec<f32>,
+    lanes: Vec<usize>,
+}
+
+/// `out[(t − r0)·nq + j] = sq_j · Σ_c q8_j[lane(c)]·code_tc + bias_j` for code rows `r0..r1`
+/// of one block (`codes`: rows of `crb` bytes, `bits` 8/4/2, layouts of [`ChannelStream`]).
+fn block_scores(bits: u8, codes: &[u8], crb: usize, r0: usize, r1: usize, q: &BlockQueries, out: &mut [f32]) {
+    let nq = q.sq.len();
+    let d = q.q8.len() / nq.max(1);
+    assert!(codes.len() >= r1 * crb && out.len() >= (r1 - r0) * nq);
+    crate::util::simd::simd_dispatch!(
+        ["avx2", "fma"],
+        // SAFETY: features enabled at compile time; rows r0..r1 lie inside `codes` (asserted),
+        // and d is a multiple of 32 (8/4-bit) or 64 (2-bit) wherever this is called
+        // (`int_keys`), so every 16- or 32-byte load stays inside a row.
+        unsafe { chan_avx::block_scores(bits, codes, crb, d, r0, r1, q, out) },
+        scalar_block_scores(bits, codes, crb, d, r0, r1, q, out)
+    )
+}
+
+/// [`block_scores`] in scalar code: the path without AVX2 and the reference the SIMD kernel is
+/// tested against.
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(
+    all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"),
+    allow(dead_code) // with AVX2 only the tests call it
+)]
+fn scalar_block_scores(
+    bits: u8,
+    codes: &[u8],
+    crb: usize,
+    d: usize,
+    r0: usize,
+    r1: usize,
+    q: &BlockQueries,
+    out: &mut [f32],
+) {
+    let nq = q.sq.len();
+    for r in r0..r1 {
+        let row = &codes[r * crb..(r + 1) * crb];
+        for j in 0..nq {
+            let c = &q.q8[j * d..(j + 1) * d];
+            let dot: i32 = match bits {
+                8 => row.iter().zip(c).map(|(&k, &c)| k as i8 as i32 * c as i32).sum(),
+                4 => (0..d / 32)
+                    .map(|b| {
+                        (0..16)
+                            .map(|m| {
+                                let k = row[16 * b + m];
+                                (k & 15) as i32 * c[32 * b + m] as i32
+                                    + (k >> 4) as i32 * c[32 * b + 16 + m] as i32
+                            })
+                            .sum::<i32>()
+                    })
+                    .sum(),
+                _ => (0..d / 64)
+                    .map(|b| {
+                        (0..4)
+                            .flat_map(|i| (0..16).map(move |m| (i, m)))
+                            .map(|(i, m)| {
+                                ((row[16 * b + m] >> (2 * i)) & 3) as i32
+                                    * c[64 * b + 16 * i + m] as i32
+                            })
+                            .sum::<i32>()
+                    })
+                    .sum(),
+            };
+            out[(r - r0) * nq + j] = q.sq[j] * dot as f32 + q.bias[j];
+        }
+    }
+}
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+mod chan_avx {
+    use super::BlockQueries;
+    use crate::kv::intdot::avx::hsum8;
+    use crate::kv::simd::avx::{dot_u8_i8, hsum, nibbles};
+    use std::arch::x86_64::*;
+
+    /// One code row against one query's lane-ordered int8 codes `c`: 8 i32 partial sums.
+    #[inline(always)]
+    unsafe fn row_dot(bits: u8, row: *const u8, c: *const i8, d: usize) -> __m256i {
+        let mut acc = _mm256_setzero_si256();
+        match bits {
+            8 => {
+                for b in 0..d / 32 {
+                    let k = _mm256_loadu_si256(row.add(32 * b) as *const __m256i);
+                    let cv = _mm256_loadu_si256(c.add(32 * b) as *const __m256i);
+                    let p = dot_u8_i8(_mm256_sign_epi8(k, k), _mm256_sign_epi8(cv, k));
+                    acc = _mm256_add_epi32(acc, p);
+                }
+            }
+            4 => {
+                for b in 0..d / 32 {
+                    let cv = _mm256_loadu_si256(c.add(32 * b) as *const __m256i);
+                    acc = _mm256_add_epi32(acc, dot_u8_i8(nibbles(row.add(16 * b)), cv));
+                }
+            }
+            _ => {
+                let m = _mm_set1_epi8(3);
+                for b in 0..d / 64 {
+                    let x = _mm_loadu_si128(row.add(16 * b) as *const __m128i);
+                    let u0 = _mm_and_si128(x, m);
+                    let u1 = _mm_and_si128(_mm_srli_epi16(x, 2), m);
+                    let u2 = _mm_and_si128(_mm_srli_epi16(x, 4), m);
+                    let u3 = _mm_and_si128(_mm_srli_epi16(x, 6), m);
+                    let c0 = _mm256_loadu_si256(c.add(64 * b) as *const __m256i);
+                    let c1 = _mm256_loadu_si256(c.add(64 * b + 32) as *const __m256i);
+                    let p0 = dot_u8_i8(_mm256_set_m128i(u1, u0), c0);
+                    let p1 = dot_u8_i8(_mm256_set_m128i(u3, u2), c1);
+                    acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
+                }
+            }
+        }
+        acc
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn block_scores(
+        bits: u8,
+        codes: &[u8],
+        crb: usize,
+        d: usize,
+        r0: usize,
+        r1: usize,
+        q: &BlockQueries,
+        out: &mut [f32],
+    ) {
+        let nq = q.sq.len();
+        let mut r = r0;
+        // Eight rows per query at a time: one horizontal reduction for all eight.
+        while r + 8 <= r1 {
+            for j in 0..nq {
+                let c = q.q8.as_ptr().add(j * d);
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for (k, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_cvtepi32_ps(row_dot(bits, codes.as_ptr().add((r + k) * crb), c, d));
+                }
+                let v = _mm256_fmadd_ps(
+                    hsum8(&acc),
+                    _mm256_set1_ps(q.sq[j]),
+                    _mm256_set1_ps(q.bias[j]),
+                );
+                let mut s = [0f32; 8];
+                _mm256_storeu_ps(s.as_mut_ptr(), v);
+                for (k, &x) in s.iter().enumerate() {
+                    *out.get_unchecked_mut((r + k - r0) * nq + j) = x;
+                }
+            }
+            r += 8;
+        }
+        while r < r1 {
+            let row = codes.as_ptr().add(r * crb);
+            for j in 0..nq {
+                let p = row_dot(bits, row, q.q8.as_ptr().add(j * d), d);
+                let dot = hsum(_mm256_cvtepi32_ps(p));
+                *out.get_unchecked_mut((r - r0) * nq + j) = q.sq[j] * dot + q.bias[j];
+            }
+            r += 1;
+        }
+    }
+}
+
+impl ChannelStream {
+    /// [`BlockQueries`] of block `b` for the queries `qs` (`[nq, d]`).
+    #[cfg(test)]
+    fn block_queries(&self, b: usize, qs: &[f32]) -> BlockQueries {
+        let mut bq = self.empty_block_queries(qs.len() / self.d);
+        self.fill_block_queries(b, qs, &mut bq);
+        bq
+    }
+
+    /// Buffers for [`fill_block_queries`](Self::fill_block_queries) with `nq` queries.
+    fn empty_block_queries(&self, nq: usize) -> BlockQueries {
+        let d = self.d;
+        BlockQueries {
+            q8: vec![0i8; nq * d],
+            sq: vec![0f32; nq],
+            bias: vec![0f32; nq],
+            scale: vec![0f32; d],
+            min: vec![0f32; d],
+            qp: vec![0f32; d],
+            lanes: (0..d).map(|c| self.lane_of(c)).collect(),
+        }
+    }
+
+    /// Fills `bq` with the [`BlockQueries`] of block `b` for the queries `qs` (`[nq, d]`).
+    fn fill_block_queries(&self, b: usize, qs: &[f32], bq: &mut BlockQueries) {
+        let d = self.d;
+        let block = &self.blocks[b * self.block_bytes()..][..self.block_bytes()];
+        let raw = &block[..self.params_bytes()];
+        F16Row.decode(&raw[..2 * d], &mut bq.scale);
+        if self.bits != 8 {
+            F16Row.decode(&raw[2 * d..4 * d], &mut bq.min);
+        }
+        for (j, q) in qs.chunks_exact(d).enumerate() {
+            for ((p, &a), &s) in bq.qp.iter_mut().zip(q).zip(&bq.scale) {
+                *p = a * s;
+            }
+            let amax = bq.qp.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let s = amax / 127.0;
+            let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+            let q8 = &mut bq.q8[j * d..(j + 1) * d];
+            for (&v, &l) in bq.qp.iter().zip(&bq.lanes) {
+                q8[l] = (v * inv).round_ties_even() as i8;
+            }
+            bq.sq[j] = s;
+            bq.bias[j] = if self.bits == 8 {
+                0.0
+            } else {
+                q.iter().zip(&bq.min).map(|(a, b)| a * b).sum()
+            };
+        }
+    }
+}
+
 impl Stream for ChannelStream {
     fn push(&mut self, rows: &[f32]) -> usize {
         let start = self.resid.len();
@@ -335,6 +589,50 @@ impl Stream for ChannelStream {
         dot_rows_with(t0, t1, qs, out, self.d, |t, r| {
             self.decode_with(t, r, &mut params)
         });
+    }
+
+    /// Quantized blocks score on their codes when `d` suits the unpacking (a multiple of 32;
+    /// of 64 at 2 bits); the f16 residual rows use [`dot_rows`](Stream::dot_rows).
+    fn int_keys(&self) -> bool {
+        self.d.is_multiple_of(if self.bits == 2 { 64 } else { 32 })
+    }
+
+    /// Per block and query, the channel scales fold into the query (`q'_c = q_c·s_c`, KIVI
+    /// §3.2's per-channel factor) and the minimums into one term (`Σ_c q_c·m_c`), so a key is
+    /// `Σ_c q'_c·code_c + Σ_c q_c·m_c`; `q'` is quantized to int8 (step `sq = max|q'|/127`) and
+    /// dotted with the codes as integers. Error against [`dot_rows`](Stream::dot_rows): at most
+    /// `sq/2 · Σ_c code_c` per key (`|code|` for 8-bit), plus f32 rounding. The `q` passed in
+    /// (quantized without the scales) is not used.
+    fn dot_rows_int(
+        &self,
+        t0: usize,
+        t1: usize,
+        qs: &[f32],
+        _q: &crate::kv::intdot::QueryI8,
+        out: &mut [f32],
+    ) {
+        if !self.int_keys() {
+            return self.dot_rows(t0, t1, qs, out);
+        }
+        let (d, g) = (self.d, self.group);
+        let nq = qs.len() / d;
+        let tq = t1.min(self.n_blocks * g).max(t0);
+        let crb = self.code_row_bytes();
+        let mut q = self.empty_block_queries(nq);
+        let mut t = t0;
+        while t < tq {
+            let b = t / g;
+            let end = ((b + 1) * g).min(tq);
+            self.fill_block_queries(b, qs, &mut q);
+            let block = &self.blocks[b * self.block_bytes()..][..self.block_bytes()];
+            let codes = &block[self.params_bytes()..];
+            let o = &mut out[(t - t0) * nq..(end - t0) * nq];
+            block_scores(self.bits, codes, crb, t - b * g, end - b * g, &q, o);
+            t = end;
+        }
+        if tq < t1 {
+            self.dot_rows(tq, t1, qs, &mut out[(tq - t0) * nq..(t1 - t0) * nq]);
+        }
     }
 
     fn axpy_rows(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
@@ -444,5 +742,160 @@ mod tests {
         }
         .validate(6)
         .is_err());
+    }
+
+    /// `n·d` values, a sum of two uniforms each, the first `outliers` channels of each row 8×
+    /// larger (keys after RoPE have such channels: KIVI §3.1's reason for per-channel keys).
+    fn random_rows(
+        rng: &mut rand::rngs::StdRng,
+        n: usize,
+        d: usize,
+        outliers: usize,
+    ) -> Vec<f32> {
+        use rand::Rng;
+        (0..n * d)
+            .map(|i| {
+                let x: f32 = rng.random_range(-1.0..1.0) + rng.random_range(-1.0..1.0);
+                if i % d < outliers {
+                    8.0 * x
+                } else {
+                    x
+                }
+            })
+            .collect()
+    }
+
+    /// Per (key, query) bound of the integer path against exact dot products: in block `b` a
+    /// key is `k_c = m_c + code_c·s_c`, so `q·k = Σ_c q'_c·code_c + Σ_c q_c·m_c` with
+    /// `q'_c = q_c·s_c`; the fast path replaces `q'_c` by `sq·round(q'_c/sq)`, off by at most
+    /// `sq/2` each (`sq = max_c|q'_c|/127`), so the score is off by at most
+    /// `sq/2·Σ_c|code_c| ≤ sq/2·d·code_max` (`code_max` = 2^bits − 1, 127 for 8-bit), plus f32
+    /// rounding, taken as `1e-4·(1 + Σ_c|q_c·k_c|)`. Residual (f16) rows: the f32 slack only.
+    /// The scales `s_c` are read from the stored block's f16 parameters.
+    fn key_bound(s: &ChannelStream, t: usize, q: &[f32], k: &[f32]) -> f64 {
+        let d = s.d;
+        let slack = 1e-4 * (1.0 + q.iter().zip(k).map(|(a, b)| (a * b).abs() as f64).sum::<f64>());
+        if t >= s.n_blocks * s.group {
+            return slack;
+        }
+        let block = &s.blocks[t / s.group * s.block_bytes()..];
+        let mut scale = vec![0f32; d];
+        F16Row.decode(&block[..2 * d], &mut scale);
+        let sq = q
+            .iter()
+            .zip(&scale)
+            .fold(0f64, |m, (a, b)| m.max((a * b).abs() as f64))
+            / 127.0;
+        let code_max = if s.bits == 8 { 127.0 } else { ((1 << s.bits) - 1) as f64 };
+        sq / 2.0 * d as f64 * code_max + slack
+    }
+
+    /// KIVI keys scored on their codes (`dot_rows_int`) against f64 dot products of the exact
+    /// queries with the rows as `decode` returns them, 8/4/2 bits, d 64/128, 1–8 queries, a
+    /// range that starts inside a block and runs into the f16 residual; bound: [`key_bound`].
+    /// The SIMD block kernel also equals the scalar one within f32 rounding.
+    #[test]
+    fn channel_scores_on_codes_within_query_rounding() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2402_02750);
+        for bits in [8u8, 4, 2] {
+            for d in [64usize, 128] {
+                for nq in [1usize, 3, 8] {
+                    let n = 150;
+                    let mut s = ChannelStream::new(bits, 32, 16, d);
+                    s.push(&random_rows(&mut rng, n, d, 3));
+                    assert!(s.int_keys() && s.n_blocks >= 3 && s.len() == n);
+                    let qs = random_rows(&mut rng, nq, d, 0);
+                    let q8 = crate::kv::intdot::QueryI8::quantize(&qs, d);
+                    let (t0, t1) = (5, n);
+                    let mut got = vec![0f32; (t1 - t0) * nq];
+                    s.dot_rows_int(t0, t1, &qs, &q8, &mut got);
+                    let mut k = vec![0f32; d];
+                    for t in t0..t1 {
+                        s.decode(t, &mut k);
+                        for j in 0..nq {
+                            let q = &qs[j * d..(j + 1) * d];
+                            let exact: f64 =
+                                k.iter().zip(q).map(|(&a, &b)| a as f64 * b as f64).sum();
+                            let bound = key_bound(&s, t, q, &k);
+                            let g = got[(t - t0) * nq + j] as f64;
+                            assert!(
+                                (g - exact).abs() <= bound,
+                                "bits={bits} d={d} nq={nq} t={t} j={j}: {g} vs {exact} ({bound})"
+                            );
+                        }
+                    }
+                    // SIMD against scalar on block 1.
+                    let bq = s.block_queries(1, &qs);
+                    let codes = &s.blocks[s.block_bytes() + s.params_bytes()..2 * s.block_bytes()];
+                    let crb = s.code_row_bytes();
+                    let (mut a, mut b) = (vec![0f32; 32 * nq], vec![0f32; 32 * nq]);
+                    block_scores(bits, codes, crb, 0, 32, &bq, &mut a);
+                    scalar_block_scores(bits, codes, crb, d, 0, 32, &bq, &mut b);
+                    for (x, y) in a.iter().zip(&b) {
+                        assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{x} vs {y}");
+                    }
+                }
+            }
+        }
+        // 2-bit needs d a multiple of 64 for the SIMD unpacking.
+        assert!(!ChannelStream::new(2, 32, 16, 32).int_keys());
+        assert!(ChannelStream::new(4, 32, 16, 32).int_keys());
+    }
+
+    /// Whole attention over KIVI keys (f16 values), fast path (keys on the codes) against the
+    /// exact path (keys decoded to f32), GQA groups 1, 3 and 4, decode and a prefill block.
+    /// Derived bound: each logit (score/√d) moves by at most E = max over keys of
+    /// [`key_bound`]/√d; logits moved by at most E move every softmax weight by a factor
+    /// within [e^−2E, e^2E], so each output moves by at most (e^2E − 1)·max|v| (the value path
+    /// is shared), plus f32 slack.
+    #[test]
+    fn channel_fast_attention_matches_exact() {
+        use crate::kv::attention::{attend, AttnShape, HeadView};
+        use crate::kv::stream::RowStream;
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        for bits in [8u8, 4, 2] {
+            for (group, n_q) in [(1usize, 1usize), (3, 1), (4, 5)] {
+                let (n, d) = (120, 64);
+                let mut ks = ChannelStream::new(bits, 32, 16, d);
+                let mut vs = RowStream::new(F16Row, d);
+                ks.push(&random_rows(&mut rng, n, d, 3));
+                vs.push(&random_rows(&mut rng, n, d, 0));
+                let q = random_rows(&mut rng, group * n_q, d, 0);
+                let head = HeadView { k: &ks, v: &vs };
+                let shape = |exact| AttnShape {
+                    batch: 1,
+                    kv_heads: 1,
+                    group,
+                    n_q,
+                    head_dim: d,
+                    exact,
+                };
+                let fast = attend(&[head], &q, shape(false), false).out;
+                let exact = attend(&[head], &q, shape(true), false).out;
+                let (mut k, mut v) = (vec![0f32; d], vec![0f32; d]);
+                let mut vmax = 0f64;
+                for t in 0..n {
+                    vs.decode(t, &mut v);
+                    vmax = v.iter().fold(vmax, |m, &a| m.max(a.abs() as f64));
+                }
+                for (r, qr) in q.chunks_exact(d).enumerate() {
+                    let mut e = 0f64;
+                    for t in 0..n {
+                        ks.decode(t, &mut k);
+                        e = e.max(key_bound(&ks, t, qr, &k) / (d as f64).sqrt());
+                    }
+                    let bound = ((2.0 * e).exp() - 1.0) * vmax + 1e-4 * vmax;
+                    for i in 0..d {
+                        let diff = (fast[r * d + i] - exact[r * d + i]).abs() as f64;
+                        assert!(
+                            diff <= bound,
+                            "bits={bits} group={group} n_q={n_q} row {r}: {diff} > {bound}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -184,6 +184,11 @@ impl RowCodec for UniformGroupRow {
         0
     }
 
+    /// `int2` with groups of 32 (KIVI's values) accumulates on its codes.
+    fn code_values(&self) -> Option<crate::kv::codeaxpy::CodeValues> {
+        (self.bits == 2 && self.group == 32).then_some(crate::kv::codeaxpy::CodeValues::Int2G32)
+    }
+
     fn decode(&self, row: &[u8], out: &mut [f32]) {
         for (b, o) in row
             .chunks_exact(self.block())

@@ -39,8 +39,25 @@ pub fn unpack_bits(packed: &[u8], bits: u8, out: &mut [u8]) {
         packed.len() >= packed_bytes(out.len(), bits),
         "packed buffer size"
     );
+    // Eight codes of `b` bits fill exactly `b` bytes: read them as one integer and shift
+    // (no per-code branch for codes that straddle a byte); the tail code by code.
+    let b = bits as usize;
+    let whole = out.len() / 8;
+    for (o, p) in out[..whole * 8]
+        .chunks_exact_mut(8)
+        .zip(packed.chunks_exact(b))
+    {
+        let mut v = 0u64;
+        for (k, &x) in p.iter().enumerate() {
+            v |= (x as u64) << (8 * k);
+        }
+        let m = (1u64 << b) - 1;
+        for (i, o) in o.iter_mut().enumerate() {
+            *o = ((v >> (b * i)) & m) as u8;
+        }
+    }
     let mask = (1u16 << bits) - 1;
-    for (i, o) in out.iter_mut().enumerate() {
+    for (i, o) in out.iter_mut().enumerate().skip(whole * 8) {
         let bit = i * bits as usize;
         let lo = packed[bit / 8] as u16;
         let hi = if bit % 8 + bits as usize > 8 {

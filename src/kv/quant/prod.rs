@@ -98,6 +98,11 @@ impl TurboQuantProd {
         TurboQuantMse::row_bytes_for(head_dim, bits - 1) + 2 + packed_bytes(head_dim, 1)
     }
 
+    /// The MSE stage (`bits − 1` bits, no norm correction).
+    pub fn mse(&self) -> &TurboQuantMse {
+        &self.mse
+    }
+
     /// Bytes of the fixed QJL matrix if held as f32 (`d²·4`), once per quantizer.
     pub fn matrix_bytes(&self) -> usize {
         self.s.len() * 4
@@ -193,7 +198,63 @@ impl TurboQuantProd {
     }
 }
 
+/// Byte `b` of sign bits as eight ±1.0 (bit `i` set → +1 at `i`), built once: QJL's `z`
+/// eight at a time.
+fn sign_table() -> &'static [[f32; 8]; 256] {
+    static T: std::sync::OnceLock<[[f32; 8]; 256]> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = [[0f32; 8]; 256];
+        for (b, e) in t.iter_mut().enumerate() {
+            for (i, v) in e.iter_mut().enumerate() {
+                *v = if (b >> i) & 1 == 1 { 1.0 } else { -1.0 };
+            }
+        }
+        t
+    })
+}
+
+impl ProdQuery {
+    /// The query as one `[2d]` vector `[R q, S q]`: its dot product with
+    /// [`TurboQuantProd::decode_split`]'s row is [`TurboQuantProd::score`].
+    pub fn concat(&self) -> Vec<f32> {
+        [self.rotated.as_slice(), self.sketched.as_slice()].concat()
+    }
+}
+
 impl TurboQuantProd {
+    /// A stored row as one `[2d]` vector `[‖x‖·ŷ, ‖x‖·γ·√(π/2)/d·z]` (`z ∈ {±1}^d`), so that
+    /// its dot product with [`ProdQuery::concat`] is the estimator of
+    /// [`score`](Self::score) (TurboQuant §3.2, Alg. 2) as one plain dot product of 2d terms:
+    /// attention's tiled f32 kernels score it without reading bits per query. `codes`:
+    /// scratch of `d` bytes. Panics on wrong lengths (a caller's sizing bug).
+    pub fn decode_split(&self, row: &[u8], codes: &mut [u8], out: &mut [f32]) {
+        let d = self.head_dim();
+        let m = self.mse.row_bytes();
+        assert!(out.len() == 2 * d && codes.len() == d, "split row sizes");
+        let n = self.mse.norm(row);
+        super::bits::unpack_bits(&row[2..m], self.mse.bits(), codes);
+        let c = self.mse.codebook().centroids();
+        for (o, &k) in out[..d].iter_mut().zip(codes.iter()) {
+            *o = n * c[k as usize];
+        }
+        let gamma = f16::from_le_bytes([row[m], row[m + 1]]).to_f32();
+        let k = n * gamma * (PI / 2.0).sqrt() as f32 / d as f32;
+        let z = &row[m + 2..];
+        let (signs, kv) = (sign_table(), [k; 8]);
+        for (o, &byte) in out[d..].chunks_exact_mut(8).zip(z) {
+            for ((o, &s), &k) in o.iter_mut().zip(&signs[byte as usize]).zip(&kv) {
+                *o = s * k; // ±k exactly
+            }
+        }
+        for (i, o) in out[d..].iter_mut().enumerate().skip(d / 8 * 8) {
+            *o = if (z[i / 8] >> (i % 8)) & 1 == 1 {
+                k
+            } else {
+                -k
+            };
+        }
+    }
+
     /// Adds `w · x̃` of one stored row to a weighted sum kept in two parts, so the d×d QJL
     /// matrix is applied once per sum instead of once per row: `racc` (`[d]`) gathers
     /// `w·‖x‖·ŷ` in the rotated basis and `zacc` (`[d]`) gathers `w·‖x‖·γ·√(π/2)/d·z` in the
@@ -212,6 +273,56 @@ impl TurboQuantProd {
         let z = &row[m + 2..];
         for (i, a) in zacc.iter_mut().enumerate() {
             *a += if code_at(z, 1, i) == 1 { cz } else { -cz };
+        }
+    }
+
+    /// [`accumulate`](Self::accumulate) for several queries at once: weights `wt` (`[nq]`),
+    /// sums `racc`, `zacc` (`[nq, d]`); the row's indices and sign bits are unpacked once
+    /// (into the scratch `codes`, `d` bytes) instead of once per query and element, and every
+    /// sum gets the same products and additions as `accumulate` (equal bit for bit).
+    /// Queries with weight 0 are skipped.
+    pub fn accumulate_many(
+        &self,
+        row: &[u8],
+        wt: &[f32],
+        racc: &mut [f32],
+        zacc: &mut [f32],
+        codes: &mut [u8],
+    ) {
+        let d = self.head_dim();
+        let m = self.mse.row_bytes();
+        let n = self.mse.norm(row);
+        super::bits::unpack_bits(&row[2..m], self.mse.bits(), codes);
+        let c = self.mse.codebook().centroids();
+        let gamma = f16::from_le_bytes([row[m], row[m + 1]]).to_f32();
+        let z = &row[m + 2..];
+        for ((r, za), &w) in racc
+            .chunks_exact_mut(d)
+            .zip(zacc.chunks_exact_mut(d))
+            .zip(wt)
+        {
+            if w == 0.0 {
+                continue;
+            }
+            let wn = w * n;
+            for (a, &k) in r.iter_mut().zip(codes.iter()) {
+                *a += wn * c[k as usize];
+            }
+            let cz = wn * gamma * (PI / 2.0).sqrt() as f32 / d as f32;
+            // ±1 · cz is ±cz exactly: the same additions as `accumulate`, eight at a time.
+            let signs = sign_table();
+            for (a8, &byte) in za.chunks_exact_mut(8).zip(z) {
+                for (a, &sg) in a8.iter_mut().zip(&signs[byte as usize]) {
+                    *a += sg * cz;
+                }
+            }
+            for (i, a) in za.iter_mut().enumerate().skip(d / 8 * 8) {
+                *a += if (z[i / 8] >> (i % 8)) & 1 == 1 {
+                    cz
+                } else {
+                    -cz
+                };
+            }
         }
     }
 
@@ -303,6 +414,43 @@ mod tests {
                 "bits {bits}: mean {m} vs {truth} (se {se})"
             );
             assert!(sd > 0.0);
+        }
+    }
+
+    /// `accumulate_many` (indices unpacked once per row) gives the sums of `accumulate` (bit
+    /// reads per element and query, checked against decoded rows in the stream's tests) bit
+    /// for bit, at every width, with a zero weight skipped.
+    #[test]
+    fn accumulate_many_equals_accumulate() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for (d, bits) in [(32usize, 2u8), (64, 3), (64, 4), (128, 5)] {
+            let p = TurboQuantProd::new(d, bits, 1).unwrap();
+            let nq = 3;
+            let (mut r1, mut z1) = (vec![0f32; nq * d], vec![0f32; nq * d]);
+            let (mut r2, mut z2) = (r1.clone(), z1.clone());
+            let mut codes = vec![0u8; d];
+            let mut row = vec![0u8; p.row_bytes()];
+            for t in 0..10 {
+                let x: Vec<f32> = (0..d).map(|_| rng.random_range(-2.0..2.0)).collect();
+                p.encode(&x, &mut row);
+                let w: Vec<f32> = (0..nq)
+                    .map(|j| {
+                        if j == t % nq {
+                            0.0
+                        } else {
+                            rng.random_range(0.0..1.0)
+                        }
+                    })
+                    .collect();
+                p.accumulate_many(&row, &w, &mut r1, &mut z1, &mut codes);
+                for (j, &wj) in w.iter().enumerate() {
+                    if wj != 0.0 {
+                        let (r, z) = (&mut r2[j * d..(j + 1) * d], &mut z2[j * d..(j + 1) * d]);
+                        p.accumulate(&row, wj, r, z);
+                    }
+                }
+            }
+            assert_eq!((r1, z1), (r2, z2), "d={d} bits={bits}");
         }
     }
 

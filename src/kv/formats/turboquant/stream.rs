@@ -6,10 +6,12 @@
 
 use std::sync::Arc;
 
+use crate::kv::codeaxpy;
+use crate::kv::intdot::{self, IntKeys, QueryI8};
 use crate::kv::quant::mse::TurboQuantMse;
 use crate::kv::quant::prod::{ProdQuery, TurboQuantProd};
-use crate::kv::simd::dot;
-use crate::kv::stream::{swap_remove_row, Stream};
+use crate::kv::simd::{dot, scale_in_place};
+use crate::kv::stream::{dot_rows_with, swap_remove_row, Stream};
 
 /// Which TurboQuant row format a [`TurboQuantStream`] holds; shared (`Arc`) by every stream of a
 /// layer so the rotation, codebook and QJL matrix exist once.
@@ -62,6 +64,35 @@ impl TurboQuantStream {
     fn row(&self, slot: usize) -> &[u8] {
         &self.data[slot * self.rb..(slot + 1) * self.rb]
     }
+
+    /// The quantizer and its 16 centroids when the rows are 4-bit TurboQuant_mse without norm
+    /// correction and `d` is a multiple of 32: the layout the code paths
+    /// ([`intdot::IntKeys::Lut4`], [`codeaxpy::axpy_centroids4`]) read.
+    fn mse4(&self) -> Option<(&TurboQuantMse, [f32; 16])> {
+        match &self.codec {
+            TqCodec::Mse(c)
+                if c.bits() == 4 && !c.norm_correction() && c.head_dim().is_multiple_of(32) =>
+            {
+                let cent: [f32; 16] = c.codebook().centroids().try_into().ok()?;
+                Some((c, cent))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The centroids rounded to int8 in units of `ts = max|c|/127`: `(round(c/ts), ts)`, each
+/// entry within `ts/2` of `c/ts·ts` and inside ±127 (the byte-shuffle table of
+/// [`intdot::IntKeys::Lut4`]).
+fn int8_table(cent: &[f32; 16]) -> ([i8; 16], f32) {
+    let ts = cent.iter().fold(0f32, |m, c| m.max(c.abs())) / 127.0;
+    let mut t = [0i8; 16];
+    if ts > 0.0 {
+        for (t, c) in t.iter_mut().zip(cent) {
+            *t = (c / ts).round().clamp(-127.0, 127.0) as i8;
+        }
+    }
+    (t, ts)
 }
 
 impl Stream for TurboQuantStream {
@@ -112,10 +143,60 @@ impl Stream for TurboQuantStream {
         }
     }
 
+    /// 4-bit TurboQuant_mse keys score on their codes ([`intdot::IntKeys::Lut4`]); other
+    /// TurboQuant rows use [`dot_rows`](Stream::dot_rows).
+    fn int_keys(&self) -> bool {
+        self.mse4().is_some() || matches!(self.codec, TqCodec::Prod(_))
+    }
+
+    /// The query is rotated once per call (`R q`), quantized to int8 ([`QueryI8`]; the `q`
+    /// passed in, quantized before the rotation, is not used), and scored against each key's
+    /// 4-bit indices through the int8-rounded codebook: `‖k‖ · ts · sq · Σ c_i·table[code_i]`.
+    /// Error against [`dot_rows`](Stream::dot_rows): at most
+    /// `‖k‖·(sq/2·Σ|ŷ_i| + ts/2·Σ|sq·c_i|)` (see the tests), plus f32 rounding.
+    fn dot_rows_int(&self, t0: usize, t1: usize, qs: &[f32], _q: &QueryI8, out: &mut [f32]) {
+        if let TqCodec::Prod(c) = &self.codec {
+            // TurboQuant_prod: each row unpacked once into [‖x‖ŷ, ‖x‖γ√(π/2)/d·z] and scored
+            // against every [R q, S q] by the tiled f32 kernel (f32 throughout; only the
+            // order of the sums differs from `dot_rows`).
+            let d = c.head_dim();
+            let qcat: Vec<f32> = qs
+                .chunks_exact(d)
+                .flat_map(|q| c.prepare_query(q).concat())
+                .collect();
+            let mut codes = vec![0u8; d];
+            return dot_rows_with(t0, t1, &qcat, out, 2 * d, |t, r| {
+                c.decode_split(self.row(t), &mut codes, r)
+            });
+        }
+        let Some((c, cent)) = self.mse4() else {
+            return self.dot_rows(t0, t1, qs, out);
+        };
+        let d = c.head_dim();
+        let mut rq = qs.to_vec();
+        rq.chunks_exact_mut(d).for_each(|q| c.rotate_query(q));
+        let qi = QueryI8::quantize(&rq, d);
+        let (table, ts) = int8_table(&cent);
+        let n = (t1 - t0) * (qs.len() / d);
+        intdot::scores(IntKeys::Lut4(table), &self.data, self.rb, t0, t1, &qi, out);
+        scale_in_place(&mut out[..n], ts);
+    }
+
     fn axpy_rows(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
         let d = self.codec.head_dim();
         let nq = acc.len() / d;
         let mut y = vec![0f32; d];
+        if let Some((c, cent)) = self.mse4() {
+            // The same sums as the loop below, on the codes (pair order, restored once).
+            let mut racc = vec![0f32; nq * d];
+            codeaxpy::axpy_centroids4(&cent, &self.data, self.rb, d, t0, t1, w, &mut racc);
+            codeaxpy::unpair(&mut racc, d, &mut y);
+            for (a, r) in acc.chunks_exact_mut(d).zip(racc.chunks_exact_mut(d)) {
+                c.rotation().inverse(r);
+                a.iter_mut().zip(r.iter()).for_each(|(a, v)| *a += v);
+            }
+            return;
+        }
         match &self.codec {
             TqCodec::Mse(c) => {
                 let mut racc = vec![0f32; nq * d];
@@ -138,16 +219,11 @@ impl Stream for TurboQuantStream {
                 // Two running sums per query head; the QJL matrix is applied once at the end
                 // (O(d) per row instead of O(d²)).
                 let (mut racc, mut zacc) = (vec![0f32; nq * d], vec![0f32; nq * d]);
+                let mut codes = vec![0u8; d];
                 for t in t0..t1 {
                     let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
-                    for ((r, z), &wj) in racc
-                        .chunks_exact_mut(d)
-                        .zip(zacc.chunks_exact_mut(d))
-                        .zip(wt)
-                    {
-                        if wj != 0.0 {
-                            c.accumulate(self.row(t), wj, r, z);
-                        }
+                    if wt.iter().any(|&x| x != 0.0) {
+                        c.accumulate_many(self.row(t), wt, &mut racc, &mut zacc, &mut codes);
                     }
                 }
                 for ((a, r), z) in acc
@@ -248,6 +324,268 @@ mod tests {
             assert_eq!(s.len(), n - 1);
             s.clear();
             assert_eq!((s.len(), s.bytes()), (0, 0));
+        }
+    }
+
+    /// Keys: `n` rows, a sum of two uniforms per element, the first 3 channels 8× larger (as
+    /// K after RoPE). Queries: the same without outliers.
+    fn random_rows(rng: &mut rand::rngs::StdRng, n: usize, d: usize, outliers: usize) -> Vec<f32> {
+        (0..n * d)
+            .map(|i| {
+                let x: f32 = rng.random_range(-1.0..1.0) + rng.random_range(-1.0..1.0);
+                if i % d < outliers {
+                    8.0 * x
+                } else {
+                    x
+                }
+            })
+            .collect()
+    }
+
+    /// 4-bit TurboQuant_mse keys scored on their codes (`dot_rows_int`: rotated query
+    /// quantized to int8, centroids rounded to int8) against f64 dot products of the exact
+    /// query with the rows decoded to the original basis (`decode`, which shares none of the
+    /// integer path), d 32/64/128, 1–8 queries.
+    ///
+    /// Bound. The exact score is `N·Σ_i r_i·y_i` (`r = R q`, `y` the centroids, `N = ‖k‖`
+    /// as stored). The fast path computes `N·sq·ts·Σ c_i·t_i` with `r_i = sq·c_i + e_i`,
+    /// `|e_i| ≤ sq/2` (query rounding, `sq = max|r|/127`) and `y_i = ts·t_i + f_i`,
+    /// `|f_i| ≤ ts/2` (table rounding, `ts = max|centroid|/127`). Then
+    /// `r_i·y_i − sq·c_i·ts·t_i = e_i·y_i + sq·c_i·f_i`, so the error is at most
+    /// `N·(sq/2·Σ|y_i| + ts/2·Σ|sq·c_i|)` ≤ `N·(sq/2·Σ|y_i| + ts/2·(Σ|r_i| + d·sq/2))`,
+    /// plus f32 rounding (1e-4 relative to `N·‖q‖`). The SIMD kernel also equals the scalar
+    /// one ([`intdot::scalar_scores`]) within f32 rounding.
+    #[test]
+    fn tq4_scores_on_codes_within_rounding_bound() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2504);
+        for d in [32usize, 64, 128] {
+            for nq in [1usize, 3, 8] {
+                let n = 45;
+                let c = Arc::new(TurboQuantMse::new(d, 4, false, 7 + d as u64).unwrap());
+                let mut s = TurboQuantStream::new(TqCodec::Mse(c.clone()));
+                s.push(&random_rows(&mut rng, n, d, 3));
+                let qs = random_rows(&mut rng, nq, d, 0);
+                assert!(s.int_keys());
+                let q8 = QueryI8::quantize(&qs, d);
+                let (t0, t1) = (2, n);
+                let mut got = vec![0f32; (t1 - t0) * nq];
+                s.dot_rows_int(t0, t1, &qs, &q8, &mut got);
+                // The scalar kernel on the same rotated, quantized queries.
+                let cent: [f32; 16] = c.codebook().centroids().try_into().unwrap();
+                let (table, ts) = int8_table(&cent);
+                let mut rq = qs.clone();
+                rq.chunks_exact_mut(d).for_each(|q| c.rotate_query(q));
+                let mut scalar = vec![0f32; (t1 - t0) * nq];
+                let qi = QueryI8::quantize(&rq, d);
+                intdot::scalar_scores(IntKeys::Lut4(table), &s.data, s.rb, t0, t1, &qi, &mut scalar);
+                let (mut k, mut y) = (vec![0f32; d], vec![0f32; d]);
+                for t in t0..t1 {
+                    s.decode(t, &mut k);
+                    c.decode_rotated(s.row(t), &mut y); // N·y
+                    let norm = c.norm(s.row(t)) as f64;
+                    let nysum: f64 = y.iter().map(|v| v.abs() as f64).sum();
+                    for j in 0..nq {
+                        let q = &qs[j * d..(j + 1) * d];
+                        let r = &rq[j * d..(j + 1) * d];
+                        let exact: f64 = k.iter().zip(q).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let sq = r.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+                        let rsum: f64 = r.iter().map(|v| v.abs() as f64).sum();
+                        let qn = q.iter().map(|v| (v * v) as f64).sum::<f64>().sqrt();
+                        let bound = sq / 2.0 * nysum
+                            + norm * ts as f64 / 2.0 * (rsum + d as f64 * sq / 2.0)
+                            + 1e-4 * (1.0 + norm * qn);
+                        let g = got[(t - t0) * nq + j] as f64;
+                        assert!(
+                            (g - exact).abs() <= bound,
+                            "d={d} nq={nq} t={t} j={j}: {g} vs {exact} (bound {bound})"
+                        );
+                        let sc = scalar[(t - t0) * nq + j] as f64 * ts as f64;
+                        assert!((g - sc).abs() <= 1e-5 * (1.0 + g.abs()), "simd {g} vs scalar {sc}");
+                    }
+                }
+            }
+        }
+        // Norm correction, other widths and head_dims not a multiple of 32 keep the f32 path.
+        for c in [
+            TurboQuantMse::new(64, 4, true, 1).unwrap(),
+            TurboQuantMse::new(64, 3, false, 1).unwrap(),
+            TurboQuantMse::new(16, 4, false, 1).unwrap(),
+        ] {
+            assert!(!TurboQuantStream::new(TqCodec::Mse(Arc::new(c))).int_keys());
+        }
+    }
+
+    /// TurboQuant_prod keys on the fast path (`dot_rows_int`: rows unpacked once to
+    /// `[‖x‖ŷ, ‖x‖γ√(π/2)/d·z]`, tiled f32 dot products with `[R q, S q]`) against the
+    /// estimator `‖x‖·(Σ_i r_i·c[code_i] + γ·√(π/2)/d·Σ_i ±s_i)` (TurboQuant §3.2) evaluated
+    /// here in f64 from the stored bits (read with `code_at`, not the unpacking under test),
+    /// r, s from `prepare_query`. d 32/64/128, bits 2–5, 1–8 queries. Bound: the fast path sums
+    /// 2d f32 products, each entry and product rounded once: `|err| ≤ γ_{2d+2}·Σ|terms|`
+    /// (Higham §3.1, `u = 2⁻²⁴`).
+    #[test]
+    fn prod_scores_on_split_rows_match_the_estimator() {
+        use crate::kv::quant::bits::code_at;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2406);
+        for d in [32usize, 64, 128] {
+            for bits in [2u8, 3, 4, 5] {
+                let nq = [1usize, 3, 8][(d + bits as usize) % 3];
+                let c = Arc::new(TurboQuantProd::new(d, bits, 9).unwrap());
+                let mut s = TurboQuantStream::new(TqCodec::Prod(c.clone()));
+                let n = 40;
+                s.push(&random_rows(&mut rng, n, d, 3));
+                assert!(s.int_keys());
+                let qs = random_rows(&mut rng, nq, d, 0);
+                let mut got = vec![0f32; n * nq];
+                s.dot_rows_int(0, n, &qs, &QueryI8::quantize(&qs, d), &mut got);
+                let cent = c.mse().codebook().centroids();
+                let m = TurboQuantMse::row_bytes_for(d, bits - 1);
+                let u = 2f64.powi(-24);
+                let g = (2 * d + 2) as f64 * u / (1.0 - (2 * d + 2) as f64 * u);
+                for t in 0..n {
+                    let row = s.row(t);
+                    let norm = half::f16::from_le_bytes([row[0], row[1]]).to_f32() as f64;
+                    let gamma = half::f16::from_le_bytes([row[m], row[m + 1]]).to_f32() as f64;
+                    let k = gamma * (std::f64::consts::PI / 2.0).sqrt() / d as f64;
+                    for j in 0..nq {
+                        let rs = c.prepare_query(&qs[j * d..(j + 1) * d]).concat();
+                        let (r, sk) = rs.split_at(d);
+                        let (mut exact, mut mass) = (0f64, 0f64);
+                        for i in 0..d {
+                            let a = norm * r[i] as f64 * cent[code_at(&row[2..m], bits - 1, i)] as f64;
+                            let sign = if code_at(&row[m + 2..], 1, i) == 1 { 1.0 } else { -1.0 };
+                            let b = norm * k * sign * sk[i] as f64;
+                            exact += a + b;
+                            mass += a.abs() + b.abs();
+                        }
+                        let e = (got[t * nq + j] as f64 - exact).abs();
+                        assert!(e <= g * mass + 1e-30, "d={d} bits={bits} t={t}: {e} > {}", g * mass);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The 4-bit value path (`axpy_rows` through [`codeaxpy::axpy_centroids4`]) against f64
+    /// sums of the rows decoded to the original basis, d 32/64/128, 1–8 queries, some rows'
+    /// weights zero; and the SIMD kernel equals the scalar one bit for bit (the same products
+    /// and sums per element). Bound, per element: the rotated-basis sum of n terms differs from
+    /// the exact one by at most `γ_{n+1}·Σ_t w_t·|y_ti| ≤ γ_{n+1}·Σ_t w_t‖v_t‖` (Higham,
+    /// "Accuracy and Stability of Numerical Algorithms" §3.1, `γ_k = k·u/(1 − k·u)`,
+    /// `u = 2⁻²⁴`; `|y_ti| ≤ ‖y_t‖ ≈ ‖v_t‖`, the centroid vector's norm within a few % of 1);
+    /// rotating that sum back (log₂d butterfly stages, then a scaling: each output a ±-sum of
+    /// d inputs over √d) adds at most `γ_{log₂d+1}·Σ_i|racc_i|/√d ≤ γ_{log₂d+1}·Σ_t w_t‖v_t‖`,
+    /// and the reference's own decode (the same rotation per row) as much again. Checked
+    /// against `4·(n + 2·log₂d + 4)·u·√d·Σ_t w_t‖v_t‖` (a factor √d·4 of margin for the
+    /// approximations).
+    #[test]
+    fn tq4_values_on_codes_match_decoded_rows() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1987);
+        for d in [32usize, 64, 128] {
+            for nq in [1usize, 3, 8] {
+                let n = 37;
+                let c = Arc::new(TurboQuantMse::new(d, 4, false, 3).unwrap());
+                let mut s = TurboQuantStream::new(TqCodec::Mse(c.clone()));
+                s.push(&random_rows(&mut rng, n, d, 0));
+                let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
+                w[4 * nq..5 * nq].fill(0.0);
+                let mut got = vec![0f32; nq * d];
+                s.axpy_rows(0, n, &w, &mut got);
+                let cent: [f32; 16] = c.codebook().centroids().try_into().unwrap();
+                let (mut a1, mut a2) = (vec![0f32; nq * d], vec![0f32; nq * d]);
+                codeaxpy::axpy_centroids4(&cent, &s.data, s.rb, d, 0, n, &w, &mut a1);
+                codeaxpy::scalar_axpy_centroids4(&cent, &s.data, s.rb, d, 0, n, &w, &mut a2);
+                assert_eq!(a1, a2, "d={d} nq={nq}: SIMD and scalar differ");
+                let mut dec = vec![0f32; n * d];
+                for t in 0..n {
+                    s.decode(t, &mut dec[t * d..(t + 1) * d]);
+                }
+                let u = 2f64.powi(-24);
+                let steps = (n + 2 * d.trailing_zeros() as usize + 4) as f64;
+                for j in 0..nq {
+                    let mass: f64 = (0..n)
+                        .map(|t| {
+                            let v = &dec[t * d..(t + 1) * d];
+                            w[t * nq + j] as f64 * v.iter().map(|x| (x * x) as f64).sum::<f64>().sqrt()
+                        })
+                        .sum();
+                    let bound = steps * u * (d as f64).sqrt() * mass * 4.0 + 1e-30;
+                    for i in 0..d {
+                        let exact: f64 =
+                            (0..n).map(|t| w[t * nq + j] as f64 * dec[t * d + i] as f64).sum();
+                        let e = (got[j * d + i] as f64 - exact).abs();
+                        assert!(e <= bound, "d={d} nq={nq} j={j} i={i}: {e} > {bound}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whole attention over 4-bit TurboQuant_mse keys and values, fast path (keys on the codes)
+    /// against the exact path (keys scored in f32 on rotated queries), random inputs, head_dim
+    /// 32/64/128, GQA groups 1, 3 and 4, decode and a prefill block. Derived bound: each logit
+    /// (score/√d) moves by at most E = (the per-key bound of
+    /// [`tq4_scores_on_codes_within_rounding_bound`], maximized over keys)/√d; logits moved by
+    /// at most E move every softmax weight by a factor within [e^−2E, e^2E], so each output
+    /// moves by at most (e^2E − 1)·max|v| (the value path is shared), plus f32 slack.
+    #[test]
+    fn tq4_fast_attention_matches_exact() {
+        use crate::kv::attention::{attend, AttnShape, HeadView};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(19874);
+        for d in [32usize, 64, 128] {
+            for (group, n_q) in [(1usize, 1usize), (3, 1), (4, 5)] {
+                let n = 60;
+                let c = Arc::new(TurboQuantMse::new(d, 4, false, 11).unwrap());
+                let mut ks = TurboQuantStream::new(TqCodec::Mse(c.clone()));
+                let mut vs = TurboQuantStream::new(TqCodec::Mse(c.clone()));
+                ks.push(&random_rows(&mut rng, n, d, 3));
+                vs.push(&random_rows(&mut rng, n, d, 0));
+                let q = random_rows(&mut rng, group * n_q, d, 0);
+                let head = HeadView { k: &ks, v: &vs };
+                let shape = |exact| AttnShape {
+                    batch: 1,
+                    kv_heads: 1,
+                    group,
+                    n_q,
+                    head_dim: d,
+                    exact,
+                };
+                let fast = attend(&[head], &q, shape(false), false).out;
+                let exact = attend(&[head], &q, shape(true), false).out;
+                let cent: [f32; 16] = c.codebook().centroids().try_into().unwrap();
+                let ts = int8_table(&cent).1 as f64;
+                let (mut y, mut v) = (vec![0f32; d], vec![0f32; d]);
+                let mut vmax = 0f64;
+                // Per key: (Σ|N·y_i|, N).
+                let mut keys = Vec::with_capacity(n);
+                for t in 0..n {
+                    c.decode_rotated(ks.row(t), &mut y);
+                    let nysum: f64 = y.iter().map(|x| x.abs() as f64).sum();
+                    keys.push((nysum, c.norm(ks.row(t)) as f64));
+                    vs.decode(t, &mut v);
+                    vmax = v.iter().fold(vmax, |m, &a| m.max(a.abs() as f64));
+                }
+                for (r, qr) in q.chunks_exact(d).enumerate() {
+                    let mut rq = qr.to_vec();
+                    c.rotate_query(&mut rq);
+                    let sq = rq.iter().fold(0f32, |m, a| m.max(a.abs())) as f64 / 127.0;
+                    let rsum: f64 = rq.iter().map(|x| x.abs() as f64).sum();
+                    let per_key = keys
+                        .iter()
+                        .map(|&(nysum, norm)| {
+                            sq / 2.0 * nysum + norm * ts / 2.0 * (rsum + d as f64 * sq / 2.0)
+                        })
+                        .fold(0f64, f64::max);
+                    let e = (per_key + 1e-4) / (d as f64).sqrt();
+                    let bound = ((2.0 * e).exp() - 1.0) * vmax + 1e-4 * vmax;
+                    for i in 0..d {
+                        let diff = (fast[r * d + i] - exact[r * d + i]).abs() as f64;
+                        assert!(
+                            diff <= bound,
+                            "d={d} group={group} n_q={n_q} row {r}: {diff} > {bound}"
+                        );
+                    }
+                }
+            }
         }
     }
 }
