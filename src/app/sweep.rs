@@ -96,7 +96,9 @@ pub fn run(
     let m = Models::new(&weights, &models);
     let cfg = m.timing.model.config.clone();
     let tokens = m.timing.tokenizer.encode(wikitext::wikitext2_test_text())?;
-    note_windows(&plan.settings, tokens.len());
+    // llama-perplexity's stream starts with BOS for models that add one (see `cut_windows`).
+    let bos_lead = usize::from(m.timing.tokenizer.add_bos && m.timing.tokenizer.bos.is_some());
+    note_windows(&plan.settings, tokens.len() + bos_lead);
     let spec = plan.for_model(
         cfg.max_ctx,
         cfg.head_dim,

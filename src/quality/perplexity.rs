@@ -328,15 +328,25 @@ pub fn perplexity_vs(
 }
 
 /// The windows of `tokens` the protocol scores: non-overlapping, `proto.ctx` tokens each from
-/// the start, full ones only, at most `proto.windows`; each window's first token is `bos` when
-/// the protocol asks for it and the model has one.
+/// the start, full ones only, at most `proto.windows`.
+///
+/// When the protocol asks for BOS and the model has one (`add_bos`, e.g. Gemma 3), the token
+/// stream is `[bos] ++ tokens`, as `llama-perplexity` tokenizes the text with
+/// `common_tokenize(ctx, text, add_special = true)`, and each window's first token is replaced by
+/// `bos` (llama.cpp `tools/perplexity/perplexity.cpp`, `perplexity()`): the windows start at the
+/// same token offsets as llama.cpp's. Models without BOS (SmolLM2) cut `tokens` unchanged.
 fn cut_windows(tokens: &[u32], proto: &PplProtocol, bos: Option<u32>) -> Vec<Vec<u32>> {
-    let available = tokens.len() / proto.ctx;
+    let lead = match (proto.bos, bos) {
+        (true, Some(b)) => Some(b),
+        _ => None,
+    };
+    let stream: Vec<u32> = lead.into_iter().chain(tokens.iter().copied()).collect();
+    let available = stream.len() / proto.ctx;
     let n_windows = proto.windows.map_or(available, |w| w.min(available));
     (0..n_windows)
         .map(|w| {
-            let mut win = tokens[w * proto.ctx..(w + 1) * proto.ctx].to_vec();
-            if let (true, Some(b)) = (proto.bos, bos) {
+            let mut win = stream[w * proto.ctx..(w + 1) * proto.ctx].to_vec();
+            if let Some(b) = lead {
                 win[0] = b;
             }
             win
@@ -568,5 +578,43 @@ mod tests {
         assert!((nll[0] - 4f64.ln()).abs() < 1e-12);
         // p(0) = 2 / (2 + 1 + 1 + 1) = 0.4
         assert!((nll[1] - (-(0.4f64).ln())).abs() < 1e-7);
+    }
+
+    /// llama-perplexity's windows by hand: for a BOS model the stream is [BOS] ++ text tokens,
+    /// so with ctx 4 over text 10..=18 (9 tokens) the windows are [B,10,11,12] and [B,14,15,16]
+    /// (token 13, the stream's 5th, is replaced by BOS); without BOS, [10,11,12,13] and
+    /// [14,15,16,17]; a model without a BOS id ignores the protocol's flag.
+    #[test]
+    fn windows_start_where_llama_perplexity_starts_them() {
+        let text: Vec<u32> = (10..=18).collect();
+        let proto = |bos| PplProtocol {
+            mode: PplMode::Chunked,
+            batch: 1,
+            ctx: 4,
+            windows: None,
+            scoring: Scoring::Half,
+            bos,
+            exact_attention: true,
+        };
+        assert_eq!(
+            cut_windows(&text, &proto(true), Some(2)),
+            vec![vec![2, 10, 11, 12], vec![2, 14, 15, 16]]
+        );
+        assert_eq!(
+            cut_windows(&text, &proto(false), Some(2)),
+            vec![vec![10, 11, 12, 13], vec![14, 15, 16, 17]]
+        );
+        assert_eq!(
+            cut_windows(&text, &proto(true), None),
+            cut_windows(&text, &proto(false), None)
+        );
+        // One window asked for, and 8 text tokens + BOS hold two full windows of 4.
+        let mut one = proto(true);
+        one.windows = Some(1);
+        assert_eq!(
+            cut_windows(&text[..8], &one, Some(2)),
+            vec![vec![2, 10, 11, 12]]
+        );
+        assert_eq!(cut_windows(&text[..8], &proto(true), Some(2)).len(), 2);
     }
 }
