@@ -153,12 +153,25 @@ fn different_length_prompts_batched_equal_one_at_a_time() {
 /// broken path fails). 4-bit perplexity and KL on two windows move by percents with any
 /// float-level change (rounding boundaries amplify it through the layers: replacing libm's exp
 /// by a vectorized one moved int4 by −1.8 %), so their costs are printed, not bounded.
+/// Issue #24's code paths (KIVI channel keys, 4-bit TurboQuant with its int8-rounded codebook,
+/// turboquant-prod's split rows, 2-bit values) are printed the same way; int8-channel, 8-bit,
+/// is bounded like the others.
 #[test]
 fn codes_path_quality_cost_is_small() {
     use kvbench::quality::perplexity::perplexity_vs;
     let lm = common::smollm_f32();
     let toks = tokens();
-    for spec in ["int8-token", "q8_0", "int4", "q4_0"] {
+    for spec in [
+        "int8-token",
+        "q8_0",
+        "int4",
+        "q4_0",
+        "int8-channel",
+        "int4-channel",
+        "int2-channel",
+        "turboquant",
+        "turboquant-prod",
+    ] {
         let s: KvScheme = spec.parse().unwrap();
         let run = |exact| {
             let proto = PplProtocol {
@@ -193,7 +206,7 @@ fn codes_path_quality_cost_is_small() {
             c.perplexity,
             kc - ke
         );
-        if !spec.contains('4') {
+        if ["int8-token", "q8_0", "int8-channel"].contains(&spec) {
             assert!(dppl.abs() < 0.5, "{spec}: {dppl} %");
             assert!((kc - ke).abs() < 1e-3, "{spec}: KL {ke} → {kc}");
         }
