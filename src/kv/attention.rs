@@ -88,6 +88,31 @@ fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> 
         .collect()
 }
 
+/// Tests' shared check: one head's attention (`batch` 1, one kv head, `group` query heads,
+/// `n_q` positions, `head_dim` elements) on the timed path (codes, `exact: false`) and on the
+/// exact f32 path, `(fast, exact)`, each `[group · n_q, head_dim]` f32.
+#[cfg(test)]
+pub(crate) fn fast_and_exact(
+    head: HeadView<'_>,
+    q: &[f32],
+    group: usize,
+    n_q: usize,
+    head_dim: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let shape = |exact| AttnShape {
+        batch: 1,
+        kv_heads: 1,
+        group,
+        n_q,
+        head_dim,
+        exact,
+    };
+    (
+        attend(&[head], q, shape(false), false).out,
+        attend(&[head], q, shape(true), false).out,
+    )
+}
+
 /// Causal scaled-dot-product attention over stored rows for every (sequence, query head).
 ///
 /// - `heads[b * kv_heads + h]`: the stored K/V of sequence `b`, kv head `h`.

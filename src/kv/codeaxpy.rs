@@ -428,7 +428,7 @@ mod avx {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::attention::{attend, AttnShape, HeadView};
+    use crate::kv::attention::{fast_and_exact, HeadView};
     use crate::kv::codec::RowCodec;
     use crate::kv::format::{Mxfp4Row, Nvfp4Row};
     use crate::kv::stream::{RowStream, Stream};
@@ -601,16 +601,7 @@ mod tests {
                     ks.push(&k);
                     vs.push(&v);
                     let head = HeadView { k: &*ks, v: &*vs };
-                    let shape = |exact| AttnShape {
-                        batch: 1,
-                        kv_heads: 1,
-                        group,
-                        n_q,
-                        head_dim: d,
-                        exact,
-                    };
-                    let fast = attend(&[head], &q, shape(false), false).out;
-                    let exact = attend(&[head], &q, shape(true), false).out;
+                    let (fast, exact) = fast_and_exact(head, &q, group, n_q, d);
                     let mut kd = vec![0f32; d];
                     let (mut ksum, mut vmax) = (0f64, 0f64);
                     let mut row = vec![0f32; d];

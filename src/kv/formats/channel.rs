@@ -851,7 +851,7 @@ mod tests {
     /// is shared), plus f32 slack.
     #[test]
     fn channel_fast_attention_matches_exact() {
-        use crate::kv::attention::{attend, AttnShape, HeadView};
+        use crate::kv::attention::{fast_and_exact, HeadView};
         use crate::kv::stream::RowStream;
         use rand::SeedableRng;
         let mut rng = rand::rngs::StdRng::seed_from_u64(2);
@@ -864,16 +864,7 @@ mod tests {
                 vs.push(&random_rows(&mut rng, n, d, 0));
                 let q = random_rows(&mut rng, group * n_q, d, 0);
                 let head = HeadView { k: &ks, v: &vs };
-                let shape = |exact| AttnShape {
-                    batch: 1,
-                    kv_heads: 1,
-                    group,
-                    n_q,
-                    head_dim: d,
-                    exact,
-                };
-                let fast = attend(&[head], &q, shape(false), false).out;
-                let exact = attend(&[head], &q, shape(true), false).out;
+                let (fast, exact) = fast_and_exact(head, &q, group, n_q, d);
                 let (mut k, mut v) = (vec![0f32; d], vec![0f32; d]);
                 let mut vmax = 0f64;
                 for t in 0..n {

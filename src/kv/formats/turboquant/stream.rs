@@ -529,7 +529,7 @@ mod tests {
     /// moves by at most (e^2E − 1)·max|v| (the value path is shared), plus f32 slack.
     #[test]
     fn tq4_fast_attention_matches_exact() {
-        use crate::kv::attention::{attend, AttnShape, HeadView};
+        use crate::kv::attention::{fast_and_exact, HeadView};
         let mut rng = rand::rngs::StdRng::seed_from_u64(19874);
         for d in [32usize, 64, 128] {
             for (group, n_q) in [(1usize, 1usize), (3, 1), (4, 5)] {
@@ -541,16 +541,7 @@ mod tests {
                 vs.push(&random_rows(&mut rng, n, d, 0));
                 let q = random_rows(&mut rng, group * n_q, d, 0);
                 let head = HeadView { k: &ks, v: &vs };
-                let shape = |exact| AttnShape {
-                    batch: 1,
-                    kv_heads: 1,
-                    group,
-                    n_q,
-                    head_dim: d,
-                    exact,
-                };
-                let fast = attend(&[head], &q, shape(false), false).out;
-                let exact = attend(&[head], &q, shape(true), false).out;
+                let (fast, exact) = fast_and_exact(head, &q, group, n_q, d);
                 let cent: [f32; 16] = c.codebook().centroids().try_into().unwrap();
                 let ts = int8_table(&cent).1 as f64;
                 let (mut y, mut v) = (vec![0f32; d], vec![0f32; d]);
