@@ -5,8 +5,9 @@
 //! decode step per scheme at a long context. Each timing is the median of its repeats, after
 //! one untimed run.
 //!
-//! The prefill lengths and the short-context batch sizes are timed **interleaved**: each round
-//! runs every length (every batch size) once, and the median over rounds is kept. Contention
+//! The prefill lengths, the short-context batch sizes and the schemes' long-context steps are
+//! timed **interleaved**: each round runs every length (every batch size, every scheme) once,
+//! and the median over rounds is kept. Contention
 //! on a shared machine (another process compiling for a few seconds) then falls on every size
 //! of a round alike instead of on all repeats of one size, which would bend the fitted curve
 //! there (the calibration's batch-2 step that came out 13.8 ms, README's validation).
@@ -110,17 +111,61 @@ pub fn measure(
     // alike.
     progress.start("decode steps, interleaved batch sizes");
     let step_repeats = spec.step_repeats.max(1);
-    let mut batches = Vec::with_capacity(spec.batches.len());
-    for &batch in &spec.batches {
-        let mut b = ModelBackend::new(prefill, decode, KvScheme::FP16);
+    let runs: Vec<_> = spec
+        .batches
+        .iter()
+        .map(|&b| (KvScheme::FP16, b, spec.short_ctx))
+        .collect();
+    let times = interleaved_steps(prefill, decode, &runs, step_repeats, &prompt)?;
+    for (&batch, s) in spec.batches.iter().zip(times) {
+        samples
+            .decode
+            .push((batch, spec.short_ctx + step_repeats / 2 + 1, s));
+    }
+    progress.advance(1);
+    // Each scheme's long-context step, interleaved the same way: two calibrations 20 minutes
+    // apart, timing the schemes one after another, gave int8-token 19.8 and 31.0 ms (README,
+    // "Validated here"); in rounds a burst of contention falls on every scheme alike.
+    progress.start(&format!(
+        "decode steps, {} schemes interleaved, {} tokens",
+        spec.schemes.len(),
+        spec.long_ctx
+    ));
+    let (b, c) = (spec.scheme_batch, spec.long_ctx);
+    let runs: Vec<_> = spec.schemes.iter().map(|&k| (k, b, c)).collect();
+    let times = interleaved_steps(prefill, decode, &runs, step_repeats, &prompt)?;
+    for (&scheme, s) in spec.schemes.iter().zip(times) {
+        samples
+            .scheme_steps
+            .push((scheme, b, c + step_repeats / 2 + 1, s));
+    }
+    progress.advance(spec.schemes.len() as u64);
+    Ok(samples)
+}
+
+/// Per run `(scheme, batch, ctx)`: the median of `repeats` decode steps (after one untimed
+/// round) of `batch` sequences of `ctx` prompt tokens each, K/V in `scheme`. Every run's
+/// sequences are admitted first; then each round steps every run once, in order, so machine
+/// drift and contention fall on all runs of a round alike. Seconds, in the order of `runs`.
+/// Errors: the model's and the cache's; `prompt`'s.
+fn interleaved_steps<'t>(
+    prefill: &Model,
+    decode: &Model,
+    runs: &[(KvScheme, usize, usize)],
+    repeats: usize,
+    prompt: &dyn Fn(usize, usize) -> Result<&'t [u32]>,
+) -> Result<Vec<f64>> {
+    let mut live = Vec::with_capacity(runs.len());
+    for &(scheme, batch, ctx) in runs {
+        let mut b = ModelBackend::new(prefill, decode, scheme);
         let mut last = Vec::with_capacity(batch);
         for i in 0..batch {
-            last.push(b.admit(prompt(i, spec.short_ctx)?, false)?);
+            last.push(b.admit(prompt(i, ctx)?, false)?);
         }
-        batches.push((b, last, Vec::with_capacity(step_repeats)));
+        live.push((b, last, Vec::with_capacity(repeats)));
     }
-    for r in 0..=step_repeats {
-        for (b, last, times) in batches.iter_mut() {
+    for r in 0..=repeats {
+        for (b, last, times) in live.iter_mut() {
             let t0 = Instant::now();
             *last = b.step(last)?;
             if r > 0 {
@@ -128,47 +173,5 @@ pub fn measure(
             }
         }
     }
-    for (&batch, (_, _, times)) in spec.batches.iter().zip(batches) {
-        samples
-            .decode
-            .push((batch, spec.short_ctx + step_repeats / 2 + 1, median(times)));
-    }
-    progress.advance(1);
-    for &scheme in &spec.schemes {
-        progress.start(&format!("decode steps, {scheme}, {} tokens", spec.long_ctx));
-        let (b, c) = (spec.scheme_batch, spec.long_ctx);
-        let s = steps(prefill, decode, scheme, b, c, step_repeats, &prompt)?;
-        samples
-            .scheme_steps
-            .push((scheme, b, c + step_repeats / 2 + 1, s));
-        progress.advance(1);
-    }
-    Ok(samples)
-}
-
-/// The median of `repeats` decode steps (after one untimed) of `batch` sequences of `ctx`
-/// prompt tokens each, K/V in `scheme`.
-fn steps<'t>(
-    prefill: &Model,
-    decode: &Model,
-    scheme: KvScheme,
-    batch: usize,
-    ctx: usize,
-    repeats: usize,
-    prompt: &dyn Fn(usize, usize) -> Result<&'t [u32]>,
-) -> Result<f64> {
-    let mut b = ModelBackend::new(prefill, decode, scheme);
-    let mut last = Vec::with_capacity(batch);
-    for i in 0..batch {
-        last.push(b.admit(prompt(i, ctx)?, false)?);
-    }
-    let mut times = Vec::new();
-    for r in 0..=repeats {
-        let t0 = Instant::now();
-        last = b.step(&last)?;
-        if r > 0 {
-            times.push(t0.elapsed().as_secs_f64());
-        }
-    }
-    Ok(median(times))
+    Ok(live.into_iter().map(|(_, _, t)| median(t)).collect())
 }
