@@ -177,6 +177,22 @@ def rot_flags(lines):
     return k, v
 
 
+def context_params(L, cache_type, n_ctx, n_batch, n_seq_max, threads):
+    """llama.cpp context parameters as both comparison scripts use them: K and V caches of
+    `cache_type` (CACHE_TYPES), flash attention on (needed for quantized V), perf counters off."""
+    cp = L.llama_context_default_params()
+    cp.n_ctx = n_ctx
+    cp.n_batch = n_batch
+    cp.n_seq_max = n_seq_max
+    cp.n_threads = threads
+    cp.n_threads_batch = threads
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    cp.type_k = CACHE_TYPES[cache_type]
+    cp.type_v = CACHE_TYPES[cache_type]
+    cp.no_perf = True
+    return cp
+
+
 def pad256(n):
     return (n + 255) // 256 * 256
 
@@ -186,16 +202,8 @@ def run_point(lm, args, cache_type, batch, seq_len, rows):
 
     L = lm.L
     gen = args.gen
-    cp = L.llama_context_default_params()
-    cp.n_ctx = batch * pad256(seq_len + gen)
-    cp.n_batch = max(batch * seq_len, batch)
-    cp.n_seq_max = batch
-    cp.n_threads = args.threads
-    cp.n_threads_batch = args.threads
-    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
-    cp.type_k = CACHE_TYPES[cache_type]
-    cp.type_v = CACHE_TYPES[cache_type]
-    cp.no_perf = True
+    cp = context_params(L, cache_type, batch * pad256(seq_len + gen),
+                        max(batch * seq_len, batch), batch, args.threads)
     lm.log_lines.clear()
     ctx = L.llama_init_from_model(lm.model, cp)
     if not ctx:

@@ -24,15 +24,14 @@ kvbench's q8_0/q4_0 do not rotate). Exit 2 on bad arguments, 1 when llama.cpp fa
 """
 
 import argparse
-import ctypes
 import json
 import math
 import os
-import re
 import sys
 import time
 
-CACHE_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7}
+# The cache types, context parameters and rotation-flag parsing of the decode comparison.
+from llamacpp_decode import CACHE_TYPES, context_params, rot_flags  # noqa: E402
 
 
 def die(code, msg):
@@ -119,24 +118,13 @@ def main(argv):
         "cache": {},
     }
     for ct in a.cache_types:
-        cp = L.llama_context_default_params()
-        cp.n_ctx = a.ctx
-        cp.n_batch = a.ctx
+        cp = context_params(L, ct, a.ctx, a.ctx, 1, a.threads)
         cp.n_ubatch = a.ctx
-        cp.n_seq_max = 1
-        cp.n_threads = a.threads
-        cp.n_threads_batch = a.threads
-        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        cp.type_k = CACHE_TYPES[ct]
-        cp.type_v = CACHE_TYPES[ct]
-        cp.no_perf = True
         log.clear()
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:
             die(1, f"llama.cpp could not create a context with {ct} caches")
-        text_log = "".join(log)
-        rot = {k: int(m.group(1)) for k in ("attn_rot_k", "attn_rot_v")
-               for m in [re.search(k + r" = (\d)", text_log)] if m}
+        rot_k, rot_v = rot_flags(log)
         mem = L.llama_get_memory(ctx)
         lb = L.llama_batch_init(a.ctx, 0, 1)
         window_nll = []
@@ -175,7 +163,8 @@ def main(argv):
             "mean_nll": mean,
             "window_nll": window_nll,
             "seconds": time.time() - t0,
-            **rot,
+            "attn_rot_k": rot_k,
+            "attn_rot_v": rot_v,
         }
     L.llama_model_free(model)
     json.dump(out, sys.stdout, indent=1)
