@@ -8,8 +8,18 @@ for each: request throughput, TTFT p50/p95 and TPOT p50/p95, measured | simulate
 A point is within target when throughput is within 10 % and all four latencies within 15 %.
 Exits 0; the last line counts the points within target. With --markdown, a cell outside its
 target is bold.
+
+Then, where both runs recorded their decode steps (raw.jsonl traces from kvbench 2026-12-03 on:
+step_s, context_tokens, prefill_s, prefill_tokens), which term differs: each run's decode steps
+fitted to  step = fixed + per_seq · running + per_token · context_tokens  (per_token within
+each batch size, see fit_steps) and its prefills to seconds per prefilled token, measured next
+to simulated. A simulated run's
+steps follow the performance model exactly, so its fit reads the model's terms back; the
+measured fit says what the serving path really paid for each.
 """
 import csv
+import json
+import math
 import sys
 
 
@@ -21,6 +31,89 @@ def rows(d):
 def num(r, k):
     v = r.get(k, "")
     return float(v) if v not in ("", "NaN") else None
+
+
+def traces(d):
+    """(scheme, arrival, prefix_caching) -> the point's decode steps, from raw.jsonl."""
+    out = {}
+    with open(f"{d}/raw.jsonl") as f:
+        for line in f:
+            x = json.loads(line)
+            if "steps" in x and "row" in x:
+                r = x["row"]
+                key = (r["scheme"], r["arrival"], str(r["prefix_caching"]).lower())
+                out[key] = x["steps"]
+    return out
+
+
+def fit_steps(steps):
+    """The decode steps that recorded their time, as  step = g(running) + per_token ·
+    context_tokens:  per_token is the within-batch-size slope (least squares with one intercept
+    per batch size, so a per-batch cost that is not linear in the batch does not leak into it),
+    and the intercepts g(b) fitted by weighted least squares to  fixed + per_seq · b.
+    Returns (fixed ms, per_seq ms, per_token us, steps) or None."""
+    groups = {}
+    for s in steps:
+        t = s.get("step_s")
+        if isinstance(t, (int, float)) and not math.isnan(t) and s.get("context_tokens"):
+            groups.setdefault(s["running"], []).append((s["context_tokens"], t))
+    sxy = sxx = 0.0
+    means = []
+    for b, g in groups.items():
+        mx = sum(x for x, _ in g) / len(g)
+        my = sum(y for _, y in g) / len(g)
+        sxy += sum((x - mx) * (y - my) for x, y in g)
+        sxx += sum((x - mx) ** 2 for x, _ in g)
+        means.append((b, mx, my, len(g)))
+    if len(means) < 2 or sxx <= 0:
+        return None
+    k = sxy / sxx
+    # g(b) = mean step − k · mean context, then fixed + per_seq · b weighted by the steps.
+    w = sum(n for *_, n in means)
+    bm = sum(b * n for b, _, _, n in means) / w
+    gm = sum((y - k * x) * n for _, x, y, n in means) / w
+    sbb = sum(n * (b - bm) ** 2 for b, _, _, n in means)
+    sbg = sum(n * (b - bm) * (y - k * x - gm) for b, x, y, n in means)
+    per_seq = sbg / sbb if sbb > 0 else 0.0
+    return ((gm - per_seq * bm) * 1e3, per_seq * 1e3, k * 1e6, int(w))
+
+
+def prefill_rate(steps):
+    """Seconds per prefilled token over the samples that prefilled, ms; or None."""
+    t = sum(s["prefill_s"] for s in steps if s.get("prefill_tokens"))
+    n = sum(s["prefill_tokens"] for s in steps if s.get("prefill_tokens"))
+    return t / n * 1e3 if n else None
+
+
+def terms(meas_dir, sim_dir, md):
+    """Prints the step fits of every point both runs traced."""
+    try:
+        tm, ts = traces(meas_dir), traces(sim_dir)
+    except OSError:
+        return
+    lines = []
+    for key, m in tm.items():
+        s = ts.get(key)
+        fm, fs = fit_steps(m), (fit_steps(s) if s else None)
+        if fm is None or fs is None:
+            continue
+        pm, ps = prefill_rate(m), prefill_rate(s)
+        cell = lambda a, b, f: f"{a:{f}} → {b:{f}}"
+        lines.append([key[0], key[1], cell(fm[0], fs[0], ".2f"), cell(fm[1], fs[1], ".2f"),
+                      cell(fm[2], fs[2], ".2f"),
+                      cell(pm, ps, ".3f") if pm and ps else "-", f"{fm[3]} / {fs[3]}"])
+    if not lines:
+        return
+    head = ["scheme", "load", "step fixed ms", "per sequence ms", "per cached token µs",
+            "prefill ms per token", "steps"]
+    print()
+    print("Decode steps fitted (measured → simulated):")
+    print()
+    if md:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+    for line in [head] * (not md) + lines:
+        print(("| " + " | ".join(line) + " |") if md else "\t".join(line))
 
 
 def main():
@@ -69,6 +162,7 @@ def main():
             print(f"{c}: median |error| {e[len(e) // 2]:.1f} %, worst {e[-1]:.1f} %, "
                   f"{inside[c]} of {len(e)} within target")
     print(f"{ok} of {total} points within target (throughput ±10 %, TTFT/TPOT p50/p95 ±15 %)")
+    terms(args[0], args[1], md)
 
 
 if __name__ == "__main__":

@@ -44,8 +44,15 @@ pub struct CalibrateArgs {
     /// length the profile holds its matmul efficiency (time linear in tokens).
     #[arg(long, value_delimiter = ',', default_value = DEFAULT_PREFILL_LENS)]
     pub prefill_lens: Vec<usize>,
-    /// Batch sizes of the timed decode steps, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,6,8,12,16")]
+    /// Batch sizes of the timed decode steps, comma-separated. The default reaches past the
+    /// most sequences the shipped serve suites run at once (29 in int4 at 2 req/s in
+    /// `suites/serve-decode.toml`, 23 in `suites/serve.toml` with prefix caching); beyond the
+    /// largest batch the profile holds its decode matmul efficiency (time linear in the batch).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,3,4,6,8,12,16,24,32,48"
+    )]
     pub batch_sizes: Vec<usize>,
     /// Context of the per-scheme decode steps, tokens.
     #[arg(long, default_value_t = 1024)]

@@ -36,6 +36,8 @@ pub struct ModelBackend<'a> {
     start: Instant,
     /// Recorded prefix K/V per layer (`[1, kv_heads, n, head_dim]` f32, flattened) and n.
     prefix: Option<(Vec<LayerKv>, usize)>,
+    /// Seconds the last decode step spent in attention (NaN before the first).
+    attention_s: f64,
 }
 
 impl<'a> ModelBackend<'a> {
@@ -51,6 +53,7 @@ impl<'a> ModelBackend<'a> {
             batch: None,
             start: Instant::now(),
             prefix: None,
+            attention_s: f64::NAN,
         }
     }
 
@@ -143,7 +146,9 @@ impl Backend for ModelBackend<'_> {
                 name: "serve".into(),
                 reason: "a decode step with no running sequence".into(),
             })?;
+        batch.take_attention_meter();
         let logits = self.model.forward_last(last, last.len(), batch)?;
+        self.attention_s = batch.take_attention_meter().seconds;
         argmax_rows(&logits)
     }
 
@@ -159,6 +164,10 @@ impl Backend for ModelBackend<'_> {
 
     fn kv_bytes(&self) -> usize {
         self.batch.as_ref().map_or(0, KvCache::kv_bytes)
+    }
+
+    fn last_attention_s(&self) -> f64 {
+        self.attention_s
     }
 }
 

@@ -53,9 +53,10 @@ impl CalibrationSpec {
     }
 }
 
+/// The median of the timings ([`crate::stats::percentile`], type 7: for an odd count, the
+/// default 11 and 33, the middle one).
 fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
+    crate::stats::percentile(&mut xs, 50.0)
 }
 
 /// Times everything `spec` asks for with `prefill` and `decode` (the model in each phase's

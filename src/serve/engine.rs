@@ -39,6 +39,12 @@ pub trait Backend {
     fn remove(&mut self, i: usize) -> Result<()>;
     /// Bytes of K/V the running batch's caches store ([`crate::kv::KvCache::kv_bytes`]).
     fn kv_bytes(&self) -> usize;
+    /// Seconds the last decode step spent in the attention kernels
+    /// ([`crate::kv::AttentionMeter`]); NaN where the backend does not time them (the default:
+    /// a virtual clock, CUDA).
+    fn last_attention_s(&self) -> f64 {
+        f64::NAN
+    }
 }
 
 /// Scheduler settings.
@@ -124,6 +130,39 @@ pub struct StepSample {
     pub accounted_bytes: u64,
     /// What the backend's caches hold ([`Backend::kv_bytes`]), bytes.
     pub stored_bytes: u64,
+    /// Seconds the decode step itself took ([`Backend::step`], the backend's clock read
+    /// before and after it); NaN in runs written before it was recorded.
+    #[serde(
+        default = "nan",
+        deserialize_with = "crate::serve::workload::f64_or_nan"
+    )]
+    pub step_s: f64,
+    /// Seconds of that step inside the attention kernels ([`Backend::last_attention_s`]; NaN
+    /// where not timed, and in older runs).
+    #[serde(
+        default = "nan",
+        deserialize_with = "crate::serve::workload::f64_or_nan"
+    )]
+    pub attention_s: f64,
+    /// Tokens the step's sequences held before it (Σ context over the batch: the K/V the
+    /// step's attention reads, less its own new token per sequence); 0 in older runs.
+    #[serde(default)]
+    pub context_tokens: u64,
+    /// Seconds of the prefills ([`Backend::admit`]) since the previous sample; NaN in older
+    /// runs.
+    #[serde(
+        default = "nan",
+        deserialize_with = "crate::serve::workload::f64_or_nan"
+    )]
+    pub prefill_s: f64,
+    /// Tokens those prefills ran (prompts, and recomputed contexts after preemption); 0 in
+    /// older runs.
+    #[serde(default)]
+    pub prefill_tokens: u64,
+}
+
+fn nan() -> f64 {
+    f64::NAN
 }
 
 /// A finished point: every request's record and the scheduler's trace.
@@ -230,6 +269,8 @@ struct Scheduler<'a> {
     steps: Vec<StepSample>,
     /// Requests finished (served or rejected).
     finished: usize,
+    /// Seconds and tokens of the prefills since the last [`StepSample`].
+    prefilled: (f64, u64),
 }
 
 impl<'a> Scheduler<'a> {
@@ -288,6 +329,7 @@ impl<'a> Scheduler<'a> {
             done: Vec::with_capacity(n),
             steps: Vec::new(),
             finished: 0,
+            prefilled: (0.0, 0),
         })
     }
 
@@ -422,8 +464,11 @@ impl<'a> Scheduler<'a> {
         }
         tokens.extend_from_slice(&req.prompt);
         tokens.extend_from_slice(&st.generated);
+        let t0 = self.backend.now();
         let tok = self.backend.admit(&tokens, self.caching)?;
         let t = self.backend.now() - self.offset;
+        self.prefilled.0 += t + self.offset - t0;
+        self.prefilled.1 += tokens.len() as u64;
         if st.generated.is_empty() {
             st.record.first_token_s = t;
         } else {
@@ -496,8 +541,11 @@ impl<'a> Scheduler<'a> {
     /// that now have all their output tokens, in batch order. Errors: [`Backend::step`]'s.
     fn decode_step(&mut self) -> Result<Vec<usize>> {
         let last: Vec<u32> = self.running.iter().map(|r| r.last).collect();
+        let context_tokens = self.running.iter().map(|r| r.seen as u64).sum();
+        let t0 = self.backend.now();
         let next = self.backend.step(&last)?;
         let t = self.backend.now() - self.offset;
+        let step_s = t + self.offset - t0;
         let mut ended = Vec::new();
         for (r, tok) in self.running.iter_mut().zip(next) {
             r.seen += 1;
@@ -518,7 +566,13 @@ impl<'a> Scheduler<'a> {
             table_blocks: self.pool.table_entries(),
             accounted_bytes: self.running.iter().map(|r| sizer.seq_bytes(r.seen)).sum(),
             stored_bytes: self.backend.kv_bytes() as u64,
+            step_s,
+            attention_s: self.backend.last_attention_s(),
+            context_tokens,
+            prefill_s: self.prefilled.0,
+            prefill_tokens: self.prefilled.1,
         });
+        self.prefilled = (0.0, 0);
         Ok(ended)
     }
 
@@ -753,6 +807,23 @@ pub(crate) mod tests {
             .collect();
         assert_eq!(first, [40.0, 80.0, 120.0, 325.0]);
         assert_eq!(done, [236.0, 236.0, 285.0, 424.0]);
+        // The trace by hand: 18 steps (8 of r0–r2, the 9th of r0 and r1, 9 of r3). The first
+        // follows the three prefills (120 tokens, 120 ms) and reads 3 × 40 tokens in 13 ms; the
+        // 9th reads 2 × 48 in 12 ms; the 10th follows r2's recompute (49) and r3's prefill (40)
+        // and reads 40 in 11 ms. The steps and prefills fill the whole 424 ms (no idle wait).
+        assert_eq!(o.steps.len(), 18);
+        let row = |i: usize| {
+            let x = &o.steps[i];
+            let c = (x.running, x.context_tokens, ms(x.step_s));
+            (c, ms(x.prefill_s), x.prefill_tokens)
+        };
+        assert_eq!(row(0), ((3, 120, 13.0), 120.0, 120));
+        assert_eq!(row(1), ((3, 123, 13.0), 0.0, 0));
+        assert_eq!(row(8), ((2, 96, 12.0), 0.0, 0));
+        assert_eq!(row(9), ((1, 40, 11.0), 89.0, 89));
+        assert_eq!(row(17), ((1, 48, 11.0), 0.0, 0));
+        let busy: f64 = o.steps.iter().map(|x| x.step_s + x.prefill_s).sum();
+        assert_eq!(ms(busy), 424.0);
         for st in &o.steps {
             // The pool's accounting matches what the caches hold, and never exceeds the blocks.
             assert_eq!(st.accounted_bytes, st.stored_bytes);
