@@ -54,9 +54,18 @@ pub struct CalibrateArgs {
         default_value = "1,2,3,4,6,8,12,16,24,32,48"
     )]
     pub batch_sizes: Vec<usize>,
-    /// Context of the per-scheme decode steps, tokens.
-    #[arg(long, default_value_t = 1024)]
+    /// Context of the per-scheme decode steps, tokens: where the workload you will simulate
+    /// runs. On a CPU the attention's cost per cached token is not constant in the context
+    /// (fp16 4.1 µs per token between 49 and 200 tokens, 3.6 µs between 49 and 1,041; int8-token
+    /// 3.2 vs 2.2 µs: Intel Xeon, 2 threads, 2026-12-03), and the shipped serve suites run at
+    /// 32–448 tokens.
+    #[arg(long, default_value_t = 256)]
     pub long_ctx: usize,
+    /// Sequences of the per-scheme decode steps: 16 × (256 − 49) cached tokens more than the
+    /// short-context step of the same batch, a difference of 10–15 ms on this CPU, well above
+    /// the steps' noise.
+    #[arg(long, default_value_t = 16)]
+    pub scheme_batch: usize,
     /// Timed prefills per prompt length (the median is kept).
     #[arg(long, default_value_t = 11)]
     pub repeats: usize,
@@ -77,6 +86,9 @@ pub struct CalibrateArgs {
     pub from_timings: Option<PathBuf>,
 }
 
+/// Prompt tokens of the batch sizes' decode steps (the steps add to it).
+const SHORT_CTX: usize = 32;
+
 /// Runs `kvbench calibrate`. Errors: usage errors for bad flags or models; the fit's when the
 /// timings cannot be separated; I/O.
 pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
@@ -91,6 +103,18 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         }
         .into());
     }
+    if a.scheme_batch == 0 || a.long_ctx <= SHORT_CTX {
+        return Err(crate::Error::InvalidArgument {
+            name: "kvbench calibrate".into(),
+            reason: format!(
+                "need --scheme-batch ≥ 1 and --long-ctx above the short context of \
+                 {SHORT_CTX} tokens (got {} and {}): the schemes' K/V cost is their step less \
+                 the short-context one",
+                a.scheme_batch, a.long_ctx
+            ),
+        }
+        .into());
+    }
     let location = hub::resolve(&a.model.model)?;
     let load = |dtype| {
         model::load_location(&a.model.model, &location, dtype)
@@ -101,7 +125,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         schemes: a.schemes.dtypes.0.clone(),
         // An upper bound: the largest batch at the longest context. The short-context batches,
         // held at once for interleaved rounds, hold far less (Σ batch × ~70 tokens).
-        batch: max(&a.batch_sizes),
+        batch: max(&a.batch_sizes).max(a.scheme_batch),
         prompt: max(&a.prefill_lens).max(a.long_ctx),
         gen: 0,
         ppl_ctx: 0,
@@ -121,9 +145,9 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
     let spec = CalibrationSpec {
         prefill_lens: a.prefill_lens.clone(),
         batches: a.batch_sizes.clone(),
-        short_ctx: 32,
+        short_ctx: SHORT_CTX,
         schemes: a.schemes.dtypes.0.clone(),
-        scheme_batch: 4,
+        scheme_batch: a.scheme_batch,
         long_ctx: a.long_ctx,
         repeats: a.repeats,
         step_repeats: a.step_repeats,
