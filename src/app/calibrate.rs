@@ -148,6 +148,7 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         short_ctx: SHORT_CTX,
         schemes: a.schemes.dtypes.0.clone(),
         scheme_batch: a.scheme_batch,
+        after_prefill_batch: 4,
         long_ctx: a.long_ctx,
         repeats: a.repeats,
         step_repeats: a.step_repeats,
@@ -295,6 +296,9 @@ fn write_timings(
     for &(k, b, c, s) in &samples.scheme_steps {
         w.serialize(row("scheme", k.to_string(), b, c, s))?;
     }
+    for &(b, c, s) in &samples.after_prefill {
+        w.serialize(row("after_prefill", "fp16".into(), b, c, s))?;
+    }
     w.flush()?;
     Ok(())
 }
@@ -324,6 +328,7 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
             "probe_gemm_tflops" => s.probe_tflops = t.seconds,
             "prefill" => s.prefill.push((t.tokens, t.seconds)),
             "decode" => s.decode.push((t.batch, t.tokens, t.seconds)),
+            "after_prefill" => s.after_prefill.push((t.batch, t.tokens, t.seconds)),
             "scheme" => {
                 let k = t
                     .scheme
@@ -334,7 +339,7 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
             k => {
                 return Err(bad(format!(
                     "row {line}: unknown kind `{k}` (probe_read_gb_s, probe_gemm_tflops, \
-                     prefill, decode, scheme)"
+                     prefill, decode, scheme, after_prefill)"
                 ))
                 .into())
             }
@@ -358,7 +363,7 @@ mod tests {
             &p,
             "kind,scheme,batch,tokens,seconds\nprobe_read_gb_s,,0,0,9.5\n\
              probe_gemm_tflops,,0,0,0.18\nprefill,fp16,1,32,0.15\ndecode,fp16,4,37,0.02\n\
-             scheme,int4,4,1029,0.03\n",
+             scheme,int4,4,1029,0.03\nafter_prefill,fp16,4,37,0.035\n",
         )
         .unwrap();
         let s = read_timings(&p).unwrap();
@@ -367,6 +372,7 @@ mod tests {
         assert_eq!(s.decode, vec![(4, 37, 0.02)]);
         let int4: crate::kv::KvScheme = "int4".parse().unwrap();
         assert_eq!(s.scheme_steps, vec![(int4, 4, 1029, 0.03)]);
+        assert_eq!(s.after_prefill, vec![(4, 37, 0.035)]);
         std::fs::write(&p, "kind,scheme,batch,tokens,seconds\nwarmup,,1,1,0.1\n").unwrap();
         let e = read_timings(&p).unwrap_err().to_string();
         assert!(

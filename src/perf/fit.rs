@@ -10,7 +10,10 @@
 //!   on (1, b) gives the decode matmul rate; with prefill's intercept (other weights, W_p ≠
 //!   W_d) the two intercepts give the weight-read rate R_w and the fixed cost o;
 //! - a decode step per scheme at a long context: what is left after the above is the scheme's
-//!   K/V read, `b·(held + 1)·bytes_per_token / R_kv[scheme]`.
+//!   K/V read, `b·(held + 1)·bytes_per_token / R_kv[scheme]`;
+//! - a short-context decode step right after a prefill: what it takes beyond the fitted step of
+//!   its batch is the profile's `after_prefill_us` (the decode weights fetched again after the
+//!   prefill's pushed them out of the cache).
 //!
 //! Peaks are then the largest of the probes (a STREAM-like read, a GEMM) and the rates seen,
 //! and each efficiency a rate over its peak, so every efficiency lies in (0, 1].
@@ -43,6 +46,9 @@ pub struct Samples {
     /// `(scheme, batch, context, s)`: one decode step with each scheme's cache at a long
     /// context.
     pub scheme_steps: Vec<(KvScheme, usize, usize, f64)>,
+    /// `(batch, context, s)`: a short-context fp16 decode step right after a prefill of
+    /// another sequence (empty: not measured, the profile's `after_prefill_us` is 0).
+    pub after_prefill: Vec<(usize, usize, f64)>,
 }
 
 /// One timing against what the fitted profile predicts.
@@ -254,7 +260,9 @@ fn smooth(samples: &mut Samples, prefill_w: &[f64], decode_w: &[f64]) -> Result<
 /// 4. the matmuls' efficiency at every measured prompt length and batch size (AIConfigurator's
 ///    "efficiency measured at the nearest shape"): what is left of each timing once weights,
 ///    attention, K/V and the fixed cost are taken out, against its FLOPs. Where that leaves
-///    less than a tenth of the timing, `R_w` is raised until it does not (and `o = 0`).
+///    less than a tenth of the timing, `R_w` is raised until it does not (and `o = 0`);
+/// 5. the cost of a decode step right after a prefill beyond the fitted step (the mean over
+///    its timings, at least 0): `overhead.after_prefill_us`.
 ///
 /// The fitted profile reproduces every smoothed prefill and short-context decode timing
 /// exactly (so every measured one that obeys the smoothing's two order restrictions), and each
@@ -442,7 +450,7 @@ pub fn fit(
         .fold((samples.probe_tflops * 1e12).max(r_attn), f64::max);
     let default_kv = r_kv.get("fp16").copied().unwrap_or(fp16_rate);
     let at_longest = mm_prefill.last().expect("two or more").1;
-    let profile = DeviceProfile {
+    let mut profile = DeviceProfile {
         name: name.into(),
         description: description.into(),
         calibrated: true,
@@ -469,9 +477,21 @@ pub fn fit(
         overhead: Overhead {
             step_us: o * 1e6,
             layer_us: 0.0,
+            after_prefill_us: 0.0,
         },
         sources: BTreeMap::new(),
     };
+    // 5. The step after a prefill, beyond the fitted step of its batch and context.
+    if !samples.after_prefill.is_empty() {
+        let base = PerfModel::new(profile.clone(), shape.clone(), KvScheme::FP16, 1)?;
+        let extra: f64 = samples
+            .after_prefill
+            .iter()
+            .map(|&(b, c, t)| t - base.seconds(&base.decode(&vec![c; b])))
+            .sum::<f64>()
+            / samples.after_prefill.len() as f64;
+        profile.overhead.after_prefill_us = extra.max(0.0) * 1e6;
+    }
     profile.validate()?;
     let points = check(&profile, shape, &measured)?;
     Ok((profile, points))
@@ -503,6 +523,14 @@ fn check(profile: &DeviceProfile, shape: &ModelShape, samples: &Samples) -> Resu
         let p = m.seconds(&m.decode(&vec![c; b]));
         out.push(point(format!("decode {s} b{b} c{c}"), y, p));
     }
+    for &(b, c, y) in &samples.after_prefill {
+        let p = base.seconds(&base.decode_after_prefill(&vec![c; b]));
+        out.push(point(
+            format!("decode fp16 b{b} c{c} after a prefill"),
+            y,
+            p,
+        ));
+    }
     Ok(out)
 }
 
@@ -525,8 +553,8 @@ mod tests {
 
     /// Timings made by hand from known rates — weights read at 20 GB/s, prefill GEMM at 50
     /// GFLOP/s, decode matmuls at 30 GFLOP/s, attention arithmetic at 10 GFLOP/s, fp16 K/V at
-    /// 15 GB/s and int4's at 5 GB/s, 1 ms fixed per step — fit back to those rates, and the
-    /// fitted profile predicts every timing.
+    /// 15 GB/s and int4's at 5 GB/s, 1 ms fixed per step, 12 ms more on a step right after a
+    /// prefill — fit back to those rates, and the fitted profile predicts every timing.
     #[test]
     fn known_rates_fit_back() {
         let s = shape();
@@ -572,6 +600,7 @@ mod tests {
                 ),
                 (int4, 4, 1023, decode(int4, 4.0, 1023.0, 5e9)),
             ],
+            after_prefill: vec![(4, 35, decode(KvScheme::FP16, 4.0, 35.0, 15e9) + 0.012)],
         };
         let (p, points) = fit("cpu", "test", &s, &samples).unwrap();
         let close = |x: f64, want: f64| (x / want - 1.0).abs() < 1e-6;
@@ -585,6 +614,8 @@ mod tests {
         assert!(close(p.efficiency.kv_read_by_scheme["int4"] * bw, 5e9));
         assert!(close(p.efficiency.kv_read_by_scheme["fp16"] * bw, 15e9));
         assert!(close(p.overhead.step_us, 1000.0), "{}", p.overhead.step_us);
+        let after = p.overhead.after_prefill_us;
+        assert!(close(after, 12_000.0), "{after}");
         assert!(!p.overlap && p.calibrated);
         for pt in &points {
             assert!(pt.error_pct().abs() < 0.1, "{pt:?}");
@@ -614,6 +645,7 @@ mod tests {
                 (16, 35, 0.05554),
             ],
             scheme_steps: vec![(KvScheme::FP16, 4, 1027, 0.02551), (int4, 4, 1027, 0.02009)],
+            after_prefill: Vec::new(),
         };
         let (p, points) = fit("cpu", "test", &shape(), &samples).unwrap();
         p.validate().unwrap();
@@ -681,6 +713,7 @@ mod tests {
                 .map(|(&(b, y), f)| (b, 35, y * f))
                 .collect(),
             scheme_steps: vec![(KvScheme::FP16, 4, 1027, 0.02551), (int4, 4, 1027, 0.02009)],
+            after_prefill: Vec::new(),
         }
     }
 

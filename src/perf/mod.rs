@@ -17,7 +17,8 @@
 //! - **all-reduce** (tp > 1): two per layer (after attention and after the MLP, Megatron-LM,
 //!   Shoeybi et al. 2019, §3), each a ring all-reduce of `tokens · hidden · 2` bytes:
 //!   latency + 2(tp − 1)/tp · bytes / (link · e_allreduce);
-//! - **overhead**: per step + per layer.
+//! - **overhead**: per step + per layer, and on a decode step right after a prefill the
+//!   profile's `after_prefill_us` (a CPU's last-level cache refilled with the decode weights).
 //!
 //! B is the profile's memory bandwidth, P its matmul peak ([`DeviceProfile`]).
 
@@ -229,6 +230,14 @@ impl PerfModel {
             .map(|&s| g.layer_tokens(self.scheme.held_tokens(s) + 1) as f64)
             .sum();
         self.attention(&mut c, read, read);
+        c
+    }
+
+    /// [`decode`](Self::decode) of a step that directly follows a prefill: the profile's
+    /// `overhead.after_prefill_us` added to its overhead (0 on GPU profiles).
+    pub fn decode_after_prefill(&self, contexts: &[usize]) -> Terms {
+        let mut c = self.decode(contexts);
+        c.overhead_s += self.profile.overhead.after_prefill_us * 1e-6;
         c
     }
 

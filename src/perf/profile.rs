@@ -97,6 +97,14 @@ pub struct Overhead {
     pub step_us: f64,
     /// Per layer of a forward pass (norms, RoPE, small kernels).
     pub layer_us: f64,
+    /// Extra on a decode step that directly follows a prefill: on a CPU the prefill streams
+    /// its own weights (f32, 540 MB for the default model) through the last-level cache and
+    /// pushes the decode weights out, so the next step fetches them from DRAM again
+    /// (10–24 ms more per such step in the serving runs of 2026-12-03, Intel Xeon, 2 threads;
+    /// the step after it is back to normal). 0 when absent: a GPU reads its weights from HBM
+    /// every step either way.
+    #[serde(default)]
+    pub after_prefill_us: f64,
 }
 
 /// The link between the GPUs of a tensor-parallel group.
@@ -295,6 +303,7 @@ impl DeviceProfile {
         for (f, v) in [
             ("overhead.step_us", self.overhead.step_us),
             ("overhead.layer_us", self.overhead.layer_us),
+            ("overhead.after_prefill_us", self.overhead.after_prefill_us),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(bad(

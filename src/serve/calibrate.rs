@@ -3,7 +3,8 @@
 //! steps (`step`) — so the profile describes what a serving run on this machine experiences:
 //! prefills of several lengths, decode steps of several batch sizes at a short context, and a
 //! decode step per scheme at a long context. Each timing is the median of its repeats, after
-//! one untimed run.
+//! one untimed run. Each prefill follows a decode step, and one run of decode steps follows a
+//! prefill each, as in serving, where the two phases' weights take turns in the cache.
 //!
 //! The prefill lengths, the short-context batch sizes and the schemes' long-context steps are
 //! timed **interleaved**: each round runs every length (every batch size, every scheme) once,
@@ -43,6 +44,8 @@ pub struct CalibrationSpec {
     pub repeats: usize,
     /// Timed decode steps per batch size and per scheme (the median is kept).
     pub step_repeats: usize,
+    /// Batch size of the fp16 short-context step timed right after a prefill (0: not timed).
+    pub after_prefill_batch: usize,
 }
 
 impl CalibrationSpec {
@@ -52,6 +55,10 @@ impl CalibrationSpec {
         (self.repeats.max(1) + 1 + 1 + self.schemes.len()) as u64
     }
 }
+
+/// Prompt tokens of the prefill before each step of the after-prefill run (the length does not
+/// matter much: a 512-token prefill before the step cost it about what a 64-token one did).
+const AFTER_PREFILL_TOKENS: usize = 64;
 
 /// The median of the timings ([`crate::stats::percentile`], type 7: for an odd count, the
 /// default 11 and 33, the middle one).
@@ -89,13 +96,22 @@ pub fn measure(
         probe_tflops: tflops,
         ..Default::default()
     };
-    // Prefills, interleaved: round r prefills every length once (round 0 untimed).
+    // Prefills, interleaved: round r prefills every length once (round 0 untimed), each right
+    // after an untimed decode step of a running batch of 4, as a serving prefill follows decode
+    // steps: the decode weights then hold the cache the prefill's weights need (timed back to
+    // back, serving's prefills of 32–64 tokens ran 4–24 % slower than calibrated).
+    let mut running = ModelBackend::new(prefill, decode, KvScheme::FP16);
+    let mut last = Vec::with_capacity(4);
+    for i in 0..4 {
+        last.push(running.admit(prompt(i, spec.short_ctx)?, false)?);
+    }
     let mut prefill_times = vec![Vec::with_capacity(repeats); spec.prefill_lens.len()];
     for r in 0..=repeats {
         progress.start(&format!("prefill round {r} of {repeats}"));
         for (times, &t) in prefill_times.iter_mut().zip(&spec.prefill_lens) {
             let mut b = ModelBackend::new(prefill, decode, KvScheme::FP16);
             let p = prompt(r, t)?;
+            last = running.step(&last)?;
             let t0 = Instant::now();
             b.admit(p, false)?;
             if r > 0 {
@@ -112,16 +128,29 @@ pub fn measure(
     // alike.
     progress.start("decode steps, interleaved batch sizes");
     let step_repeats = spec.step_repeats.max(1);
-    let runs: Vec<_> = spec
+    // One more run, in the same rounds, whose every step follows a prefill of another prompt
+    // (as a serving step after an admission does).
+    let mut runs: Vec<_> = spec
         .batches
         .iter()
-        .map(|&b| (KvScheme::FP16, b, spec.short_ctx))
+        .map(|&b| (KvScheme::FP16, b, spec.short_ctx, false))
         .collect();
+    if spec.after_prefill_batch > 0 {
+        runs.push((
+            KvScheme::FP16,
+            spec.after_prefill_batch,
+            spec.short_ctx,
+            true,
+        ));
+    }
     let times = interleaved_steps(prefill, decode, &runs, step_repeats, &prompt)?;
-    for (&batch, s) in spec.batches.iter().zip(times) {
-        samples
-            .decode
-            .push((batch, spec.short_ctx + step_repeats / 2 + 1, s));
+    for (&(_, batch, _, after), s) in runs.iter().zip(times) {
+        let at = (batch, spec.short_ctx + step_repeats / 2 + 1, s);
+        if after {
+            samples.after_prefill.push(at);
+        } else {
+            samples.decode.push(at);
+        }
     }
     progress.advance(1);
     // Each scheme's long-context step, interleaved the same way: two calibrations 20 minutes
@@ -133,7 +162,7 @@ pub fn measure(
         spec.long_ctx
     ));
     let (b, c) = (spec.scheme_batch, spec.long_ctx);
-    let runs: Vec<_> = spec.schemes.iter().map(|&k| (k, b, c)).collect();
+    let runs: Vec<_> = spec.schemes.iter().map(|&k| (k, b, c, false)).collect();
     let times = interleaved_steps(prefill, decode, &runs, step_repeats, &prompt)?;
     for (&scheme, s) in spec.schemes.iter().zip(times) {
         samples
@@ -144,20 +173,21 @@ pub fn measure(
     Ok(samples)
 }
 
-/// Per run `(scheme, batch, ctx)`: the median of `repeats` decode steps (after one untimed
-/// round) of `batch` sequences of `ctx` prompt tokens each, K/V in `scheme`. Every run's
-/// sequences are admitted first; then each round steps every run once, in order, so machine
-/// drift and contention fall on all runs of a round alike. Seconds, in the order of `runs`.
-/// Errors: the model's and the cache's; `prompt`'s.
+/// Per run `(scheme, batch, ctx, after_prefill)`: the median of `repeats` decode steps (after
+/// one untimed round) of `batch` sequences of `ctx` prompt tokens each, K/V in `scheme`, each
+/// step right after an untimed prefill of another 64-token prompt when `after_prefill`. Every
+/// run's sequences are admitted first; then each round steps every run once, in order, so
+/// machine drift and contention fall on all runs of a round alike. Seconds, in the order of
+/// `runs`. Errors: the model's and the cache's; `prompt`'s.
 fn interleaved_steps<'t>(
     prefill: &Model,
     decode: &Model,
-    runs: &[(KvScheme, usize, usize)],
+    runs: &[(KvScheme, usize, usize, bool)],
     repeats: usize,
     prompt: &dyn Fn(usize, usize) -> Result<&'t [u32]>,
 ) -> Result<Vec<f64>> {
     let mut live = Vec::with_capacity(runs.len());
-    for &(scheme, batch, ctx) in runs {
+    for &(scheme, batch, ctx, _) in runs {
         let mut b = ModelBackend::new(prefill, decode, scheme);
         let mut last = Vec::with_capacity(batch);
         for i in 0..batch {
@@ -166,7 +196,11 @@ fn interleaved_steps<'t>(
         live.push((b, last, Vec::with_capacity(repeats)));
     }
     for r in 0..=repeats {
-        for (b, last, times) in live.iter_mut() {
+        for ((b, last, times), &(.., after_prefill)) in live.iter_mut().zip(runs) {
+            if after_prefill {
+                ModelBackend::new(prefill, decode, KvScheme::FP16)
+                    .admit(prompt(r + 7, AFTER_PREFILL_TOKENS)?, false)?;
+            }
             let t0 = Instant::now();
             *last = b.step(last)?;
             if r > 0 {

@@ -15,8 +15,8 @@ pub trait StepCost {
     /// Prefilling `tokens` new tokens after `context` tokens already cached.
     fn prefill_s(&self, tokens: usize, context: usize) -> f64;
     /// One decode step of a batch whose sequences hold `contexts` tokens each (before the
-    /// step's token).
-    fn decode_s(&self, contexts: &[usize]) -> f64;
+    /// step's token); `after_prefill`: a prefill ran since the previous step.
+    fn decode_s(&self, contexts: &[usize], after_prefill: bool) -> f64;
 }
 
 /// Fixed costs: prefill `prefill_token_s` per token; a decode step `step_s` plus
@@ -35,7 +35,7 @@ impl StepCost for FixedCost {
     fn prefill_s(&self, tokens: usize, _context: usize) -> f64 {
         tokens as f64 * self.prefill_token_s
     }
-    fn decode_s(&self, contexts: &[usize]) -> f64 {
+    fn decode_s(&self, contexts: &[usize], _after_prefill: bool) -> f64 {
         self.step_s + self.step_seq_s * contexts.len() as f64
     }
 }
@@ -45,8 +45,12 @@ impl StepCost for crate::perf::PerfModel {
     fn prefill_s(&self, tokens: usize, context: usize) -> f64 {
         self.seconds(&self.prefill(tokens, context))
     }
-    fn decode_s(&self, contexts: &[usize]) -> f64 {
-        self.seconds(&self.decode(contexts))
+    fn decode_s(&self, contexts: &[usize], after_prefill: bool) -> f64 {
+        if after_prefill {
+            self.seconds(&self.decode_after_prefill(contexts))
+        } else {
+            self.seconds(&self.decode(contexts))
+        }
     }
 }
 
@@ -59,6 +63,8 @@ pub struct VirtualBackend<C> {
     clock: f64,
     seen: Vec<usize>,
     prefix: usize,
+    /// A prefill ran since the last decode step.
+    prefilled: bool,
 }
 
 impl<C: StepCost> VirtualBackend<C> {
@@ -71,6 +77,7 @@ impl<C: StepCost> VirtualBackend<C> {
             clock: 0.0,
             seen: Vec::new(),
             prefix: 0,
+            prefilled: false,
         }
     }
 }
@@ -86,16 +93,19 @@ impl<C: StepCost> Backend for VirtualBackend<C> {
         self.prefix = prefix.len();
         let s = self.cost.prefill_s(prefix.len(), 0);
         self.clock += s;
+        self.prefilled = true;
         Ok(s)
     }
     fn admit(&mut self, tokens: &[u32], after_prefix: bool) -> Result<u32> {
         let before = if after_prefix { self.prefix } else { 0 };
         self.clock += self.cost.prefill_s(tokens.len(), before);
+        self.prefilled = true;
         self.seen.push(tokens.len() + before);
         Ok(1)
     }
     fn step(&mut self, last: &[u32]) -> Result<Vec<u32>> {
-        self.clock += self.cost.decode_s(&self.seen);
+        self.clock += self.cost.decode_s(&self.seen, self.prefilled);
+        self.prefilled = false;
         self.seen.iter_mut().for_each(|s| *s += 1);
         Ok(vec![2; last.len()])
     }
@@ -126,10 +136,24 @@ mod tests {
     /// arrive at 0 and want 3 tokens (the prefill's, then two decode steps):
     /// r0 prefilled → 1 ms, r1 → 2 ms, steps → 3, 4 ms (both done); r2 → 5, r3 → 6, steps → 7,
     /// 8; r4 → 9, steps → 10, 11 ms.
+    ///
+    /// With `after_prefill_us = 500` the first step after each admission costs 1.5 ms: r0 → 1,
+    /// r1 → 2, steps → 3.5, 4.5; r2 → 5.5, r3 → 6.5, steps → 8, 9; r4 → 10, steps → 11.5, 12.5.
     #[test]
     fn five_requests_on_the_model_clock_by_hand() {
+        let (first, last) = five_requests(0.0);
+        assert_eq!(first, [1.0, 2.0, 5.0, 6.0, 9.0]);
+        assert_eq!(last, [4.0, 4.0, 8.0, 8.0, 11.0]);
+        let (first, last) = five_requests(500.0);
+        assert_eq!(first, [1.0, 2.0, 5.5, 6.5, 10.0]);
+        assert_eq!(last, [4.5, 4.5, 9.0, 9.0, 12.5]);
+    }
+
+    /// The five requests above; each one's first and last token time, ms, by id.
+    fn five_requests(after_prefill_us: f64) -> (Vec<f64>, Vec<f64>) {
         let profile = DeviceProfile::parse(
-            r#"
+            &format!(
+                r#"
 name = "hand"
 description = "round numbers"
 calibrated = true
@@ -146,7 +170,9 @@ allreduce = 1.0
 [overhead]
 step_us = 0
 layer_us = 0
-"#,
+after_prefill_us = {after_prefill_us}
+"#
+            ),
             "hand.toml",
         )
         .unwrap();
@@ -199,10 +225,9 @@ layer_us = 0
             .iter()
             .map(|r| ms(*r.token_s.last().unwrap()))
             .collect();
-        assert_eq!(first, [1.0, 2.0, 5.0, 6.0, 9.0]);
-        assert_eq!(last, [4.0, 4.0, 8.0, 8.0, 11.0]);
         assert!(by_id
             .iter()
             .all(|r| r.preemptions == 0 && r.output_tokens == 3));
+        (first, last)
     }
 }
