@@ -12,8 +12,8 @@ target is bold.
 Then, where both runs recorded their decode steps (raw.jsonl traces from kvbench 2026-12-03 on:
 step_s, context_tokens, prefill_s, prefill_tokens), which term differs: each run's decode steps
 fitted to  step = fixed + per_seq · running + per_token · context_tokens  (per_token within
-each batch size, see fit_steps) and its prefills to seconds per prefilled token, measured next
-to simulated. A simulated run's
+each batch size, see fit_steps; the steps right after a prefill apart, as what they take beyond
+that), and its prefills to seconds per prefilled token, measured next to simulated. A simulated run's
 steps follow the performance model exactly, so its fit reads the model's terms back; the
 measured fit says what the serving path really paid for each.
 """
@@ -46,8 +46,25 @@ def traces(d):
     return out
 
 
+def timed(s):
+    """Whether a trace step recorded its own time and context."""
+    t = s.get("step_s")
+    return isinstance(t, (int, float)) and not math.isnan(t) and bool(s.get("context_tokens"))
+
+
+def after_prefill_extra(steps, fit):
+    """Mean time of the steps right after a prefill beyond what `fit` gives their batch and
+    context, ms; or None."""
+    fixed, per_seq, per_token, _ = fit
+    extra = [s["step_s"] * 1e3 - (fixed + per_seq * s["running"]
+                                  + per_token * s["context_tokens"] / 1e3)
+             for s in steps if timed(s) and s.get("prefill_tokens")]
+    return sum(extra) / len(extra) if extra else None
+
+
 def fit_steps(steps):
-    """The decode steps that recorded their time, as  step = g(running) + per_token ·
+    """The decode steps that recorded their time, not right after a prefill (those carry the
+    cache refill, `after_prefill_extra`), as  step = g(running) + per_token ·
     context_tokens:  per_token is the within-batch-size slope (least squares with one intercept
     per batch size, so a per-batch cost that is not linear in the batch does not leak into it),
     and the intercepts g(b) fitted by weighted least squares to  fixed + per_seq · b.
@@ -55,7 +72,7 @@ def fit_steps(steps):
     groups = {}
     for s in steps:
         t = s.get("step_s")
-        if isinstance(t, (int, float)) and not math.isnan(t) and s.get("context_tokens"):
+        if timed(s) and not s.get("prefill_tokens"):
             groups.setdefault(s["running"], []).append((s["context_tokens"], t))
     sxy = sxx = 0.0
     means = []
@@ -98,14 +115,15 @@ def terms(meas_dir, sim_dir, md):
         if fm is None or fs is None:
             continue
         pm, ps = prefill_rate(m), prefill_rate(s)
-        cell = lambda a, b, f: f"{a:{f}} → {b:{f}}"
+        am, as_ = after_prefill_extra(m, fm), after_prefill_extra(s, fs)
+        cell = lambda a, b, f: f"{a:{f}} → {b:{f}}" if a is not None and b is not None else "-"
         lines.append([key[0], key[1], cell(fm[0], fs[0], ".2f"), cell(fm[1], fs[1], ".2f"),
-                      cell(fm[2], fs[2], ".2f"),
-                      cell(pm, ps, ".3f") if pm and ps else "-", f"{fm[3]} / {fs[3]}"])
+                      cell(fm[2], fs[2], ".2f"), cell(am, as_, ".1f"),
+                      cell(pm, ps, ".3f"), f"{fm[3]} / {fs[3]}"])
     if not lines:
         return
     head = ["scheme", "load", "step fixed ms", "per sequence ms", "per cached token µs",
-            "prefill ms per token", "steps"]
+            "after a prefill, ms more", "prefill ms per token", "steps"]
     print()
     print("Decode steps fitted (measured → simulated):")
     print()
