@@ -54,6 +54,20 @@ fn ctx_beyond_the_model_is_refused() {
     assert!(err.contains("16384") && err.contains("8192"), "{err}");
 }
 
+/// A scheme context at or below the short one leaves no K/V difference to fit: refused before
+/// any model loads, naming both flags and the values given.
+#[test]
+fn calibrate_refuses_a_long_context_not_above_the_short_one() {
+    let (code, _, err) = kvbench(&["calibrate", "--long-ctx", "20", "--scheme-batch", "8"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--long-ctx")
+            && err.contains("--scheme-batch")
+            && err.contains("got 8 and 20"),
+        "{err}"
+    );
+}
+
 #[test]
 fn uncached_repo_offline_names_repo_and_local_path() {
     let home = std::env::temp_dir().join(format!("kvbench-hf-{}", std::process::id()));
