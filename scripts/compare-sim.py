@@ -71,9 +71,8 @@ def fit_steps(steps):
     Returns (fixed ms, per_seq ms, per_token us, steps) or None."""
     groups = {}
     for s in steps:
-        t = s.get("step_s")
         if timed(s) and not s.get("prefill_tokens"):
-            groups.setdefault(s["running"], []).append((s["context_tokens"], t))
+            groups.setdefault(s["running"], []).append((s["context_tokens"], s["step_s"]))
     sxy = sxx = 0.0
     means = []
     for b, g in groups.items():
@@ -97,8 +96,9 @@ def fit_steps(steps):
 
 def prefill_rate(steps):
     """Seconds per prefilled token over the samples that prefilled, ms; or None."""
-    t = sum(s["prefill_s"] for s in steps if s.get("prefill_tokens"))
-    n = sum(s["prefill_tokens"] for s in steps if s.get("prefill_tokens"))
+    pre = [s for s in steps if s.get("prefill_tokens")]
+    t = sum(s["prefill_s"] for s in pre)
+    n = sum(s["prefill_tokens"] for s in pre)
     return t / n * 1e3 if n else None
 
 

@@ -466,8 +466,9 @@ impl<'a> Scheduler<'a> {
         tokens.extend_from_slice(&st.generated);
         let t0 = self.backend.now();
         let tok = self.backend.admit(&tokens, self.caching)?;
-        let t = self.backend.now() - self.offset;
-        self.prefilled.0 += t + self.offset - t0;
+        let t1 = self.backend.now();
+        let t = t1 - self.offset;
+        self.prefilled.0 += t1 - t0;
         self.prefilled.1 += tokens.len() as u64;
         if st.generated.is_empty() {
             st.record.first_token_s = t;
@@ -544,8 +545,8 @@ impl<'a> Scheduler<'a> {
         let context_tokens = self.running.iter().map(|r| r.seen as u64).sum();
         let t0 = self.backend.now();
         let next = self.backend.step(&last)?;
-        let t = self.backend.now() - self.offset;
-        let step_s = t + self.offset - t0;
+        let t1 = self.backend.now();
+        let (t, step_s) = (t1 - self.offset, t1 - t0);
         let mut ended = Vec::new();
         for (r, tok) in self.running.iter_mut().zip(next) {
             r.seen += 1;
