@@ -56,6 +56,11 @@ use quant::rotation::hadamard;
 pub use scheme::{CacheGeometry, KvScheme, LayerBytes};
 pub use spec::{parse_scheme_list, split_scheme_list, VALID_SCHEMES};
 use stream::Stream;
+
+/// K values appended by one call (`batch · kv_heads · n_new · head_dim`) from which the heads
+/// are encoded in parallel on rayon's pool: a prefill's rows, not a decode step's one row per
+/// head (a join there costs more than the encoding).
+const PARALLEL_APPEND: usize = 32 * 1024;
 pub use window::{GlobalLayers, SlidingWindow, TokensHeld};
 
 impl AttentionCache for KvCache {
@@ -616,8 +621,8 @@ impl KvCache {
             }
             head.k.push(kx) + head.v.push(vx)
         };
-        // Decode steps append one row per head: not worth a parallel join (see attention).
-        let saturated: usize = if k.len() >= attention::PARALLEL_WORK {
+        // Decode steps append one row per head: not worth a parallel join on rayon's pool.
+        let saturated: usize = if k.len() >= PARALLEL_APPEND {
             l.heads.par_iter_mut().enumerate().map(store).sum()
         } else {
             l.heads.iter_mut().enumerate().map(store).sum()
