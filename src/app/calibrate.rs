@@ -19,7 +19,7 @@ use crate::serve::calibrate::{measure, CalibrationSpec};
 use super::{progress_bar, set_threads, BarProgress};
 
 /// `--prefill-lens`'s default, tokens.
-const DEFAULT_PREFILL_LENS: &str = "32,64,128,192,256,384,512";
+const DEFAULT_PREFILL_LENS: &str = "16,32,48,64,128,192,256,384,512";
 
 /// Arguments of `kvbench calibrate`: the shared `--model`, `--dtypes` (the schemes whose K/V
 /// reads are fitted), `--weights`, `--prefill-weights`, `--threads`, and what to time.
@@ -148,7 +148,6 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         short_ctx: SHORT_CTX,
         schemes: a.schemes.dtypes.0.clone(),
         scheme_batch: a.scheme_batch,
-        after_prefill_batch: 4,
         long_ctx: a.long_ctx,
         repeats: a.repeats,
         step_repeats: a.step_repeats,
@@ -296,8 +295,9 @@ fn write_timings(
     for &(k, b, c, s) in &samples.scheme_steps {
         w.serialize(row("scheme", k.to_string(), b, c, s))?;
     }
-    for &(b, c, s) in &samples.after_prefill {
-        w.serialize(row("after_prefill", "fp16".into(), b, c, s))?;
+    for &(b, t, before, after) in &samples.after_prefill {
+        w.serialize(row("step_before_prefill", "fp16".into(), b, t, before))?;
+        w.serialize(row("step_after_prefill", "fp16".into(), b, t, after))?;
     }
     w.flush()?;
     Ok(())
@@ -313,6 +313,7 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
     };
     let mut r = csv::Reader::from_path(path).map_err(|e| bad(e.to_string()))?;
     let mut s = crate::perf::fit::Samples::default();
+    let mut before = Vec::new();
     for (i, row) in r.deserialize::<Timing<String>>().enumerate() {
         let line = i + 2;
         let t = row.map_err(|e| bad(format!("row {line}: {e}")))?;
@@ -328,7 +329,29 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
             "probe_gemm_tflops" => s.probe_tflops = t.seconds,
             "prefill" => s.prefill.push((t.tokens, t.seconds)),
             "decode" => s.decode.push((t.batch, t.tokens, t.seconds)),
-            "after_prefill" => s.after_prefill.push((t.batch, t.tokens, t.seconds)),
+            "step_before_prefill" => before.push((t.batch, t.tokens, t.seconds)),
+            "step_after_prefill" => {
+                let i = before
+                    .iter()
+                    .position(|b| (b.0, b.1) == (t.batch, t.tokens))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "row {line}: a step_after_prefill row with no step_before_prefill \
+                             row of batch {} and {} tokens before it",
+                            t.batch, t.tokens
+                        ))
+                    })?;
+                let (b, n, s0) = before.swap_remove(i);
+                s.after_prefill.push((b, n, s0, t.seconds));
+            }
+            "after_prefill" => {
+                return Err(bad(format!(
+                    "row {line}: `after_prefill` rows come from a kvbench calibrate before \
+                     2026-12-03, whose step after a prefill had no step before it to compare \
+                     with; calibrate again"
+                ))
+                .into())
+            }
             "scheme" => {
                 let k = t
                     .scheme
@@ -339,7 +362,7 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
             k => {
                 return Err(bad(format!(
                     "row {line}: unknown kind `{k}` (probe_read_gb_s, probe_gemm_tflops, \
-                     prefill, decode, scheme, after_prefill)"
+                     prefill, decode, scheme, step_before_prefill, step_after_prefill)"
                 ))
                 .into())
             }
@@ -363,7 +386,8 @@ mod tests {
             &p,
             "kind,scheme,batch,tokens,seconds\nprobe_read_gb_s,,0,0,9.5\n\
              probe_gemm_tflops,,0,0,0.18\nprefill,fp16,1,32,0.15\ndecode,fp16,4,37,0.02\n\
-             scheme,int4,4,1029,0.03\nafter_prefill,fp16,4,37,0.035\n",
+             scheme,int4,4,1029,0.03\nstep_before_prefill,fp16,4,64,0.02\n\
+             step_after_prefill,fp16,4,64,0.035\n",
         )
         .unwrap();
         let s = read_timings(&p).unwrap();
@@ -372,7 +396,7 @@ mod tests {
         assert_eq!(s.decode, vec![(4, 37, 0.02)]);
         let int4: crate::kv::KvScheme = "int4".parse().unwrap();
         assert_eq!(s.scheme_steps, vec![(int4, 4, 1029, 0.03)]);
-        assert_eq!(s.after_prefill, vec![(4, 37, 0.035)]);
+        assert_eq!(s.after_prefill, vec![(4, 64, 0.02, 0.035)]);
         std::fs::write(&p, "kind,scheme,batch,tokens,seconds\nwarmup,,1,1,0.1\n").unwrap();
         let e = read_timings(&p).unwrap_err().to_string();
         assert!(

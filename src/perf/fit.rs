@@ -9,11 +9,13 @@
 //! - decode step of b sequences at a short context: `W_d/R_w + 2·N·b/R_dm + o` — least squares
 //!   on (1, b) gives the decode matmul rate; with prefill's intercept (other weights, W_p ≠
 //!   W_d) the two intercepts give the weight-read rate R_w and the fixed cost o;
-//! - a decode step per scheme at a long context: what is left after the above is the scheme's
-//!   K/V read, `b·(held + 1)·bytes_per_token / R_kv[scheme]`;
-//! - a short-context decode step right after a prefill: what it takes beyond the fitted step of
-//!   its batch is the profile's `after_prefill_us` (the decode weights fetched again after the
-//!   prefill's pushed them out of the cache).
+//! - a decode step per scheme at a long and a short context (same batch, same rounds): the
+//!   difference less attention's arithmetic is the scheme's K/V read of the extra tokens,
+//!   `b·Δheld·bytes_per_token / R_kv[scheme]` (without the short step, the long one less the
+//!   fitted fp16 step of the batch);
+//! - a decode step right before and right after a prefill of T tokens: the difference is the
+//!   profile's extra after a T-token prompt (`after_prefill_by_prompt`; the decode weights
+//!   fetched again after the prefill's pushed them out of the cache).
 //!
 //! Peaks are then the largest of the probes (a STREAM-like read, a GEMM) and the rates seen,
 //! and each efficiency a rate over its peak, so every efficiency lies in (0, 1].
@@ -44,11 +46,13 @@ pub struct Samples {
     /// context, each sequence having seen `context` tokens.
     pub decode: Vec<(usize, usize, f64)>,
     /// `(scheme, batch, context, s)`: one decode step with each scheme's cache at a long
-    /// context.
+    /// context, and (`kvbench calibrate` since 2026-12-03) at a short one with the same
+    /// batch, timed in the same rounds.
     pub scheme_steps: Vec<(KvScheme, usize, usize, f64)>,
-    /// `(batch, context, s)`: a short-context fp16 decode step right after a prefill of
-    /// another sequence (empty: not measured, the profile's `after_prefill_us` is 0).
-    pub after_prefill: Vec<(usize, usize, f64)>,
+    /// `(batch, prompt tokens, before s, after s)`: an fp16 decode step of a running batch
+    /// right before and right after a prefill of another sequence's prompt (empty: not
+    /// measured, the profile's extra after a prefill is 0).
+    pub after_prefill: Vec<(usize, usize, f64, f64)>,
 }
 
 /// One timing against what the fitted profile predicts.
@@ -254,15 +258,18 @@ fn smooth(samples: &mut Samples, prefill_w: &[f64], decode_w: &[f64]) -> Result<
 ///    rate seen (the probe's, or the phases' intercepts' if faster);
 /// 2. attention's arithmetic rate from the prefill curve's T² term, else the prefill
 ///    matmul's rate at the longest prompt;
-/// 3. each scheme's K/V read rate from its long-context step less the short-context fp16
-///    step at the same batch (the polyline through the measured batches): the extra cached
-///    tokens' bytes over the extra time, attention's arithmetic taken out;
+/// 3. each scheme's K/V read rate from its long-context step less its short-context step of
+///    the same batch and rounds (where it has none, the short-context fp16 step at the same
+///    batch, the polyline through the measured batches): the extra cached tokens' bytes over
+///    the extra time, attention's arithmetic taken out;
 /// 4. the matmuls' efficiency at every measured prompt length and batch size (AIConfigurator's
 ///    "efficiency measured at the nearest shape"): what is left of each timing once weights,
 ///    attention, K/V and the fixed cost are taken out, against its FLOPs. Where that leaves
 ///    less than a tenth of the timing, `R_w` is raised until it does not (and `o = 0`);
-/// 5. the cost of a decode step right after a prefill beyond the fitted step (the mean over
-///    its timings, at least 0): `overhead.after_prefill_us`.
+/// 5. the extra of a decode step right after a prefill of T tokens over the step right before
+///    it, per measured T (at least 0, then made non-decreasing in T by weighted isotonic
+///    regression): `overhead.after_prefill_by_prompt`, and `after_prefill_us` its value at the
+///    longest prompt.
 ///
 /// The fitted profile reproduces every smoothed prefill and short-context decode timing
 /// exactly (so every measured one that obeys the smoothing's two order restrictions), and each
@@ -368,14 +375,44 @@ pub fn fit(
     let attn_s = |pairs: f64| 4.0 * qdl * pairs / r_attn;
     // 3. K/V reads: the extra tokens of the long context over the short one.
     let short_held = |b: usize, c: usize| (b * (c + 1)) as f64;
-    let fp16_rate = samples
-        .scheme_steps
+    // Each scheme's longest-context step and its shortest one of the same batch, if timed.
+    let pairs: Vec<_> = {
+        let mut longest: Vec<(KvScheme, usize, usize, f64)> = Vec::new();
+        for &st in &samples.scheme_steps {
+            match longest.iter_mut().find(|x| x.0 == st.0 && x.1 == st.1) {
+                Some(x) if st.2 > x.2 => *x = st,
+                Some(_) => {}
+                None => longest.push(st),
+            }
+        }
+        longest
+            .into_iter()
+            .map(|(k, b, c, t)| {
+                let short = samples
+                    .scheme_steps
+                    .iter()
+                    .filter(|x| x.0 == k && x.1 == b && x.2 < c)
+                    .min_by_key(|x| x.2)
+                    .map(|x| (x.2, x.3));
+                (k, b, c, t, short)
+            })
+            .collect()
+    };
+    let c0 = samples.decode.first().map_or(0, |d| d.1);
+    // Extra cached tokens and extra time of a scheme's long step over its short one.
+    let extra_of = |k: KvScheme, b: usize, c: usize, t: f64, short: Option<(usize, f64)>| {
+        let held = |c: usize| ((k.held_tokens(c) + 1) * b) as f64;
+        match short {
+            Some((cs, ts)) => (held(c) - held(cs), t - ts),
+            None => (held(c) - short_held(b, c0), t - polyline(&decode, b as f64)),
+        }
+    };
+    let fp16_rate = pairs
         .iter()
         .find(|s| s.0 == KvScheme::FP16)
-        .and_then(|&(_, b, c, t)| {
-            let c0 = samples.decode.first().map_or(0, |d| d.1);
-            let extra = short_held(b, c) - short_held(b, c0);
-            let rest = t - polyline(&decode, b as f64) - attn_s(extra);
+        .and_then(|&(k, b, c, t, short)| {
+            let (extra, dt) = extra_of(k, b, c, t, short);
+            let rest = dt - attn_s(extra);
             let bytes = extra * KvScheme::FP16.bytes_per_token(&geom) as f64;
             (rest > 0.0 && extra > 0.0).then(|| bytes / rest)
         })
@@ -410,15 +447,27 @@ pub fn fit(
         }
     }
     let mut r_kv: BTreeMap<String, f64> = BTreeMap::new();
-    for &(scheme, b, c, t) in &samples.scheme_steps {
-        let c0 = samples.decode.first().map_or(0, |d| d.1);
+    for &(scheme, b, c, t, short) in &pairs {
+        let bpt = scheme.bytes_per_token(&geom) as f64;
+        let rest = match short {
+            Some(_) => {
+                let (extra, dt) = extra_of(scheme, b, c, t, short);
+                let rest = dt - attn_s(extra);
+                // The extra tokens' bytes over the extra time, as the scheme's reads.
+                rest * (((scheme.held_tokens(c) + 1) * b) as f64 / extra)
+            }
+            None => {
+                let held = (scheme.held_tokens(c) + 1) as f64 * b as f64;
+                // The fp16 steps wrote fp16 K/V for the batch's new tokens; this scheme writes
+                // its own.
+                let writes = b as f64 * (bpt - bpt16) / r_w;
+                t - polyline(&decode, b as f64) + kv_short_s(b, c0)
+                    - attn_s(held - short_held(b, c0))
+                    - writes
+            }
+        };
         let held = (scheme.held_tokens(c) + 1) as f64 * b as f64;
-        let bytes = held * scheme.bytes_per_token(&geom) as f64;
-        // The fp16 steps wrote fp16 K/V for the batch's new tokens; this scheme writes its own.
-        let writes = b as f64 * (scheme.bytes_per_token(&geom) as f64 - bpt16) / r_w;
-        let rest = t - polyline(&decode, b as f64) + kv_short_s(b, c0)
-            - attn_s(held - short_held(b, c0))
-            - writes;
+        let bytes = held * bpt;
         // A scheme whose reads vanish in the noise (an eviction window's few tokens) is read
         // as fast as the weights.
         let r = if rest > 0.0 { bytes / rest } else { r_w };
@@ -478,19 +527,31 @@ pub fn fit(
             step_us: o * 1e6,
             layer_us: 0.0,
             after_prefill_us: 0.0,
+            after_prefill_by_prompt: Vec::new(),
         },
         sources: BTreeMap::new(),
     };
-    // 5. The step after a prefill, beyond the fitted step of its batch and context.
+    // 5. The step after a prefill over the step before it, by prompt length: timings of one
+    // length pooled (their mean), then non-decreasing in the length.
     if !samples.after_prefill.is_empty() {
-        let base = PerfModel::new(profile.clone(), shape.clone(), KvScheme::FP16, 1)?;
-        let extra: f64 = samples
-            .after_prefill
+        let (pooled, w) = pool_sizes(
+            &samples.after_prefill,
+            |a| a.1,
+            |a| (a.3 - a.2).max(0.0),
+            |a, y| (a.0, a.1, 0.0, y),
+        );
+        let extra: Vec<f64> = pooled.iter().map(|p| p.3).collect();
+        let smooth = crate::stats::isotonic_increasing(&extra, &w).ok_or_else(|| {
+            bad(format!(
+                "the steps after a prefill ({extra:?} s more) cannot be smoothed (not finite)"
+            ))
+        })?;
+        profile.overhead.after_prefill_by_prompt = pooled
             .iter()
-            .map(|&(b, c, t)| t - base.seconds(&base.decode(&vec![c; b])))
-            .sum::<f64>()
-            / samples.after_prefill.len() as f64;
-        profile.overhead.after_prefill_us = extra.max(0.0) * 1e6;
+            .zip(&smooth)
+            .map(|(p, &y)| (p.1 as u64, y * 1e6))
+            .collect();
+        profile.overhead.after_prefill_us = smooth.last().map_or(0.0, |y| y * 1e6);
     }
     profile.validate()?;
     let points = check(&profile, shape, &measured)?;
@@ -523,12 +584,11 @@ fn check(profile: &DeviceProfile, shape: &ModelShape, samples: &Samples) -> Resu
         let p = m.seconds(&m.decode(&vec![c; b]));
         out.push(point(format!("decode {s} b{b} c{c}"), y, p));
     }
-    for &(b, c, y) in &samples.after_prefill {
-        let p = base.seconds(&base.decode_after_prefill(&vec![c; b]));
+    for &(b, t, before, after) in &samples.after_prefill {
         out.push(point(
-            format!("decode fp16 b{b} c{c} after a prefill"),
-            y,
-            p,
+            format!("decode fp16 b{b} after a {t}-token prefill, extra"),
+            after - before,
+            profile.overhead.after_prefill_s(t),
         ));
     }
     Ok(out)
@@ -553,8 +613,10 @@ mod tests {
 
     /// Timings made by hand from known rates — weights read at 20 GB/s, prefill GEMM at 50
     /// GFLOP/s, decode matmuls at 30 GFLOP/s, attention arithmetic at 10 GFLOP/s, fp16 K/V at
-    /// 15 GB/s and int4's at 5 GB/s, 1 ms fixed per step, 12 ms more on a step right after a
-    /// prefill — fit back to those rates, and the fitted profile predicts every timing.
+    /// 15 GB/s and int4's at 5 GB/s, 1 ms fixed per step, 2–12 ms more on a step right after
+    /// a prefill by the prompt's length — fit back to those rates and extras, and the fitted
+    /// profile predicts every timing but int4's (3 ms of its own, by construction) and the
+    /// pooled extras.
     #[test]
     fn known_rates_fit_back() {
         let s = shape();
@@ -591,6 +653,8 @@ mod tests {
                 .iter()
                 .map(|&b| (b, 35, decode(KvScheme::FP16, b as f64, 35.0, 15e9)))
                 .collect(),
+            // int4's steps carry 3 ms that fp16's do not (its own fixed cost): the difference
+            // of its two steps leaves it out, the fp16 short step would not.
             scheme_steps: vec![
                 (
                     KvScheme::FP16,
@@ -598,9 +662,18 @@ mod tests {
                     1023,
                     decode(KvScheme::FP16, 4.0, 1023.0, 15e9),
                 ),
-                (int4, 4, 1023, decode(int4, 4.0, 1023.0, 5e9)),
+                (int4, 4, 35, decode(int4, 4.0, 35.0, 5e9) + 0.003),
+                (int4, 4, 1023, decode(int4, 4.0, 1023.0, 5e9) + 0.003),
             ],
-            after_prefill: vec![(4, 35, decode(KvScheme::FP16, 4.0, 35.0, 15e9) + 0.012)],
+            // 2 ms more after a 32-token prompt, 12 after 64, 10 after 128: the last two fall,
+            // so they pool to 11.
+            after_prefill: [(32, 0.002), (64, 0.012), (128, 0.010)]
+                .iter()
+                .map(|&(t, x)| {
+                    let before = decode(KvScheme::FP16, 4.0, 35.0 + t as f64, 15e9);
+                    (4, t, before, before + x)
+                })
+                .collect(),
         };
         let (p, points) = fit("cpu", "test", &s, &samples).unwrap();
         let close = |x: f64, want: f64| (x / want - 1.0).abs() < 1e-6;
@@ -614,10 +687,29 @@ mod tests {
         assert!(close(p.efficiency.kv_read_by_scheme["int4"] * bw, 5e9));
         assert!(close(p.efficiency.kv_read_by_scheme["fp16"] * bw, 15e9));
         assert!(close(p.overhead.step_us, 1000.0), "{}", p.overhead.step_us);
-        let after = p.overhead.after_prefill_us;
-        assert!(close(after, 12_000.0), "{after}");
+        let o = &p.overhead;
+        assert_eq!(o.after_prefill_by_prompt.len(), 3);
+        for (&(t, us), want) in o
+            .after_prefill_by_prompt
+            .iter()
+            .zip([2000.0, 11_000.0, 11_000.0])
+        {
+            assert!(close(us, want), "{t}: {us}");
+        }
+        assert!(
+            close(o.after_prefill_us, 11_000.0),
+            "{}",
+            o.after_prefill_us
+        );
+        // Halfway between 32 (2 ms) and 64 (11 ms); the end values beyond; none without a prefill.
+        assert!(close(o.after_prefill_s(48), 6.5e-3));
+        assert!(close(o.after_prefill_s(8), 2e-3) && close(o.after_prefill_s(4096), 11e-3));
+        assert_eq!(o.after_prefill_s(0), 0.0);
         assert!(!p.overlap && p.calibrated);
-        for pt in &points {
+        for pt in points
+            .iter()
+            .filter(|p| !p.what.contains("int4") && !p.what.contains("-token"))
+        {
             assert!(pt.error_pct().abs() < 0.1, "{pt:?}");
         }
     }

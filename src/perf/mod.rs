@@ -233,11 +233,13 @@ impl PerfModel {
         c
     }
 
-    /// [`decode`](Self::decode) of a step that directly follows a prefill: the profile's
-    /// `overhead.after_prefill_us` added to its overhead (0 on GPU profiles).
-    pub fn decode_after_prefill(&self, contexts: &[usize]) -> Terms {
+    /// [`decode`](Self::decode) of a step that directly follows prefills whose longest
+    /// prompt was `prompt` tokens (0: none): the profile's extra after such a prefill
+    /// ([`Overhead::after_prefill_s`](profile::Overhead::after_prefill_s); 0 on GPU profiles)
+    /// added to its overhead.
+    pub fn decode_after_prefill(&self, contexts: &[usize], prompt: usize) -> Terms {
         let mut c = self.decode(contexts);
-        c.overhead_s += self.profile.overhead.after_prefill_us * 1e-6;
+        c.overhead_s += self.profile.overhead.after_prefill_s(prompt);
         c
     }
 

@@ -105,6 +105,39 @@ pub struct Overhead {
     /// every step either way.
     #[serde(default)]
     pub after_prefill_us: f64,
+    /// `after_prefill_us` by the longest prompt prefilled since the previous step, `[tokens,
+    /// µs]` rows with rising tokens (empty: `after_prefill_us` whatever the prompt). On the
+    /// CPU it depends on the prompt: the f32 GEMM packs the weight matrix once a prompt
+    /// passes a few register tiles (gemm 0.19 packs the right-hand side above `2·MR` rows),
+    /// and the serving runs of 2026-12-03 (Intel Xeon, 2 threads) paid 1.3 ms after prompts of
+    /// up to 48 tokens but 15–17 ms after longer ones. Linear between rows, the end values
+    /// beyond them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_prefill_by_prompt: Vec<(u64, f64)>,
+}
+
+impl Overhead {
+    /// The extra of a decode step after prefills whose longest prompt was `prompt` tokens
+    /// (0: no prefill since the previous step), seconds: `after_prefill_by_prompt` at
+    /// `prompt`, linear between its rows, else `after_prefill_us`.
+    pub fn after_prefill_s(&self, prompt: usize) -> f64 {
+        if prompt == 0 {
+            return 0.0;
+        }
+        let t = &self.after_prefill_by_prompt;
+        let us = match (t.first(), t.last()) {
+            (Some(&(n0, v0)), _) if prompt as u64 <= n0 => v0,
+            (_, Some(&(n1, v1))) if prompt as u64 >= n1 => v1,
+            (Some(_), Some(_)) => {
+                let i = t.iter().position(|&(n, _)| n >= prompt as u64).unwrap_or(0);
+                let ((n0, v0), (n1, v1)) = (t[i - 1], t[i]);
+                let f = (prompt as f64 - n0 as f64) / (n1 as f64 - n0 as f64);
+                v0 + f * (v1 - v0)
+            }
+            _ => self.after_prefill_us,
+        };
+        us * 1e-6
+    }
 }
 
 /// The link between the GPUs of a tensor-parallel group.
@@ -299,6 +332,18 @@ impl DeviceProfile {
         }
         for (scheme, v) in &e.kv_read_by_scheme {
             share(&format!("efficiency.kv_read_by_scheme.{scheme}"), *v)?;
+        }
+        let t = &self.overhead.after_prefill_by_prompt;
+        for (i, &(n, v)) in t.iter().enumerate() {
+            if n == 0 || (i > 0 && n <= t[i - 1].0) || !(v.is_finite() && v >= 0.0) {
+                return Err(bad(
+                    "profile",
+                    format!(
+                        "`overhead.after_prefill_by_prompt`: prompts must be > 0 and rising, \
+                         extras numbers ≥ 0; entry {i} is [{n}, {v}]"
+                    ),
+                ));
+            }
         }
         for (f, v) in [
             ("overhead.step_us", self.overhead.step_us),

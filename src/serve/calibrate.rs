@@ -2,9 +2,10 @@
 //! the path `kvbench serve` measures — the model backend's own prefill (`admit`) and decode
 //! steps (`step`) — so the profile describes what a serving run on this machine experiences:
 //! prefills of several lengths, decode steps of several batch sizes at a short context, and a
-//! decode step per scheme at a long context. Each timing is the median of its repeats, after
-//! one untimed run. Each prefill follows a decode step, and one run of decode steps follows a
-//! prefill each, as in serving, where the two phases' weights take turns in the cache.
+//! decode step per scheme at a short and a long context. Each timing is the median of its
+//! repeats, after one untimed run. Each prefill follows decode steps of a running batch, and
+//! that batch's next step is timed too, as in serving, where the two phases' weights take
+//! turns in the cache.
 //!
 //! The prefill lengths, the short-context batch sizes and the schemes' long-context steps are
 //! timed **interleaved**: each round runs every length (every batch size, every scheme) once,
@@ -34,18 +35,17 @@ pub struct CalibrationSpec {
     pub batches: Vec<usize>,
     /// Context of the short-context decode steps, tokens.
     pub short_ctx: usize,
-    /// Schemes timed at the long context.
+    /// Schemes timed at the short and the long context.
     pub schemes: Vec<KvScheme>,
-    /// Batch size of the long-context steps.
+    /// Batch size of the schemes' steps.
     pub scheme_batch: usize,
-    /// Context of the long-context steps, tokens.
+    /// Context of the schemes' long-context steps, tokens.
     pub long_ctx: usize,
-    /// Timed prefills per length (the median is kept).
+    /// Timed prefills per length (the median is kept; of the steps before and after them, the
+    /// mean).
     pub repeats: usize,
     /// Timed decode steps per batch size and per scheme (the median is kept).
     pub step_repeats: usize,
-    /// Batch size of the fp16 short-context step timed right after a prefill (0: not timed).
-    pub after_prefill_batch: usize,
 }
 
 impl CalibrationSpec {
@@ -56,14 +56,18 @@ impl CalibrationSpec {
     }
 }
 
-/// Prompt tokens of the prefill before each step of the after-prefill run (the length does not
-/// matter much: a 512-token prefill before the step cost it about what a 64-token one did).
-const AFTER_PREFILL_TOKENS: usize = 64;
+/// Sequences of the running batch whose decode steps come before and after each timed prefill.
+pub const RUNNING: usize = 4;
 
 /// The median of the timings ([`crate::stats::percentile`], type 7: for an odd count, the
 /// default 11 and 33, the middle one).
 fn median(mut xs: Vec<f64>) -> f64 {
     crate::stats::percentile(&mut xs, 50.0)
+}
+
+/// The mean of the timings.
+fn mean(xs: &[f64]) -> f64 {
+    xs.iter().sum::<f64>() / xs.len().max(1) as f64
 }
 
 /// Times everything `spec` asks for with `prefill` and `decode` (the model in each phase's
@@ -96,75 +100,94 @@ pub fn measure(
         probe_tflops: tflops,
         ..Default::default()
     };
-    // Prefills, interleaved: round r prefills every length once (round 0 untimed), each right
-    // after an untimed decode step of a running batch of 4, as a serving prefill follows decode
-    // steps: the decode weights then hold the cache the prefill's weights need (timed back to
-    // back, serving's prefills of 32–64 tokens ran 4–24 % slower than calibrated).
+    // Prefills, interleaved: round r prefills every length once (round 0 untimed), each after
+    // two untimed decode steps of a running batch of 4 and one timed one, as a serving prefill
+    // follows decode steps: the decode weights then hold the cache the prefill's weights need
+    // (timed back to back, serving's prefills of 32–64 tokens ran 4–24 % slower than
+    // calibrated). The running batch's next step, right after the prefill, is timed too: what
+    // it takes beyond the step before the prefill is the extra a step pays after a prompt of
+    // that length (on this CPU 1–2 ms after short prompts, 15–20 ms after long ones).
     let mut running = ModelBackend::new(prefill, decode, KvScheme::FP16);
-    let mut last = Vec::with_capacity(4);
-    for i in 0..4 {
+    let mut last = Vec::with_capacity(RUNNING);
+    for i in 0..RUNNING {
         last.push(running.admit(prompt(i, spec.short_ctx)?, false)?);
     }
-    let mut prefill_times = vec![Vec::with_capacity(repeats); spec.prefill_lens.len()];
+    let n = spec.prefill_lens.len();
+    let (mut prefill_times, mut before, mut after) = (
+        vec![Vec::with_capacity(repeats); n],
+        vec![Vec::with_capacity(repeats); n],
+        vec![Vec::with_capacity(repeats); n],
+    );
+    let mut timed_step = |last: &mut Vec<u32>| -> Result<f64> {
+        let t0 = Instant::now();
+        *last = running.step(last)?;
+        Ok(t0.elapsed().as_secs_f64())
+    };
     for r in 0..=repeats {
         progress.start(&format!("prefill round {r} of {repeats}"));
-        for (times, &t) in prefill_times.iter_mut().zip(&spec.prefill_lens) {
+        for (i, &t) in spec.prefill_lens.iter().enumerate() {
             let mut b = ModelBackend::new(prefill, decode, KvScheme::FP16);
             let p = prompt(r, t)?;
-            last = running.step(&last)?;
+            timed_step(&mut last)?;
+            timed_step(&mut last)?;
+            let s0 = timed_step(&mut last)?;
             let t0 = Instant::now();
             b.admit(p, false)?;
+            let tp = t0.elapsed().as_secs_f64();
+            let s1 = timed_step(&mut last)?;
             if r > 0 {
-                times.push(t0.elapsed().as_secs_f64());
+                prefill_times[i].push(tp);
+                before[i].push(s0);
+                after[i].push(s1);
             }
         }
         progress.advance(1);
     }
-    for (&t, times) in spec.prefill_lens.iter().zip(prefill_times) {
-        samples.prefill.push((t, median(times)));
+    for (i, &t) in spec.prefill_lens.iter().enumerate() {
+        samples.prefill.push((t, median(prefill_times[i].clone())));
+        // Means, not medians: the extra falls on some of these steps and not on others, and
+        // the model charges its expectation.
+        samples
+            .after_prefill
+            .push((RUNNING, t, mean(&before[i]), mean(&after[i])));
     }
     // Decode steps at the short context, interleaved: every batch size's sequences admitted,
     // then round r steps each batch once (round 0 untimed), so every batch's context grows
     // alike.
     progress.start("decode steps, interleaved batch sizes");
     let step_repeats = spec.step_repeats.max(1);
-    // One more run, in the same rounds, whose every step follows a prefill of another prompt
-    // (as a serving step after an admission does).
-    let mut runs: Vec<_> = spec
+    let runs: Vec<_> = spec
         .batches
         .iter()
-        .map(|&b| (KvScheme::FP16, b, spec.short_ctx, false))
+        .map(|&b| (KvScheme::FP16, b, spec.short_ctx))
         .collect();
-    if spec.after_prefill_batch > 0 {
-        runs.push((
-            KvScheme::FP16,
-            spec.after_prefill_batch,
-            spec.short_ctx,
-            true,
-        ));
-    }
     let times = interleaved_steps(prefill, decode, &runs, step_repeats, &prompt)?;
-    for (&(_, batch, _, after), s) in runs.iter().zip(times) {
-        let at = (batch, spec.short_ctx + step_repeats / 2 + 1, s);
-        if after {
-            samples.after_prefill.push(at);
-        } else {
-            samples.decode.push(at);
-        }
+    for (&(_, batch, _), s) in runs.iter().zip(times) {
+        samples
+            .decode
+            .push((batch, spec.short_ctx + step_repeats / 2 + 1, s));
     }
     progress.advance(1);
-    // Each scheme's long-context step, interleaved the same way: two calibrations 20 minutes
-    // apart, timing the schemes one after another, gave int8-token 19.8 and 31.0 ms (README,
-    // "Validated here"); in rounds a burst of contention falls on every scheme alike.
+    // Each scheme's step at the short and the long context, interleaved the same way: two
+    // calibrations 20 minutes apart, timing the schemes one after another, gave int8-token
+    // 19.8 and 31.0 ms (README, "Validated here"); in rounds a burst of contention falls on
+    // every scheme alike. The K/V cost per cached token is the difference of the two, timed in
+    // the same rounds: against the short-context step of the batch-size rounds instead, fp16
+    // came out at 3.35 µs per token where serving's steps paid 5.0 (Intel Xeon, 2026-12-03).
     progress.start(&format!(
-        "decode steps, {} schemes interleaved, {} tokens",
+        "decode steps, {} schemes interleaved, {} and {} tokens",
         spec.schemes.len(),
+        spec.short_ctx,
         spec.long_ctx
     ));
-    let (b, c) = (spec.scheme_batch, spec.long_ctx);
-    let runs: Vec<_> = spec.schemes.iter().map(|&k| (k, b, c, false)).collect();
+    let b = spec.scheme_batch;
+    let runs: Vec<_> = spec
+        .schemes
+        .iter()
+        .flat_map(|&k| [(k, b, spec.short_ctx), (k, b, spec.long_ctx)])
+        .collect();
     let times = interleaved_steps(prefill, decode, &runs, step_repeats, &prompt)?;
-    for (&scheme, s) in spec.schemes.iter().zip(times) {
+    for (&(scheme, b, c), s) in runs.iter().zip(times) {
         samples
             .scheme_steps
             .push((scheme, b, c + step_repeats / 2 + 1, s));
@@ -173,21 +196,20 @@ pub fn measure(
     Ok(samples)
 }
 
-/// Per run `(scheme, batch, ctx, after_prefill)`: the median of `repeats` decode steps (after
-/// one untimed round) of `batch` sequences of `ctx` prompt tokens each, K/V in `scheme`, each
-/// step right after an untimed prefill of another 64-token prompt when `after_prefill`. Every
-/// run's sequences are admitted first; then each round steps every run once, in order, so
-/// machine drift and contention fall on all runs of a round alike. Seconds, in the order of
-/// `runs`. Errors: the model's and the cache's; `prompt`'s.
+/// Per run `(scheme, batch, ctx)`: the median of `repeats` decode steps (after one untimed
+/// round) of `batch` sequences of `ctx` prompt tokens each, K/V in `scheme`. Every run's
+/// sequences are admitted first; then each round steps every run once, in order, so machine
+/// drift and contention fall on all runs of a round alike. Seconds, in the order of `runs`.
+/// Errors: the model's and the cache's; `prompt`'s.
 fn interleaved_steps<'t>(
     prefill: &Model,
     decode: &Model,
-    runs: &[(KvScheme, usize, usize, bool)],
+    runs: &[(KvScheme, usize, usize)],
     repeats: usize,
     prompt: &dyn Fn(usize, usize) -> Result<&'t [u32]>,
 ) -> Result<Vec<f64>> {
     let mut live = Vec::with_capacity(runs.len());
-    for &(scheme, batch, ctx, _) in runs {
+    for &(scheme, batch, ctx) in runs {
         let mut b = ModelBackend::new(prefill, decode, scheme);
         let mut last = Vec::with_capacity(batch);
         for i in 0..batch {
@@ -196,11 +218,7 @@ fn interleaved_steps<'t>(
         live.push((b, last, Vec::with_capacity(repeats)));
     }
     for r in 0..=repeats {
-        for ((b, last, times), &(.., after_prefill)) in live.iter_mut().zip(runs) {
-            if after_prefill {
-                ModelBackend::new(prefill, decode, KvScheme::FP16)
-                    .admit(prompt(r + 7, AFTER_PREFILL_TOKENS)?, false)?;
-            }
+        for (b, last, times) in live.iter_mut() {
             let t0 = Instant::now();
             *last = b.step(last)?;
             if r > 0 {

@@ -15,8 +15,9 @@ pub trait StepCost {
     /// Prefilling `tokens` new tokens after `context` tokens already cached.
     fn prefill_s(&self, tokens: usize, context: usize) -> f64;
     /// One decode step of a batch whose sequences hold `contexts` tokens each (before the
-    /// step's token); `after_prefill`: a prefill ran since the previous step.
-    fn decode_s(&self, contexts: &[usize], after_prefill: bool) -> f64;
+    /// step's token); `after_prefill`: the longest prompt prefilled since the previous step,
+    /// tokens (0: none).
+    fn decode_s(&self, contexts: &[usize], after_prefill: usize) -> f64;
 }
 
 /// Fixed costs: prefill `prefill_token_s` per token; a decode step `step_s` plus
@@ -35,7 +36,7 @@ impl StepCost for FixedCost {
     fn prefill_s(&self, tokens: usize, _context: usize) -> f64 {
         tokens as f64 * self.prefill_token_s
     }
-    fn decode_s(&self, contexts: &[usize], _after_prefill: bool) -> f64 {
+    fn decode_s(&self, contexts: &[usize], _after_prefill: usize) -> f64 {
         self.step_s + self.step_seq_s * contexts.len() as f64
     }
 }
@@ -45,12 +46,8 @@ impl StepCost for crate::perf::PerfModel {
     fn prefill_s(&self, tokens: usize, context: usize) -> f64 {
         self.seconds(&self.prefill(tokens, context))
     }
-    fn decode_s(&self, contexts: &[usize], after_prefill: bool) -> f64 {
-        if after_prefill {
-            self.seconds(&self.decode_after_prefill(contexts))
-        } else {
-            self.seconds(&self.decode(contexts))
-        }
+    fn decode_s(&self, contexts: &[usize], after_prefill: usize) -> f64 {
+        self.seconds(&self.decode_after_prefill(contexts, after_prefill))
     }
 }
 
@@ -63,8 +60,8 @@ pub struct VirtualBackend<C> {
     clock: f64,
     seen: Vec<usize>,
     prefix: usize,
-    /// A prefill ran since the last decode step.
-    prefilled: bool,
+    /// The longest prompt prefilled since the last decode step, tokens (0: none).
+    prefilled: usize,
 }
 
 impl<C: StepCost> VirtualBackend<C> {
@@ -77,7 +74,7 @@ impl<C: StepCost> VirtualBackend<C> {
             clock: 0.0,
             seen: Vec::new(),
             prefix: 0,
-            prefilled: false,
+            prefilled: 0,
         }
     }
 }
@@ -93,19 +90,19 @@ impl<C: StepCost> Backend for VirtualBackend<C> {
         self.prefix = prefix.len();
         let s = self.cost.prefill_s(prefix.len(), 0);
         self.clock += s;
-        self.prefilled = true;
+        self.prefilled = self.prefilled.max(prefix.len());
         Ok(s)
     }
     fn admit(&mut self, tokens: &[u32], after_prefix: bool) -> Result<u32> {
         let before = if after_prefix { self.prefix } else { 0 };
         self.clock += self.cost.prefill_s(tokens.len(), before);
-        self.prefilled = true;
+        self.prefilled = self.prefilled.max(tokens.len());
         self.seen.push(tokens.len() + before);
         Ok(1)
     }
     fn step(&mut self, last: &[u32]) -> Result<Vec<u32>> {
         self.clock += self.cost.decode_s(&self.seen, self.prefilled);
-        self.prefilled = false;
+        self.prefilled = 0;
         self.seen.iter_mut().for_each(|s| *s += 1);
         Ok(vec![2; last.len()])
     }
