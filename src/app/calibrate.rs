@@ -54,19 +54,19 @@ pub struct CalibrateArgs {
         default_value = "1,2,3,4,6,8,12,16,24,32,48"
     )]
     pub batch_sizes: Vec<usize>,
-    /// Context of the per-scheme decode steps, tokens: where the workload you will simulate
-    /// runs. On a CPU the attention's cost per cached token is not constant in the context
-    /// (fp16 4.1 µs per token between 49 and 200 tokens, 3.6 µs between 49 and 1,041; int8-token
-    /// 3.2 vs 2.2 µs: Intel Xeon, 2 threads, 2026-12-03), and the shipped serve suites run at
-    /// 32–448 tokens.
+    /// Long context of the per-scheme decode steps, tokens (each scheme is also timed at the
+    /// short context, 32 + the steps, in the same rounds; the difference is its K/V cost):
+    /// where the workload you will simulate runs — the shipped serve suites run at 32–448
+    /// tokens.
     #[arg(long, default_value_t = 256)]
     pub long_ctx: usize,
-    /// Sequences of the per-scheme decode steps: 16 × (256 − 49) cached tokens more than the
-    /// short-context step of the same batch, a difference of 10–15 ms on this CPU, well above
-    /// the steps' noise.
+    /// Sequences of the per-scheme decode steps: 16 × (256 − 32) cached tokens between each
+    /// scheme's short and long step, a difference of 4–12 ms on this CPU, above the steps'
+    /// noise.
     #[arg(long, default_value_t = 16)]
     pub scheme_batch: usize,
-    /// Timed prefills per prompt length (the median is kept).
+    /// Timed prefills per prompt length (the median is kept; of the running batch's steps
+    /// right before and after each, the mean).
     #[arg(long, default_value_t = 11)]
     pub repeats: usize,
     /// Timed decode steps per batch size and per scheme (the median is kept).

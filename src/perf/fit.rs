@@ -266,7 +266,11 @@ fn smooth(samples: &mut Samples, prefill_w: &[f64], decode_w: &[f64]) -> Result<
 ///    "efficiency measured at the nearest shape"): what is left of each timing once weights,
 ///    attention, K/V and the fixed cost are taken out, against its FLOPs. Where that leaves
 ///    less than a tenth of the timing, `R_w` is raised until it does not (and `o = 0`);
-/// 5. the extra of a decode step right after a prefill of T tokens over the step right before
+/// 5. each scheme's extra per token written (`overhead.kv_encode_us_by_scheme`): its
+///    short-context decode step less fp16's of the same batch and rounds, less the difference
+///    the profile already predicts, over the batch (one token written per sequence; at least
+///    0).
+/// 6. the extra of a decode step right after a prefill of T tokens over the step right before
 ///    it, per measured T (at least 0, then made non-decreasing in T by weighted isotonic
 ///    regression): `overhead.after_prefill_by_prompt`, and `after_prefill_us` its value at the
 ///    longest prompt.
@@ -528,10 +532,36 @@ pub fn fit(
             layer_us: 0.0,
             after_prefill_us: 0.0,
             after_prefill_by_prompt: Vec::new(),
+            kv_encode_us_by_scheme: BTreeMap::new(),
         },
         sources: BTreeMap::new(),
     };
-    // 5. The step after a prefill over the step before it, by prompt length: timings of one
+    // 5. Each scheme's extra per token written: its short-context step over fp16's of the same
+    // batch and rounds, less the difference the profile already predicts (its K/V reads and
+    // writes).
+    let fp16_short = pairs
+        .iter()
+        .find(|p| p.0 == KvScheme::FP16)
+        .and_then(|p| p.4.map(|(c, t)| (p.1, c, t)));
+    if let Some((b16, c16, t16)) = fp16_short {
+        let step = |k: KvScheme, c: usize, b: usize| -> Result<f64> {
+            let m = PerfModel::new(profile.clone(), shape.clone(), k, 1)?;
+            Ok(m.seconds(&m.decode(&vec![c; b])))
+        };
+        let base = step(KvScheme::FP16, c16, b16)?;
+        let mut extras = BTreeMap::new();
+        for &(k, b, _, _, short) in &pairs {
+            match short {
+                Some((c, t)) if k != KvScheme::FP16 && (b, c) == (b16, c16) => {
+                    let extra = ((t - t16) - (step(k, c, b)? - base)) / b as f64;
+                    extras.insert(k.to_string(), extra.max(0.0) * 1e6);
+                }
+                _ => {}
+            }
+        }
+        profile.overhead.kv_encode_us_by_scheme = extras;
+    }
+    // 6. The step after a prefill over the step before it, by prompt length: timings of one
     // length pooled (their mean), then non-decreasing in the length.
     if !samples.after_prefill.is_empty() {
         let (pooled, w) = pool_sizes(
@@ -614,9 +644,8 @@ mod tests {
     /// Timings made by hand from known rates — weights read at 20 GB/s, prefill GEMM at 50
     /// GFLOP/s, decode matmuls at 30 GFLOP/s, attention arithmetic at 10 GFLOP/s, fp16 K/V at
     /// 15 GB/s and int4's at 5 GB/s, 1 ms fixed per step, 2–12 ms more on a step right after
-    /// a prefill by the prompt's length — fit back to those rates and extras, and the fitted
-    /// profile predicts every timing but int4's (3 ms of its own, by construction) and the
-    /// pooled extras.
+    /// a prefill by the prompt's length, int4 0.75 ms more per token written — fit back to those
+    /// rates and extras, and the fitted profile predicts every timing but the pooled extras.
     #[test]
     fn known_rates_fit_back() {
         let s = shape();
@@ -653,9 +682,16 @@ mod tests {
                 .iter()
                 .map(|&b| (b, 35, decode(KvScheme::FP16, b as f64, 35.0, 15e9)))
                 .collect(),
-            // int4's steps carry 3 ms that fp16's do not (its own fixed cost): the difference
-            // of its two steps leaves it out, the fp16 short step would not.
+            // int4's steps carry 3 ms that fp16's do not (its encoding: 750 µs for each of the
+            // batch's 4 new tokens): the difference of its two steps leaves it out of the K/V
+            // rate.
             scheme_steps: vec![
+                (
+                    KvScheme::FP16,
+                    4,
+                    35,
+                    decode(KvScheme::FP16, 4.0, 35.0, 15e9),
+                ),
                 (
                     KvScheme::FP16,
                     4,
@@ -705,11 +741,11 @@ mod tests {
         assert!(close(o.after_prefill_s(48), 6.5e-3));
         assert!(close(o.after_prefill_s(8), 2e-3) && close(o.after_prefill_s(4096), 11e-3));
         assert_eq!(o.after_prefill_s(0), 0.0);
+        let int4_seq = o.kv_encode_us_by_scheme["int4"];
+        assert!(close(int4_seq, 750.0), "{int4_seq}");
+        assert!(!o.kv_encode_us_by_scheme.contains_key("fp16"));
         assert!(!p.overlap && p.calibrated);
-        for pt in points
-            .iter()
-            .filter(|p| !p.what.contains("int4") && !p.what.contains("-token"))
-        {
+        for pt in points.iter().filter(|p| !p.what.contains("-token")) {
             assert!(pt.error_pct().abs() < 0.1, "{pt:?}");
         }
     }

@@ -18,7 +18,9 @@
 //!   Shoeybi et al. 2019, §3), each a ring all-reduce of `tokens · hidden · 2` bytes:
 //!   latency + 2(tp − 1)/tp · bytes / (link · e_allreduce);
 //! - **overhead**: per step + per layer, and on a decode step right after a prefill the
-//!   profile's `after_prefill_us` (a CPU's last-level cache refilled with the decode weights).
+//!   profile's extra for the longest prompt prefilled (`after_prefill_by_prompt`, else
+//!   `after_prefill_us`: a CPU's last-level cache refilled with the decode weights), and per
+//!   token written the scheme's extra encoding work (`kv_encode_us_by_scheme`).
 //!
 //! B is the profile's memory bandwidth, P its matmul peak ([`DeviceProfile`]).
 
@@ -172,6 +174,13 @@ impl PerfModel {
             .unwrap_or(e.kv_read)
     }
 
+    /// The profile's extra per token written in this scheme, seconds
+    /// (`overhead.kv_encode_us_by_scheme`, 0 where the scheme is not listed).
+    fn encode_s(&self) -> f64 {
+        let e = &self.profile.overhead.kv_encode_us_by_scheme;
+        e.get(&self.scheme.to_string()).copied().unwrap_or(0.0) * 1e-6
+    }
+
     /// The step's time, seconds ([`Terms::total_s`] with the profile's `overlap`).
     pub fn seconds(&self, t: &Terms) -> f64 {
         t.total_s(self.profile.overlap)
@@ -230,6 +239,7 @@ impl PerfModel {
             .map(|&s| g.layer_tokens(self.scheme.held_tokens(s) + 1) as f64)
             .sum();
         self.attention(&mut c, read, read);
+        c.overhead_s += contexts.len() as f64 * self.encode_s();
         c
     }
 
@@ -260,6 +270,7 @@ impl PerfModel {
         };
         let pairs = g.global_layers() as f64 * global + g.window_layers() as f64 * windowed;
         self.attention(&mut c, pairs, g.layer_tokens(ctx) as f64);
+        c.overhead_s += tokens as f64 * self.encode_s();
         c
     }
 }

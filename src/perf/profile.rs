@@ -97,12 +97,13 @@ pub struct Overhead {
     pub step_us: f64,
     /// Per layer of a forward pass (norms, RoPE, small kernels).
     pub layer_us: f64,
-    /// Extra on a decode step that directly follows a prefill: on a CPU the prefill streams
-    /// its own weights (f32, 540 MB for the default model) through the last-level cache and
-    /// pushes the decode weights out, so the next step fetches them from DRAM again
-    /// (10–24 ms more per such step in the serving runs of 2026-12-03, Intel Xeon, 2 threads;
-    /// the step after it is back to normal). 0 when absent: a GPU reads its weights from HBM
-    /// every step either way.
+    /// Extra on a decode step that directly follows a prefill, µs: on a CPU the prefill
+    /// streams its own weights (f32, 540 MB for the default model) through the last-level
+    /// cache and pushes the decode weights out, so the next step fetches them from DRAM again
+    /// (15–17 ms more per such step after prompts above 48 tokens in the serving runs of
+    /// 2026-12-03, Intel Xeon, 2 threads; the step after it is back to normal). 0 when absent:
+    /// a GPU reads its weights from HBM every step either way. With `after_prefill_by_prompt`,
+    /// its value at the longest prompt.
     #[serde(default)]
     pub after_prefill_us: f64,
     /// `after_prefill_us` by the longest prompt prefilled since the previous step, `[tokens,
@@ -114,6 +115,16 @@ pub struct Overhead {
     /// beyond them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after_prefill_by_prompt: Vec<(u64, f64)>,
+    /// Extra per token written (each prompt token of a prefill, each sequence's new token of a
+    /// decode step), by scheme, µs (a scheme not listed: 0): the work beyond what the fp16
+    /// cache does — encoding the token's K/V in the scheme's format, and on a decode step
+    /// quantizing the queries to score keys on their codes. On the CPU path ~0.1 ms per token
+    /// for int8-token and int4 (30 layers × 3 KV heads, Intel Xeon, 2 threads, 2026-12-03):
+    /// more than their smaller reads save on a decode step below ~200 cached tokens, and 6 %
+    /// of a prefill. `kvbench calibrate` fits it from each scheme's short-context decode step
+    /// against fp16's in the same rounds.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kv_encode_us_by_scheme: BTreeMap<String, f64>,
 }
 
 impl Overhead {
@@ -345,6 +356,17 @@ impl DeviceProfile {
                 ));
             }
         }
+        for (scheme, &v) in &self.overhead.kv_encode_us_by_scheme {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(bad(
+                    "profile",
+                    format!(
+                        "`overhead.kv_encode_us_by_scheme.{scheme}` is {v}; it must be a \
+                         number ≥ 0"
+                    ),
+                ));
+            }
+        }
         for (f, v) in [
             ("overhead.step_us", self.overhead.step_us),
             ("overhead.layer_us", self.overhead.layer_us),
@@ -424,8 +446,9 @@ mod tests {
         );
     }
 
-    /// A missing field, an unknown one, a zero bandwidth and an efficiency above 1 are refused,
-    /// each naming the field and the file.
+    /// A missing field, an unknown one, a zero bandwidth, an efficiency above 1 and an
+    /// after-prefill table whose prompts fall or start at 0 or whose extra is negative are
+    /// refused, each naming the field (and the file).
     #[test]
     fn bad_profiles_are_named() {
         let good = SHIPPED[0].1;
@@ -444,6 +467,16 @@ mod tests {
         p.efficiency.kv_read = 1.5;
         let e = p.validate().unwrap_err().to_string();
         assert!(e.contains("efficiency.kv_read"), "{e}");
+        for table in [
+            vec![(64, 10.0), (32, 20.0)],
+            vec![(0, 1.0)],
+            vec![(32, -1.0)],
+        ] {
+            let mut p = DeviceProfile::parse(good, "x").unwrap();
+            p.overhead.after_prefill_by_prompt = table;
+            let e = p.validate().unwrap_err().to_string();
+            assert!(e.contains("after_prefill_by_prompt"), "{e}");
+        }
         let e = DeviceProfile::load("h900").unwrap_err().to_string();
         assert!(e.contains("h100-sxm") && e.contains("h900"), "{e}");
     }

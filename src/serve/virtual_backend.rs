@@ -136,18 +136,31 @@ mod tests {
     ///
     /// With `after_prefill_us = 500` the first step after each admission costs 1.5 ms: r0 → 1,
     /// r1 → 2, steps → 3.5, 4.5; r2 → 5.5, r3 → 6.5, steps → 8, 9; r4 → 10, steps → 11.5, 12.5.
+    /// The same with `after_prefill_by_prompt = [[50, 200], [150, 800]]` (100-token prompts:
+    /// halfway, 500 µs), which takes the place of `after_prefill_us`; with `[[150, 800],
+    /// [250, 900]]` the prompts lie below the first row, so its 800 µs: steps after admissions
+    /// 1.8 ms, r2 → 5.8, r3 → 6.8, steps → 8.6, 9.6; r4 → 10.6, steps → 12.4, 13.4.
     #[test]
     fn five_requests_on_the_model_clock_by_hand() {
-        let (first, last) = five_requests(0.0);
+        let (first, last) = five_requests("after_prefill_us = 0");
         assert_eq!(first, [1.0, 2.0, 5.0, 6.0, 9.0]);
         assert_eq!(last, [4.0, 4.0, 8.0, 8.0, 11.0]);
-        let (first, last) = five_requests(500.0);
-        assert_eq!(first, [1.0, 2.0, 5.5, 6.5, 10.0]);
-        assert_eq!(last, [4.5, 4.5, 9.0, 9.0, 12.5]);
+        for overhead in [
+            "after_prefill_us = 500",
+            "after_prefill_us = 9999\nafter_prefill_by_prompt = [[50, 200.0], [150, 800.0]]",
+        ] {
+            let (first, last) = five_requests(overhead);
+            assert_eq!(first, [1.0, 2.0, 5.5, 6.5, 10.0], "{overhead}");
+            assert_eq!(last, [4.5, 4.5, 9.0, 9.0, 12.5], "{overhead}");
+        }
+        let (first, last) = five_requests("after_prefill_by_prompt = [[150, 800.0], [250, 900.0]]");
+        assert_eq!(first, [1.0, 2.0, 5.8, 6.8, 10.6]);
+        assert_eq!(last, [4.8, 4.8, 9.6, 9.6, 13.4]);
     }
 
-    /// The five requests above; each one's first and last token time, ms, by id.
-    fn five_requests(after_prefill_us: f64) -> (Vec<f64>, Vec<f64>) {
+    /// The five requests above, `overhead` the profile's after-prefill lines; each request's
+    /// first and last token time, ms, by id.
+    fn five_requests(overhead: &str) -> (Vec<f64>, Vec<f64>) {
         let profile = DeviceProfile::parse(
             &format!(
                 r#"
@@ -167,7 +180,7 @@ allreduce = 1.0
 [overhead]
 step_us = 0
 layer_us = 0
-after_prefill_us = {after_prefill_us}
+{overhead}
 "#
             ),
             "hand.toml",
