@@ -108,11 +108,10 @@ pub struct Overhead {
     pub after_prefill_us: f64,
     /// `after_prefill_us` by the longest prompt prefilled since the previous step, `[tokens,
     /// µs]` rows with rising tokens (empty: `after_prefill_us` whatever the prompt). On the
-    /// CPU it depends on the prompt: the f32 GEMM packs the weight matrix once a prompt
-    /// passes a few register tiles (gemm 0.19 packs the right-hand side above `2·MR` rows),
-    /// and the serving runs of 2026-12-03 (Intel Xeon, 2 threads) paid 1.3 ms after prompts of
-    /// up to 48 tokens but 15–17 ms after longer ones. Linear between rows, the end values
-    /// beyond them.
+    /// CPU it depends on the prompt: the serving runs of 2026-12-03 (Intel Xeon, 2 threads)
+    /// paid 1.3 ms after prompts of up to 48 tokens but 15–17 ms after longer ones (likely
+    /// cause, not verified: gemm 0.19 packs the weight matrix above `2·MR` rows). Linear
+    /// between rows, the end values beyond them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after_prefill_by_prompt: Vec<(u64, f64)>,
     /// Extra per token written (each prompt token of a prefill, each sequence's new token of a
