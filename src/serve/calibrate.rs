@@ -7,8 +7,8 @@
 //! that batch's next step is timed too, as in serving, where the two phases' weights take
 //! turns in the cache.
 //!
-//! The prefill lengths, the short-context batch sizes and the schemes' long-context steps are
-//! timed **interleaved**: each round runs every length (every batch size, every scheme) once,
+//! The prefill lengths, the short-context batch sizes and the schemes' steps are timed
+//! **interleaved**: each round runs every length (every batch size, every scheme) once,
 //! and the median over rounds is kept. Contention
 //! on a shared machine (another process compiling for a few seconds) then falls on every size
 //! of a round alike instead of on all repeats of one size, which would bend the fitted curve
@@ -106,7 +106,8 @@ pub fn measure(
     // (timed back to back, serving's prefills of 32–64 tokens ran 4–24 % slower than
     // calibrated). The running batch's next step, right after the prefill, is timed too: what
     // it takes beyond the step before the prefill is the extra a step pays after a prompt of
-    // that length (on this CPU 1–2 ms after short prompts, 15–20 ms after long ones).
+    // that length (on this CPU 2–4 ms after prompts of 16–32 tokens, 10–13 ms after 48 and
+    // more).
     let mut running = ModelBackend::new(prefill, decode, KvScheme::FP16);
     let mut last = Vec::with_capacity(RUNNING);
     for i in 0..RUNNING {
