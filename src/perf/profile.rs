@@ -323,54 +323,52 @@ impl DeviceProfile {
         if let Some(v) = e.decode_matmul {
             share("efficiency.decode_matmul", v)?;
         }
-        for (f, table) in [
+        let o = &self.overhead;
+        let tables = [
             ("efficiency.matmul_by_tokens", &e.matmul_by_tokens),
             (
                 "efficiency.decode_matmul_by_batch",
                 &e.decode_matmul_by_batch,
             ),
-        ] {
-            for (i, &(n, v)) in table.iter().enumerate() {
+            (
+                "overhead.after_prefill_by_prompt",
+                &o.after_prefill_by_prompt,
+            ),
+        ];
+        for (f, table) in tables {
+            for (i, &(n, _)) in table.iter().enumerate() {
                 if n == 0 || (i > 0 && n <= table[i - 1].0) {
                     return Err(bad(
                         "profile",
                         format!("`{f}`: sizes must be > 0 and rising; entry {i} is {n}"),
                     ));
                 }
+            }
+        }
+        for (f, table) in &tables[..2] {
+            for (i, &(_, v)) in table.iter().enumerate() {
                 share(&format!("{f}[{i}]"), v)?;
             }
         }
         for (scheme, v) in &e.kv_read_by_scheme {
             share(&format!("efficiency.kv_read_by_scheme.{scheme}"), *v)?;
         }
-        let t = &self.overhead.after_prefill_by_prompt;
-        for (i, &(n, v)) in t.iter().enumerate() {
-            if n == 0 || (i > 0 && n <= t[i - 1].0) || !(v.is_finite() && v >= 0.0) {
-                return Err(bad(
-                    "profile",
-                    format!(
-                        "`overhead.after_prefill_by_prompt`: prompts must be > 0 and rising, \
-                         extras numbers ≥ 0; entry {i} is [{n}, {v}]"
-                    ),
-                ));
-            }
-        }
-        for (scheme, &v) in &self.overhead.kv_encode_us_by_scheme {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(bad(
-                    "profile",
-                    format!(
-                        "`overhead.kv_encode_us_by_scheme.{scheme}` is {v}; it must be a \
-                         number ≥ 0"
-                    ),
-                ));
-            }
-        }
-        for (f, v) in [
-            ("overhead.step_us", self.overhead.step_us),
-            ("overhead.layer_us", self.overhead.layer_us),
-            ("overhead.after_prefill_us", self.overhead.after_prefill_us),
-        ] {
+        // Overheads, µs: any number ≥ 0.
+        let named = [
+            ("overhead.step_us".to_string(), o.step_us),
+            ("overhead.layer_us".to_string(), o.layer_us),
+            ("overhead.after_prefill_us".to_string(), o.after_prefill_us),
+        ];
+        let tabled = o.after_prefill_by_prompt.iter().enumerate();
+        let overheads = named
+            .into_iter()
+            .chain(tabled.map(|(i, &(_, v))| (format!("overhead.after_prefill_by_prompt[{i}]"), v)))
+            .chain(
+                o.kv_encode_us_by_scheme
+                    .iter()
+                    .map(|(k, &v)| (format!("overhead.kv_encode_us_by_scheme.{k}"), v)),
+            );
+        for (f, v) in overheads {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(bad(
                     "profile",
