@@ -273,14 +273,6 @@ pub(crate) mod avx {
         _mm256_set_m128i(t, t)
     }
 
-    /// `Σ lut(nib_i) · c_i` per 4-byte lane group (8 i32 lanes) for 32 nibble values `nib` (one
-    /// per byte) and 32 query codes `cv`.
-    #[inline(always)]
-    unsafe fn e2m1_dot(nib: __m256i, cv: __m256i) -> __m256i {
-        let k = _mm256_shuffle_epi8(e2m1_lut(), nib);
-        dot_u8_i8(_mm256_sign_epi8(k, k), _mm256_sign_epi8(cv, k))
-    }
-
     /// Lane r of the result = Σ lanes of `v[r]`, for eight vectors.
     #[inline(always)]
     pub(crate) unsafe fn hsum8(v: &[__m256; 8]) -> __m256 {
@@ -295,114 +287,184 @@ pub(crate) mod avx {
         _mm256_add_ps(lo, hi)
     }
 
-    /// One key row against one query: the f32 partial-sum vector (scaled by the key's block
-    /// scales, not yet by the query's) and the zero-point side term.
+    /// One block of 32 key elements unpacked once for every query that scores it: `u` the
+    /// unsigned operand of `maddubs`, `k` the signed codes whose signs move onto the query's
+    /// codes (formats with signed codes), `s` the block's scale per lane, `side` the
+    /// coefficient of the query's block code sum (Q4_0's −8·d, int4's minimum; else 0).
+    struct Blk {
+        u: __m256i,
+        k: __m256i,
+        s: __m256,
+        side: f32,
+    }
+
+    /// What a format's blocks need from the query: `(signed codes, the pair-ordered query
+    /// codes, a zero-point term)`.
     #[inline(always)]
-    unsafe fn row_query(f: IntKeys, row: *const u8, q: &QueryI8, j: usize) -> (__m256, f32) {
-        let (d, nb) = (q.d, q.d / B);
-        let c = q.codes.as_ptr().add(j * d);
+    fn kind(f: IntKeys) -> (bool, bool, bool) {
         match f {
-            IntKeys::Int8Token => {
-                let mut acc = _mm256_setzero_si256();
-                for b in 0..nb {
-                    let k = _mm256_loadu_si256(row.add(2 + b * B) as *const __m256i);
-                    let cv = _mm256_loadu_si256(c.add(b * B) as *const __m256i);
-                    acc = _mm256_add_epi32(
-                        acc,
-                        dot_u8_i8(_mm256_sign_epi8(k, k), _mm256_sign_epi8(cv, k)),
-                    );
-                }
-                (
-                    _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(f16p(row))),
-                    0.0,
+            IntKeys::Int8Token | IntKeys::Q8_0 | IntKeys::Nvfp4 | IntKeys::Mxfp4 => {
+                (true, false, false)
+            }
+            IntKeys::Q4_0 => (false, false, true),
+            IntKeys::Int4G32 => (false, true, true),
+            IntKeys::Lut4(_) => (true, true, false),
+        }
+    }
+
+    /// The 16-entry byte table a format's nibbles go through (in both 128-bit lanes), or zero.
+    #[inline(always)]
+    unsafe fn table(f: IntKeys) -> __m256i {
+        match f {
+            IntKeys::Nvfp4 | IntKeys::Mxfp4 => e2m1_lut(),
+            IntKeys::Lut4(lut) => {
+                let t = _mm_loadu_si128(lut.as_ptr() as *const __m128i);
+                _mm256_set_m128i(t, t)
+            }
+            _ => _mm256_setzero_si256(),
+        }
+    }
+
+    /// The factor a row's block sums are multiplied by (its f16 scale for int8-token and the
+    /// codebook, NVFP4's ½·f32 tensor scale, MXFP4's ½; 1 where the scales are per block).
+    #[inline(always)]
+    unsafe fn row_factor(f: IntKeys, row: *const u8) -> f32 {
+        match f {
+            IntKeys::Int8Token | IntKeys::Lut4(_) => f16p(row),
+            IntKeys::Nvfp4 => 0.5 * (row as *const f32).read_unaligned(),
+            IntKeys::Mxfp4 => 0.5,
+            IntKeys::Q8_0 | IntKeys::Q4_0 | IntKeys::Int4G32 => 1.0,
+        }
+    }
+
+    /// Block `b` of the key row at `row`.
+    #[inline(always)]
+    unsafe fn unpack(f: IntKeys, row: *const u8, b: usize, tab: __m256i) -> Blk {
+        let signed = |k: __m256i, s: __m256| Blk {
+            u: _mm256_sign_epi8(k, k),
+            k,
+            s,
+            side: 0.0,
+        };
+        match f {
+            IntKeys::Int8Token => signed(
+                _mm256_loadu_si256(row.add(2 + b * B) as *const __m256i),
+                _mm256_set1_ps(1.0),
+            ),
+            IntKeys::Q8_0 => {
+                let blk = row.add(b * 34);
+                signed(
+                    _mm256_loadu_si256(blk.add(2) as *const __m256i),
+                    _mm256_set1_ps(f16p(blk)),
                 )
             }
-            IntKeys::Q8_0 => {
-                let mut acc = _mm256_setzero_ps();
-                for b in 0..nb {
-                    let blk = row.add(b * 34);
-                    let k = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-                    let cv = _mm256_loadu_si256(c.add(b * B) as *const __m256i);
-                    let p = dot_u8_i8(_mm256_sign_epi8(k, k), _mm256_sign_epi8(cv, k));
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16p(blk)), acc);
-                }
-                (acc, 0.0)
-            }
             IntKeys::Q4_0 => {
-                let mut acc = _mm256_setzero_ps();
-                let mut side = 0f32;
-                for b in 0..nb {
-                    let blk = row.add(b * 18);
-                    let dk = f16p(blk);
-                    let cv = _mm256_loadu_si256(c.add(b * B) as *const __m256i);
-                    let p = dot_u8_i8(nibbles(blk.add(2)), cv);
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dk), acc);
-                    side -= 8.0 * dk * *q.bsum.as_ptr().add(j * nb + b);
+                let blk = row.add(b * 18);
+                let dk = f16p(blk);
+                Blk {
+                    u: nibbles(blk.add(2)),
+                    k: _mm256_setzero_si256(),
+                    s: _mm256_set1_ps(dk),
+                    side: -8.0 * dk,
                 }
-                (acc, side)
             }
             IntKeys::Int4G32 => {
-                let cp = q.pairs.as_ptr().add(j * d);
-                let mut acc = _mm256_setzero_ps();
-                let mut side = 0f32;
-                for b in 0..nb {
-                    let blk = row.add(b * 20);
-                    let cv = _mm256_loadu_si256(cp.add(b * B) as *const __m256i);
-                    let p = dot_u8_i8(nibbles(blk.add(4)), cv);
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16p(blk)), acc);
-                    side += f16p(blk.add(2)) * *q.bsum.as_ptr().add(j * nb + b);
+                let blk = row.add(b * 20);
+                Blk {
+                    u: nibbles(blk.add(4)),
+                    k: _mm256_setzero_si256(),
+                    s: _mm256_set1_ps(f16p(blk)),
+                    side: f16p(blk.add(2)),
                 }
-                (acc, side)
             }
             IntKeys::Nvfp4 => {
                 // Two blocks of 16 per 32 query codes: lanes 0–3 hold block 2b's sum, 4–7 block
                 // 2b + 1's, each multiplied by its own E4M3 scale.
-                let g = 0.5 * (row as *const f32).read_unaligned();
-                let mut acc = _mm256_setzero_ps();
-                for b in 0..nb {
-                    let b0 = row.add(4 + 18 * b);
-                    let b1 = b0.add(9);
-                    let nib = _mm256_set_m128i(nibbles8(b1.add(1)), nibbles8(b0.add(1)));
-                    let cv = _mm256_loadu_si256(c.add(b * B) as *const __m256i);
-                    let p = e2m1_dot(nib, cv);
-                    let s = _mm256_set_m128(
-                        _mm_set1_ps(e4m3_to_f32(*b1)),
-                        _mm_set1_ps(e4m3_to_f32(*b0)),
-                    );
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc);
-                }
-                (_mm256_mul_ps(acc, _mm256_set1_ps(g)), 0.0)
+                let b0 = row.add(4 + 18 * b);
+                let b1 = b0.add(9);
+                let nib = _mm256_set_m128i(nibbles8(b1.add(1)), nibbles8(b0.add(1)));
+                signed(
+                    _mm256_shuffle_epi8(tab, nib),
+                    _mm256_set_m128(_mm_set1_ps(e4m3_to_f32(*b1)), _mm_set1_ps(e4m3_to_f32(*b0))),
+                )
             }
             IntKeys::Mxfp4 => {
-                let mut acc = _mm256_setzero_ps();
-                for b in 0..nb {
-                    let blk = row.add(b * 17);
-                    let cv = _mm256_loadu_si256(c.add(b * B) as *const __m256i);
-                    let p = e2m1_dot(nibbles(blk.add(1)), cv);
-                    let s = _mm256_set1_ps(e8m0_to_f32(*blk));
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc);
-                }
-                (_mm256_mul_ps(acc, _mm256_set1_ps(0.5)), 0.0)
-            }
-            IntKeys::Lut4(lut) => {
-                // One row factor: the integer sums of every block add up before one conversion
-                // (|Σ| ≤ d·127·127, far inside i32 for any head_dim).
-                let cp = q.pairs.as_ptr().add(j * d);
-                let t = _mm_loadu_si128(lut.as_ptr() as *const __m128i);
-                let tab = _mm256_set_m128i(t, t);
-                let mut acc = _mm256_setzero_si256();
-                for b in 0..nb {
-                    let k = _mm256_shuffle_epi8(tab, nibbles(row.add(2 + 16 * b)));
-                    let cv = _mm256_loadu_si256(cp.add(b * B) as *const __m256i);
-                    acc = _mm256_add_epi32(
-                        acc,
-                        dot_u8_i8(_mm256_sign_epi8(k, k), _mm256_sign_epi8(cv, k)),
-                    );
-                }
-                (
-                    _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(f16p(row))),
-                    0.0,
+                let blk = row.add(b * 17);
+                signed(
+                    _mm256_shuffle_epi8(tab, nibbles(blk.add(1))),
+                    _mm256_set1_ps(e8m0_to_f32(*blk)),
                 )
+            }
+            IntKeys::Lut4(_) => signed(
+                _mm256_shuffle_epi8(tab, nibbles(row.add(2 + 16 * b))),
+                _mm256_set1_ps(1.0),
+            ),
+        }
+    }
+
+    /// Scores of `n ≤ 8` rows from `t` against queries `j0..j0 + Q`: each block of a row is
+    /// unpacked once and dotted with every query's codes while in registers (the rows' sums
+    /// reduced eight at a time), so a GQA group's query heads share one pass over the keys.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // the call's coordinates; a struct would only rename them
+    unsafe fn rows8<const Q: usize>(
+        f: IntKeys,
+        data: &[u8],
+        rb: usize,
+        t: usize,
+        n: usize,
+        q: &QueryI8,
+        j0: usize,
+        o: *mut f32,
+    ) {
+        let (d, nb, nq) = (q.d, q.d / B, q.nq);
+        let (signed, pairs, side_on) = kind(f);
+        let tab = table(f);
+        let cb = if pairs {
+            q.pairs.as_ptr()
+        } else {
+            q.codes.as_ptr()
+        }
+        .add(j0 * d);
+        let bs = q.bsum.as_ptr().add(j0 * nb);
+        let mut acc = [[_mm256_setzero_ps(); 8]; Q];
+        let mut side = [[0f32; 8]; Q];
+        let mut g = [0f32; 8];
+        for r in 0..n {
+            crate::kv::simd::prefetch_ahead(data, (t + r) * rb, rb);
+            let row = data.as_ptr().add((t + r) * rb);
+            g[r] = row_factor(f, row);
+            let mut a = [_mm256_setzero_ps(); Q];
+            let mut sd = [0f32; Q];
+            for b in 0..nb {
+                let k = unpack(f, row, b, tab);
+                for j in 0..Q {
+                    let mut cv = _mm256_loadu_si256(cb.add(j * d + b * B) as *const __m256i);
+                    if signed {
+                        cv = _mm256_sign_epi8(cv, k.k);
+                    }
+                    let p = dot_u8_i8(k.u, cv);
+                    a[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), k.s, a[j]);
+                    if side_on {
+                        sd[j] += k.side * *bs.add(j * nb + b);
+                    }
+                }
+            }
+            for j in 0..Q {
+                acc[j][r] = a[j];
+                side[j][r] = sd[j];
+            }
+        }
+        let gv = _mm256_loadu_ps(g.as_ptr());
+        for j in 0..Q {
+            let sums = _mm256_fmadd_ps(hsum8(&acc[j]), gv, _mm256_loadu_ps(side[j].as_ptr()));
+            let mut v = [0f32; 8];
+            _mm256_storeu_ps(
+                v.as_mut_ptr(),
+                _mm256_mul_ps(sums, _mm256_set1_ps(q.scale[j0 + j])),
+            );
+            for (r, &x) in v.iter().enumerate().take(n) {
+                *o.add(r * nq + j0 + j) = x;
             }
         }
     }
@@ -417,39 +479,24 @@ pub(crate) mod avx {
         out: &mut [f32],
     ) {
         let nq = q.nq;
-        let base = data.as_ptr();
         let o = out.as_mut_ptr();
         let mut t = t0;
-        // Eight rows per query at a time: one horizontal reduction for all eight.
-        while t + 8 <= t1 {
-            for j in 0..nq {
-                let mut acc = [_mm256_setzero_ps(); 8];
-                let mut side = [0f32; 8];
-                for r in 0..8 {
-                    let (a, s) = row_query(f, base.add((t + r) * rb), q, j);
-                    acc[r] = a;
-                    side[r] = s;
-                }
-                let sums = _mm256_add_ps(hsum8(&acc), _mm256_loadu_ps(side.as_ptr()));
-                let mut v = [0f32; 8];
-                _mm256_storeu_ps(
-                    v.as_mut_ptr(),
-                    _mm256_mul_ps(sums, _mm256_set1_ps(q.scale[j])),
-                );
-                for (r, &x) in v.iter().enumerate() {
-                    *o.add((t - t0 + r) * nq + j) = x;
-                }
-            }
-            t += 8;
-        }
         while t < t1 {
-            for j in 0..nq {
-                let (a, s) = row_query(f, base.add(t * rb), q, j);
-                let mut v = [0f32; 8];
-                _mm256_storeu_ps(v.as_mut_ptr(), a);
-                *o.add((t - t0) * nq + j) = q.scale[j] * (v.iter().sum::<f32>() + s);
+            let n = (t1 - t).min(8);
+            let ot = o.add((t - t0) * nq);
+            // Queries four at a time (a GQA group of 3 in one pass, 7 in two).
+            let mut j = 0;
+            while nq - j >= 4 {
+                rows8::<4>(f, data, rb, t, n, q, j, ot);
+                j += 4;
             }
-            t += 1;
+            match nq - j {
+                3 => rows8::<3>(f, data, rb, t, n, q, j, ot),
+                2 => rows8::<2>(f, data, rb, t, n, q, j, ot),
+                1 => rows8::<1>(f, data, rb, t, n, q, j, ot),
+                _ => {}
+            }
+            t += n;
         }
     }
 }
@@ -480,7 +527,7 @@ mod tests {
     #[test]
     fn integer_scores_match_decoded_keys_within_query_rounding() {
         for d in [32usize, 64, 128] {
-            for nq in [1usize, 3, 5] {
+            for nq in [1usize, 2, 3, 5, 7] {
                 let n = 19; // two groups of 8 and a tail
                 let qs: Vec<f32> = (0..nq * d).map(|i| (i as f32 * 0.23).cos() * 2.0).collect();
                 let q = QueryI8::quantize(&qs, d);

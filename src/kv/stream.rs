@@ -185,6 +185,7 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
     fn dot_rows(&self, t0: usize, t1: usize, qs: &[f32], out: &mut [f32]) {
         let (codec, rb, data) = (self.codec, self.rb, &self.data);
         dot_rows_with(t0, t1, qs, out, self.head_dim, |t, r| {
+            super::simd::prefetch_ahead(data, t * rb, rb);
             codec.decode(&data[t * rb..(t + 1) * rb], r)
         });
     }
@@ -216,6 +217,7 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
             }
         }
         axpy_rows_with(t0, t1, w, acc, self.head_dim, |t, r| {
+            super::simd::prefetch_ahead(data, t * rb, rb);
             codec.decode(&data[t * rb..(t + 1) * rb], r)
         });
     }
