@@ -132,13 +132,18 @@ pub fn attend(heads: &[HeadView<'_>], q: &[f32], s: AttnShape, want_scores: bool
     let work: usize = heads.iter().map(|h| h.k.len()).sum::<usize>() * s.group * s.n_q;
     let max_slots = heads.iter().map(|h| h.k.len()).max().unwrap_or(0);
     // Split slots when there are too few tasks to balance every thread (at least 4 per thread).
+    // The pool hands each thread an equal share of the tasks, so their count is rounded up to
+    // a multiple of the threads where the keys allow (3 kv heads on 2 threads: 12 tasks, not
+    // 9, whose 5 : 4 split left one thread idle for a ninth of the step).
     let chunks = if base_tasks >= 4 * threads || work < PARALLEL_WORK {
         1
     } else {
-        (4 * threads)
-            .div_ceil(base_tasks)
-            .min(max_slots / MIN_KEY_CHUNK)
-            .max(1)
+        let most = (max_slots / MIN_KEY_CHUNK).max(1);
+        let mut c = (4 * threads).div_ceil(base_tasks).min(most);
+        while c < most && !(base_tasks * c).is_multiple_of(threads) {
+            c += 1;
+        }
+        c
     };
     let tasks: Vec<(usize, usize, usize)> = (0..s.batch * s.kv_heads)
         .flat_map(|bh| (0..q_blocks).flat_map(move |qb| (0..chunks).map(move |c| (bh, qb, c))))
@@ -279,7 +284,11 @@ fn partial(
             super::simd::max_per_query(&w, nq, &mut max);
             super::simd::exp_sub_sum(&mut w, nq, &max, &mut sum);
         }
-        head.v.axpy_rows(t0, t1, &w, &mut acc);
+        if exact {
+            head.v.axpy_rows(t0, t1, &w, &mut acc);
+        } else {
+            head.v.axpy_rows_fast(t0, t1, &w, &mut acc);
+        }
     }
     Partial {
         max,

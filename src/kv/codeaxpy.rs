@@ -1,14 +1,21 @@
-//! Attention's P·V on stored FP4 codes (NVFP4, MXFP4): `acc_j += Σ_t p_tj · v_t` computed
-//! block by block, the block's scale factored out — per (row, block, query) the factor
-//! `p_tj · s_b` is formed once and multiplies the block's E2M1 values, read from a 16-entry table
-//! (`Σ_t p·s·e2m1(c) = Σ_t (p·s) · e2m1(c)`), so a value row is never widened to an f32 buffer
-//! first. The keys' counterpart (Q·K on the codes) is [`super::intdot`].
+//! Attention's P·V on stored codes: `acc_j += Σ_t p_tj · v_t` computed block by block of 32
+//! channels with the block's scale factored out — per (row, block, query) the factor `p_tj · s_b`
+//! is formed once and multiplies the block's codes (`Σ_t p·s·c = Σ_t (p·s) · c`), so a value row
+//! is never widened to an f32 buffer first. FP4 (NVFP4, MXFP4) codes go through a 16-entry E2M1
+//! table; int8-token, Q8_0, Q4_0 and int4 codes are sign- or zero-extended; int2 codes come
+//! from a 256-entry table. The SIMD kernel keeps each block's accumulators (three queries ×
+//! 32 channels) in registers over a tile of 32 rows, so a row costs its FMAs, not a load and a
+//! store of every accumulator (llama.cpp's CPU flash attention instead widens each quantized V
+//! row to f32 and accumulates it with `ggml_vec_mad_f32`). The keys' counterpart (Q·K on the codes) is
+//! [`super::intdot`].
 //!
 //! TurboQuant_mse 4-bit values ([`axpy_centroids4`]) are gathered the same way from their
 //! 16 f32 centroids, in the rotated basis (the caller rotates the sum back once).
 //!
 //! The result is the dequantize-then-accumulate result up to f32 rounding (the same products,
 //! associated differently): no query or weight is quantized.
+
+use half::f16;
 
 use super::formats::fp4::{e4m3_to_f32, e8m0_to_f32, E2M1};
 use crate::util::simd::simd_dispatch;
@@ -26,15 +33,41 @@ pub enum CodeValues {
     /// 2402.02750, §3.2): f16 step `s`, f16 minimum `m`, 8 bytes (element `4j + i` at bits
     /// `2i..2i+2` of byte `j`); `v = m + code·s`, accumulated as `(w·s)·code + w·m`.
     Int2G32,
+    /// int8-token rows: f16 scale `s`, then `d` i8 codes; `v = s·code`.
+    Int8Token,
+    /// ggml Q8_0 blocks of 32: f16 `d`, 32 i8 codes; `v = d·code`.
+    Q8_0,
+    /// ggml Q4_0 blocks of 32: f16 `d`, 16 bytes (element `j` low nibble, `j + 16` high);
+    /// `v = d·(nib − 8)`.
+    Q4_0,
+    /// int4 groups of 32: f16 step `d`, f16 minimum `m`, 16 bytes (element `2j` low nibble,
+    /// `2j + 1` high); `v = m + d·nib`, accumulated as `(w·d)·nib + w·m`.
+    Int4G32,
 }
 
 impl CodeValues {
+    /// Whether the exact (quality) attention path accumulates this format's values on the
+    /// codes too. The FP4 formats and int2 have done so since they landed (their published
+    /// quality figures include it); the int8 and 4-bit per-token formats keep P·V on decoded
+    /// rows there, so their perplexities stay what they were, and take the code path only
+    /// when attention is timed ([`super::stream::Stream::axpy_rows_fast`]).
+    pub fn exact(self) -> bool {
+        matches!(
+            self,
+            CodeValues::Nvfp4 | CodeValues::Mxfp4 | CodeValues::Int2G32
+        )
+    }
+
     /// `(elements per block, bytes per block, bytes before the first block)`.
     fn layout(self) -> (usize, usize, usize) {
         match self {
             CodeValues::Nvfp4 => (16, 9, 4),
             CodeValues::Mxfp4 => (32, 17, 0),
             CodeValues::Int2G32 => (32, 12, 0),
+            CodeValues::Int8Token => (32, 32, 2),
+            CodeValues::Q8_0 => (32, 34, 0),
+            CodeValues::Q4_0 => (32, 18, 0),
+            CodeValues::Int4G32 => (32, 20, 0),
         }
     }
 
@@ -43,7 +76,8 @@ impl CodeValues {
     fn row_scale(self, row: &[u8]) -> f32 {
         match self {
             CodeValues::Nvfp4 => f32::from_le_bytes([row[0], row[1], row[2], row[3]]),
-            CodeValues::Mxfp4 | CodeValues::Int2G32 => 1.0,
+            CodeValues::Int8Token => f16::from_le_bytes([row[0], row[1]]).to_f32(),
+            _ => 1.0,
         }
     }
 
@@ -53,7 +87,55 @@ impl CodeValues {
         match self {
             CodeValues::Nvfp4 => e4m3_to_f32(b),
             CodeValues::Mxfp4 => e8m0_to_f32(b),
-            CodeValues::Int2G32 => unreachable!("int2 blocks hold f16 parameters"),
+            _ => unreachable!("only the FP4 formats have a one-byte block scale"),
+        }
+    }
+
+    /// Block `b` of `row` as `(step, offset, the 32 codes)`: element `i` of the block is
+    /// `offset + step · codes[i]` (before the row factor, which only NVFP4 and int8-token
+    /// have; FP4 formats give their E2M1 values ×2 with half the step). NVFP4's two scales
+    /// per block of 32 come back as its first half's; [`scalar_axpy_codes`] reads the second.
+    fn block(self, row: &[u8], b: usize) -> (f32, f32, [i32; 32]) {
+        let f16_at = |p: &[u8]| f16::from_le_bytes([p[0], p[1]]).to_f32();
+        let mut c = [0i32; 32];
+        match self {
+            CodeValues::Int8Token | CodeValues::Q8_0 => {
+                let (step, codes) = if self == CodeValues::Q8_0 {
+                    (f16_at(&row[34 * b..]), &row[34 * b + 2..34 * b + 34])
+                } else {
+                    (1.0, &row[2 + 32 * b..2 + 32 * (b + 1)])
+                };
+                c.iter_mut()
+                    .zip(codes)
+                    .for_each(|(c, &x)| *c = x as i8 as i32);
+                (step, 0.0, c)
+            }
+            CodeValues::Q4_0 => {
+                let blk = &row[18 * b..18 * (b + 1)];
+                for i in 0..16 {
+                    c[i] = (blk[2 + i] & 15) as i32 - 8;
+                    c[16 + i] = (blk[2 + i] >> 4) as i32 - 8;
+                }
+                (f16_at(blk), 0.0, c)
+            }
+            CodeValues::Int4G32 => {
+                let blk = &row[20 * b..20 * (b + 1)];
+                for i in 0..16 {
+                    c[2 * i] = (blk[4 + i] & 15) as i32;
+                    c[2 * i + 1] = (blk[4 + i] >> 4) as i32;
+                }
+                (f16_at(blk), f16_at(&blk[2..]), c)
+            }
+            CodeValues::Int2G32 => {
+                let p = &row[12 * b..12 * (b + 1)];
+                for (e, c) in c.iter_mut().enumerate() {
+                    *c = ((p[4 + e / 4] >> (2 * (e % 4))) & 3) as i32;
+                }
+                (f16_at(p), f16_at(&p[2..]), c)
+            }
+            CodeValues::Nvfp4 | CodeValues::Mxfp4 => {
+                unreachable!("FP4 blocks go through E2M1 in scalar_axpy_codes")
+            }
         }
     }
 }
@@ -76,14 +158,6 @@ pub fn axpy_codes(
     let nq = acc.len() / d;
     assert!(d.is_multiple_of(32) && data.len() >= t1 * rb && w.len() >= (t1 - t0) * nq);
     assert!(rb >= f.layout().2 + d / f.layout().0 * f.layout().1);
-    if f == CodeValues::Int2G32 {
-        return simd_dispatch!(
-            ["avx2", "fma"],
-            // SAFETY: as below; each block is 12 bytes inside its row.
-            unsafe { avx::axpy_int2(data, rb, d, t0, t1, w, acc) },
-            scalar_axpy_codes(f, data, rb, d, t0, t1, w, acc)
-        );
-    }
     simd_dispatch!(
         ["avx2", "fma"],
         // SAFETY: features enabled at compile time; every read is inside `data`, `w` and `acc`
@@ -130,17 +204,15 @@ pub fn scalar_axpy_codes(
             continue;
         }
         let row = &data[t * rb..(t + 1) * rb];
-        if f == CodeValues::Int2G32 {
+        if !matches!(f, CodeValues::Nvfp4 | CodeValues::Mxfp4) {
+            let g = f.row_scale(row);
             for b in 0..d / 32 {
-                let p = &row[12 * b..12 * (b + 1)];
-                let s = half::f16::from_le_bytes([p[0], p[1]]).to_f32();
-                let m = half::f16::from_le_bytes([p[2], p[3]]).to_f32();
+                let (s, m, c) = f.block(row, b);
                 for (j, &wj) in wt.iter().enumerate() {
-                    let (ws, wm) = (wj * s, wj * m);
+                    let (ws, wm) = (wj * s * g, wj * m);
                     let a = &mut acc[j * d + 32 * b..j * d + 32 * (b + 1)];
-                    for (e, a) in a.iter_mut().enumerate() {
-                        let code = (p[4 + e / 4] >> (2 * (e % 4))) & 3;
-                        *a += ws * code as f32 + wm;
+                    for (a, &c) in a.iter_mut().zip(&c) {
+                        *a = ws.mul_add(c as f32, *a + wm);
                     }
                 }
             }
@@ -256,9 +328,158 @@ mod avx {
     use crate::kv::simd::avx::{f16_at, nibbles, nibbles8};
     use std::arch::x86_64::*;
 
-    /// 32 elements at a time: their nibbles (element order) through the E2M1 ×2 table to four
-    /// vectors of 8 f32 (twice the values), then per query `acc += (w·s/2) · v`, `s` the scale
-    /// of the block each 16 (NVFP4) or 32 (MXFP4) elements belong to.
+    /// Rows per tile: the accumulators of one block of 32 channels stay in registers over a
+    /// tile, so each row costs FMAs only, not a load and a store of every accumulator.
+    const TILE: usize = 32;
+
+    /// 32 i8 lanes widened to four vectors of 8 f32 (element order).
+    #[inline(always)]
+    unsafe fn widen(k: __m256i) -> [__m256; 4] {
+        let (lo, hi) = (_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
+        [
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))),
+        ]
+    }
+
+    /// Block `b` (32 elements) of the row at `row`: four vectors of codes as f32 (element
+    /// order), the step of the first 16 and of the last 16 elements (equal except for NVFP4's
+    /// two scales, the row factor folded in) and the offset (int4's and int2's minimum).
+    #[inline(always)]
+    unsafe fn unpack(
+        f: CodeValues,
+        row: *const u8,
+        b: usize,
+        lut: __m256i,
+    ) -> ([__m256; 4], f32, f32, f32) {
+        match f {
+            CodeValues::Nvfp4 => {
+                // E2M1 values ×2 from the table: half of each scale.
+                let g = 0.5 * (row as *const f32).read_unaligned();
+                let b0 = row.add(4 + 18 * b);
+                let b1 = b0.add(9);
+                let nib = _mm256_set_m128i(nibbles8(b1.add(1)), nibbles8(b0.add(1)));
+                let v = widen(_mm256_shuffle_epi8(lut, nib));
+                (v, f.block_scale(*b0) * g, f.block_scale(*b1) * g, 0.0)
+            }
+            CodeValues::Mxfp4 => {
+                let blk = row.add(17 * b);
+                let s = f.block_scale(*blk) * 0.5;
+                (
+                    widen(_mm256_shuffle_epi8(lut, nibbles(blk.add(1)))),
+                    s,
+                    s,
+                    0.0,
+                )
+            }
+            CodeValues::Int8Token | CodeValues::Q8_0 => {
+                let (s, c) = if f == CodeValues::Q8_0 {
+                    (f16_at(row.add(34 * b)), row.add(34 * b + 2))
+                } else {
+                    (f16_at(row), row.add(2 + 32 * b))
+                };
+                let v = |k: usize| {
+                    let x = _mm_loadl_epi64(c.add(8 * k) as *const __m128i);
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x))
+                };
+                ([v(0), v(1), v(2), v(3)], s, s, 0.0)
+            }
+            CodeValues::Q4_0 => {
+                let blk = row.add(18 * b);
+                let s = f16_at(blk);
+                let k = _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8));
+                (widen(k), s, s, 0.0)
+            }
+            CodeValues::Int4G32 => {
+                // Element 2j is byte j's low nibble, 2j + 1 its high one: interleave back.
+                let blk = row.add(20 * b);
+                let x = _mm_loadu_si128(blk.add(4) as *const __m128i);
+                let m = _mm_set1_epi8(0x0f);
+                let (lo, hi) = (_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
+                let k = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+                let s = f16_at(blk);
+                (widen(k), s, s, f16_at(blk.add(2)))
+            }
+            CodeValues::Int2G32 => {
+                let tab = super::int2_table().as_ptr() as *const f32;
+                let p = row.add(12 * b);
+                let c = p.add(4);
+                let pair = |k: usize| {
+                    _mm256_set_m128(
+                        _mm_loadu_ps(tab.add(4 * *c.add(2 * k + 1) as usize)),
+                        _mm_loadu_ps(tab.add(4 * *c.add(2 * k) as usize)),
+                    )
+                };
+                let s = f16_at(p);
+                ([pair(0), pair(1), pair(2), pair(3)], s, s, f16_at(p.add(2)))
+            }
+        }
+    }
+
+    /// Queries `j0..j0 + Q` over rows `t..t + n` for channels `32b..32b + 32`: the Q × 4
+    /// accumulators held in registers over the tile, per row `acc = (w·s)·v + (acc + w·m)`
+    /// (the offset added first, as the scalar loop rounds it; formats without one skip it).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // the tile's coordinates; a struct would only rename them
+    unsafe fn tile<const Q: usize>(
+        f: CodeValues,
+        data: &[u8],
+        rb: usize,
+        (t, n, b): (usize, usize, usize),
+        w: *const f32,
+        nq: usize,
+        j0: usize,
+        a: *mut f32,
+        d: usize,
+        lut: __m256i,
+    ) {
+        let offset = matches!(f, CodeValues::Int4G32 | CodeValues::Int2G32);
+        let two_scales = f == CodeValues::Nvfp4;
+        let mut acc = [[_mm256_setzero_ps(); 4]; Q];
+        for (j, aj) in acc.iter_mut().enumerate() {
+            for (k, r) in aj.iter_mut().enumerate() {
+                *r = _mm256_loadu_ps(a.add(j * d + 32 * b + 8 * k));
+            }
+        }
+        for r in 0..n {
+            let wr = w.add(r * nq + j0);
+            if (0..Q).all(|j| *wr.add(j) == 0.0) {
+                continue;
+            }
+            if b == 0 && j0 == 0 {
+                crate::kv::simd::prefetch_ahead(data, (t + r) * rb, rb);
+            }
+            let (v, s0, s1, m) = unpack(f, data.as_ptr().add((t + r) * rb), b, lut);
+            for (j, aj) in acc.iter_mut().enumerate() {
+                let wj = *wr.add(j);
+                let f0 = _mm256_set1_ps(wj * s0);
+                let f1 = if two_scales {
+                    _mm256_set1_ps(wj * s1)
+                } else {
+                    f0
+                };
+                if offset {
+                    let wm = _mm256_set1_ps(wj * m);
+                    aj.iter_mut().for_each(|x| *x = _mm256_add_ps(*x, wm));
+                }
+                aj[0] = _mm256_fmadd_ps(f0, v[0], aj[0]);
+                aj[1] = _mm256_fmadd_ps(f0, v[1], aj[1]);
+                aj[2] = _mm256_fmadd_ps(f1, v[2], aj[2]);
+                aj[3] = _mm256_fmadd_ps(f1, v[3], aj[3]);
+            }
+        }
+        for (j, aj) in acc.iter().enumerate() {
+            for (k, r) in aj.iter().enumerate() {
+                _mm256_storeu_ps(a.add(j * d + 32 * b + 8 * k), *r);
+            }
+        }
+    }
+
+    /// Tiles of [`TILE`] rows; per tile and block of 32 channels, queries three at a time
+    /// ([`tile`]), so each block of a row is unpacked once per three queries (once for a
+    /// GQA group of 3) and every accumulator is loaded and stored once per tile.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn axpy_codes(
         f: CodeValues,
@@ -273,95 +494,24 @@ mod avx {
         let nq = acc.len() / d;
         let t = _mm_loadu_si128(E2M1_X2.as_ptr() as *const __m128i);
         let lut = _mm256_set_m128i(t, t);
-        let o = acc.as_mut_ptr();
-        for t in t0..t1 {
-            let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
-            if wt.iter().all(|&x| x == 0.0) {
-                continue;
-            }
-            let row = &data[t * rb..(t + 1) * rb];
-            let g = 0.5 * f.row_scale(row);
-            let base = row.as_ptr();
+        let a = acc.as_mut_ptr();
+        let mut t = t0;
+        while t < t1 {
+            let n = (t1 - t).min(TILE);
+            let wt = w.as_ptr().add((t - t0) * nq);
             for b in 0..d / 32 {
-                let (nib, s0, s1) = match f {
-                    CodeValues::Nvfp4 => {
-                        let b0 = base.add(4 + 18 * b);
-                        let b1 = b0.add(9);
-                        (
-                            _mm256_set_m128i(nibbles8(b1.add(1)), nibbles8(b0.add(1))),
-                            f.block_scale(*b0) * g,
-                            f.block_scale(*b1) * g,
-                        )
-                    }
-                    CodeValues::Mxfp4 => {
-                        let blk = base.add(17 * b);
-                        let s = f.block_scale(*blk) * g;
-                        (nibbles(blk.add(1)), s, s)
-                    }
-                    CodeValues::Int2G32 => unreachable!("int2 rows go to axpy_int2"),
-                };
-                let k = _mm256_shuffle_epi8(lut, nib);
-                let (lo, hi) = (_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
-                let v = [
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))),
-                ];
-                for (j, &wj) in wt.iter().enumerate() {
-                    let a = o.add(j * d + 32 * b);
-                    let (f0, f1) = (_mm256_set1_ps(wj * s0), _mm256_set1_ps(wj * s1));
-                    for (r, &vr) in v.iter().enumerate() {
-                        let fr = if r < 2 { f0 } else { f1 };
-                        let p = a.add(8 * r);
-                        _mm256_storeu_ps(p, _mm256_fmadd_ps(fr, vr, _mm256_loadu_ps(p)));
-                    }
+                let mut j = 0;
+                while nq - j >= 3 {
+                    tile::<3>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut);
+                    j += 3;
+                }
+                match nq - j {
+                    2 => tile::<2>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
+                    1 => tile::<1>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
+                    _ => {}
                 }
             }
-        }
-    }
-
-    /// 32 elements at a time: each code byte's four codes read as f32 from [`int2_table`]
-    /// (two bytes per vector of 8, element order), then per query `acc += (w·s)·code + w·m`.
-    pub unsafe fn axpy_int2(
-        data: &[u8],
-        rb: usize,
-        d: usize,
-        t0: usize,
-        t1: usize,
-        w: &[f32],
-        acc: &mut [f32],
-    ) {
-        let nq = acc.len() / d;
-        let tab = super::int2_table().as_ptr() as *const f32;
-        let o = acc.as_mut_ptr();
-        for t in t0..t1 {
-            let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
-            if wt.iter().all(|&x| x == 0.0) {
-                continue;
-            }
-            let row = data.as_ptr().add(t * rb);
-            for b in 0..d / 32 {
-                let p = row.add(12 * b);
-                let (s, m) = (f16_at(p), f16_at(p.add(2)));
-                let c = p.add(4);
-                let pair = |k: usize| {
-                    _mm256_set_m128(
-                        _mm_loadu_ps(tab.add(4 * *c.add(2 * k + 1) as usize)),
-                        _mm_loadu_ps(tab.add(4 * *c.add(2 * k) as usize)),
-                    )
-                };
-                let v = [pair(0), pair(1), pair(2), pair(3)];
-                for (j, &wj) in wt.iter().enumerate() {
-                    let a = o.add(j * d + 32 * b);
-                    let (ws, wm) = (_mm256_set1_ps(wj * s), _mm256_set1_ps(wj * m));
-                    for (r, &vr) in v.iter().enumerate() {
-                        let q = a.add(8 * r);
-                        let x = _mm256_add_ps(_mm256_loadu_ps(q), wm);
-                        _mm256_storeu_ps(q, _mm256_fmadd_ps(ws, vr, x));
-                    }
-                }
-            }
+            t += n;
         }
     }
 
@@ -570,6 +720,79 @@ mod tests {
         }
     }
 
+    /// The per-token int8 and 4-bit value formats on the codes (the timed path) against f64
+    /// sums of the rows their codec decodes, d 32/64/128, nq 1–8, some weights zero; SIMD
+    /// and scalar kernels both. Each term is formed as `(w·s)·code + w·m` (int4's minimum
+    /// `m`; 0 for the others) and added to the running sum, the reference's decoded value
+    /// carries one rounding: `|err| ≤ γ_{n+5}·Σ_t w_t·(|m_t| + |v_t − m_t|)` (Higham §3.1,
+    /// `γ_k = k·u/(1 − k·u)`, `u = 2⁻²⁴`), `m` read from the stored block by hand.
+    #[test]
+    fn int_code_axpy_matches_decoded_rows() {
+        use crate::kv::format::{Int4GroupRow, Int8TokenRow, Q4_0Row, Q8_0Row};
+        let mut rng = StdRng::seed_from_u64(2403);
+        for d in [32usize, 64, 128] {
+            for nq in [1usize, 2, 3, 4, 8] {
+                let n = 43;
+                let x = random(&mut rng, n * d, d);
+                let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
+                w[5 * nq..6 * nq].iter_mut().for_each(|v| *v = 0.0);
+                let int4 = Int4GroupRow { group: 32 };
+                let cases = [
+                    (
+                        CodeValues::Int8Token,
+                        store(Int8TokenRow, &x, d),
+                        Int8TokenRow.row_bytes(d),
+                    ),
+                    (
+                        CodeValues::Q8_0,
+                        store(Q8_0Row, &x, d),
+                        Q8_0Row.row_bytes(d),
+                    ),
+                    (
+                        CodeValues::Q4_0,
+                        store(Q4_0Row, &x, d),
+                        Q4_0Row.row_bytes(d),
+                    ),
+                    (CodeValues::Int4G32, store(int4, &x, d), int4.row_bytes(d)),
+                ];
+                assert_eq!(Int8TokenRow.code_values(), Some(CodeValues::Int8Token));
+                assert_eq!(Int4GroupRow { group: 16 }.code_values(), None);
+                for (f, (data, dec), rb) in cases {
+                    assert!(!f.exact(), "{f:?} keeps decoded rows on the exact path");
+                    let mut got = vec![0f32; nq * d];
+                    axpy_codes(f, &data, rb, d, 0, n, &w, &mut got);
+                    let mut scalar = vec![0f32; nq * d];
+                    scalar_axpy_codes(f, &data, rb, d, 0, n, &w, &mut scalar);
+                    let u = 2f64.powi(-24);
+                    let gamma = (n + 5) as f64 * u / (1.0 - (n + 5) as f64 * u);
+                    let min = |t: usize, i: usize| match f {
+                        CodeValues::Int4G32 => {
+                            let p = &data[t * rb + 20 * (i / 32) + 2..];
+                            half::f16::from_le_bytes([p[0], p[1]]).to_f32() as f64
+                        }
+                        _ => 0.0,
+                    };
+                    for j in 0..nq {
+                        for i in 0..d {
+                            let (mut exact, mut mass) = (0f64, 0f64);
+                            for t in 0..n {
+                                let (wt, v, m) =
+                                    (w[t * nq + j] as f64, dec[t * d + i] as f64, min(t, i));
+                                exact += wt * v;
+                                mass += wt * (m.abs() + (v - m).abs());
+                            }
+                            let bound = gamma * mass + 1e-30;
+                            for (name, v) in [("simd", &got), ("scalar", &scalar)] {
+                                let e = (v[j * d + i] as f64 - exact).abs();
+                                assert!(e <= bound, "{f:?} {name} d={d} nq={nq}: {e} > {bound}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Whole attention, fast path (keys scored on the codes with int8 queries, values
     /// accumulated on the codes) against the exact path (keys decoded to f32), random inputs,
     /// head_dim 64 and 128, GQA groups 1, 3 and 4, prefill and decode. Derived bound: a query
@@ -581,22 +804,30 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(4);
         for d in [64usize, 128] {
             for (group, n_q) in [(1usize, 1usize), (3, 1), (4, 5)] {
-                for fmt in ["nvfp4", "mxfp4"] {
+                for fmt in ["nvfp4", "mxfp4", "int8-token", "q8_0", "q4_0", "int4"] {
                     let n = 45;
                     // Keys with outlier channels; queries and values without (a query
                     // outlier would set sq, and so the bound, by itself).
                     let k = random(&mut rng, n * d, d);
                     let v = random_with(&mut rng, n * d, d, 0);
                     let q = random_with(&mut rng, group * n_q * d, d, 0);
-                    let (mut ks, mut vs): (Box<dyn Stream>, Box<dyn Stream>) = match fmt {
-                        "nvfp4" => (
-                            Box::new(RowStream::new(Nvfp4Row, d)),
-                            Box::new(RowStream::new(Nvfp4Row, d)),
-                        ),
-                        _ => (
-                            Box::new(RowStream::new(Mxfp4Row, d)),
-                            Box::new(RowStream::new(Mxfp4Row, d)),
-                        ),
+                    fn pair<C: RowCodec + std::fmt::Debug>(
+                        c: C,
+                        d: usize,
+                    ) -> (Box<dyn Stream>, Box<dyn Stream>) {
+                        (
+                            Box::new(RowStream::new(c, d)),
+                            Box::new(RowStream::new(c, d)),
+                        )
+                    }
+                    use crate::kv::format::{Int4GroupRow, Int8TokenRow, Q4_0Row, Q8_0Row};
+                    let (mut ks, mut vs) = match fmt {
+                        "nvfp4" => pair(Nvfp4Row, d),
+                        "mxfp4" => pair(Mxfp4Row, d),
+                        "int8-token" => pair(Int8TokenRow, d),
+                        "q8_0" => pair(Q8_0Row, d),
+                        "q4_0" => pair(Q4_0Row, d),
+                        _ => pair(Int4GroupRow { group: 32 }, d),
                     };
                     ks.push(&k);
                     vs.push(&v);

@@ -470,7 +470,16 @@ pub(crate) mod avx {
     /// `|u·s| ≤ 2·127·127`), then pairs of those summed to 8 i32 lanes (`maddubs`, `madd`).
     #[inline(always)]
     pub unsafe fn dot_u8_i8(u: __m256i, s: __m256i) -> __m256i {
-        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+        // AVX-VNNI does both steps in one instruction (`vpdpbusd`), without the i16
+        // saturation, which the operands here (|u·s| ≤ 2·127·127 per pair) never reach.
+        #[cfg(target_feature = "avxvnni")]
+        {
+            _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
+        }
+        #[cfg(not(target_feature = "avxvnni"))]
+        {
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+        }
     }
 
     /// 16 bytes of nibbles at `p` → 32 bytes: the low nibbles, then the high nibbles.

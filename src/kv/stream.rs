@@ -50,6 +50,12 @@ pub trait Stream: Send + Sync + std::fmt::Debug {
             self.decode(t, r)
         });
     }
+    /// [`axpy_rows`](Self::axpy_rows) as attention runs it when timed: on the codes where the
+    /// format has a code path ([`super::codeaxpy`]) that the exact path does not take (the
+    /// same sums up to f32 rounding); formats without one use `axpy_rows`.
+    fn axpy_rows_fast(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
+        self.axpy_rows(t0, t1, w, acc)
+    }
     /// Bytes held: codes, scales, zero-points.
     fn bytes(&self) -> usize;
     /// Bytes allocated (capacity).
@@ -209,17 +215,11 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
     }
 
     fn axpy_rows(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
-        let (codec, rb, data) = (self.codec, self.rb, &self.data);
-        if let Some(f) = codec.code_values() {
-            if self.head_dim.is_multiple_of(32) {
-                let d = self.head_dim;
-                return super::codeaxpy::axpy_codes(f, data, rb, d, t0, t1, w, acc);
-            }
-        }
-        axpy_rows_with(t0, t1, w, acc, self.head_dim, |t, r| {
-            super::simd::prefetch_ahead(data, t * rb, rb);
-            codec.decode(&data[t * rb..(t + 1) * rb], r)
-        });
+        self.axpy_rows_on(t0, t1, w, acc, true)
+    }
+
+    fn axpy_rows_fast(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
+        self.axpy_rows_on(t0, t1, w, acc, false)
     }
 
     fn len(&self) -> usize {
@@ -256,6 +256,25 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
             self.codec.set_scale(scale);
             self.scale_state = ScaleState::Set { counted };
         }
+    }
+}
+
+impl<C: RowCodec> RowStream<C> {
+    /// P·V over rows `t0..t1` ([`Stream::axpy_rows`]): on the codes when the format has a
+    /// code path and `head_dim` is a multiple of 32, for the exact path only where
+    /// [`super::codeaxpy::CodeValues::exact`] says so; otherwise on rows decoded to f32.
+    fn axpy_rows_on(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32], exact: bool) {
+        let (codec, rb, data) = (self.codec, self.rb, &self.data);
+        if let Some(f) = codec.code_values().filter(|f| f.exact() || !exact) {
+            if self.head_dim.is_multiple_of(32) {
+                let d = self.head_dim;
+                return super::codeaxpy::axpy_codes(f, data, rb, d, t0, t1, w, acc);
+            }
+        }
+        axpy_rows_with(t0, t1, w, acc, self.head_dim, |t, r| {
+            super::simd::prefetch_ahead(data, t * rb, rb);
+            codec.decode(&data[t * rb..(t + 1) * rb], r)
+        });
     }
 }
 

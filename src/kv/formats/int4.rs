@@ -86,6 +86,10 @@ impl RowCodec for Int4GroupRow {
         (self.group == 32).then_some(crate::kv::intdot::IntKeys::Int4G32)
     }
 
+    fn code_values(&self) -> Option<crate::kv::codeaxpy::CodeValues> {
+        (self.group == 32).then_some(crate::kv::codeaxpy::CodeValues::Int4G32)
+    }
+
     fn row_bytes(&self, head_dim: usize) -> usize {
         head_dim / self.group * (4 + self.group / 2)
     }

@@ -49,6 +49,10 @@ impl RowCodec for Int8TokenRow {
         Some(crate::kv::intdot::IntKeys::Int8Token)
     }
 
+    fn code_values(&self) -> Option<crate::kv::codeaxpy::CodeValues> {
+        Some(crate::kv::codeaxpy::CodeValues::Int8Token)
+    }
+
     fn row_bytes(&self, head_dim: usize) -> usize {
         head_dim + 2
     }

@@ -53,6 +53,10 @@ impl RowCodec for Q4_0Row {
         Some(crate::kv::intdot::IntKeys::Q4_0)
     }
 
+    fn code_values(&self) -> Option<crate::kv::codeaxpy::CodeValues> {
+        Some(crate::kv::codeaxpy::CodeValues::Q4_0)
+    }
+
     fn row_bytes(&self, head_dim: usize) -> usize {
         head_dim / 32 * 18
     }

@@ -63,6 +63,10 @@ impl RowCodec for Q8_0Row {
         Some(crate::kv::intdot::IntKeys::Q8_0)
     }
 
+    fn code_values(&self) -> Option<crate::kv::codeaxpy::CodeValues> {
+        Some(crate::kv::codeaxpy::CodeValues::Q8_0)
+    }
+
     fn row_bytes(&self, head_dim: usize) -> usize {
         head_dim / 32 * 34
     }
