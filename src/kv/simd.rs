@@ -303,6 +303,92 @@ pub fn tile_axpy(w: &[f32], tile: &[f32], d: usize, acc: &mut [f32]) {
     }
 }
 
+/// Rows a fused f16 call handles per step (prefetched together; [`f16_axpy`] skips a step
+/// whose weights are all zero, as [`crate::kv::stream::Stream::axpy_rows`] promises).
+const F16_STEP: usize = 32;
+
+/// `out[(t − t0)·nq + j] = q_j · row_t` for the f16 rows `t0..t1` of `data` (rows of `rb`
+/// bytes holding `d` little-endian f16; `qs`: `[nq, d]` f32) widened in registers (F16C):
+/// the products and order of [`f16_to_f32`] into a tile then [`tile_dots`], so the same
+/// result to the bit, without the tile's stores and loads. Returns `false`, writing nothing,
+/// where the build has no AVX2/FMA/F16C or `d` is not a multiple of 8.
+pub fn f16_dots(
+    data: &[u8],
+    rb: usize,
+    (t0, t1): (usize, usize),
+    qs: &[f32],
+    d: usize,
+    out: &mut [f32],
+) -> bool {
+    let nq = qs.len() / d.max(1);
+    assert!(data.len() >= t1 * rb && rb >= 2 * d && out.len() >= (t1 - t0) * nq);
+    simd_dispatch!(
+        ["avx2", "fma", "f16c"],
+        if d.is_multiple_of(8) {
+            let mut t = t0;
+            while t < t1 {
+                let n = (t1 - t).min(F16_STEP);
+                for r in t..t + n {
+                    prefetch_ahead(data, r * rb, rb);
+                }
+                let full = n - n % 4;
+                let o = &mut out[(t - t0) * nq..(t - t0 + n) * nq];
+                // SAFETY: features enabled at compile time; rows t..t + full lie in `data`
+                // and their outputs in `o` (asserted above).
+                unsafe { avx::f16_dots(data, rb, t, full, qs, d, o.as_mut_ptr()) };
+                let mut row = vec![0f32; d];
+                for r in full..n {
+                    f16_to_f32(&data[(t + r) * rb..], &mut row);
+                    dot_many(&row, qs, &mut o[r * nq..(r + 1) * nq]);
+                }
+                t += n;
+            }
+            return true;
+        }
+    );
+    let _ = (t0, t1, qs, out);
+    false
+}
+
+/// `acc_j += Σ_t w[(t − t0)·nq + j] · row_t` for the f16 rows `t0..t1` of `data` (as in
+/// [`f16_dots`]; `acc`: `[nq, d]`), widened in registers: the same result to the bit as
+/// [`f16_to_f32`] into a tile then [`tile_axpy`]; steps of [`F16_STEP`] rows whose weights are
+/// all zero are not read. Returns `false`, changing nothing, where the build has no
+/// AVX2/FMA/F16C or `d` is not a multiple of 32.
+pub fn f16_axpy(
+    data: &[u8],
+    rb: usize,
+    (t0, t1): (usize, usize),
+    w: &[f32],
+    d: usize,
+    acc: &mut [f32],
+) -> bool {
+    let nq = acc.len() / d.max(1);
+    assert!(data.len() >= t1 * rb && rb >= 2 * d && w.len() >= (t1 - t0) * nq);
+    simd_dispatch!(
+        ["avx2", "fma", "f16c"],
+        if d.is_multiple_of(32) {
+            let mut t = t0;
+            while t < t1 {
+                let n = (t1 - t).min(F16_STEP);
+                let wt = &w[(t - t0) * nq..(t - t0 + n) * nq];
+                if wt.iter().any(|&x| x != 0.0) {
+                    for r in t..t + n {
+                        prefetch_ahead(data, r * rb, rb);
+                    }
+                    // SAFETY: features enabled at compile time; rows t..t + n lie in `data`,
+                    // their weights in `wt` (asserted above).
+                    unsafe { avx::f16_axpy(data, rb, (t, n), wt.as_ptr(), d, acc) };
+                }
+                t += n;
+            }
+            return true;
+        }
+    );
+    let _ = (t0, t1, w, acc);
+    false
+}
+
 /// `e^x` for f32, accurate to about 2 ulp where the result is a normal float; `x < −87.33`
 /// (including −∞: the causal mask) gives 0 and `x > 88` gives `e^88` (softmax only ever asks
 /// for `x ≤ 0`). Range reduction
@@ -561,10 +647,12 @@ pub(crate) mod avx {
         _mm_add_ps(_mm256_castps256_ps128(ab), _mm256_extractf128_ps(ab, 1))
     }
 
-    /// Q queries × 4 rows: each tile load feeds Q FMAs, each query load feeds 4.
+    /// Q queries × 4 rows: each row load feeds Q FMAs, each query load feeds 4. `ld(r, c)`
+    /// gives elements `c..c + 8` of row `r` as f32 (from an f32 tile, or f16 storage widened
+    /// in registers).
     #[inline(always)]
     unsafe fn dot_block<const Q: usize>(
-        t: *const f32,
+        ld: impl Fn(usize, usize) -> __m256,
         q: *const f32,
         d: usize,
         nq: usize,
@@ -573,12 +661,7 @@ pub(crate) mod avx {
         let mut acc = [[_mm256_setzero_ps(); 4]; Q];
         let mut c = 0;
         while c < d {
-            let rows = [
-                _mm256_loadu_ps(t.add(c)),
-                _mm256_loadu_ps(t.add(d + c)),
-                _mm256_loadu_ps(t.add(2 * d + c)),
-                _mm256_loadu_ps(t.add(3 * d + c)),
-            ];
+            let rows = [ld(0, c), ld(1, c), ld(2, c), ld(3, c)];
             for (j, aj) in acc.iter_mut().enumerate() {
                 let qv = _mm256_loadu_ps(q.add(j * d + c));
                 for r in 0..4 {
@@ -596,27 +679,43 @@ pub(crate) mod avx {
         }
     }
 
+    /// Rows `0..full` (a multiple of 4) against every query, 4 rows at a time; `ld(r, c)` as
+    /// in [`dot_block`], `r` counted from 0.
+    #[inline(always)]
+    unsafe fn dots4(
+        ld: impl Fn(usize, usize) -> __m256 + Copy,
+        full: usize,
+        qs: &[f32],
+        d: usize,
+        out: *mut f32,
+    ) {
+        let nq = qs.len() / d;
+        let q = qs.as_ptr();
+        let mut r0 = 0;
+        while r0 < full {
+            let lr = move |r: usize, c: usize| ld(r0 + r, c);
+            let or = out.add(r0 * nq);
+            let mut j = 0;
+            while nq - j >= 3 {
+                dot_block::<3>(lr, q.add(j * d), d, nq, or.add(j));
+                j += 3;
+            }
+            match nq - j {
+                2 => dot_block::<2>(lr, q.add(j * d), d, nq, or.add(j)),
+                1 => dot_block::<1>(lr, q.add(j * d), d, nq, or.add(j)),
+                _ => {}
+            }
+            r0 += 4;
+        }
+    }
+
     #[inline(always)]
     pub unsafe fn tile_dots(tile: &[f32], qs: &[f32], d: usize, out: &mut [f32]) {
         let rows = tile.len() / d;
         let nq = qs.len() / d;
         let (t, q, o) = (tile.as_ptr(), qs.as_ptr(), out.as_mut_ptr());
         let full = rows - rows % 4;
-        let mut r0 = 0;
-        while r0 < full {
-            let (tr, or) = (t.add(r0 * d), o.add(r0 * nq));
-            let mut j = 0;
-            while nq - j >= 3 {
-                dot_block::<3>(tr, q.add(j * d), d, nq, or.add(j));
-                j += 3;
-            }
-            match nq - j {
-                2 => dot_block::<2>(tr, q.add(j * d), d, nq, or.add(j)),
-                1 => dot_block::<1>(tr, q.add(j * d), d, nq, or.add(j)),
-                _ => {}
-            }
-            r0 += 4;
-        }
+        dots4(|r, c| _mm256_loadu_ps(t.add(r * d + c)), full, qs, d, o);
         for r in full..rows {
             for j in 0..nq {
                 dot_n::<1>(t.add(r * d), q.add(j * d), d, o.add(r * nq + j));
@@ -624,11 +723,12 @@ pub(crate) mod avx {
         }
     }
 
-    /// Q queries × 32 channels of accumulators in registers over all rows of the tile.
+    /// Q queries × 32 channels of accumulators in registers over all rows of the tile; `ld`
+    /// as in [`dot_block`].
     #[inline(always)]
     unsafe fn axpy_block<const Q: usize>(
         w: *const f32,
-        t: *const f32,
+        ld: impl Fn(usize, usize) -> __m256,
         rows: usize,
         d: usize,
         nq: usize,
@@ -642,13 +742,7 @@ pub(crate) mod avx {
             }
         }
         for r in 0..rows {
-            let src = t.add(r * d + c0);
-            let x = [
-                _mm256_loadu_ps(src),
-                _mm256_loadu_ps(src.add(8)),
-                _mm256_loadu_ps(src.add(16)),
-                _mm256_loadu_ps(src.add(24)),
-            ];
+            let x = [ld(r, c0), ld(r, c0 + 8), ld(r, c0 + 16), ld(r, c0 + 24)];
             for (j, aj) in acc.iter_mut().enumerate() {
                 let wv = _mm256_broadcast_ss(&*w.add(r * nq + j));
                 for k in 0..4 {
@@ -663,26 +757,43 @@ pub(crate) mod avx {
         }
     }
 
+    /// Every query's accumulators over `rows` rows (weights `w`: `[rows, nq]`), for channels
+    /// `0..body` 32 at a time (`body` a multiple of 32, `≤ d`); `ld` as in [`dot_block`].
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // the block's coordinates; a struct would only rename them
+    unsafe fn axpy32(
+        ld: impl Fn(usize, usize) -> __m256 + Copy,
+        rows: usize,
+        w: *const f32,
+        d: usize,
+        body: usize,
+        nq: usize,
+        a: *mut f32,
+    ) {
+        let mut c0 = 0;
+        while c0 < body {
+            let mut j = 0;
+            while nq - j >= 3 {
+                axpy_block::<3>(w.add(j), ld, rows, d, nq, a.add(j * d), c0);
+                j += 3;
+            }
+            match nq - j {
+                2 => axpy_block::<2>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
+                1 => axpy_block::<1>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
+                _ => {}
+            }
+            c0 += 32;
+        }
+    }
+
     #[inline(always)]
     pub unsafe fn tile_axpy(w: &[f32], tile: &[f32], d: usize, acc: &mut [f32]) {
         let rows = tile.len() / d;
         let nq = acc.len() / d;
         let (wp, t, a) = (w.as_ptr(), tile.as_ptr(), acc.as_mut_ptr());
         let body = d - d % 32;
-        let mut c0 = 0;
-        while c0 < body {
-            let mut j = 0;
-            while nq - j >= 3 {
-                axpy_block::<3>(wp.add(j), t, rows, d, nq, a.add(j * d), c0);
-                j += 3;
-            }
-            match nq - j {
-                2 => axpy_block::<2>(wp.add(j), t, rows, d, nq, a.add(j * d), c0),
-                1 => axpy_block::<1>(wp.add(j), t, rows, d, nq, a.add(j * d), c0),
-                _ => {}
-            }
-            c0 += 32;
-        }
+        let ld = |r: usize, c: usize| _mm256_loadu_ps(t.add(r * d + c));
+        axpy32(ld, rows, wp, d, body, nq, a);
         if body < d {
             for r in 0..rows {
                 for j in 0..nq {
@@ -693,6 +804,39 @@ pub(crate) mod avx {
                 }
             }
         }
+    }
+
+    /// f16 rows at `base` (`rb` bytes apart) widened in registers (F16C): elements
+    /// `c..c + 8` of row `r`.
+    #[inline(always)]
+    unsafe fn f16_loader(base: *const u8, rb: usize) -> impl Fn(usize, usize) -> __m256 + Copy {
+        move |r, c| _mm256_cvtph_ps(_mm_loadu_si128(base.add(r * rb + 2 * c) as *const __m128i))
+    }
+
+    /// [`super::f16_dots`] on rows `t0..t0 + full` (`full` a multiple of 4).
+    pub unsafe fn f16_dots(
+        data: &[u8],
+        rb: usize,
+        t0: usize,
+        full: usize,
+        qs: &[f32],
+        d: usize,
+        out: *mut f32,
+    ) {
+        dots4(f16_loader(data.as_ptr().add(t0 * rb), rb), full, qs, d, out);
+    }
+
+    /// [`super::f16_axpy`] on rows `t0..t0 + rows` (`d` a multiple of 32).
+    pub unsafe fn f16_axpy(
+        data: &[u8],
+        rb: usize,
+        (t0, rows): (usize, usize),
+        w: *const f32,
+        d: usize,
+        acc: &mut [f32],
+    ) {
+        let ld = f16_loader(data.as_ptr().add(t0 * rb), rb);
+        axpy32(ld, rows, w, d, d, acc.len() / d, acc.as_mut_ptr());
     }
 
     #[inline(always)]
@@ -867,6 +1011,71 @@ mod tests {
                             .map(|r| w[r * nq + j] * tile[r * d + c])
                             .sum::<f32>();
                     assert!((acc[j * d + c] - want).abs() < 1e-3);
+                }
+            }
+        }
+    }
+
+    /// The f16 kernels that widen rows in registers against f64 sums of the rows' f16 values
+    /// (exact in f64; bound: f32 accumulation, Higham §3.1, `γ_{d+2}·Σ|q·k|` and
+    /// `γ_{n+2}·Σ|w·v|`), and to the bit against decoding into a tile first, as their docs
+    /// claim; rows of 70 (a 32-row step, 4-row groups and a tail), a row stride with padding,
+    /// nq 1–7, a step of zero weights (skipped, so its rows may hold anything).
+    #[test]
+    fn f16_kernels_match_f64_and_the_tile_path() {
+        use crate::kv::stream::{axpy_rows_with, dot_rows_with};
+        let (n, t0) = (70usize, 3usize);
+        for (d, pad) in [(64usize, 0usize), (128, 6), (32, 2)] {
+            let rb = 2 * d + pad;
+            let mut data = vec![0u8; (t0 + n) * rb];
+            let mut vals = vec![0f64; (t0 + n) * d];
+            for t in 0..t0 + n {
+                for c in 0..d {
+                    let h = half::f16::from_f32(((t * d + c) as f32 * 0.37).sin() * 3.0);
+                    data[t * rb + 2 * c..t * rb + 2 * c + 2].copy_from_slice(&h.to_le_bytes());
+                    vals[t * d + c] = h.to_f64();
+                }
+            }
+            for nq in [1usize, 3, 4, 7] {
+                let qs: Vec<f32> = (0..nq * d).map(|i| (i as f32 * 0.11).cos()).collect();
+                let mut got = vec![0f32; n * nq];
+                if !f16_dots(&data, rb, (t0, t0 + n), &qs, d, &mut got) {
+                    return; // no F16C/FMA in this build: the callers decode rows instead
+                }
+                let mut tiled = vec![0f32; n * nq];
+                dot_rows_with(t0, t0 + n, &qs, &mut tiled, d, |t, r| {
+                    f16_to_f32(&data[t * rb..], r)
+                });
+                assert_eq!(got, tiled, "d={d} nq={nq}: dots differ from the tile path");
+                let u = 2f64.powi(-24);
+                for t in 0..n {
+                    for j in 0..nq {
+                        let terms = (0..d).map(|c| qs[j * d + c] as f64 * vals[(t0 + t) * d + c]);
+                        let exact: f64 = terms.clone().sum();
+                        let g = (d + 2) as f64 * u / (1.0 - (d + 2) as f64 * u);
+                        let bound = g * terms.map(f64::abs).sum::<f64>() + 1e-30;
+                        let e = (got[t * nq + j] as f64 - exact).abs();
+                        assert!(e <= bound, "d={d} nq={nq} t={t} j={j}: {e} > {bound}");
+                    }
+                }
+                let mut w: Vec<f32> = (0..n * nq).map(|i| (i % 5) as f32 * 0.2).collect();
+                w[32 * nq..64 * nq].iter_mut().for_each(|x| *x = 0.0);
+                let mut acc = vec![0.5f32; nq * d];
+                assert!(f16_axpy(&data, rb, (t0, t0 + n), &w, d, &mut acc));
+                let mut tiled = vec![0.5f32; nq * d];
+                axpy_rows_with(t0, t0 + n, &w, &mut tiled, d, |t, r| {
+                    f16_to_f32(&data[t * rb..], r)
+                });
+                assert_eq!(acc, tiled, "d={d} nq={nq}: P·V differs from the tile path");
+                for j in 0..nq {
+                    for c in 0..d {
+                        let terms = (0..n).map(|t| w[t * nq + j] as f64 * vals[(t0 + t) * d + c]);
+                        let exact = 0.5 + terms.clone().sum::<f64>();
+                        let g = (n + 2) as f64 * u / (1.0 - (n + 2) as f64 * u);
+                        let bound = g * (0.5 + terms.map(f64::abs).sum::<f64>());
+                        let e = (acc[j * d + c] as f64 - exact).abs();
+                        assert!(e <= bound, "d={d} nq={nq} j={j} c={c}: {e} > {bound}");
+                    }
                 }
             }
         }

@@ -58,4 +58,8 @@ impl RowCodec for F16Row {
     fn decode(&self, row: &[u8], out: &mut [f32]) {
         crate::kv::simd::f16_to_f32(row, out);
     }
+
+    fn f16_rows(&self) -> bool {
+        true
+    }
 }
