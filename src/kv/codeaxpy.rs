@@ -169,7 +169,7 @@ pub fn axpy_codes(
 
 /// Byte `b` of 2-bit codes as four f32 values (element `i` = bits `2i..2i+2`): the table the
 /// int2 value path loads 4 codes at a time from (256 × 16 bytes, built once).
-fn int2_table() -> &'static [[f32; 4]; 256] {
+pub(crate) fn int2_table() -> &'static [[f32; 4]; 256] {
     static T: std::sync::OnceLock<[[f32; 4]; 256]> = std::sync::OnceLock::new();
     T.get_or_init(|| {
         let mut t = [[0f32; 4]; 256];
