@@ -435,7 +435,12 @@ mod avx {
         d: usize,
         lut: __m256i,
     ) {
-        let offset = matches!(f, CodeValues::Int4G32 | CodeValues::Int2G32);
+        // int2 (on the exact path too) adds `w·m` to every accumulator per row, as the scalar
+        // loop rounds; int4 (timed path only) sums `w·m` per query over the tile and adds it
+        // once at the end.
+        let offset = f == CodeValues::Int2G32;
+        let deferred = f == CodeValues::Int4G32;
+        let mut off = [0f32; Q];
         let two_scales = f == CodeValues::Nvfp4;
         let mut acc = [[_mm256_setzero_ps(); 4]; Q];
         for (j, aj) in acc.iter_mut().enumerate() {
@@ -464,6 +469,9 @@ mod avx {
                     let wm = _mm256_set1_ps(wj * m);
                     aj.iter_mut().for_each(|x| *x = _mm256_add_ps(*x, wm));
                 }
+                if deferred {
+                    off[j] += wj * m;
+                }
                 aj[0] = _mm256_fmadd_ps(f0, v[0], aj[0]);
                 aj[1] = _mm256_fmadd_ps(f0, v[1], aj[1]);
                 aj[2] = _mm256_fmadd_ps(f1, v[2], aj[2]);
@@ -471,8 +479,10 @@ mod avx {
             }
         }
         for (j, aj) in acc.iter().enumerate() {
+            let o = _mm256_set1_ps(off[j]);
             for (k, r) in aj.iter().enumerate() {
-                _mm256_storeu_ps(a.add(j * d + 32 * b + 8 * k), *r);
+                let r = if deferred { _mm256_add_ps(*r, o) } else { *r };
+                _mm256_storeu_ps(a.add(j * d + 32 * b + 8 * k), r);
             }
         }
     }
@@ -501,11 +511,12 @@ mod avx {
             let wt = w.as_ptr().add((t - t0) * nq);
             for b in 0..d / 32 {
                 let mut j = 0;
-                while nq - j >= 3 {
-                    tile::<3>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut);
-                    j += 3;
+                while nq - j >= 4 {
+                    tile::<4>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut);
+                    j += 4;
                 }
                 match nq - j {
+                    3 => tile::<3>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
                     2 => tile::<2>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
                     1 => tile::<1>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
                     _ => {}
