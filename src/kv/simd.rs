@@ -696,11 +696,12 @@ pub(crate) mod avx {
             let lr = move |r: usize, c: usize| ld(r0 + r, c);
             let or = out.add(r0 * nq);
             let mut j = 0;
-            while nq - j >= 3 {
-                dot_block::<3>(lr, q.add(j * d), d, nq, or.add(j));
-                j += 3;
+            while nq - j >= 4 {
+                dot_block::<4>(lr, q.add(j * d), d, nq, or.add(j));
+                j += 4;
             }
             match nq - j {
+                3 => dot_block::<3>(lr, q.add(j * d), d, nq, or.add(j)),
                 2 => dot_block::<2>(lr, q.add(j * d), d, nq, or.add(j)),
                 1 => dot_block::<1>(lr, q.add(j * d), d, nq, or.add(j)),
                 _ => {}
@@ -773,11 +774,12 @@ pub(crate) mod avx {
         let mut c0 = 0;
         while c0 < body {
             let mut j = 0;
-            while nq - j >= 3 {
-                axpy_block::<3>(w.add(j), ld, rows, d, nq, a.add(j * d), c0);
-                j += 3;
+            while nq - j >= 4 {
+                axpy_block::<4>(w.add(j), ld, rows, d, nq, a.add(j * d), c0);
+                j += 4;
             }
             match nq - j {
+                3 => axpy_block::<3>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
                 2 => axpy_block::<2>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
                 1 => axpy_block::<1>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
                 _ => {}
