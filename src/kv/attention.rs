@@ -140,7 +140,8 @@ pub fn attend(heads: &[HeadView<'_>], q: &[f32], s: AttnShape, want_scores: bool
     } else {
         let most = (max_slots / MIN_KEY_CHUNK).max(1);
         let mut c = (4 * threads).div_ceil(base_tasks).min(most);
-        while c < most && !(base_tasks * c).is_multiple_of(threads) {
+        // Timed path only: the exact path keeps its key split, so quality numbers do not move.
+        while !s.exact && c < most && !(base_tasks * c).is_multiple_of(threads) {
             c += 1;
         }
         c

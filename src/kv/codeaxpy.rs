@@ -3,7 +3,7 @@
 //! is formed once and multiplies the block's codes (`Σ_t p·s·c = Σ_t (p·s) · c`), so a value row
 //! is never widened to an f32 buffer first. FP4 (NVFP4, MXFP4) codes go through a 16-entry E2M1
 //! table; int8-token, Q8_0, Q4_0 and int4 codes are sign- or zero-extended; int2 codes come
-//! from a 256-entry table. The SIMD kernel keeps each block's accumulators (three queries ×
+//! from a 256-entry table. The SIMD kernel keeps each block's accumulators (four queries ×
 //! 32 channels) in registers over a tile of 32 rows, so a row costs its FMAs, not a load and a
 //! store of every accumulator (llama.cpp's CPU flash attention instead widens each quantized V
 //! row to f32 and accumulates it with `ggml_vec_mad_f32`). The keys' counterpart (Q·K on the codes) is
@@ -212,7 +212,7 @@ pub fn scalar_axpy_codes(
                     let (ws, wm) = (wj * s * g, wj * m);
                     let a = &mut acc[j * d + 32 * b..j * d + 32 * (b + 1)];
                     for (a, &c) in a.iter_mut().zip(&c) {
-                        *a = ws.mul_add(c as f32, *a + wm);
+                        *a += ws * c as f32 + wm;
                     }
                 }
             }
@@ -419,8 +419,9 @@ mod avx {
     }
 
     /// Queries `j0..j0 + Q` over rows `t..t + n` for channels `32b..32b + 32`: the Q × 4
-    /// accumulators held in registers over the tile, per row `acc = (w·s)·v + (acc + w·m)`
-    /// (the offset added first, as the scalar loop rounds it; formats without one skip it).
+    /// accumulators held in registers over the tile, per row `acc = (w·s)·v + acc`; int2 adds
+    /// its offset first (`acc + w·m`, on the exact path as before), int4 (timed path only)
+    /// sums `w·m` per query over the tile and adds it once when the tile is stored.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)] // the tile's coordinates; a struct would only rename them
     unsafe fn tile<const Q: usize>(
@@ -487,9 +488,9 @@ mod avx {
         }
     }
 
-    /// Tiles of [`TILE`] rows; per tile and block of 32 channels, queries three at a time
-    /// ([`tile`]), so each block of a row is unpacked once per three queries (once for a
-    /// GQA group of 3) and every accumulator is loaded and stored once per tile.
+    /// Tiles of [`TILE`] rows; per tile and block of 32 channels, queries four at a time
+    /// ([`tile`]), so each block of a row is unpacked once per four queries (once for a GQA
+    /// group of 3 or 4) and every accumulator is loaded and stored once per tile.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn axpy_codes(
         f: CodeValues,

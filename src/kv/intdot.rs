@@ -1,5 +1,6 @@
 //! Attention scores computed on the stored codes: queries quantized to int8 once per call, then
-//! integer dot products against int8 and 4-bit keys (AVX2 `maddubs`/`madd`), so a key row is
+//! integer dot products against int8 and 4-bit keys (AVX2 `maddubs`/`madd`, or AVX-VNNI's
+//! `vpdpbusd`), so a key row is
 //! never widened to f32. The method of llama.cpp's CPU backend for quantized K (`vec_dot_type`
 //! Q8_0 for the query, `ggml_vec_dot_q4_0_q8_0` and friends in ggml-cpu/arch/x86/quants.c),
 //! here with one scale per query row.
@@ -111,8 +112,26 @@ pub enum IntKeys {
     Lut4([i8; 16]),
 }
 
+impl IntKeys {
+    /// Bytes a row of `d` elements (a multiple of 32) occupies in this format: the least row
+    /// stride [`scores`] accepts.
+    pub fn row_bytes(self, d: usize) -> usize {
+        let nb = d / B;
+        match self {
+            IntKeys::Int8Token => 2 + d,
+            IntKeys::Q8_0 => 34 * nb,
+            IntKeys::Q4_0 => 18 * nb,
+            IntKeys::Int4G32 => 20 * nb,
+            IntKeys::Nvfp4 => 4 + 18 * nb,
+            IntKeys::Mxfp4 => 17 * nb,
+            IntKeys::Lut4(_) => 2 + 16 * nb,
+        }
+    }
+}
+
 /// `out[(t − t0)·nq + j] = q_j · key_t` for rows `t0..t1` of `data` (rows of `rb` bytes in
-/// format `f`), computed on the codes.
+/// format `f`), computed on the codes. Panics (a caller's bug, not input) when `rb` is shorter
+/// than [`IntKeys::row_bytes`] or a slice is shorter than the shapes say.
 pub fn scores(
     f: IntKeys,
     data: &[u8],
@@ -124,6 +143,11 @@ pub fn scores(
 ) {
     let n = t1 - t0;
     assert!(out.len() >= n * q.nq && data.len() >= t1 * rb && q.d.is_multiple_of(B));
+    assert!(
+        rb >= f.row_bytes(q.d),
+        "{f:?} rows of {rb} bytes hold no {} values",
+        q.d
+    );
     simd_dispatch!(
         ["avx2", "fma"],
         // SAFETY: features enabled at compile time; every row read is inside `data` (asserted).
@@ -288,7 +312,7 @@ pub(crate) mod avx {
     }
 
     /// One block of 32 key elements unpacked once for every query that scores it: `u` the
-    /// unsigned operand of `maddubs`, `k` the signed codes whose signs move onto the query's
+    /// unsigned operand of the u8 × i8 dot (`maddubs`/`vpdpbusd`), `k` the signed codes whose signs move onto the query's
     /// codes (formats with signed codes), `s` the block's scale per lane, `side` the
     /// coefficient of the query's block code sum (Q4_0's −8·d, int4's minimum; else 0).
     struct Blk {

@@ -303,9 +303,12 @@ pub fn tile_axpy(w: &[f32], tile: &[f32], d: usize, acc: &mut [f32]) {
     }
 }
 
-/// Rows a fused f16 call handles per step (prefetched together; [`f16_axpy`] skips a step
-/// whose weights are all zero, as [`crate::kv::stream::Stream::axpy_rows`] promises).
-const F16_STEP: usize = 32;
+/// Rows per tile of the decode path (`kv::stream`, rows decoded to f32 and used at once) and
+/// per step of the fused f16 kernels (prefetched together; [`f16_axpy`] skips a step whose
+/// weights are all zero): one constant, so both group rows alike and give the same result to
+/// the bit.
+pub const TILE_ROWS: usize = 32;
+const F16_STEP: usize = TILE_ROWS;
 
 /// `out[(t − t0)·nq + j] = q_j · row_t` for the f16 rows `t0..t1` of `data` (rows of `rb`
 /// bytes holding `d` little-endian f16; `qs`: `[nq, d]` f32) widened in registers (F16C):
@@ -336,7 +339,7 @@ pub fn f16_dots(
                 // SAFETY: features enabled at compile time; rows t..t + full lie in `data`
                 // and their outputs in `o` (asserted above).
                 unsafe { avx::f16_dots(data, rb, t, full, qs, d, o.as_mut_ptr()) };
-                let mut row = vec![0f32; d];
+                let mut row = vec![0f32; if full < n { d } else { 0 }];
                 for r in full..n {
                     f16_to_f32(&data[(t + r) * rb..], &mut row);
                     dot_many(&row, qs, &mut o[r * nq..(r + 1) * nq]);

@@ -43,7 +43,8 @@ pub trait Stream: Send + Sync + std::fmt::Debug {
         self.dot_rows(t0, t1, qs, out)
     }
     /// Weighted sums of rows `t0..t1`: `acc_j += Σ_t w[(t − t0)·nq + j] · row_t`, `acc`:
-    /// `[nq, head_dim]`; rows whose weights are all zero are not read.
+    /// `[nq, head_dim]`; rows whose weights are all zero may be skipped unread (the code
+    /// kernels skip such rows, the decoded and f16 paths whole 32-row tiles of them).
     fn axpy_rows(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
         let nq = w.len() / (t1 - t0).max(1);
         axpy_rows_with(t0, t1, w, acc, acc.len() / nq.max(1), |t, r| {
@@ -73,7 +74,7 @@ pub trait Stream: Send + Sync + std::fmt::Debug {
 }
 
 /// Rows decoded per tile: 32 rows × head_dim f32 stay in L1 while every query uses them.
-const TILE: usize = 32;
+const TILE: usize = super::simd::TILE_ROWS;
 
 /// Shared loop of [`Stream::dot_rows`]: decode a tile of rows once, dot it with every query.
 #[inline(always)]

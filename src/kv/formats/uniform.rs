@@ -198,11 +198,11 @@ impl RowCodec for UniformGroupRow {
             let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
             if self.bits == 2 && self.group.is_multiple_of(4) {
                 // Four codes per byte from a table: `code·s` is exact (code ≤ 3, s an f16), so
-                // the fused `code·s + m` rounds once, as the sum below does.
+                // `code·s + m` rounds once, as the sum below does.
                 let tab = crate::kv::codeaxpy::int2_table();
                 for (v, &byte) in o.chunks_exact_mut(4).zip(&b[4..]) {
                     for (v, &c) in v.iter_mut().zip(&tab[byte as usize]) {
-                        *v = c.mul_add(s, m);
+                        *v = c * s + m;
                     }
                 }
                 continue;
