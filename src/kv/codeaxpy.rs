@@ -629,6 +629,52 @@ mod tests {
         (data, dec)
     }
 
+    /// `n` stored rows of `d` elements (`rb` bytes each) and the rows their codec decodes.
+    #[derive(Clone, Copy)]
+    struct Rows<'a> {
+        data: &'a [u8],
+        dec: &'a [f32],
+        rb: usize,
+        d: usize,
+        n: usize,
+    }
+
+    /// Both P·V kernels (SIMD and scalar) on `rows` with weights `w` (`[n, nq]`) against the
+    /// f64 sums of the decoded rows: `|err| ≤ γ_{n+k}·Σ_t w_t·(|m_t| + |v_t − m_t|)` (Higham
+    /// §3.1, `γ_k = k·u/(1 − k·u)`, `u = 2⁻²⁴`), `m(t, i)` the element's offset (0 where the
+    /// format has none, which leaves `Σ|w·v|`).
+    fn assert_matches_decoded(
+        f: CodeValues,
+        r: Rows<'_>,
+        w: &[f32],
+        k: usize,
+        m: impl Fn(usize, usize) -> f64,
+    ) {
+        let (d, n) = (r.d, r.n);
+        let nq = w.len() / n;
+        let mut got = vec![0f32; nq * d];
+        axpy_codes(f, r.data, r.rb, d, 0, n, w, &mut got);
+        let mut scalar = vec![0f32; nq * d];
+        scalar_axpy_codes(f, r.data, r.rb, d, 0, n, w, &mut scalar);
+        let u = 2f64.powi(-24);
+        let gamma = (n + k) as f64 * u / (1.0 - (n + k) as f64 * u);
+        for j in 0..nq {
+            for i in 0..d {
+                let (mut exact, mut mass) = (0f64, 0f64);
+                for t in 0..n {
+                    let (wt, v, m) = (w[t * nq + j] as f64, r.dec[t * d + i] as f64, m(t, i));
+                    exact += wt * v;
+                    mass += wt * (m.abs() + (v - m).abs());
+                }
+                let bound = gamma * mass + 1e-30;
+                for (name, v) in [("simd", &got), ("scalar", &scalar)] {
+                    let e = (v[j * d + i] as f64 - exact).abs();
+                    assert!(e <= bound, "{f:?} {name} d={d} nq={nq}: {e} > {bound}");
+                }
+            }
+        }
+    }
+
     /// P·V on the codes against f64 sums of the decoded rows, for d 64/128 and nq 1–8 (GQA
     /// groups × new tokens), some weights zero. The bound is f32 rounding of the sum
     /// (Higham, "Accuracy and Stability of Numerical Algorithms" §3.1: a sum of n products
@@ -656,25 +702,14 @@ mod tests {
                     ),
                 ];
                 for (f, (data, dec), rb) in cases {
-                    let mut got = vec![0f32; nq * d];
-                    axpy_codes(f, &data, rb, d, 0, n, &w, &mut got);
-                    let mut scalar = vec![0f32; nq * d];
-                    scalar_axpy_codes(f, &data, rb, d, 0, n, &w, &mut scalar);
-                    let u = 2f64.powi(-24);
-                    let gamma = (n + 3) as f64 * u / (1.0 - (n + 3) as f64 * u);
-                    for j in 0..nq {
-                        for i in 0..d {
-                            let terms =
-                                (0..n).map(|t| w[t * nq + j] as f64 * dec[t * d + i] as f64);
-                            let exact: f64 = terms.clone().sum();
-                            let abs: f64 = terms.map(f64::abs).sum();
-                            let bound = gamma * abs + 1e-30;
-                            for (name, v) in [("simd", &got), ("scalar", &scalar)] {
-                                let e = (v[j * d + i] as f64 - exact).abs();
-                                assert!(e <= bound, "{f:?} {name} d={d} nq={nq}: {e} > {bound}");
-                            }
-                        }
-                    }
+                    let rows = Rows {
+                        data: &data,
+                        dec: &dec,
+                        rb,
+                        d,
+                        n,
+                    };
+                    assert_matches_decoded(f, rows, &w, 3, |_, _| 0.0);
                 }
             }
         }
@@ -771,12 +806,6 @@ mod tests {
                 assert_eq!(Int4GroupRow { group: 16 }.code_values(), None);
                 for (f, (data, dec), rb) in cases {
                     assert!(!f.exact(), "{f:?} keeps decoded rows on the exact path");
-                    let mut got = vec![0f32; nq * d];
-                    axpy_codes(f, &data, rb, d, 0, n, &w, &mut got);
-                    let mut scalar = vec![0f32; nq * d];
-                    scalar_axpy_codes(f, &data, rb, d, 0, n, &w, &mut scalar);
-                    let u = 2f64.powi(-24);
-                    let gamma = (n + 5) as f64 * u / (1.0 - (n + 5) as f64 * u);
                     let min = |t: usize, i: usize| match f {
                         CodeValues::Int4G32 => {
                             let p = &data[t * rb + 20 * (i / 32) + 2..];
@@ -784,22 +813,14 @@ mod tests {
                         }
                         _ => 0.0,
                     };
-                    for j in 0..nq {
-                        for i in 0..d {
-                            let (mut exact, mut mass) = (0f64, 0f64);
-                            for t in 0..n {
-                                let (wt, v, m) =
-                                    (w[t * nq + j] as f64, dec[t * d + i] as f64, min(t, i));
-                                exact += wt * v;
-                                mass += wt * (m.abs() + (v - m).abs());
-                            }
-                            let bound = gamma * mass + 1e-30;
-                            for (name, v) in [("simd", &got), ("scalar", &scalar)] {
-                                let e = (v[j * d + i] as f64 - exact).abs();
-                                assert!(e <= bound, "{f:?} {name} d={d} nq={nq}: {e} > {bound}");
-                            }
-                        }
-                    }
+                    let rows = Rows {
+                        data: &data,
+                        dec: &dec,
+                        rb,
+                        d,
+                        n,
+                    };
+                    assert_matches_decoded(f, rows, &w, 5, min);
                 }
             }
         }

@@ -455,7 +455,9 @@ pub(crate) mod avx {
         let mut side = [[0f32; 8]; Q];
         let mut g = [0f32; 8];
         for r in 0..n {
-            crate::kv::simd::prefetch_ahead(data, (t + r) * rb, rb);
+            if j0 == 0 {
+                crate::kv::simd::prefetch_ahead(data, (t + r) * rb, rb);
+            }
             let row = data.as_ptr().add((t + r) * rb);
             g[r] = row_factor(f, row);
             let mut a = [_mm256_setzero_ps(); Q];
