@@ -19,10 +19,17 @@
 //! - Q4_1 (`w = dw · q + mw`, `q ∈ [0, 15]`): `dw · dx · Σ q·c + mw · sx`;
 //! - Q4_0 (`w = dw · (q − 8)`): `dw · dx · Σ q·c − 8 · dw · sx`.
 //!
+//! Each weight row's bytes [`PREFETCH_AHEAD`](crate::kv::simd::PREFETCH_AHEAD) ahead are
+//! prefetched in software as the row starts: a mapped file's pages are 4 KiB, and the hardware
+//! prefetcher stops at each page boundary (a Q8_0 row of 4,096 inputs is 4,352 bytes, so every
+//! row crosses one). On the 8B-shaped file (Intel Xeon VM, 2 threads) the large products read
+//! 16–19 GB/s with it against 12–13 without.
+//!
 //! Without AVX2 the same arithmetic runs in scalar integer code. Results differ from the f32
 //! product only by the activation rounding (at most `dx/2` per element).
 
 use crate::kv::intdot::{dot_i8, dot_nibbles, f16_at};
+use crate::kv::simd::prefetch_ahead;
 use crate::util::simd::simd_dispatch;
 
 use super::mapped::WeightBytes;
@@ -161,6 +168,12 @@ impl QMatrix {
             let mut i = i0;
             while i < i1 {
                 let w = &self.data[i * nb * bb..(i + 1) * nb * bb];
+                if r0 == 0 {
+                    // Rows are consecutive in the file: the next rows' bytes, across the 4 KiB
+                    // page boundaries where the hardware prefetcher stops (mapped file pages
+                    // are 4 KiB). Once per weight row, not per pass over activation rows.
+                    prefetch_ahead(&self.data, i * nb * bb, nb * bb);
+                }
                 let mut sums = [0f32; MAX_M];
                 dot_rows(self.format, w, nb, act, r0, mr, &mut sums);
                 for (r, &s) in sums[..mr].iter().enumerate() {
