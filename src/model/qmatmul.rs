@@ -19,6 +19,16 @@
 //! - Q4_1 (`w = dw · q + mw`, `q ∈ [0, 15]`): `dw · dx · Σ q·c + mw · sx`;
 //! - Q4_0 (`w = dw · (q − 8)`): `dw · dx · Σ q·c − 8 · dw · sx`.
 //!
+//! Where the build targets AVX-512BW and AVX512-VNNI (Intel since Ice Lake, AMD since Zen 4),
+//! Q8_0 takes two blocks per 512-bit register instead. The activations are regrouped once per
+//! product (`Pairs`: per pass of 8 rows and per block pair, codes offset to unsigned `c + 128`
+//! and each block's scale repeated over its 8 lanes), so per activation row and block pair the
+//! inner loop is one load, one `vpdpbusd` (weights as the signed operand; `128 · Σq`, computed
+//! once per weight pair, seeds the accumulator negated), a conversion, a multiply by `dx` and
+//! an FMA by `dw` — the same per-block arithmetic, in about half the instructions. (The shift
+//! by 128 with a per-weight compensation term is how oneDNN runs `s8 × s8` products on VNNI,
+//! its "s8s8 compensation".)
+//!
 //! Each weight row's bytes [`PREFETCH_AHEAD`](crate::kv::simd::PREFETCH_AHEAD) ahead are
 //! prefetched in software as the row starts: a mapped file's pages are 4 KiB, and the hardware
 //! prefetcher stops at each page boundary (a Q8_0 row of 4,096 inputs is 4,352 bytes, so every
@@ -133,7 +143,10 @@ impl QMatrix {
     pub fn matmul(&self, x: &[f32], out: &mut [f32]) {
         let m = x.len() / self.cols;
         assert!(x.len() == m * self.cols && out.len() == m * self.rows);
-        let act = Activations::quantize(x, self.cols);
+        let mut act = Activations::quantize(x, self.cols);
+        if self.format == BlockFormat::Q8_0 {
+            act.pack_pairs();
+        }
         // Work items: groups of weight rows; every item handles all activation rows.
         let group = 16;
         let items = self.rows.div_ceil(group);
@@ -198,6 +211,23 @@ pub struct Activations {
     codes: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
+    /// The AVX-512 Q8_0 kernel's layout (empty unless [`Activations::pack_pairs`] ran).
+    pairs: Pairs,
+}
+
+/// Activations regrouped for the AVX-512 Q8_0 kernel, per group of `rows = min(m, MAX_M)`
+/// activation rows (one pass of [`QMatrix::rows_into`]) and per pair of blocks: `u` `[groups,
+/// nb/2, rows, 64]` the codes offset to unsigned (`c + 128`, so `vpdpbusd` takes them as its
+/// unsigned operand with the weights signed, and `128 · Σq` is subtracted once per weight
+/// pair), `dx` `[groups, nb/2, rows, 2]` the pair's two scales. One pointer per pass and fixed
+/// offsets per row, so no per-row sign fix-up; rows past `m` in the last group are zero and
+/// never read. (The scales stay 2 floats, widened in registers: 16 floats per pair and row made
+/// the activations of an 8-row pass overflow L1 at 4,096 inputs, and prefill slower.)
+#[derive(Debug, Default)]
+struct Pairs {
+    u: Vec<u8>,
+    dx: Vec<f32>,
+    rows: usize,
 }
 
 impl Activations {
@@ -226,7 +256,42 @@ impl Activations {
             *db = scale;
             *sb = scale * sum as f32;
         }
-        Self { m, nb, codes, d, s }
+        Self {
+            m,
+            nb,
+            codes,
+            d,
+            s,
+            pairs: Pairs::default(),
+        }
+    }
+
+    /// Builds [`Pairs`] (where the AVX-512 Q8_0 kernel is compiled; a no-op elsewhere).
+    fn pack_pairs(&mut self) {
+        if !cfg!(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        )) || self.nb < 2
+        {
+            return;
+        }
+        let (np, rows) = (self.nb / 2, self.m.min(MAX_M));
+        let groups = self.m.div_ceil(rows);
+        let mut u = vec![0u8; groups * np * rows * 64];
+        let mut dx = vec![0f32; groups * np * rows * 2];
+        for row in 0..self.m {
+            let (g, r) = (row / rows, row % rows);
+            for p in 0..np {
+                let at = (g * np + p) * rows + r;
+                let src = &self.codes[(row * self.nb + 2 * p) * BLOCK..][..2 * BLOCK];
+                for (o, &c) in u[at * 64..][..64].iter_mut().zip(src) {
+                    *o = (c as u8) ^ 0x80;
+                }
+                dx[at * 2..][..2].copy_from_slice(&self.d[row * self.nb + 2 * p..][..2]);
+            }
+        }
+        self.pairs = Pairs { u, dx, rows };
     }
 
     fn block(&self, r: usize, b: usize) -> &[i8] {
@@ -401,6 +466,14 @@ mod avx {
         r0: usize,
         sums: &mut [f32; MAX_M],
     ) {
+        #[cfg(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
+        if !act.pairs.u.is_empty() {
+            return avx512::q8::<M>(w, nb, act, r0, sums);
+        }
         let (mut a0, mut a1) = ([_mm256_setzero_ps(); M], [_mm256_setzero_ps(); M]);
         let wp = w.as_ptr();
         let mut b = 0;
@@ -416,6 +489,74 @@ mod avx {
         }
         for r in 0..M {
             sums[r] = hsum(_mm256_add_ps(a0[r], a1[r]));
+        }
+    }
+
+    /// Q8_0 with 512-bit registers (AVX-512BW + AVX512-VNNI): a pair of consecutive blocks
+    /// per register, so every per-row instruction of [`q8_block`] covers 64 weights instead of
+    /// 32. The same per-block arithmetic (`(dot · dx) · dw` fused into the accumulator), block
+    /// `b` of a pair in lanes 0..8 and `b + 1` in lanes 8..16.
+    #[cfg(all(
+        target_feature = "avx512f",
+        target_feature = "avx512bw",
+        target_feature = "avx512vnni"
+    ))]
+    mod avx512 {
+        use super::super::{Activations, MAX_M};
+        use super::{hsum, q8_block};
+        use std::arch::x86_64::*;
+
+        /// `sums[r]` for activation rows `r0..r0 + M` (`r0` a multiple of the pass size) against
+        /// weight row `w`: block pairs on [`super::super::Pairs`], an odd last block on the
+        /// 256-bit [`q8_block`].
+        #[inline(always)]
+        pub unsafe fn q8<const M: usize>(
+            w: &[u8],
+            nb: usize,
+            act: &Activations,
+            r0: usize,
+            sums: &mut [f32; MAX_M],
+        ) {
+            let (np, rows) = (nb / 2, act.pairs.rows);
+            debug_assert!(r0.is_multiple_of(rows) && M <= rows);
+            let u = act.pairs.u.as_ptr().add(r0 * np * 64);
+            let dx = act.pairs.dx.as_ptr().add(r0 * np * 2);
+            // Lane i takes element i / 8 of a two-element vector: [x0 × 8, x1 × 8].
+            let halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+            let k128 = _mm512_set1_epi8(-128);
+            let zero = _mm512_setzero_si512();
+            let mut acc = [_mm512_setzero_ps(); M];
+            let wp = w.as_ptr();
+            for p in 0..np {
+                let blk = wp.add(2 * p * 34);
+                let d0 = u16::from_le_bytes([*blk, *blk.add(1)]) as u32;
+                let d1 = u16::from_le_bytes([*blk.add(34), *blk.add(35)]) as u32;
+                let dws = _mm_cvtph_ps(_mm_cvtsi32_si128((d0 | d1 << 16) as i32));
+                let dw = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(dws));
+                let q = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(blk.add(2) as *const __m256i)),
+                    _mm256_loadu_si256(blk.add(36) as *const __m256i),
+                );
+                // Σ (c + 128)·q − 128·Σq = Σ c·q, exactly (i32, no saturation in vpdpbusd).
+                let corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, k128, q));
+                let (up, dp) = (u.add(p * rows * 64), dx.add(p * rows * 2));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let c = _mm512_loadu_si512(up.add(r * 64) as *const __m512i);
+                    let f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, c, q));
+                    let dxs = _mm_castpd_ps(_mm_load_sd(dp.add(r * 2) as *const f64));
+                    let dx = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(dxs));
+                    *a = _mm512_fmadd_ps(_mm512_mul_ps(f, dx), dw, *a);
+                }
+            }
+            let mut tail = [_mm256_setzero_ps(); M];
+            if nb % 2 == 1 {
+                q8_block::<M>(wp.add((nb - 1) * 34), nb - 1, act, r0, &mut tail);
+            }
+            for r in 0..M {
+                let lo = _mm512_castps512_ps256(acc[r]);
+                let hi = _mm512_extractf32x8_ps::<1>(acc[r]);
+                sums[r] = hsum(_mm256_add_ps(_mm256_add_ps(lo, hi), tail[r]));
+            }
         }
     }
 
@@ -491,7 +632,8 @@ mod tests {
                     let col = b * BLOCK + j;
                     let v = match format {
                         BlockFormat::Q8_0 => {
-                            let q = (next() % 255) as i32 - 127;
+                            // −128 too: ggml never writes it, other writers may.
+                            let q = (next() % 256) as i32 - 128;
                             blk[2 + j] = q as i8 as u8;
                             d.to_f32() * q as f32
                         }
@@ -571,18 +713,25 @@ mod tests {
                     .map(|i| ((i as f32) * 0.113).cos() * 3.0)
                     .collect();
                 let act = Activations::quantize(&x, 256);
+                let mut packed = Activations::quantize(&x, 256);
+                packed.pack_pairs();
                 let nb = 256 / BLOCK;
                 let bb = format.block_bytes();
                 for i in 0..3 {
                     let w = &q.data[i * nb * bb..(i + 1) * nb * bb];
-                    let (mut a, mut b) = ([0f32; MAX_M], [0f32; MAX_M]);
+                    let (mut a, mut b, mut c) = ([0f32; MAX_M], [0f32; MAX_M], [0f32; MAX_M]);
                     dot_rows(format, w, nb, &act, 0, m, &mut a);
                     scalar_dot_rows(format, w, nb, &act, 0, m, &mut b);
+                    // The AVX-512 Q8_0 layout where it is compiled (the same as `a` elsewhere).
+                    dot_rows(format, w, nb, &packed, 0, m, &mut c);
                     for r in 0..m {
-                        assert!(
-                            (a[r] - b[r]).abs() <= 1e-5 * (1.0 + b[r].abs()),
-                            "{format:?} m={m}"
-                        );
+                        for got in [a[r], c[r]] {
+                            assert!(
+                                (got - b[r]).abs() <= 1e-5 * (1.0 + b[r].abs()),
+                                "{format:?} m={m}: {got} vs {}",
+                                b[r]
+                            );
+                        }
                     }
                 }
             }
