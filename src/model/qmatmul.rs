@@ -224,6 +224,14 @@ pub struct Activations {
 /// never read. (The scales stay 2 floats, widened in registers: 16 floats per pair and row made
 /// the activations of an 8-row pass overflow L1 at 4,096 inputs, and prefill slower.)
 #[derive(Debug, Default)]
+#[cfg_attr(
+    not(all(
+        target_feature = "avx512f",
+        target_feature = "avx512bw",
+        target_feature = "avx512vnni"
+    )),
+    allow(dead_code)
+)]
 struct Pairs {
     u: Vec<u8>,
     dx: Vec<f32>,
