@@ -6,7 +6,7 @@
 # What it does
 #   1. Setup (once; reused while it imports): a venv at $LLAMACPP_VENV (default
 #      $KVBENCH_HOME/llamacpp-venv, i.e. ~/.local/share/kvbench/llamacpp-venv) with
-#      llama-cpp-python 0.3.36 built from source for this CPU (GGML_NATIVE; CMAKE_ARGS overrides),
+#      llama-cpp-python 0.3.36 built from source for this CPU (GGML_NATIVE, without AMX; CMAKE_ARGS overrides),
 #      niced, without its multimodal library (LLAVA_BUILD=OFF), plus numpy and matplotlib.
 #   2. The prompts: `cargo build --release --example dump_prompts` (examples/dump_prompts.rs)
 #      prints the token ids `kvbench sweep` times (WikiText-2 from seeded offsets, the model's own
@@ -114,7 +114,17 @@ setup_venv() {
     echo "== setup: what is missing of llama-cpp-python $LLAMACPP_VERSION (from source, ~15 min on 2 quiet cores), numpy, matplotlib into $VENV"
     [[ -x $PY ]] || python3 -m venv "$VENV" || die 1 "python3 -m venv $VENV failed (apt install python3-venv?)"
     local log="$VENV/install.log"
-    CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF"} \
+    local cmake="-DGGML_NATIVE=ON -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAVA_BUILD=OFF"
+    # On a CPU with AMX, GGML_NATIVE compiles ggml's AMX matmul, which segfaulted on the first
+    # prompt (ggml_backend_amx_mul_mat, Q4_1 and Q8_0 weights) on an Intel Xeon VM here: build
+    # without it (-mno-amx-* wins over -march=native in GCC); llama.cpp then runs its AVX-512
+    # VNNI kernels, as kvbench does.
+    if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+        local noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        cmake="$cmake -DCMAKE_C_FLAGS='$noamx' -DCMAKE_CXX_FLAGS='$noamx'"
+        echo "   (this CPU has AMX: llama.cpp is built without its AMX path, which crashed here)"
+    fi
+    CMAKE_ARGS=${CMAKE_ARGS:-$cmake} \
     CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
         nice -n 15 "$VENV/bin/pip" install --no-cache-dir --no-binary llama-cpp-python \
         "llama-cpp-python==$LLAMACPP_VERSION" numpy matplotlib > "$log" 2>&1 ||
