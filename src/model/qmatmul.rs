@@ -217,6 +217,14 @@ pub struct Activations {
     pairs: Pairs,
 }
 
+/// Whether the build has the AVX-512 Q8_0 kernel (`avx::avx512`; its `cfg` attributes name the
+/// same three features).
+const AVX512_Q8: bool = cfg!(all(
+    target_feature = "avx512f",
+    target_feature = "avx512bw",
+    target_feature = "avx512vnni"
+));
+
 /// Activations regrouped for the AVX-512 Q8_0 kernel, per group of `rows = min(m, MAX_M)`
 /// activation rows (one pass of [`QMatrix::rows_into`]) and per pair of blocks: `u` `[groups,
 /// nb/2, rows, 64]` the codes offset to unsigned (`c + 128`, so `vpdpbusd` takes them as its
@@ -278,13 +286,7 @@ impl Activations {
 
     /// Builds [`Pairs`] (where the AVX-512 Q8_0 kernel is compiled; a no-op elsewhere).
     fn pack_pairs(&mut self) {
-        if !cfg!(all(
-            target_feature = "avx512f",
-            target_feature = "avx512bw",
-            target_feature = "avx512vnni"
-        )) || self.nb < 2
-            || self.m == 0
-        {
+        if !AVX512_Q8 || self.nb < 2 || self.m == 0 {
             return;
         }
         let (np, rows) = (self.nb / 2, self.m.min(MAX_M));
@@ -718,11 +720,6 @@ mod tests {
     /// arithmetic: equal up to f32 summation order.
     #[test]
     fn simd_equals_scalar_reference() {
-        let avx512 = cfg!(all(
-            target_feature = "avx512f",
-            target_feature = "avx512bw",
-            target_feature = "avx512vnni"
-        ));
         for format in [BlockFormat::Q8_0, BlockFormat::Q4_0, BlockFormat::Q4_1] {
             // Even and odd block counts; one pass, several passes, a partial last pass.
             for cols in [64usize, 96, 160, 256] {
@@ -735,7 +732,7 @@ mod tests {
                     let mut packed = Activations::quantize(&x, cols);
                     packed.pack_pairs();
                     // The AVX-512 layout is built (and so tested) wherever it is compiled.
-                    assert_eq!(!packed.pairs.u.is_empty(), avx512, "{format:?} m={m}");
+                    assert_eq!(!packed.pairs.u.is_empty(), AVX512_Q8, "{format:?} m={m}");
                     let nb = cols / BLOCK;
                     let bb = format.block_bytes();
                     for i in 0..3 {
