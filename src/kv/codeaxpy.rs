@@ -159,11 +159,16 @@ pub fn axpy_codes(
     assert!(d.is_multiple_of(32) && data.len() >= t1 * rb && w.len() >= (t1 - t0) * nq);
     assert!(rb >= f.layout().2 + d / f.layout().0 * f.layout().1);
     simd_dispatch!(
-        ["avx2", "fma"],
-        // SAFETY: features enabled at compile time; every read is inside `data`, `w` and `acc`
-        // (asserted above: rows t0..t1 of rb bytes, each holding d / block blocks).
-        unsafe { avx::axpy_codes(f, data, rb, d, t0, t1, w, acc) },
-        scalar_axpy_codes(f, data, rb, d, t0, t1, w, acc)
+        ["avx512f", "avx512bw", "avx2", "fma"],
+        // SAFETY: as below; the AVX-512 kernel reads the same rows and blocks.
+        unsafe { avx::avx512::axpy_codes(f, data, rb, d, t0, t1, w, acc) },
+        simd_dispatch!(
+            ["avx2", "fma"],
+            // SAFETY: features enabled at compile time; every read is inside `data`, `w` and
+            // `acc` (asserted above: rows t0..t1 of rb bytes, each holding d / block blocks).
+            unsafe { avx::axpy_codes(f, data, rb, d, t0, t1, w, acc) },
+            scalar_axpy_codes(f, data, rb, d, t0, t1, w, acc)
+        )
     )
 }
 
@@ -344,6 +349,61 @@ mod avx {
         ]
     }
 
+    /// Block `b` (32 elements) of the row at `row` as 32 i8 codes in element order (FP4:
+    /// E2M1 values ×2; Q4_0: nibble − 8; int4: the nibbles), the step of the first 16 and of
+    /// the last 16 elements (equal except for NVFP4's two scales, the row factor folded in)
+    /// and the offset (int4's minimum). Every format but int2 (whose codes go through a float
+    /// table in [`unpack`]).
+    #[inline(always)]
+    unsafe fn codes(
+        f: CodeValues,
+        row: *const u8,
+        b: usize,
+        lut: __m256i,
+    ) -> (__m256i, f32, f32, f32) {
+        match f {
+            CodeValues::Nvfp4 => {
+                // E2M1 values ×2 from the table: half of each scale.
+                let g = 0.5 * (row as *const f32).read_unaligned();
+                let b0 = row.add(4 + 18 * b);
+                let b1 = b0.add(9);
+                let nib = _mm256_set_m128i(nibbles8(b1.add(1)), nibbles8(b0.add(1)));
+                let k = _mm256_shuffle_epi8(lut, nib);
+                (k, f.block_scale(*b0) * g, f.block_scale(*b1) * g, 0.0)
+            }
+            CodeValues::Mxfp4 => {
+                let blk = row.add(17 * b);
+                let s = f.block_scale(*blk) * 0.5;
+                (_mm256_shuffle_epi8(lut, nibbles(blk.add(1))), s, s, 0.0)
+            }
+            CodeValues::Int8Token | CodeValues::Q8_0 => {
+                let (s, c) = if f == CodeValues::Q8_0 {
+                    (f16_at(row.add(34 * b)), row.add(34 * b + 2))
+                } else {
+                    (f16_at(row), row.add(2 + 32 * b))
+                };
+                (_mm256_loadu_si256(c as *const __m256i), s, s, 0.0)
+            }
+            CodeValues::Q4_0 => {
+                let blk = row.add(18 * b);
+                let k = _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8));
+                let s = f16_at(blk);
+                (k, s, s, 0.0)
+            }
+            CodeValues::Int4G32 => {
+                // Element 2j is byte j's low nibble, 2j + 1 its high one: interleave back.
+                let blk = row.add(20 * b);
+                let x = _mm_loadu_si128(blk.add(4) as *const __m128i);
+                let m = _mm_set1_epi8(0x0f);
+                let (lo, hi) = (_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
+                let k = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+                let s = f16_at(blk);
+                (k, s, s, f16_at(blk.add(2)))
+            }
+            CodeValues::Int2G32 => unreachable!("int2 codes go through unpack's float table"),
+        }
+    }
+
     /// Block `b` (32 elements) of the row at `row`: four vectors of codes as f32 (element
     /// order), the step of the first 16 and of the last 16 elements (equal except for NVFP4's
     /// two scales, the row factor folded in) and the offset (int4's and int2's minimum).
@@ -355,24 +415,9 @@ mod avx {
         lut: __m256i,
     ) -> ([__m256; 4], f32, f32, f32) {
         match f {
-            CodeValues::Nvfp4 => {
-                // E2M1 values ×2 from the table: half of each scale.
-                let g = 0.5 * (row as *const f32).read_unaligned();
-                let b0 = row.add(4 + 18 * b);
-                let b1 = b0.add(9);
-                let nib = _mm256_set_m128i(nibbles8(b1.add(1)), nibbles8(b0.add(1)));
-                let v = widen(_mm256_shuffle_epi8(lut, nib));
-                (v, f.block_scale(*b0) * g, f.block_scale(*b1) * g, 0.0)
-            }
-            CodeValues::Mxfp4 => {
-                let blk = row.add(17 * b);
-                let s = f.block_scale(*blk) * 0.5;
-                (
-                    widen(_mm256_shuffle_epi8(lut, nibbles(blk.add(1)))),
-                    s,
-                    s,
-                    0.0,
-                )
+            CodeValues::Nvfp4 | CodeValues::Mxfp4 | CodeValues::Q4_0 | CodeValues::Int4G32 => {
+                let (k, s0, s1, m) = codes(f, row, b, lut);
+                (widen(k), s0, s1, m)
             }
             CodeValues::Int8Token | CodeValues::Q8_0 => {
                 let (s, c) = if f == CodeValues::Q8_0 {
@@ -385,22 +430,6 @@ mod avx {
                     _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x))
                 };
                 ([v(0), v(1), v(2), v(3)], s, s, 0.0)
-            }
-            CodeValues::Q4_0 => {
-                let blk = row.add(18 * b);
-                let s = f16_at(blk);
-                let k = _mm256_sub_epi8(nibbles(blk.add(2)), _mm256_set1_epi8(8));
-                (widen(k), s, s, 0.0)
-            }
-            CodeValues::Int4G32 => {
-                // Element 2j is byte j's low nibble, 2j + 1 its high one: interleave back.
-                let blk = row.add(20 * b);
-                let x = _mm_loadu_si128(blk.add(4) as *const __m128i);
-                let m = _mm_set1_epi8(0x0f);
-                let (lo, hi) = (_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
-                let k = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
-                let s = f16_at(blk);
-                (widen(k), s, s, f16_at(blk.add(2)))
             }
             CodeValues::Int2G32 => {
                 let tab = super::int2_table().as_ptr() as *const f32;
@@ -502,6 +531,59 @@ mod avx {
         w: &[f32],
         acc: &mut [f32],
     ) {
+        per_format!(f, g => drive(g, data, rb, d, t0, t1, w, acc))
+    }
+
+    /// `$body` compiled once per value format, with `$g` the format as a constant (the
+    /// kernels are `#[inline(always)]`, so every `match` on the format inside them folds).
+    macro_rules! per_format {
+        ($f:expr, $g:ident => $body:expr) => {
+            match $f {
+                CodeValues::Nvfp4 => {
+                    let $g = CodeValues::Nvfp4;
+                    $body
+                }
+                CodeValues::Mxfp4 => {
+                    let $g = CodeValues::Mxfp4;
+                    $body
+                }
+                CodeValues::Int2G32 => {
+                    let $g = CodeValues::Int2G32;
+                    $body
+                }
+                CodeValues::Int8Token => {
+                    let $g = CodeValues::Int8Token;
+                    $body
+                }
+                CodeValues::Q8_0 => {
+                    let $g = CodeValues::Q8_0;
+                    $body
+                }
+                CodeValues::Q4_0 => {
+                    let $g = CodeValues::Q4_0;
+                    $body
+                }
+                CodeValues::Int4G32 => {
+                    let $g = CodeValues::Int4G32;
+                    $body
+                }
+            }
+        };
+    }
+    use per_format;
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn drive(
+        f: CodeValues,
+        data: &[u8],
+        rb: usize,
+        d: usize,
+        t0: usize,
+        t1: usize,
+        w: &[f32],
+        acc: &mut [f32],
+    ) {
         let nq = acc.len() / d;
         let t = _mm_loadu_si128(E2M1_X2.as_ptr() as *const __m128i);
         let lut = _mm256_set_m128i(t, t);
@@ -585,6 +667,129 @@ mod avx {
             }
         }
     }
+
+    /// The value kernel with 512-bit registers (AVX-512 BW): a block of 32 channels is two
+    /// vectors of 16 f32, so a row costs two FMAs per query instead of four; the codes come
+    /// from [`codes`] and are widened with one `vpmovsxbd` per 16. Same products, same
+    /// order: results equal the AVX2 kernel's bit for bit. int2 stays on the AVX2 kernel.
+    #[cfg(all(target_feature = "avx512f", target_feature = "avx512bw"))]
+    pub(super) mod avx512 {
+        use super::*;
+
+        /// [`super::tile`] with two 16-lane accumulators per query.
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)] // the tile's coordinates, as in `super::tile`
+        unsafe fn tile<const Q: usize>(
+            f: CodeValues,
+            data: &[u8],
+            rb: usize,
+            (t, n, b): (usize, usize, usize),
+            w: *const f32,
+            nq: usize,
+            j0: usize,
+            a: *mut f32,
+            d: usize,
+            lut: __m256i,
+        ) {
+            let deferred = f == CodeValues::Int4G32;
+            let two_scales = f == CodeValues::Nvfp4;
+            let mut off = [0f32; Q];
+            let mut acc = [[_mm512_setzero_ps(); 2]; Q];
+            for (j, aj) in acc.iter_mut().enumerate() {
+                for (k, r) in aj.iter_mut().enumerate() {
+                    *r = _mm512_loadu_ps(a.add(j * d + 32 * b + 16 * k));
+                }
+            }
+            for r in 0..n {
+                let wr = w.add(r * nq + j0);
+                if (0..Q).all(|j| *wr.add(j) == 0.0) {
+                    continue;
+                }
+                if b == 0 && j0 == 0 {
+                    crate::kv::simd::prefetch_ahead(data, (t + r) * rb, rb);
+                }
+                let (k, s0, s1, m) = codes(f, data.as_ptr().add((t + r) * rb), b, lut);
+                let v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(k)));
+                let v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(k, 1)));
+                for (j, aj) in acc.iter_mut().enumerate() {
+                    let wj = *wr.add(j);
+                    let f0 = _mm512_set1_ps(wj * s0);
+                    let f1 = if two_scales {
+                        _mm512_set1_ps(wj * s1)
+                    } else {
+                        f0
+                    };
+                    if deferred {
+                        off[j] += wj * m;
+                    }
+                    aj[0] = _mm512_fmadd_ps(f0, v0, aj[0]);
+                    aj[1] = _mm512_fmadd_ps(f1, v1, aj[1]);
+                }
+            }
+            for (j, aj) in acc.iter().enumerate() {
+                let o = _mm512_set1_ps(off[j]);
+                for (k, r) in aj.iter().enumerate() {
+                    let r = if deferred { _mm512_add_ps(*r, o) } else { *r };
+                    _mm512_storeu_ps(a.add(j * d + 32 * b + 16 * k), r);
+                }
+            }
+        }
+
+        /// [`super::axpy_codes`] on the 512-bit tile (int2 on the AVX2 one).
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn axpy_codes(
+            f: CodeValues,
+            data: &[u8],
+            rb: usize,
+            d: usize,
+            t0: usize,
+            t1: usize,
+            w: &[f32],
+            acc: &mut [f32],
+        ) {
+            if f == CodeValues::Int2G32 {
+                return super::axpy_codes(f, data, rb, d, t0, t1, w, acc);
+            }
+            per_format!(f, g => drive(g, data, rb, d, t0, t1, w, acc))
+        }
+
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn drive(
+            f: CodeValues,
+            data: &[u8],
+            rb: usize,
+            d: usize,
+            t0: usize,
+            t1: usize,
+            w: &[f32],
+            acc: &mut [f32],
+        ) {
+            let nq = acc.len() / d;
+            let t = _mm_loadu_si128(E2M1_X2.as_ptr() as *const __m128i);
+            let lut = _mm256_set_m128i(t, t);
+            let a = acc.as_mut_ptr();
+            let mut t = t0;
+            while t < t1 {
+                let n = (t1 - t).min(TILE);
+                let wt = w.as_ptr().add((t - t0) * nq);
+                for b in 0..d / 32 {
+                    let mut j = 0;
+                    while nq - j >= 4 {
+                        tile::<4>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut);
+                        j += 4;
+                    }
+                    match nq - j {
+                        3 => tile::<3>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
+                        2 => tile::<2>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
+                        1 => tile::<1>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
+                        _ => {}
+                    }
+                }
+                t += n;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -656,6 +861,24 @@ mod tests {
         axpy_codes(f, r.data, r.rb, d, 0, n, w, &mut got);
         let mut scalar = vec![0f32; nq * d];
         scalar_axpy_codes(f, r.data, r.rb, d, 0, n, w, &mut scalar);
+        #[allow(unused_mut)]
+        let mut kernels = vec![("dispatched", got), ("scalar", scalar)];
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))]
+        {
+            let mut v = vec![0f32; nq * d];
+            // SAFETY: features compiled in; the slices hold what `axpy_codes` asserts.
+            unsafe { avx::axpy_codes(f, r.data, r.rb, d, 0, n, w, &mut v) };
+            // The AVX-512 kernel forms the same products in the same order.
+            assert_eq!(
+                v, kernels[0].1,
+                "{f:?}: the AVX2 and dispatched kernels differ"
+            );
+            kernels.push(("avx2", v));
+        }
         let u = 2f64.powi(-24);
         let gamma = (n + k) as f64 * u / (1.0 - (n + k) as f64 * u);
         for j in 0..nq {
@@ -667,7 +890,7 @@ mod tests {
                     mass += wt * (m.abs() + (v - m).abs());
                 }
                 let bound = gamma * mass + 1e-30;
-                for (name, v) in [("simd", &got), ("scalar", &scalar)] {
+                for (name, v) in &kernels {
                     let e = (v[j * d + i] as f64 - exact).abs();
                     assert!(e <= bound, "{f:?} {name} d={d} nq={nq}: {e} > {bound}");
                 }

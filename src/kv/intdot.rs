@@ -148,6 +148,12 @@ pub fn scores(
         "{f:?} rows of {rb} bytes hold no {} values",
         q.d
     );
+    simd_dispatch!(["avx512f", "avx512bw", "avx512vnni", "avx2", "fma"], {
+        if q.d.is_multiple_of(64) {
+            // SAFETY: as below; the AVX-512 kernel reads the same rows and blocks.
+            return unsafe { avx::avx512::scores(f, data, rb, t0, t1, q, out) };
+        }
+    });
     simd_dispatch!(
         ["avx2", "fma"],
         // SAFETY: features enabled at compile time; every row read is inside `data` (asserted).
@@ -495,7 +501,58 @@ pub(crate) mod avx {
         }
     }
 
+    /// `$body` compiled once per key format, with `$g` the format as a constant: the kernels
+    /// are `#[inline(always)]`, so every `match` on the format inside them folds away (a
+    /// runtime format in the row loop cost branches and spills per row).
+    macro_rules! per_format {
+        ($f:expr, $g:ident => $body:expr) => {
+            match $f {
+                IntKeys::Int8Token => {
+                    let $g = IntKeys::Int8Token;
+                    $body
+                }
+                IntKeys::Q8_0 => {
+                    let $g = IntKeys::Q8_0;
+                    $body
+                }
+                IntKeys::Q4_0 => {
+                    let $g = IntKeys::Q4_0;
+                    $body
+                }
+                IntKeys::Int4G32 => {
+                    let $g = IntKeys::Int4G32;
+                    $body
+                }
+                IntKeys::Nvfp4 => {
+                    let $g = IntKeys::Nvfp4;
+                    $body
+                }
+                IntKeys::Mxfp4 => {
+                    let $g = IntKeys::Mxfp4;
+                    $body
+                }
+                IntKeys::Lut4(t) => {
+                    let $g = IntKeys::Lut4(t);
+                    $body
+                }
+            }
+        };
+    }
+
     pub unsafe fn scores(
+        f: IntKeys,
+        data: &[u8],
+        rb: usize,
+        t0: usize,
+        t1: usize,
+        q: &QueryI8,
+        out: &mut [f32],
+    ) {
+        per_format!(f, g => drive(g, data, rb, t0, t1, q, out))
+    }
+
+    #[inline(always)]
+    unsafe fn drive(
         f: IntKeys,
         data: &[u8],
         rb: usize,
@@ -525,6 +582,194 @@ pub(crate) mod avx {
             t += n;
         }
     }
+
+    /// The same kernel with 512-bit registers (AVX-512 BW + VNNI): two blocks of 32 per
+    /// `vpdpbusd`. Signed key codes enter as the unsigned operand offset by 128 (`k ⊕ 0x80 =
+    /// k + 128`, one XOR per pair of blocks instead of a sign transfer per query, which AVX-512
+    /// has no single instruction for), and each lane's `128 · Σc` over its four query codes is
+    /// subtracted by starting the lane's sum at it — the s8s8 compensation oneDNN uses. The
+    /// integer sums are the AVX2 kernel's, exactly; only the order the block sums are added
+    /// in differs.
+    #[cfg(all(
+        target_feature = "avx512f",
+        target_feature = "avx512bw",
+        target_feature = "avx512vnni"
+    ))]
+    pub(crate) mod avx512 {
+        use super::*;
+
+        /// Two 256-bit halves as one 512-bit register (`lo` in lanes 0–7).
+        #[inline(always)]
+        unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+            _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+        }
+
+        /// [`join`] for f32 lanes (AVX512F only: `insertf32x8` needs DQ).
+        #[inline(always)]
+        unsafe fn join_ps(lo: __m256, hi: __m256) -> __m512 {
+            let lo = _mm512_castpd256_pd512(_mm256_castps_pd(lo));
+            _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(hi), 1))
+        }
+
+        /// The sum of a register's two 256-bit halves.
+        #[inline(always)]
+        unsafe fn fold(x: __m512) -> __m256 {
+            let hi = _mm512_extractf64x4_pd(_mm512_castps_pd(x), 1);
+            _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(hi))
+        }
+
+        /// [`super::rows8`] on pairs of blocks; `corr` (`[nq, d/64]`) holds each lane's
+        /// `−128 · Σc` for the signed formats.
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)] // the call's coordinates, as in `super::rows8`
+        unsafe fn rows8<const Q: usize>(
+            f: IntKeys,
+            data: &[u8],
+            rb: usize,
+            t: usize,
+            n: usize,
+            q: &QueryI8,
+            j0: usize,
+            o: *mut f32,
+            corr: &[__m512i],
+        ) {
+            let (d, nb, nq) = (q.d, q.d / B, q.nq);
+            let nc = nb / 2;
+            let (signed, pairs, side_on) = kind(f);
+            // Q4_0's `−8 · Σc` per block enters each lane's start too (`corr` holds −8 · the
+            // lane's four codes): no side term per block and query.
+            let q4 = f == IntKeys::Q4_0;
+            let side_on = side_on && !q4;
+            // One scale per row (int8-token, the codebook): the lanes' integer sums add up
+            // exactly, converted once per row.
+            let unit = matches!(f, IntKeys::Int8Token | IntKeys::Lut4(_));
+            let tab = table(f);
+            let cb = if pairs {
+                q.pairs.as_ptr()
+            } else {
+                q.codes.as_ptr()
+            }
+            .add(j0 * d);
+            let bs = q.bsum.as_ptr().add(j0 * nb);
+            let flip = _mm512_set1_epi8(-128);
+            let mut acc = [[_mm256_setzero_ps(); 8]; Q];
+            let mut side = [[0f32; 8]; Q];
+            let mut g = [0f32; 8];
+            for r in 0..n {
+                if j0 == 0 {
+                    crate::kv::simd::prefetch_ahead(data, (t + r) * rb, rb);
+                }
+                let row = data.as_ptr().add((t + r) * rb);
+                g[r] = row_factor(f, row);
+                let mut a = [_mm512_setzero_ps(); Q];
+                let mut ai = [_mm512_setzero_si512(); Q];
+                let mut sd = [0f32; Q];
+                for c in 0..nc {
+                    let (k0, k1) = (unpack(f, row, 2 * c, tab), unpack(f, row, 2 * c + 1, tab));
+                    let u = if signed {
+                        _mm512_xor_si512(join(k0.k, k1.k), flip)
+                    } else {
+                        join(k0.u, k1.u)
+                    };
+                    let s = join_ps(k0.s, k1.s);
+                    for j in 0..Q {
+                        let cv = _mm512_loadu_si512(cb.add(j * d + 64 * c) as *const __m512i);
+                        let init = if signed || q4 {
+                            corr[(j0 + j) * nc + c]
+                        } else {
+                            _mm512_setzero_si512()
+                        };
+                        if unit {
+                            ai[j] = _mm512_add_epi32(ai[j], _mm512_dpbusd_epi32(init, u, cv));
+                        } else {
+                            let p = _mm512_dpbusd_epi32(init, u, cv);
+                            a[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, a[j]);
+                        }
+                        if side_on {
+                            sd[j] += k0.side * *bs.add(j * nb + 2 * c);
+                            sd[j] += k1.side * *bs.add(j * nb + 2 * c + 1);
+                        }
+                    }
+                }
+                for j in 0..Q {
+                    acc[j][r] = fold(if unit {
+                        _mm512_cvtepi32_ps(ai[j])
+                    } else {
+                        a[j]
+                    });
+                    side[j][r] = sd[j];
+                }
+            }
+            let gv = _mm256_loadu_ps(g.as_ptr());
+            for j in 0..Q {
+                let sums = _mm256_fmadd_ps(hsum8(&acc[j]), gv, _mm256_loadu_ps(side[j].as_ptr()));
+                let mut v = [0f32; 8];
+                _mm256_storeu_ps(
+                    v.as_mut_ptr(),
+                    _mm256_mul_ps(sums, _mm256_set1_ps(q.scale[j0 + j])),
+                );
+                for (r, &x) in v.iter().enumerate().take(n) {
+                    *o.add(r * nq + j0 + j) = x;
+                }
+            }
+        }
+
+        /// [`super::scores`] for `d` a multiple of 64 (pairs of blocks).
+        pub unsafe fn scores(
+            f: IntKeys,
+            data: &[u8],
+            rb: usize,
+            t0: usize,
+            t1: usize,
+            q: &QueryI8,
+            out: &mut [f32],
+        ) {
+            per_format!(f, g => drive(g, data, rb, t0, t1, q, out))
+        }
+
+        #[inline(always)]
+        unsafe fn drive(
+            f: IntKeys,
+            data: &[u8],
+            rb: usize,
+            t0: usize,
+            t1: usize,
+            q: &QueryI8,
+            out: &mut [f32],
+        ) {
+            let nq = q.nq;
+            // −z · (each lane's four query codes summed), per query and pair of blocks: the
+            // offset z of the unsigned operand (128 for signed codes, Q4_0's 8).
+            let codes = if kind(f).1 { &q.pairs } else { &q.codes };
+            let z = _mm512_set1_epi8(if f == IntKeys::Q4_0 { 8 } else { -128 });
+            let corr: Vec<__m512i> = codes
+                .chunks_exact(64)
+                .map(|c| {
+                    let cv = _mm512_loadu_si512(c.as_ptr() as *const __m512i);
+                    let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z, cv);
+                    _mm512_sub_epi32(_mm512_setzero_si512(), s)
+                })
+                .collect();
+            let o = out.as_mut_ptr();
+            let mut t = t0;
+            while t < t1 {
+                let n = (t1 - t).min(8);
+                let ot = o.add((t - t0) * nq);
+                let mut j = 0;
+                while nq - j >= 4 {
+                    rows8::<4>(f, data, rb, t, n, q, j, ot, &corr);
+                    j += 4;
+                }
+                match nq - j {
+                    3 => rows8::<3>(f, data, rb, t, n, q, j, ot, &corr),
+                    2 => rows8::<2>(f, data, rb, t, n, q, j, ot, &corr),
+                    1 => rows8::<1>(f, data, rb, t, n, q, j, ot, &corr),
+                    _ => {}
+                }
+                t += n;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -550,9 +795,11 @@ mod tests {
 
     /// Against f64 dot products of the decoded keys with the exact queries: the only error is
     /// the query rounding, `|err| ≤ Σ_i |k_i| · sq/2` (plus f32 accumulation slack).
+    /// Every compiled kernel runs: `scores` dispatches to the widest one (AVX-512 where the
+    /// build has it and `d` is a multiple of 64), and the AVX2 kernel is called directly too.
     #[test]
     fn integer_scores_match_decoded_keys_within_query_rounding() {
-        for d in [32usize, 64, 128] {
+        for d in [32usize, 64, 96, 128, 192, 256] {
             for nq in [1usize, 2, 3, 5, 7] {
                 let n = 19; // two groups of 8 and a tail
                 let qs: Vec<f32> = (0..nq * d).map(|i| (i as f32 * 0.23).cos() * 2.0).collect();
@@ -585,29 +832,45 @@ mod tests {
                     },
                 ];
                 for (f, data, dec, rb) in cases {
-                    let mut got = vec![0f32; n * nq];
-                    scores(f, &data, rb, 0, n, &q, &mut got);
+                    let mut dispatched = vec![0f32; n * nq];
+                    scores(f, &data, rb, 0, n, &q, &mut dispatched);
+                    #[allow(unused_mut)]
+                    let mut kernels = vec![dispatched];
+                    #[cfg(all(
+                        target_arch = "x86_64",
+                        target_feature = "avx2",
+                        target_feature = "fma"
+                    ))]
+                    {
+                        let mut v = vec![0f32; n * nq];
+                        // SAFETY: features compiled in; the slices hold n rows of rb bytes.
+                        unsafe { avx::scores(f, &data, rb, 0, n, &q, &mut v) };
+                        kernels.push(v);
+                    }
                     let mut reference = vec![0f32; n * nq];
                     scalar_scores(f, &data, rb, 0, n, &q, &mut reference);
-                    for t in 0..n {
-                        for j in 0..nq {
-                            let k = &dec[t * d..(t + 1) * d];
-                            let qj = &qs[j * d..(j + 1) * d];
-                            let exact: f64 =
-                                k.iter().zip(qj).map(|(&a, &b)| a as f64 * b as f64).sum();
-                            let sq = qj.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 127.0;
-                            let bound = k.iter().map(|&a| a.abs() as f64).sum::<f64>() * sq / 2.0
-                                + 1e-4 * (1.0 + exact.abs());
-                            let g = got[t * nq + j] as f64;
-                            assert!(
-                                (g - exact).abs() <= bound,
-                                "{f:?} d={d} nq={nq} t={t} j={j}: {g} vs {exact}"
-                            );
-                            let r = reference[t * nq + j];
-                            assert!(
-                                (got[t * nq + j] - r).abs() <= 1e-4 * (1.0 + r.abs()),
-                                "{f:?} simd vs scalar"
-                            );
+                    for got in &kernels {
+                        for t in 0..n {
+                            for j in 0..nq {
+                                let k = &dec[t * d..(t + 1) * d];
+                                let qj = &qs[j * d..(j + 1) * d];
+                                let exact: f64 =
+                                    k.iter().zip(qj).map(|(&a, &b)| a as f64 * b as f64).sum();
+                                let sq = qj.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 127.0;
+                                let bound = k.iter().map(|&a| a.abs() as f64).sum::<f64>() * sq
+                                    / 2.0
+                                    + 1e-4 * (1.0 + exact.abs());
+                                let g = got[t * nq + j] as f64;
+                                assert!(
+                                    (g - exact).abs() <= bound,
+                                    "{f:?} d={d} nq={nq} t={t} j={j}: {g} vs {exact}"
+                                );
+                                let r = reference[t * nq + j];
+                                assert!(
+                                    (got[t * nq + j] - r).abs() <= 1e-4 * (1.0 + r.abs()),
+                                    "{f:?} simd vs scalar"
+                                );
+                            }
                         }
                     }
                 }
