@@ -844,7 +844,8 @@ mod tests {
         n: usize,
     }
 
-    /// Both P·V kernels (SIMD and scalar) on `rows` with weights `w` (`[n, nq]`) against the
+    /// The P·V kernels (the dispatched one, the AVX2 one where compiled, and the scalar one) on
+    /// `rows` with weights `w` (`[n, nq]`) against the
     /// f64 sums of the decoded rows: `|err| ≤ γ_{n+k}·Σ_t w_t·(|m_t| + |v_t − m_t|)` (Higham
     /// §3.1, `γ_k = k·u/(1 − k·u)`, `u = 2⁻²⁴`), `m(t, i)` the element's offset (0 where the
     /// format has none, which leaves `Σ|w·v|`).

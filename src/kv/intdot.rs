@@ -1,6 +1,6 @@
 //! Attention scores computed on the stored codes: queries quantized to int8 once per call, then
-//! integer dot products against int8 and 4-bit keys (AVX2 `maddubs`/`madd`, or AVX-VNNI's
-//! `vpdpbusd`), so a key row is
+//! integer dot products against int8 and 4-bit keys (AVX2 `maddubs`/`madd`, AVX-VNNI's
+//! `vpdpbusd`, or AVX-512 VNNI's on two blocks at once: [`avx::avx512`]), so a key row is
 //! never widened to f32. The method of llama.cpp's CPU backend for quantized K (`vec_dot_type`
 //! Q8_0 for the query, `ggml_vec_dot_q4_0_q8_0` and friends in ggml-cpu/arch/x86/quants.c),
 //! here with one scale per query row.
@@ -587,9 +587,11 @@ pub(crate) mod avx {
     /// `vpdpbusd`. Signed key codes enter as the unsigned operand offset by 128 (`k ⊕ 0x80 =
     /// k + 128`, one XOR per pair of blocks instead of a sign transfer per query, which AVX-512
     /// has no single instruction for), and each lane's `128 · Σc` over its four query codes is
-    /// subtracted by starting the lane's sum at it — the s8s8 compensation oneDNN uses. The
-    /// integer sums are the AVX2 kernel's, exactly; only the order the block sums are added
-    /// in differs.
+    /// subtracted by starting the lane's sum at it — the s8s8 compensation oneDNN uses (Q4_0's
+    /// `8 · Σc` the same way, for its `nib − 8`). The integer sums per block are the AVX2
+    /// kernel's, exactly; the block sums are added in another order, and for int8-token and the
+    /// codebook (one scale per row) as integers, converted once per row (AVX2 converts each
+    /// block's sum and adds in f32), so scores may differ from AVX2's in the last bits.
     #[cfg(all(
         target_feature = "avx512f",
         target_feature = "avx512bw",
@@ -619,7 +621,7 @@ pub(crate) mod avx {
         }
 
         /// [`super::rows8`] on pairs of blocks; `corr` (`[nq, d/64]`) holds each lane's
-        /// `−128 · Σc` for the signed formats.
+        /// `−128 · Σc` for the signed formats and `−8 · Σc` for Q4_0 (unused for int4).
         #[inline(always)]
         #[allow(clippy::too_many_arguments)] // the call's coordinates, as in `super::rows8`
         unsafe fn rows8<const Q: usize>(
@@ -740,9 +742,11 @@ pub(crate) mod avx {
             let nq = q.nq;
             // −z · (each lane's four query codes summed), per query and pair of blocks: the
             // offset z of the unsigned operand (128 for signed codes, Q4_0's 8).
-            let codes = if kind(f).1 { &q.pairs } else { &q.codes };
+            let (signed, pairs, _) = kind(f);
+            let codes = if pairs { &q.pairs } else { &q.codes };
             let z = _mm512_set1_epi8(if f == IntKeys::Q4_0 { 8 } else { -128 });
-            let corr: Vec<__m512i> = codes
+            let used = signed || f == IntKeys::Q4_0;
+            let corr: Vec<__m512i> = codes[..if used { codes.len() } else { 0 }]
                 .chunks_exact(64)
                 .map(|c| {
                     let cv = _mm512_loadu_si512(c.as_ptr() as *const __m512i);
@@ -829,6 +833,28 @@ mod tests {
                     {
                         let (a, b) = rows(Mxfp4Row, n, d);
                         (IntKeys::Mxfp4, a, b, Mxfp4Row.row_bytes(d))
+                    },
+                    {
+                        // A 16-level codebook by hand (TurboQuant_mse's key layout): an f16
+                        // factor, then element 2j in byte j's low nibble, 2j + 1 in its high
+                        // one; value = factor · table[nibble].
+                        let lut: [i8; 16] = [
+                            -100, -77, -51, -30, -17, -9, -4, -1, 1, 4, 9, 17, 30, 51, 77, 100,
+                        ];
+                        let rb = 2 + d / 2;
+                        let (mut data, mut dec) = (vec![0u8; n * rb], vec![0f32; n * d]);
+                        for t in 0..n {
+                            let fac = f16::from_f32(0.01 + 0.003 * t as f32);
+                            data[t * rb..t * rb + 2].copy_from_slice(&fac.to_le_bytes());
+                            for j in 0..d / 2 {
+                                let b = ((t * 31 + j * 7) % 256) as u8;
+                                data[t * rb + 2 + j] = b;
+                                dec[t * d + 2 * j] = fac.to_f32() * lut[(b & 15) as usize] as f32;
+                                dec[t * d + 2 * j + 1] =
+                                    fac.to_f32() * lut[(b >> 4) as usize] as f32;
+                            }
+                        }
+                        (IntKeys::Lut4(lut), data, dec, rb)
                     },
                 ];
                 for (f, data, dec, rb) in cases {
