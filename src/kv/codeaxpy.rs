@@ -531,7 +531,7 @@ mod avx {
         w: &[f32],
         acc: &mut [f32],
     ) {
-        per_format!(f, g => drive(g, data, rb, d, t0, t1, w, acc))
+        per_format!(f, g => drive::<false>(g, data, rb, d, t0, t1, w, acc))
     }
 
     /// `$body` compiled once per value format, with `$g` the format as a constant (the
@@ -572,9 +572,11 @@ mod avx {
     }
     use per_format;
 
+    /// The tile loop of both widths: `WIDE` takes [`avx512::tile`] (where compiled), else
+    /// [`tile`].
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn drive(
+    unsafe fn drive<const WIDE: bool>(
         f: CodeValues,
         data: &[u8],
         rb: usize,
@@ -595,18 +597,46 @@ mod avx {
             for b in 0..d / 32 {
                 let mut j = 0;
                 while nq - j >= 4 {
-                    tile::<4>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut);
+                    tile_of::<4, WIDE>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut);
                     j += 4;
                 }
                 match nq - j {
-                    3 => tile::<3>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
-                    2 => tile::<2>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
-                    1 => tile::<1>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
+                    3 => {
+                        tile_of::<3, WIDE>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut)
+                    }
+                    2 => {
+                        tile_of::<2, WIDE>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut)
+                    }
+                    1 => {
+                        tile_of::<1, WIDE>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut)
+                    }
                     _ => {}
                 }
             }
             t += n;
         }
+    }
+
+    /// [`avx512::tile`] when `WIDE` (and compiled), else [`tile`].
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile_of<const Q: usize, const WIDE: bool>(
+        f: CodeValues,
+        data: &[u8],
+        rb: usize,
+        at: (usize, usize, usize),
+        w: *const f32,
+        nq: usize,
+        j0: usize,
+        a: *mut f32,
+        d: usize,
+        lut: __m256i,
+    ) {
+        #[cfg(all(target_feature = "avx512f", target_feature = "avx512bw"))]
+        if WIDE {
+            return avx512::tile::<Q>(f, data, rb, at, w, nq, j0, a, d, lut);
+        }
+        tile::<Q>(f, data, rb, at, w, nq, j0, a, d, lut)
     }
 
     /// 32 elements at a time: 32 nibbles (pair order) widened to i32 indices, eight at a time
@@ -679,7 +709,7 @@ mod avx {
         /// [`super::tile`] with two 16-lane accumulators per query.
         #[inline(always)]
         #[allow(clippy::too_many_arguments)] // the tile's coordinates, as in `super::tile`
-        unsafe fn tile<const Q: usize>(
+        pub(super) unsafe fn tile<const Q: usize>(
             f: CodeValues,
             data: &[u8],
             rb: usize,
@@ -750,44 +780,7 @@ mod avx {
             if f == CodeValues::Int2G32 {
                 return super::axpy_codes(f, data, rb, d, t0, t1, w, acc);
             }
-            per_format!(f, g => drive(g, data, rb, d, t0, t1, w, acc))
-        }
-
-        #[inline(always)]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn drive(
-            f: CodeValues,
-            data: &[u8],
-            rb: usize,
-            d: usize,
-            t0: usize,
-            t1: usize,
-            w: &[f32],
-            acc: &mut [f32],
-        ) {
-            let nq = acc.len() / d;
-            let t = _mm_loadu_si128(E2M1_X2.as_ptr() as *const __m128i);
-            let lut = _mm256_set_m128i(t, t);
-            let a = acc.as_mut_ptr();
-            let mut t = t0;
-            while t < t1 {
-                let n = (t1 - t).min(TILE);
-                let wt = w.as_ptr().add((t - t0) * nq);
-                for b in 0..d / 32 {
-                    let mut j = 0;
-                    while nq - j >= 4 {
-                        tile::<4>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut);
-                        j += 4;
-                    }
-                    match nq - j {
-                        3 => tile::<3>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
-                        2 => tile::<2>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
-                        1 => tile::<1>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut),
-                        _ => {}
-                    }
-                }
-                t += n;
-            }
+            per_format!(f, g => super::drive::<true>(g, data, rb, d, t0, t1, w, acc))
         }
     }
 }

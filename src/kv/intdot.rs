@@ -548,11 +548,14 @@ pub(crate) mod avx {
         q: &QueryI8,
         out: &mut [f32],
     ) {
-        per_format!(f, g => drive(g, data, rb, t0, t1, q, out))
+        per_format!(f, g => drive::<false>(g, data, rb, t0, t1, q, out, &[]))
     }
 
+    /// The row loop of both widths: `WIDE` takes [`avx512::rows8`] (where compiled, with its
+    /// lane corrections `corr`), else [`rows8`].
     #[inline(always)]
-    unsafe fn drive(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn drive<const WIDE: bool>(
         f: IntKeys,
         data: &[u8],
         rb: usize,
@@ -560,6 +563,7 @@ pub(crate) mod avx {
         t1: usize,
         q: &QueryI8,
         out: &mut [f32],
+        corr: &[__m512i],
     ) {
         let nq = q.nq;
         let o = out.as_mut_ptr();
@@ -570,17 +574,43 @@ pub(crate) mod avx {
             // Queries four at a time (a GQA group of 3 in one pass, 7 in two).
             let mut j = 0;
             while nq - j >= 4 {
-                rows8::<4>(f, data, rb, t, n, q, j, ot);
+                rows_of::<4, WIDE>(f, data, rb, t, n, q, j, ot, corr);
                 j += 4;
             }
             match nq - j {
-                3 => rows8::<3>(f, data, rb, t, n, q, j, ot),
-                2 => rows8::<2>(f, data, rb, t, n, q, j, ot),
-                1 => rows8::<1>(f, data, rb, t, n, q, j, ot),
+                3 => rows_of::<3, WIDE>(f, data, rb, t, n, q, j, ot, corr),
+                2 => rows_of::<2, WIDE>(f, data, rb, t, n, q, j, ot, corr),
+                1 => rows_of::<1, WIDE>(f, data, rb, t, n, q, j, ot, corr),
                 _ => {}
             }
             t += n;
         }
+    }
+
+    /// [`avx512::rows8`] when `WIDE` (and compiled), else [`rows8`].
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_of<const Q: usize, const WIDE: bool>(
+        f: IntKeys,
+        data: &[u8],
+        rb: usize,
+        t: usize,
+        n: usize,
+        q: &QueryI8,
+        j0: usize,
+        o: *mut f32,
+        corr: &[__m512i],
+    ) {
+        #[cfg(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
+        if WIDE {
+            return avx512::rows8::<Q>(f, data, rb, t, n, q, j0, o, corr);
+        }
+        let _ = corr;
+        rows8::<Q>(f, data, rb, t, n, q, j0, o)
     }
 
     /// The same kernel with 512-bit registers (AVX-512 BW + VNNI): two blocks of 32 per
@@ -624,7 +654,7 @@ pub(crate) mod avx {
         /// `−128 · Σc` for the signed formats and `−8 · Σc` for Q4_0 (unused for int4).
         #[inline(always)]
         #[allow(clippy::too_many_arguments)] // the call's coordinates, as in `super::rows8`
-        unsafe fn rows8<const Q: usize>(
+        pub(super) unsafe fn rows8<const Q: usize>(
             f: IntKeys,
             data: &[u8],
             rb: usize,
@@ -726,52 +756,29 @@ pub(crate) mod avx {
             q: &QueryI8,
             out: &mut [f32],
         ) {
-            per_format!(f, g => drive(g, data, rb, t0, t1, q, out))
+            per_format!(f, g => {
+                let corr = corrections(g, q);
+                super::drive::<true>(g, data, rb, t0, t1, q, out, &corr)
+            })
         }
 
+        /// Each lane's `−z · Σc` over its four query codes, per query and pair of blocks (`[nq,
+        /// d/64]`): the offset z of the unsigned operand (128 for signed codes, Q4_0's 8);
+        /// empty for int4, which has none.
         #[inline(always)]
-        unsafe fn drive(
-            f: IntKeys,
-            data: &[u8],
-            rb: usize,
-            t0: usize,
-            t1: usize,
-            q: &QueryI8,
-            out: &mut [f32],
-        ) {
-            let nq = q.nq;
-            // −z · (each lane's four query codes summed), per query and pair of blocks: the
-            // offset z of the unsigned operand (128 for signed codes, Q4_0's 8).
+        unsafe fn corrections(f: IntKeys, q: &QueryI8) -> Vec<__m512i> {
             let (signed, pairs, _) = kind(f);
             let codes = if pairs { &q.pairs } else { &q.codes };
             let z = _mm512_set1_epi8(if f == IntKeys::Q4_0 { 8 } else { -128 });
             let used = signed || f == IntKeys::Q4_0;
-            let corr: Vec<__m512i> = codes[..if used { codes.len() } else { 0 }]
+            codes[..if used { codes.len() } else { 0 }]
                 .chunks_exact(64)
                 .map(|c| {
                     let cv = _mm512_loadu_si512(c.as_ptr() as *const __m512i);
                     let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z, cv);
                     _mm512_sub_epi32(_mm512_setzero_si512(), s)
                 })
-                .collect();
-            let o = out.as_mut_ptr();
-            let mut t = t0;
-            while t < t1 {
-                let n = (t1 - t).min(8);
-                let ot = o.add((t - t0) * nq);
-                let mut j = 0;
-                while nq - j >= 4 {
-                    rows8::<4>(f, data, rb, t, n, q, j, ot, &corr);
-                    j += 4;
-                }
-                match nq - j {
-                    3 => rows8::<3>(f, data, rb, t, n, q, j, ot, &corr),
-                    2 => rows8::<2>(f, data, rb, t, n, q, j, ot, &corr),
-                    1 => rows8::<1>(f, data, rb, t, n, q, j, ot, &corr),
-                    _ => {}
-                }
-                t += n;
-            }
+                .collect()
         }
     }
 }
