@@ -447,7 +447,7 @@ pub(crate) mod avx {
         j0: usize,
         o: *mut f32,
     ) {
-        let (d, nb, nq) = (q.d, q.d / B, q.nq);
+        let (d, nb) = (q.d, q.d / B);
         let (signed, pairs, side_on) = kind(f);
         let tab = table(f);
         let cb = if pairs {
@@ -487,6 +487,22 @@ pub(crate) mod avx {
                 side[j][r] = sd[j];
             }
         }
+        store::<Q>(&acc, &side, &g, q, j0, n, o);
+    }
+
+    /// The scores of `n ≤ 8` rows for queries `j0..j0 + Q` from each row's per-lane sums
+    /// `acc[j][r]`, zero-point terms `side[j][r]` and row factors `g[r]`: `sq · (Σlanes · g +
+    /// side)`, written to `o[r·nq + j0 + j]`.
+    #[inline(always)]
+    unsafe fn store<const Q: usize>(
+        acc: &[[__m256; 8]; Q],
+        side: &[[f32; 8]; Q],
+        g: &[f32; 8],
+        q: &QueryI8,
+        j0: usize,
+        n: usize,
+        o: *mut f32,
+    ) {
         let gv = _mm256_loadu_ps(g.as_ptr());
         for j in 0..Q {
             let sums = _mm256_fmadd_ps(hsum8(&acc[j]), gv, _mm256_loadu_ps(side[j].as_ptr()));
@@ -496,7 +512,7 @@ pub(crate) mod avx {
                 _mm256_mul_ps(sums, _mm256_set1_ps(q.scale[j0 + j])),
             );
             for (r, &x) in v.iter().enumerate().take(n) {
-                *o.add(r * nq + j0 + j) = x;
+                *o.add(r * q.nq + j0 + j) = x;
             }
         }
     }
@@ -665,7 +681,7 @@ pub(crate) mod avx {
             o: *mut f32,
             corr: &[__m512i],
         ) {
-            let (d, nb, nq) = (q.d, q.d / B, q.nq);
+            let (d, nb) = (q.d, q.d / B);
             let nc = nb / 2;
             let (signed, pairs, side_on) = kind(f);
             // Q4_0's `−8 · Σc` per block enters each lane's start too (`corr` holds −8 · the
@@ -732,18 +748,7 @@ pub(crate) mod avx {
                     side[j][r] = sd[j];
                 }
             }
-            let gv = _mm256_loadu_ps(g.as_ptr());
-            for j in 0..Q {
-                let sums = _mm256_fmadd_ps(hsum8(&acc[j]), gv, _mm256_loadu_ps(side[j].as_ptr()));
-                let mut v = [0f32; 8];
-                _mm256_storeu_ps(
-                    v.as_mut_ptr(),
-                    _mm256_mul_ps(sums, _mm256_set1_ps(q.scale[j0 + j])),
-                );
-                for (r, &x) in v.iter().enumerate().take(n) {
-                    *o.add(r * nq + j0 + j) = x;
-                }
-            }
+            store::<Q>(&acc, &side, &g, q, j0, n, o);
         }
 
         /// [`super::scores`] for `d` a multiple of 64 (pairs of blocks).
