@@ -645,26 +645,7 @@ pub(crate) mod avx {
     ))]
     pub(crate) mod avx512 {
         use super::*;
-
-        /// Two 256-bit halves as one 512-bit register (`lo` in lanes 0–7).
-        #[inline(always)]
-        unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
-            _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-        }
-
-        /// [`join`] for f32 lanes (AVX512F only: `insertf32x8` needs DQ).
-        #[inline(always)]
-        unsafe fn join_ps(lo: __m256, hi: __m256) -> __m512 {
-            let lo = _mm512_castpd256_pd512(_mm256_castps_pd(lo));
-            _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(hi), 1))
-        }
-
-        /// The sum of a register's two 256-bit halves.
-        #[inline(always)]
-        unsafe fn fold(x: __m512) -> __m256 {
-            let hi = _mm512_extractf64x4_pd(_mm512_castps_pd(x), 1);
-            _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(hi))
-        }
+        use crate::kv::simd::avx512::{fold, join, join_ps, offset_correction};
 
         /// [`super::rows8`] on pairs of blocks; `corr` (`[nq, d/64]`) holds each lane's
         /// `−128 · Σc` for the signed formats and `−8 · Σc` for Q4_0 (unused for int4).
@@ -778,11 +759,7 @@ pub(crate) mod avx {
             let used = signed || f == IntKeys::Q4_0;
             codes[..if used { codes.len() } else { 0 }]
                 .chunks_exact(64)
-                .map(|c| {
-                    let cv = _mm512_loadu_si512(c.as_ptr() as *const __m512i);
-                    let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z, cv);
-                    _mm512_sub_epi32(_mm512_setzero_si512(), s)
-                })
+                .map(|c| offset_correction(z, _mm512_loadu_si512(c.as_ptr() as *const __m512i)))
                 .collect()
         }
     }

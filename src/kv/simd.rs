@@ -906,6 +906,51 @@ pub(crate) mod avx {
     }
 }
 
+/// AVX-512 primitives shared by attention's key scoring ([`super::intdot`]) and the decode
+/// matmul (`crate::model::qmatmul`): pairs of 32-byte blocks in one register, and the lane
+/// correction that lets `vpdpbusd` take signed codes as its unsigned operand.
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx512f",
+    target_feature = "avx512bw",
+    target_feature = "avx512vnni"
+))]
+pub(crate) mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Two 256-bit halves as one 512-bit register (`lo` in lanes 0–7).
+    #[inline(always)]
+    pub unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+        _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+    }
+
+    /// [`join`] for f32 lanes (AVX512F only: `insertf32x8` needs DQ).
+    #[inline(always)]
+    pub unsafe fn join_ps(lo: __m256, hi: __m256) -> __m512 {
+        let lo = _mm512_castpd256_pd512(_mm256_castps_pd(lo));
+        _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(hi), 1))
+    }
+
+    /// The sum of a register's two 256-bit halves (`extractf64x4` is AVX512F;
+    /// `extractf32x8` would need DQ).
+    #[inline(always)]
+    pub unsafe fn fold(x: __m512) -> __m256 {
+        let hi = _mm512_extractf64x4_pd(_mm512_castps_pd(x), 1);
+        _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(hi))
+    }
+
+    /// Each i32 lane's `−z · (c₀ + c₁ + c₂ + c₃)` over its four signed bytes of `c` (`z`
+    /// broadcast as unsigned bytes): started from it, `vpdpbusd` of `k + z` (the signed codes
+    /// `k` offset into the unsigned operand) with `c` sums `Σ k·c` exactly — the s8s8
+    /// compensation oneDNN uses (`z` = 128 for any i8 `k`, `k ⊕ 0x80`; 8 for Q4_0's
+    /// `nib − 8`).
+    #[inline(always)]
+    pub unsafe fn offset_correction(z: __m512i, c: __m512i) -> __m512i {
+        let zero = _mm512_setzero_si512();
+        _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, z, c))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

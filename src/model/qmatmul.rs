@@ -517,6 +517,7 @@ mod avx {
     mod avx512 {
         use super::super::{Activations, MAX_M};
         use super::{hsum, q8_block};
+        use crate::kv::simd::avx512::{fold, join, offset_correction};
         use std::arch::x86_64::*;
 
         /// `sums[r]` for activation rows `r0..r0 + M` (`r0` a multiple of the pass size) against
@@ -537,7 +538,6 @@ mod avx {
             // Lane i takes element i / 8 of a two-element vector: [x0 × 8, x1 × 8].
             let halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
             let k128 = _mm512_set1_epi8(-128);
-            let zero = _mm512_setzero_si512();
             let mut acc = [_mm512_setzero_ps(); M];
             let wp = w.as_ptr();
             for p in 0..np {
@@ -546,12 +546,12 @@ mod avx {
                 let d1 = u16::from_le_bytes([*blk.add(34), *blk.add(35)]) as u32;
                 let dws = _mm_cvtph_ps(_mm_cvtsi32_si128((d0 | d1 << 16) as i32));
                 let dw = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(dws));
-                let q = _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(_mm256_loadu_si256(blk.add(2) as *const __m256i)),
+                let q = join(
+                    _mm256_loadu_si256(blk.add(2) as *const __m256i),
                     _mm256_loadu_si256(blk.add(36) as *const __m256i),
                 );
                 // Σ (c + 128)·q − 128·Σq = Σ c·q, exactly (i32, no saturation in vpdpbusd).
-                let corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, k128, q));
+                let corr = offset_correction(k128, q);
                 let (up, dp) = (u.add(p * rows * 64), dx.add(p * rows * 2));
                 for (r, a) in acc.iter_mut().enumerate() {
                     let c = _mm512_loadu_si512(up.add(r * 64) as *const __m512i);
@@ -566,10 +566,7 @@ mod avx {
                 q8_block::<M>(wp.add((nb - 1) * 34), nb - 1, act, r0, &mut tail);
             }
             for r in 0..M {
-                let lo = _mm512_castps512_ps256(acc[r]);
-                // (extractf64x4 is AVX512F; extractf32x8 would need DQ, not checked for)
-                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[r])));
-                sums[r] = hsum(_mm256_add_ps(_mm256_add_ps(lo, hi), tail[r]));
+                sums[r] = hsum(_mm256_add_ps(fold(acc[r]), tail[r]));
             }
         }
     }
