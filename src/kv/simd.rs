@@ -258,6 +258,19 @@ pub fn axpy_many(w: &[f32], row: &[f32], acc: &mut [f32]) {
     )
 }
 
+/// Whether the f16 row kernels ([`f16_dots`], [`f16_axpy`]) run 16 lanes wide: where the
+/// build has the AVX-512 primitives ([`avx512`]). Same products, same order per lane, so the
+/// same results to the bit as the AVX2 kernels (tests assert it), in half the FMAs and
+/// widenings: fp16 attention 5–7 % faster (`attn-bench`, default shapes, 1,024 and 8,192
+/// tokens, Intel Xeon VM, three interleaved pairs). The f32 tile kernels stay 8 lanes wide
+/// ([`avx::tile_dots`] says why).
+const WIDE: bool = cfg!(all(
+    target_arch = "x86_64",
+    target_feature = "avx512f",
+    target_feature = "avx512bw",
+    target_feature = "avx512vnni"
+));
+
 /// Dots of a decoded tile of rows with several queries: `out[r·nq + j] = tile_r · q_j` for
 /// `tile`: `[rows, d]`, `qs`: `[nq, d]`, `out`: `[rows, nq]`. Eight rows share each query load
 /// and are reduced together, so no per-row horizontal sum is paid.
@@ -338,7 +351,7 @@ pub fn f16_dots(
                 let o = &mut out[(t - t0) * nq..(t - t0 + n) * nq];
                 // SAFETY: features enabled at compile time; rows t..t + full lie in `data`
                 // and their outputs in `o` (asserted above).
-                unsafe { avx::f16_dots(data, rb, t, full, qs, d, o.as_mut_ptr()) };
+                unsafe { avx::f16_dots::<WIDE>(data, rb, t, full, qs, d, o.as_mut_ptr()) };
                 let mut row = vec![0f32; if full < n { d } else { 0 }];
                 for r in full..n {
                     f16_to_f32(&data[(t + r) * rb..], &mut row);
@@ -381,7 +394,7 @@ pub fn f16_axpy(
                     }
                     // SAFETY: features enabled at compile time; rows t..t + n lie in `data`,
                     // their weights in `wt` (asserted above).
-                    unsafe { avx::f16_axpy(data, rb, (t, n), wt.as_ptr(), d, acc) };
+                    unsafe { avx::f16_axpy::<WIDE>(data, rb, (t, n), wt.as_ptr(), d, acc) };
                 }
                 t += n;
             }
@@ -650,21 +663,135 @@ pub(crate) mod avx {
         _mm_add_ps(_mm256_castps256_ps128(ab), _mm256_extractf128_ps(ab, 1))
     }
 
-    /// Q queries × 4 rows: each row load feeds Q FMAs, each query load feeds 4. `ld(r, c)`
-    /// gives elements `c..c + 8` of row `r` as f32 (from an f32 tile, or f16 storage widened
-    /// in registers).
+    /// Where the row kernels below read their rows: elements `c..c + 8` of row `r` as f32
+    /// ([`Rows::ld`]; an f32 tile, or f16 storage widened in registers), and for the 16-lane
+    /// kernels ([`super::avx512`] builds) 8 elements of rows `r` and `r + 1` in one register
+    /// ([`Rows::ld_pair`], row `r` in lanes 0–7) or elements `c..c + 16` of row `r`
+    /// ([`Rows::ld16`]).
+    pub(super) trait Rows: Copy {
+        unsafe fn ld(self, r: usize, c: usize) -> __m256;
+        #[cfg(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
+        #[inline(always)]
+        unsafe fn ld_pair(self, r: usize, c: usize) -> __m512 {
+            super::avx512::join_ps(self.ld(r, c), self.ld(r + 1, c))
+        }
+        #[cfg(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
+        #[inline(always)]
+        unsafe fn ld16(self, r: usize, c: usize) -> __m512 {
+            super::avx512::join_ps(self.ld(r, c), self.ld(r, c + 8))
+        }
+    }
+
+    /// Rows of `d` f32 at `p`.
+    #[derive(Clone, Copy)]
+    struct F32Rows {
+        p: *const f32,
+        d: usize,
+    }
+
+    impl Rows for F32Rows {
+        #[inline(always)]
+        unsafe fn ld(self, r: usize, c: usize) -> __m256 {
+            _mm256_loadu_ps(self.p.add(r * self.d + c))
+        }
+    }
+
+    /// Rows of little-endian f16 at `p`, `rb` bytes apart, widened in registers (F16C, or
+    /// AVX-512F's 16-lane `vcvtph2ps`).
+    #[derive(Clone, Copy)]
+    struct F16Rows {
+        p: *const u8,
+        rb: usize,
+    }
+
+    impl Rows for F16Rows {
+        #[inline(always)]
+        unsafe fn ld(self, r: usize, c: usize) -> __m256 {
+            _mm256_cvtph_ps(_mm_loadu_si128(
+                self.p.add(r * self.rb + 2 * c) as *const __m128i
+            ))
+        }
+        #[cfg(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
+        #[inline(always)]
+        unsafe fn ld_pair(self, r: usize, c: usize) -> __m512 {
+            let a = _mm_loadu_si128(self.p.add(r * self.rb + 2 * c) as *const __m128i);
+            let b = _mm_loadu_si128(self.p.add((r + 1) * self.rb + 2 * c) as *const __m128i);
+            _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1))
+        }
+        #[cfg(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
+        #[inline(always)]
+        unsafe fn ld16(self, r: usize, c: usize) -> __m512 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(
+                self.p.add(r * self.rb + 2 * c) as *const __m256i
+            ))
+        }
+    }
+
+    /// Q queries × rows `r0..r0 + 4` of `ld`: each row load feeds Q FMAs, each query load
+    /// feeds 4. With `WIDE` (where compiled) two rows share a register
+    /// ([`Rows::ld_pair`]) and each query's 8 elements are broadcast to both halves: every
+    /// lane forms the AVX2 kernel's products and sums them in its order, and the halves are
+    /// reduced as the AVX2 kernel reduces its four registers, so the scores are equal to the
+    /// bit, in half the FMAs.
     #[inline(always)]
-    unsafe fn dot_block<const Q: usize>(
-        ld: impl Fn(usize, usize) -> __m256,
+    unsafe fn dot_block<const Q: usize, const WIDE: bool>(
+        ld: impl Rows,
+        r0: usize,
         q: *const f32,
         d: usize,
         nq: usize,
         o: *mut f32,
     ) {
+        #[cfg(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
+        if WIDE {
+            use super::avx512::{lower, upper};
+            let mut acc = [[_mm512_setzero_ps(); 2]; Q];
+            let mut c = 0;
+            while c < d {
+                let rows = [ld.ld_pair(r0, c), ld.ld_pair(r0 + 2, c)];
+                for (j, aj) in acc.iter_mut().enumerate() {
+                    let qv = _mm256_castps_pd(_mm256_loadu_ps(q.add(j * d + c)));
+                    let qv = _mm512_castpd_ps(_mm512_broadcast_f64x4(qv));
+                    aj[0] = _mm512_fmadd_ps(rows[0], qv, aj[0]);
+                    aj[1] = _mm512_fmadd_ps(rows[1], qv, aj[1]);
+                }
+                c += 8;
+            }
+            for (j, aj) in acc.iter().enumerate() {
+                let four = [lower(aj[0]), upper(aj[0]), lower(aj[1]), upper(aj[1])];
+                store4(hsum4(&four), o.add(j), nq);
+            }
+            return;
+        }
         let mut acc = [[_mm256_setzero_ps(); 4]; Q];
         let mut c = 0;
         while c < d {
-            let rows = [ld(0, c), ld(1, c), ld(2, c), ld(3, c)];
+            let rows = [
+                ld.ld(r0, c),
+                ld.ld(r0 + 1, c),
+                ld.ld(r0 + 2, c),
+                ld.ld(r0 + 3, c),
+            ];
             for (j, aj) in acc.iter_mut().enumerate() {
                 let qv = _mm256_loadu_ps(q.add(j * d + c));
                 for r in 0..4 {
@@ -674,19 +801,25 @@ pub(crate) mod avx {
             c += 8;
         }
         for (j, aj) in acc.iter().enumerate() {
-            let mut sums = [0f32; 4];
-            _mm_storeu_ps(sums.as_mut_ptr(), hsum4(aj));
-            for (r, &s) in sums.iter().enumerate() {
-                *o.add(r * nq + j) = s;
-            }
+            store4(hsum4(aj), o.add(j), nq);
         }
     }
 
-    /// Rows `0..full` (a multiple of 4) against every query, 4 rows at a time; `ld(r, c)` as
-    /// in [`dot_block`], `r` counted from 0.
+    /// The four lanes of `s` to `o`, `nq` apart (4 rows' scores of one query).
     #[inline(always)]
-    unsafe fn dots4(
-        ld: impl Fn(usize, usize) -> __m256 + Copy,
+    unsafe fn store4(s: __m128, o: *mut f32, nq: usize) {
+        let mut sums = [0f32; 4];
+        _mm_storeu_ps(sums.as_mut_ptr(), s);
+        for (r, &s) in sums.iter().enumerate() {
+            *o.add(r * nq) = s;
+        }
+    }
+
+    /// Rows `0..full` (a multiple of 4) against every query, 4 rows at a time; `ld` as in
+    /// [`dot_block`].
+    #[inline(always)]
+    unsafe fn dots4<const WIDE: bool>(
+        ld: impl Rows,
         full: usize,
         qs: &[f32],
         d: usize,
@@ -696,30 +829,33 @@ pub(crate) mod avx {
         let q = qs.as_ptr();
         let mut r0 = 0;
         while r0 < full {
-            let lr = move |r: usize, c: usize| ld(r0 + r, c);
             let or = out.add(r0 * nq);
             let mut j = 0;
             while nq - j >= 4 {
-                dot_block::<4>(lr, q.add(j * d), d, nq, or.add(j));
+                dot_block::<4, WIDE>(ld, r0, q.add(j * d), d, nq, or.add(j));
                 j += 4;
             }
             match nq - j {
-                3 => dot_block::<3>(lr, q.add(j * d), d, nq, or.add(j)),
-                2 => dot_block::<2>(lr, q.add(j * d), d, nq, or.add(j)),
-                1 => dot_block::<1>(lr, q.add(j * d), d, nq, or.add(j)),
+                3 => dot_block::<3, WIDE>(ld, r0, q.add(j * d), d, nq, or.add(j)),
+                2 => dot_block::<2, WIDE>(ld, r0, q.add(j * d), d, nq, or.add(j)),
+                1 => dot_block::<1, WIDE>(ld, r0, q.add(j * d), d, nq, or.add(j)),
                 _ => {}
             }
             r0 += 4;
         }
     }
 
+    /// [`super::tile_dots`]. 8 lanes wide on every build: rows decoded into a tile come from
+    /// AVX2 integer code, and 512-bit FMAs next to it slowed int2 and the KIVI channel formats
+    /// by 3–5 % (`attn-bench`, Intel Xeon VM, three interleaved pairs; likely cause: port 1's
+    /// vector ALUs close while 512-bit operations are in flight).
     #[inline(always)]
     pub unsafe fn tile_dots(tile: &[f32], qs: &[f32], d: usize, out: &mut [f32]) {
         let rows = tile.len() / d;
         let nq = qs.len() / d;
         let (t, q, o) = (tile.as_ptr(), qs.as_ptr(), out.as_mut_ptr());
         let full = rows - rows % 4;
-        dots4(|r, c| _mm256_loadu_ps(t.add(r * d + c)), full, qs, d, o);
+        dots4::<false>(F32Rows { p: t, d }, full, qs, d, o);
         for r in full..rows {
             for j in 0..nq {
                 dot_n::<1>(t.add(r * d), q.add(j * d), d, o.add(r * nq + j));
@@ -728,17 +864,47 @@ pub(crate) mod avx {
     }
 
     /// Q queries × 32 channels of accumulators in registers over all rows of the tile; `ld`
-    /// as in [`dot_block`].
+    /// as in [`dot_block`]. With `WIDE` (where compiled) 16 channels per register
+    /// ([`Rows::ld16`]): each lane's FMAs are the AVX2 kernel's, so the sums are equal to the
+    /// bit.
     #[inline(always)]
-    unsafe fn axpy_block<const Q: usize>(
+    #[allow(clippy::too_many_arguments)] // the block's coordinates; a struct would only rename them
+    unsafe fn axpy_block<const Q: usize, const WIDE: bool>(
         w: *const f32,
-        ld: impl Fn(usize, usize) -> __m256,
+        ld: impl Rows,
         rows: usize,
         d: usize,
         nq: usize,
         a: *mut f32,
         c0: usize,
     ) {
+        #[cfg(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
+        if WIDE {
+            let mut acc = [[_mm512_setzero_ps(); 2]; Q];
+            for (j, aj) in acc.iter_mut().enumerate() {
+                for (k, r) in aj.iter_mut().enumerate() {
+                    *r = _mm512_loadu_ps(a.add(j * d + c0 + 16 * k));
+                }
+            }
+            for r in 0..rows {
+                let x = [ld.ld16(r, c0), ld.ld16(r, c0 + 16)];
+                for (j, aj) in acc.iter_mut().enumerate() {
+                    let wv = _mm512_set1_ps(*w.add(r * nq + j));
+                    aj[0] = _mm512_fmadd_ps(wv, x[0], aj[0]);
+                    aj[1] = _mm512_fmadd_ps(wv, x[1], aj[1]);
+                }
+            }
+            for (j, aj) in acc.iter().enumerate() {
+                for (k, r) in aj.iter().enumerate() {
+                    _mm512_storeu_ps(a.add(j * d + c0 + 16 * k), *r);
+                }
+            }
+            return;
+        }
         let mut acc = [[_mm256_setzero_ps(); 4]; Q];
         for (j, aj) in acc.iter_mut().enumerate() {
             for (k, r) in aj.iter_mut().enumerate() {
@@ -746,7 +912,12 @@ pub(crate) mod avx {
             }
         }
         for r in 0..rows {
-            let x = [ld(r, c0), ld(r, c0 + 8), ld(r, c0 + 16), ld(r, c0 + 24)];
+            let x = [
+                ld.ld(r, c0),
+                ld.ld(r, c0 + 8),
+                ld.ld(r, c0 + 16),
+                ld.ld(r, c0 + 24),
+            ];
             for (j, aj) in acc.iter_mut().enumerate() {
                 let wv = _mm256_broadcast_ss(&*w.add(r * nq + j));
                 for k in 0..4 {
@@ -765,8 +936,8 @@ pub(crate) mod avx {
     /// `0..body` 32 at a time (`body` a multiple of 32, `≤ d`); `ld` as in [`dot_block`].
     #[inline(always)]
     #[allow(clippy::too_many_arguments)] // the block's coordinates; a struct would only rename them
-    unsafe fn axpy32(
-        ld: impl Fn(usize, usize) -> __m256 + Copy,
+    unsafe fn axpy32<const WIDE: bool>(
+        ld: impl Rows,
         rows: usize,
         w: *const f32,
         d: usize,
@@ -778,27 +949,27 @@ pub(crate) mod avx {
         while c0 < body {
             let mut j = 0;
             while nq - j >= 4 {
-                axpy_block::<4>(w.add(j), ld, rows, d, nq, a.add(j * d), c0);
+                axpy_block::<4, WIDE>(w.add(j), ld, rows, d, nq, a.add(j * d), c0);
                 j += 4;
             }
             match nq - j {
-                3 => axpy_block::<3>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
-                2 => axpy_block::<2>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
-                1 => axpy_block::<1>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
+                3 => axpy_block::<3, WIDE>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
+                2 => axpy_block::<2, WIDE>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
+                1 => axpy_block::<1, WIDE>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
                 _ => {}
             }
             c0 += 32;
         }
     }
 
+    /// [`super::tile_axpy`]; 8 lanes wide, as [`tile_dots`].
     #[inline(always)]
     pub unsafe fn tile_axpy(w: &[f32], tile: &[f32], d: usize, acc: &mut [f32]) {
         let rows = tile.len() / d;
         let nq = acc.len() / d;
         let (wp, t, a) = (w.as_ptr(), tile.as_ptr(), acc.as_mut_ptr());
         let body = d - d % 32;
-        let ld = |r: usize, c: usize| _mm256_loadu_ps(t.add(r * d + c));
-        axpy32(ld, rows, wp, d, body, nq, a);
+        axpy32::<false>(F32Rows { p: t, d }, rows, wp, d, body, nq, a);
         if body < d {
             for r in 0..rows {
                 for j in 0..nq {
@@ -811,15 +982,10 @@ pub(crate) mod avx {
         }
     }
 
-    /// f16 rows at `base` (`rb` bytes apart) widened in registers (F16C): elements
-    /// `c..c + 8` of row `r`.
-    #[inline(always)]
-    unsafe fn f16_loader(base: *const u8, rb: usize) -> impl Fn(usize, usize) -> __m256 + Copy {
-        move |r, c| _mm256_cvtph_ps(_mm_loadu_si128(base.add(r * rb + 2 * c) as *const __m128i))
-    }
-
-    /// [`super::f16_dots`] on rows `t0..t0 + full` (`full` a multiple of 4).
-    pub unsafe fn f16_dots(
+    /// [`super::f16_dots`] on rows `t0..t0 + full` (`full` a multiple of 4); `WIDE`: 16
+    /// lanes where compiled ([`super::WIDE`]).
+    #[allow(clippy::too_many_arguments)] // the rows' coordinates; a struct would only rename them
+    pub unsafe fn f16_dots<const WIDE: bool>(
         data: &[u8],
         rb: usize,
         t0: usize,
@@ -828,11 +994,16 @@ pub(crate) mod avx {
         d: usize,
         out: *mut f32,
     ) {
-        dots4(f16_loader(data.as_ptr().add(t0 * rb), rb), full, qs, d, out);
+        let rows = F16Rows {
+            p: data.as_ptr().add(t0 * rb),
+            rb,
+        };
+        dots4::<WIDE>(rows, full, qs, d, out);
     }
 
-    /// [`super::f16_axpy`] on rows `t0..t0 + rows` (`d` a multiple of 32).
-    pub unsafe fn f16_axpy(
+    /// [`super::f16_axpy`] on rows `t0..t0 + rows` (`d` a multiple of 32); `WIDE` as in
+    /// [`f16_dots`].
+    pub unsafe fn f16_axpy<const WIDE: bool>(
         data: &[u8],
         rb: usize,
         (t0, rows): (usize, usize),
@@ -840,10 +1011,12 @@ pub(crate) mod avx {
         d: usize,
         acc: &mut [f32],
     ) {
-        let ld = f16_loader(data.as_ptr().add(t0 * rb), rb);
-        axpy32(ld, rows, w, d, d, acc.len() / d, acc.as_mut_ptr());
+        let ld = F16Rows {
+            p: data.as_ptr().add(t0 * rb),
+            rb,
+        };
+        axpy32::<WIDE>(ld, rows, w, d, d, acc.len() / d, acc.as_mut_ptr());
     }
-
     #[inline(always)]
     unsafe fn dot_n<const N: usize>(row: *const f32, qs: *const f32, d: usize, out: *mut f32) {
         let mut acc = [_mm256_setzero_ps(); N];
@@ -931,12 +1104,22 @@ pub(crate) mod avx512 {
         _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(hi), 1))
     }
 
-    /// The sum of a register's two 256-bit halves (`extractf64x4` is AVX512F;
-    /// `extractf32x8` would need DQ).
+    /// Lanes 0–7 of `x`.
+    #[inline(always)]
+    pub unsafe fn lower(x: __m512) -> __m256 {
+        _mm512_castps512_ps256(x)
+    }
+
+    /// Lanes 8–15 of `x` (`extractf64x4` is AVX512F; `extractf32x8` would need DQ).
+    #[inline(always)]
+    pub unsafe fn upper(x: __m512) -> __m256 {
+        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))
+    }
+
+    /// The sum of a register's two 256-bit halves.
     #[inline(always)]
     pub unsafe fn fold(x: __m512) -> __m256 {
-        let hi = _mm512_extractf64x4_pd(_mm512_castps_pd(x), 1);
-        _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(hi))
+        _mm256_add_ps(lower(x), upper(x))
     }
 
     /// Each i32 lane's `−z · (c₀ + c₁ + c₂ + c₃)` over its four signed bytes of `c` (`z`
@@ -1026,6 +1209,68 @@ mod tests {
         for j in 0..16 {
             assert_eq!(c[j], ((src[j] & 15) as i32 - 8) as f32 * 0.5);
             assert_eq!(c[j + 16], ((src[j] >> 4) as i32 - 8) as f32 * 0.5);
+        }
+    }
+
+    /// The dispatched f16 row kernels (16 lanes where the build has AVX-512) against the AVX2
+    /// kernels called directly: equal to the bit, as [`WIDE`]'s doc claims (the exact quality
+    /// path runs them, so its numbers must not move with the machine's vector width). Random
+    /// values spread over six binades, so a changed summation order shows in the last bits;
+    /// head_dim 32–256, 1–8 queries, row counts with a partial group of 4, a padded f16 row
+    /// stride. Where the build has no AVX-512 both sides are the AVX2 kernel.
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    #[test]
+    fn wide_kernels_equal_the_avx2_kernels_to_the_bit() {
+        let mut seed = 0x9e37_79b9_u32;
+        let mut rand = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            let m = (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
+            m * 2f32.powi((seed % 6) as i32 - 2)
+        };
+        for (d, rows) in [(32usize, 37usize), (64, 70), (96, 12), (128, 33), (256, 9)] {
+            let rb = 2 * d + 6;
+            let mut data = vec![0u8; rows * rb];
+            for t in 0..rows {
+                for c in 0..d {
+                    let h = half::f16::from_f32(rand());
+                    data[t * rb + 2 * c..t * rb + 2 * c + 2].copy_from_slice(&h.to_le_bytes());
+                }
+            }
+            for nq in 1..=8usize {
+                let qs: Vec<f32> = (0..nq * d).map(|_| rand()).collect();
+                let w: Vec<f32> = (0..rows * nq).map(|_| rand().abs()).collect();
+                let acc0: Vec<f32> = (0..nq * d).map(|_| rand()).collect();
+                let ctx = format!("d={d} rows={rows} nq={nq}");
+
+                let full = rows - rows % 4;
+                let (mut got, mut want) = (vec![0f32; rows * nq], vec![0f32; rows * nq]);
+                assert!(f16_dots(&data, rb, (0, rows), &qs, d, &mut got));
+                // SAFETY: features compiled in (cfg above); rows 0..full lie in `data`, their
+                // scores in `want`.
+                unsafe { avx::f16_dots::<false>(&data, rb, 0, full, &qs, d, want.as_mut_ptr()) };
+                assert_eq!(got[..full * nq], want[..full * nq], "f16_dots {ctx}");
+
+                let (mut got, mut want) = (acc0.clone(), acc0.clone());
+                assert!(f16_axpy(
+                    &data,
+                    rb,
+                    (0, rows.min(TILE_ROWS)),
+                    &w,
+                    d,
+                    &mut got
+                ));
+                // SAFETY: as above.
+                let n = rows.min(TILE_ROWS);
+                unsafe { avx::f16_axpy::<false>(&data, rb, (0, n), w.as_ptr(), d, &mut want) };
+                assert_eq!(got, want, "f16_axpy {ctx}");
+            }
         }
     }
 
