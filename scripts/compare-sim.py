@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Simulated against measured serving, point by point (issue #23's validation).
 
-Usage: scripts/compare-sim.py MEASURED_DIR SIMULATED_DIR [--markdown]
+Usage: scripts/compare-sim.py MEASURED_DIR SIMULATED_DIR [--markdown] [--repeat]
 
 Reads each folder's results.csv (kvbench serve), pairs points by scheme and arrival, and prints
 for each: request throughput, TTFT p50/p95 and TPOT p50/p95, measured | simulated | error %.
 A point is within target when throughput is within 10 % and all four latencies within 15 %.
 Exits 0; the last line counts the points within target. With --markdown, a cell outside its
-target is bold.
+target is bold. With --repeat the second folder is a second measured run of the same workload
+(same seed, same arrivals), labelled so: the same targets then say how far the measurement
+agrees with itself, the floor under any simulation's agreement with one measured run.
 
 Then, where both runs recorded their decode steps (raw.jsonl traces from kvbench 2026-12-03 on:
 step_s, context_tokens, prefill_s, prefill_tokens), which term differs: each run's decode steps
@@ -125,13 +127,16 @@ def terms(meas_dir, sim_dir, md):
     head = ["scheme", "load", "step fixed ms", "per sequence ms", "per cached token µs",
             "after a prefill, ms more", "prefill ms per token", "steps"]
     print()
-    print("Decode steps fitted (measured → simulated):")
+    print(f"Decode steps fitted (measured → {OTHER}):")
     print()
     if md:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
     for line in [head] * (not md) + lines:
         print(("| " + " | ".join(line) + " |") if md else "\t".join(line))
+
+
+OTHER = "measured again" if "--repeat" in sys.argv else "simulated"
 
 
 def main():
@@ -142,7 +147,7 @@ def main():
     meas, sim = rows(args[0]), rows(args[1])
     cols = [("request_throughput", 10.0), ("ttft_ms_p50", 15.0), ("ttft_ms_p95", 15.0),
             ("tpot_ms_p50", 15.0), ("tpot_ms_p95", 15.0)]
-    head = ["scheme", "load"] + [f"{c}: measured → simulated (error)" for c, _ in cols] + [
+    head = ["scheme", "load"] + [f"{c}: measured → {OTHER} (error)" for c, _ in cols] + [
         "within"
     ]
     if md:

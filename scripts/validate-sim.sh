@@ -3,11 +3,23 @@
 # prefills and decode steps, measure two serving workloads, simulate the same workloads on the
 # calibrated profile, and print predicted next to measured for every point.
 #
-# Usage: scripts/validate-sim.sh [OUT]   (default reports/validate-sim-<time>)
-# About 25 minutes on 2 idle cores. Run nothing else meanwhile: the measured runs are timings.
+# Usage: scripts/validate-sim.sh [OUT] [--repeat]   (default OUT reports/validate-sim-<time>)
+# About 25 minutes on 2 idle cores; with --repeat about 40: each suite is measured a second time
+# right after the first (same seed, same arrivals) and the second run is compared with the first
+# on the same targets, which says how far the measurement agrees with itself at each point.
+# Run nothing else meanwhile: the measured runs are timings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-reports/validate-sim-$(date -u +%Y%m%d-%H%M%S)}
+repeat=0
+args=()
+for a in "$@"; do
+    case $a in
+        --repeat) repeat=1 ;;
+        -*) echo "validate-sim.sh: unknown option $a (usage: validate-sim.sh [OUT] [--repeat])" >&2; exit 2 ;;
+        *) args+=("$a") ;;
+    esac
+done
+out=${args[0]:-reports/validate-sim-$(date -u +%Y%m%d-%H%M%S)}
 bin=target/release/kvbench
 test -x "$bin" || cargo build --release
 mkdir -p "$out"
@@ -16,6 +28,10 @@ echo "== calibrate ($out/profile.toml)"
 for w in serve serve-decode; do
     echo "== measured: suites/$w.toml"
     "$bin" serve --suite "suites/$w.toml" --out "$out/measured-$w"
+    if [ "$repeat" = 1 ]; then
+        echo "== measured again: suites/$w.toml"
+        "$bin" serve --suite "suites/$w.toml" --out "$out/measured-again-$w"
+    fi
     echo "== simulated on the calibrated profile: suites/$w.toml"
     "$bin" serve --suite "suites/$w.toml" --simulate "$out/profile.toml" --out "$out/simulated-$w"
 done
@@ -23,3 +39,10 @@ for w in serve serve-decode; do
     echo "== $w: measured | simulated | error"
     scripts/compare-sim.py "$out/measured-$w" "$out/simulated-$w" --markdown | tee "$out/compare-$w.md"
 done
+if [ "$repeat" = 1 ]; then
+    for w in serve serve-decode; do
+        echo "== $w: measured | measured again | difference"
+        scripts/compare-sim.py "$out/measured-$w" "$out/measured-again-$w" --markdown --repeat \
+            | tee "$out/repeat-$w.md"
+    done
+fi
