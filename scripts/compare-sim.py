@@ -24,6 +24,9 @@ import json
 import math
 import sys
 
+# What the second folder holds, as the column heads name it.
+OTHER = "measured again" if "--repeat" in sys.argv else "simulated"
+
 
 def rows(d):
     with open(f"{d}/results.csv", newline="") as f:
@@ -134,9 +137,6 @@ def terms(meas_dir, sim_dir, md):
         print("|" + "---|" * len(head))
     for line in [head] * (not md) + lines:
         print(("| " + " | ".join(line) + " |") if md else "\t".join(line))
-
-
-OTHER = "measured again" if "--repeat" in sys.argv else "simulated"
 
 
 def main():

@@ -38,11 +38,9 @@ done
 for w in serve serve-decode; do
     echo "== $w: measured | simulated | error"
     scripts/compare-sim.py "$out/measured-$w" "$out/simulated-$w" --markdown | tee "$out/compare-$w.md"
-done
-if [ "$repeat" = 1 ]; then
-    for w in serve serve-decode; do
+    if [ "$repeat" = 1 ]; then
         echo "== $w: measured | measured again | difference"
         scripts/compare-sim.py "$out/measured-$w" "$out/measured-again-$w" --markdown --repeat \
             | tee "$out/repeat-$w.md"
-    done
-fi
+    fi
+done
