@@ -176,6 +176,45 @@ mod tests {
         assert!(is_cpu_n("cpu0 1 2 3") && is_cpu_n("cpu15 1") && !is_cpu_n("cpu  1 2"));
     }
 
+    /// A deliberately busy process beside this one is seen, as much of it as the kernel
+    /// accounts to that process (its own `/proc/<pid>/stat`, read independently of the machine
+    /// counters): `other_cores` is at least the neighbour's cores less two ticks' rounding, and
+    /// the point is marked contended whenever the neighbour alone exceeds the threshold. (CI saw
+    /// the neighbour get only 0.58 of a core while this binary's other tests ran beside it.)
+    #[test]
+    fn busy_neighbour_marks_contention() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .expect("spawning a busy loop");
+        let child_ticks = || {
+            std::fs::read_to_string(format!("/proc/{}/stat", child.id()))
+                .ok()
+                .and_then(|s| parse_own_ticks(&s))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let (a, ca) = (CpuSample::now(), child_ticks());
+        std::thread::sleep(std::time::Duration::from_millis(1200));
+        let (b, cb) = (CpuSample::now(), child_ticks());
+        child.kill().ok();
+        child.wait().ok();
+        let (Some(a), Some(b), Some(ca), Some(cb)) = (a, b, ca, cb) else {
+            eprintln!("no /proc here: nothing to sample");
+            return;
+        };
+        let c = Contention::between(&a, &b).unwrap();
+        let neighbour = (cb - ca) as f64 / TICKS_PER_S / c.span_s;
+        let slack = 2.0 / TICKS_PER_S / c.span_s;
+        assert!(neighbour > 0.0, "the busy loop ran: {neighbour}");
+        assert!(
+            c.other_cores >= neighbour - slack,
+            "{c:?} vs neighbour {neighbour}"
+        );
+        if neighbour > CONTENDED_CORES + slack {
+            assert!(c.contended(), "{c:?} vs neighbour {neighbour}");
+        }
+    }
+
     #[test]
     fn combine_weights_by_time() {
         let a = Contention {
