@@ -308,6 +308,49 @@ pub fn scalar_axpy_centroids4(
     }
 }
 
+/// `out[t − t0] = Σ_i table[n_i & 15] + table[n_i >> 4]` over the bytes `n` of rows `t0..t1`
+/// of `data` (rows of `rb` bytes) from byte `skip` of each row on: a 16-entry f32 table summed
+/// over packed 4-bit codes (TurboQuant_mse norm correction's `‖centroid vector‖²` with `table`
+/// the squared centroids, [`crate::kv::formats::turboquant`]). Lookups go through a register
+/// permute (AVX-512 `vpermps` of 16 entries, AVX2 two of 8 and a blend), 8 running sums; the
+/// scalar path keeps 8 running sums too (one chain of dependent additions costs ~4 cycles a
+/// byte). Equal to the element-order sum up to f32 rounding of the order. Panics (a caller's
+/// bug) when `out` is shorter than `t1 − t0` or a row lies outside `data`.
+pub fn nibble_table_sums(
+    table: &[f32; 16],
+    data: &[u8],
+    rb: usize,
+    skip: usize,
+    (t0, t1): (usize, usize),
+    out: &mut [f32],
+) {
+    assert!(data.len() >= t1 * rb && out.len() >= t1 - t0 && skip <= rb);
+    simd_dispatch!(
+        ["avx2", "fma"],
+        // SAFETY: every row read is inside `data` (asserted).
+        unsafe { avx::nibble_table_sums(table, data, rb, skip, (t0, t1), out) },
+        scalar_nibble_table_sums(table, data, rb, skip, (t0, t1), out)
+    )
+}
+
+/// [`nibble_table_sums`] in scalar code (the path without AVX2 and the SIMD kernel's reference).
+pub fn scalar_nibble_table_sums(
+    table: &[f32; 16],
+    data: &[u8],
+    rb: usize,
+    skip: usize,
+    (t0, t1): (usize, usize),
+    out: &mut [f32],
+) {
+    for (t, o) in (t0..t1).zip(out.iter_mut()) {
+        let mut a = [0f32; 8];
+        for (i, &b) in data[t * rb + skip..(t + 1) * rb].iter().enumerate() {
+            a[i % 8] += table[(b & 15) as usize] + table[(b >> 4) as usize];
+        }
+        *o = a.iter().sum();
+    }
+}
+
 /// Restores element order in a `[nq, d]` buffer kept in [`axpy_centroids4`]'s pair order,
 /// through the scratch `tmp` (`[d]`).
 pub fn unpair(acc: &mut [f32], d: usize, tmp: &mut [f32]) {
@@ -632,7 +675,11 @@ mod avx {
         d: usize,
         lut: __m256i,
     ) {
-        #[cfg(all(target_feature = "avx512f", target_feature = "avx512bw"))]
+        #[cfg(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
         if WIDE {
             return avx512::tile::<Q>(f, data, rb, at, w, nq, j0, a, d, lut);
         }
@@ -783,11 +830,122 @@ mod avx {
             per_format!(f, g => super::drive::<true>(g, data, rb, d, t0, t1, w, acc))
         }
     }
+
+    /// [`super::nibble_table_sums`]: 16 bytes (32 codes) a step on AVX-512 (one 16-entry
+    /// `vpermps`), 8 bytes a step on AVX2 (two 8-entry permutes and a blend on bit 3); the
+    /// tail bytes in scalar code; eight rows' lanes reduced together.
+    pub(super) unsafe fn nibble_table_sums(
+        table: &[f32; 16],
+        data: &[u8],
+        rb: usize,
+        skip: usize,
+        (t0, t1): (usize, usize),
+        out: &mut [f32],
+    ) {
+        let n = rb - skip;
+        #[cfg(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
+        let t16 = _mm512_loadu_ps(table.as_ptr());
+        let (tlo, thi) = (
+            _mm256_loadu_ps(table.as_ptr()),
+            _mm256_loadu_ps(table.as_ptr().add(8)),
+        );
+        let (m15, eight) = (_mm256_set1_epi32(15), _mm256_set1_epi32(8));
+        let look = |idx: __m256i| {
+            let pick = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(idx, eight), 28));
+            _mm256_blendv_ps(
+                _mm256_permutevar8x32_ps(tlo, idx),
+                _mm256_permutevar8x32_ps(thi, idx),
+                pick,
+            )
+        };
+        // Eight rows at a time: each row's 8 partial sums, reduced together (one horizontal
+        // sum for eight rows instead of eight).
+        let mut t = t0;
+        while t < t1 {
+            let m = (t1 - t).min(8);
+            let mut v = [_mm256_setzero_ps(); 8];
+            let mut tail = [0f32; 8];
+            for (r, (v, tail)) in v.iter_mut().zip(&mut tail).enumerate().take(m) {
+                let row = data.as_ptr().add((t + r) * rb + skip);
+                let mut i = 0;
+                #[cfg(all(
+                    target_feature = "avx512f",
+                    target_feature = "avx512bw",
+                    target_feature = "avx512vnni"
+                ))]
+                {
+                    let mut a = _mm512_setzero_ps();
+                    let m = _mm512_set1_epi32(15);
+                    while i + 16 <= n {
+                        let x = _mm512_cvtepu8_epi32(_mm_loadu_si128(row.add(i) as *const __m128i));
+                        a = _mm512_add_ps(a, _mm512_permutexvar_ps(_mm512_and_si512(x, m), t16));
+                        a = _mm512_add_ps(a, _mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), t16));
+                        i += 16;
+                    }
+                    *v = crate::kv::simd::avx512::fold(a);
+                }
+                while i + 8 <= n {
+                    let x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(row.add(i) as *const __m128i));
+                    *v = _mm256_add_ps(*v, look(_mm256_and_si256(x, m15)));
+                    *v = _mm256_add_ps(*v, look(_mm256_srli_epi32(x, 4)));
+                    i += 8;
+                }
+                for k in i..n {
+                    let b = *row.add(k);
+                    *tail += table[(b & 15) as usize] + table[(b >> 4) as usize];
+                }
+            }
+            let mut sums = [0f32; 8];
+            _mm256_storeu_ps(sums.as_mut_ptr(), crate::kv::intdot::avx::hsum8(&v));
+            for r in 0..m {
+                out[t - t0 + r] = sums[r] + tail[r];
+            }
+            t += m;
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sums of a 16-entry table over packed nibbles: by hand (table[k] = k; bytes 0x21, 0xF0 →
+    /// 1 + 2 + 0 + 15 = 18, the 2 bytes before them skipped), and on random rows of 13 to 72
+    /// bytes (tails that fill no vector included) against f64 sums in element order, within
+    /// f32 rounding of a sum of n ≤ 144 positive terms (`γ_n·Σ`, Higham §3.1).
+    #[test]
+    fn nibble_table_sums_by_hand_and_against_f64() {
+        let table: [f32; 16] = std::array::from_fn(|k| k as f32);
+        let mut out = [0f32; 1];
+        nibble_table_sums(&table, &[9, 9, 0x21, 0xF0], 4, 2, (0, 1), &mut out);
+        assert_eq!(out, [18.0]);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(16);
+        let sq: [f32; 16] = std::array::from_fn(|_| rng.random_range(0.0f32..0.2));
+        for rb in [15usize, 18, 34, 40, 66, 74] {
+            let n = 19;
+            let data: Vec<u8> = (0..n * rb).map(|_| rng.random()).collect();
+            let (mut got, mut scalar) = (vec![0f32; n - 1], vec![0f32; n - 1]);
+            nibble_table_sums(&sq, &data, rb, 2, (1, n), &mut got);
+            scalar_nibble_table_sums(&sq, &data, rb, 2, (1, n), &mut scalar);
+            for t in 1..n {
+                let exact: f64 = data[t * rb + 2..(t + 1) * rb]
+                    .iter()
+                    .map(|&b| sq[(b & 15) as usize] as f64 + sq[(b >> 4) as usize] as f64)
+                    .sum();
+                let bound = 2.0 * (rb as f64) * 2f64.powi(-24) * exact;
+                for g in [got[t - 1], scalar[t - 1]] {
+                    assert!(
+                        (g as f64 - exact).abs() <= bound,
+                        "rb {rb} row {t}: {g} vs {exact}"
+                    );
+                }
+            }
+        }
+    }
     use crate::kv::attention::{fast_and_exact, HeadView};
     use crate::kv::codec::RowCodec;
     use crate::kv::format::{Mxfp4Row, Nvfp4Row};

@@ -65,20 +65,32 @@ impl TurboQuantStream {
         &self.data[slot * self.rb..(slot + 1) * self.rb]
     }
 
-    /// The quantizer and its 16 centroids when the rows are 4-bit TurboQuant_mse without norm
-    /// correction and `d` is a multiple of 32: the layout the code paths
+    /// The quantizer and its 16 centroids when the rows are 4-bit TurboQuant_mse (with or
+    /// without norm correction) and `d` is a multiple of 32: the layout the code paths
     /// ([`intdot::IntKeys::Lut4`], [`codeaxpy::axpy_centroids4`]) read.
     fn mse4(&self) -> Option<(&TurboQuantMse, [f32; 16])> {
         match &self.codec {
-            TqCodec::Mse(c)
-                if c.bits() == 4 && !c.norm_correction() && c.head_dim().is_multiple_of(32) =>
-            {
+            TqCodec::Mse(c) if c.bits() == 4 && c.head_dim().is_multiple_of(32) => {
                 let cent: [f32; 16] = c.codebook().centroids().try_into().ok()?;
                 Some((c, cent))
             }
             _ => None,
         }
     }
+}
+
+/// Norm correction's per-row factor (vLLM's `_nc` TurboQuant presets: the centroid vector is
+/// rescaled to unit norm): `1/‖(centroid[code_i])_i‖` for each of rows `t0..t1` of `data` (4-bit
+/// rows of `rb` bytes: an f16 norm, then `d/2` bytes of indices), 1 where that norm is zero.
+/// The squared centroids are summed on the codes ([`codeaxpy::nibble_table_sums`]; the decode
+/// path sums the same squares element by element: equal up to f32 rounding of the order).
+fn inv_centroid_norms(cent: &[f32; 16], data: &[u8], rb: usize, t0: usize, t1: usize) -> Vec<f32> {
+    let sq = cent.map(|c| c * c);
+    let mut n2 = vec![0f32; t1 - t0];
+    codeaxpy::nibble_table_sums(&sq, data, rb, 2, (t0, t1), &mut n2);
+    n2.iter()
+        .map(|&n2| if n2 > 0.0 { 1.0 / n2.sqrt() } else { 1.0 })
+        .collect()
 }
 
 /// The centroids rounded to int8 in units of `ts = max|c|/127`: `(round(c/ts), ts)`, each
@@ -93,6 +105,31 @@ fn int8_table(cent: &[f32; 16]) -> ([i8; 16], f32) {
         }
     }
     (t, ts)
+}
+
+impl TurboQuantStream {
+    /// `acc += Σ_t w_t·‖v_t‖·R⁻¹(centroid[codes_t])` for 4-bit rows on their codes
+    /// ([`codeaxpy::axpy_centroids4`], in pair order, restored once), rotated back once.
+    fn axpy_codes(
+        &self,
+        c: &TurboQuantMse,
+        cent: &[f32; 16],
+        t0: usize,
+        t1: usize,
+        w: &[f32],
+        acc: &mut [f32],
+    ) {
+        let d = c.head_dim();
+        let nq = acc.len() / d;
+        let mut y = vec![0f32; d];
+        let mut racc = vec![0f32; nq * d];
+        codeaxpy::axpy_centroids4(cent, &self.data, self.rb, d, t0, t1, w, &mut racc);
+        codeaxpy::unpair(&mut racc, d, &mut y);
+        for (a, r) in acc.chunks_exact_mut(d).zip(racc.chunks_exact_mut(d)) {
+            c.rotation().inverse(r);
+            a.iter_mut().zip(r.iter()).for_each(|(a, v)| *a += v);
+        }
+    }
 }
 
 impl Stream for TurboQuantStream {
@@ -143,15 +180,16 @@ impl Stream for TurboQuantStream {
         }
     }
 
-    /// 4-bit TurboQuant_mse keys score on their codes ([`intdot::IntKeys::Lut4`]); other
-    /// TurboQuant rows use [`dot_rows`](Stream::dot_rows).
+    /// 4-bit TurboQuant_mse keys (norm-corrected or not) score on their codes
+    /// ([`intdot::IntKeys::Lut4`]); other TurboQuant rows use [`dot_rows`](Stream::dot_rows).
     fn int_keys(&self) -> bool {
         self.mse4().is_some() || matches!(self.codec, TqCodec::Prod(_))
     }
 
     /// The query is rotated once per call (`R q`), quantized to int8 ([`QueryI8`]; the `q`
     /// passed in, quantized before the rotation, is not used), and scored against each key's
-    /// 4-bit indices through the int8-rounded codebook: `‖k‖ · ts · sq · Σ c_i·table[code_i]`.
+    /// 4-bit indices through the int8-rounded codebook: `‖k‖ · ts · sq · Σ c_i·table[code_i]`,
+    /// with norm correction times each row's `1/‖centroid vector‖` ([`inv_centroid_norms`]).
     /// Error against [`dot_rows`](Stream::dot_rows): at most
     /// `‖k‖·(sq/2·Σ|ŷ_i| + ts/2·Σ|sq·c_i|)` (see the tests), plus f32 rounding.
     fn dot_rows_int(&self, t0: usize, t1: usize, qs: &[f32], _q: &QueryI8, out: &mut [f32]) {
@@ -180,22 +218,40 @@ impl Stream for TurboQuantStream {
         let n = (t1 - t0) * (qs.len() / d);
         intdot::scores(IntKeys::Lut4(table), &self.data, self.rb, t0, t1, &qi, out);
         scale_in_place(&mut out[..n], ts);
+        if c.norm_correction() {
+            let nq = qs.len() / d;
+            let inv = inv_centroid_norms(&cent, &self.data, self.rb, t0, t1);
+            for (o, &f) in out[..n].chunks_exact_mut(nq).zip(&inv) {
+                o.iter_mut().for_each(|x| *x *= f);
+            }
+        }
+    }
+
+    /// Norm-corrected 4-bit rows take the code path only here (each row's weights times its
+    /// `1/‖centroid vector‖`, [`inv_centroid_norms`]): the sums of the exact path's decoded
+    /// rows up to f32 rounding, so the exact path keeps decoding them.
+    fn axpy_rows_fast(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
+        match self.mse4() {
+            Some((c, cent)) if c.norm_correction() => {
+                let nq = acc.len() / c.head_dim();
+                let inv = inv_centroid_norms(&cent, &self.data, self.rb, t0, t1);
+                let mut ws = w[..(t1 - t0) * nq].to_vec();
+                for (wt, &f) in ws.chunks_exact_mut(nq).zip(&inv) {
+                    wt.iter_mut().for_each(|x| *x *= f);
+                }
+                self.axpy_codes(c, &cent, t0, t1, &ws, acc);
+            }
+            _ => self.axpy_rows(t0, t1, w, acc),
+        }
     }
 
     fn axpy_rows(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
         let d = self.codec.head_dim();
         let nq = acc.len() / d;
         let mut y = vec![0f32; d];
-        if let Some((c, cent)) = self.mse4() {
-            // The same sums as the loop below, on the codes (pair order, restored once).
-            let mut racc = vec![0f32; nq * d];
-            codeaxpy::axpy_centroids4(&cent, &self.data, self.rb, d, t0, t1, w, &mut racc);
-            codeaxpy::unpair(&mut racc, d, &mut y);
-            for (a, r) in acc.chunks_exact_mut(d).zip(racc.chunks_exact_mut(d)) {
-                c.rotation().inverse(r);
-                a.iter_mut().zip(r.iter()).for_each(|(a, v)| *a += v);
-            }
-            return;
+        if let Some((c, cent)) = self.mse4().filter(|(c, _)| !c.norm_correction()) {
+            // The same sums as the loop below, on the codes.
+            return self.axpy_codes(c, &cent, t0, t1, w, acc);
         }
         match &self.codec {
             TqCodec::Mse(c) => {
@@ -357,11 +413,12 @@ mod tests {
     /// one ([`intdot::scalar_scores`]) within f32 rounding.
     #[test]
     fn tq4_scores_on_codes_within_rounding_bound() {
+        use crate::kv::quant::bits::code_at;
         let mut rng = rand::rngs::StdRng::seed_from_u64(2504);
-        for d in [32usize, 64, 128] {
+        for (d, nc) in [(32usize, false), (64, false), (128, false), (64, true), (128, true)] {
             for nq in [1usize, 3, 8] {
                 let n = 45;
-                let c = Arc::new(TurboQuantMse::new(d, 4, false, 7 + d as u64).unwrap());
+                let c = Arc::new(TurboQuantMse::new(d, 4, nc, 7 + d as u64).unwrap());
                 let mut s = TurboQuantStream::new(TqCodec::Mse(c.clone()));
                 s.push(&random_rows(&mut rng, n, d, 3));
                 let qs = random_rows(&mut rng, nq, d, 0);
@@ -382,7 +439,13 @@ mod tests {
                 for t in t0..t1 {
                     s.decode(t, &mut k);
                     c.decode_rotated(s.row(t), &mut y); // N·y
-                    let norm = c.norm(s.row(t)) as f64;
+                    // The factor the integer sum is multiplied by: N, or with norm correction
+                    // N/‖centroid vector‖ (that norm in f64 from the stored indices).
+                    let cn = (0..d)
+                        .map(|i| (cent[code_at(&s.row(t)[2..], 4, i)] as f64).powi(2))
+                        .sum::<f64>()
+                        .sqrt();
+                    let norm = c.norm(s.row(t)) as f64 / if nc { cn } else { 1.0 };
                     let nysum: f64 = y.iter().map(|v| v.abs() as f64).sum();
                     for j in 0..nq {
                         let q = &qs[j * d..(j + 1) * d];
@@ -399,15 +462,16 @@ mod tests {
                             (g - exact).abs() <= bound,
                             "d={d} nq={nq} t={t} j={j}: {g} vs {exact} (bound {bound})"
                         );
-                        let sc = scalar[(t - t0) * nq + j] as f64 * ts as f64;
+                        let sc = scalar[(t - t0) * nq + j] as f64 * ts as f64
+                            / if nc { cn } else { 1.0 };
                         assert!((g - sc).abs() <= 1e-5 * (1.0 + g.abs()), "simd {g} vs scalar {sc}");
                     }
                 }
             }
         }
-        // Norm correction, other widths and head_dims not a multiple of 32 keep the f32 path.
+        // Other widths and head_dims not a multiple of 32 keep the f32 path.
         for c in [
-            TurboQuantMse::new(64, 4, true, 1).unwrap(),
+            TurboQuantMse::new(64, 3, true, 1).unwrap(),
             TurboQuantMse::new(64, 3, false, 1).unwrap(),
             TurboQuantMse::new(16, 4, false, 1).unwrap(),
         ] {
@@ -476,20 +540,27 @@ mod tests {
     /// d inputs over √d) adds at most `γ_{log₂d+1}·Σ_i|racc_i|/√d ≤ γ_{log₂d+1}·Σ_t w_t‖v_t‖`,
     /// and the reference's own decode (the same rotation per row) as much again. Checked
     /// against `4·(n + 2·log₂d + 4)·u·√d·Σ_t w_t‖v_t‖` (a factor √d·4 of margin for the
-    /// approximations).
+    /// approximations). Norm-corrected rows (vLLM's `_nc`; `axpy_rows_fast`, each row's
+    /// weights times `1/‖centroid vector‖`) against their own decoded rows, the same bound plus
+    /// that factor's rounding (a few `u` per row, inside the margin).
     #[test]
     fn tq4_values_on_codes_match_decoded_rows() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(1987);
-        for d in [32usize, 64, 128] {
+        for (d, nc) in [(32usize, false), (64, false), (128, false), (64, true), (128, true)] {
             for nq in [1usize, 3, 8] {
                 let n = 37;
-                let c = Arc::new(TurboQuantMse::new(d, 4, false, 3).unwrap());
+                let c = Arc::new(TurboQuantMse::new(d, 4, nc, 3).unwrap());
                 let mut s = TurboQuantStream::new(TqCodec::Mse(c.clone()));
                 s.push(&random_rows(&mut rng, n, d, 0));
                 let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
                 w[4 * nq..5 * nq].fill(0.0);
                 let mut got = vec![0f32; nq * d];
-                s.axpy_rows(0, n, &w, &mut got);
+                if nc {
+                    // Norm-corrected rows: on the codes on the timed path only.
+                    s.axpy_rows_fast(0, n, &w, &mut got);
+                } else {
+                    s.axpy_rows(0, n, &w, &mut got);
+                }
                 let cent: [f32; 16] = c.codebook().centroids().try_into().unwrap();
                 let (mut a1, mut a2) = (vec![0f32; nq * d], vec![0f32; nq * d]);
                 codeaxpy::axpy_centroids4(&cent, &s.data, s.rb, d, 0, n, &w, &mut a1);
@@ -526,15 +597,18 @@ mod tests {
     /// (score/√d) moves by at most E = (the per-key bound of
     /// [`tq4_scores_on_codes_within_rounding_bound`], maximized over keys)/√d; logits moved by
     /// at most E move every softmax weight by a factor within [e^−2E, e^2E], so each output
-    /// moves by at most (e^2E − 1)·max|v| (the value path is shared), plus f32 slack.
+    /// moves by at most (e^2E − 1)·max|v| (the value path is shared; with norm correction
+    /// the same sums up to f32 rounding), plus f32 slack. Norm-corrected rows (vLLM's `_nc`)
+    /// at head_dim 64 too: their per-key factor is N/‖centroid vector‖.
     #[test]
     fn tq4_fast_attention_matches_exact() {
         use crate::kv::attention::{fast_and_exact, HeadView};
+        use crate::kv::quant::bits::code_at;
         let mut rng = rand::rngs::StdRng::seed_from_u64(19874);
-        for d in [32usize, 64, 128] {
+        for (d, nc) in [(32usize, false), (64, false), (128, false), (64, true)] {
             for (group, n_q) in [(1usize, 1usize), (3, 1), (4, 5)] {
                 let n = 60;
-                let c = Arc::new(TurboQuantMse::new(d, 4, false, 11).unwrap());
+                let c = Arc::new(TurboQuantMse::new(d, 4, nc, 11).unwrap());
                 let mut ks = TurboQuantStream::new(TqCodec::Mse(c.clone()));
                 let mut vs = TurboQuantStream::new(TqCodec::Mse(c.clone()));
                 ks.push(&random_rows(&mut rng, n, d, 3));
@@ -551,7 +625,17 @@ mod tests {
                 for t in 0..n {
                     c.decode_rotated(ks.row(t), &mut y);
                     let nysum: f64 = y.iter().map(|x| x.abs() as f64).sum();
-                    keys.push((nysum, c.norm(ks.row(t)) as f64));
+                    // The factor the integer sum is multiplied by: N, or with norm correction
+                    // N/‖centroid vector‖ (that norm in f64 from the stored indices).
+                    let cn = if nc {
+                        (0..d)
+                            .map(|i| (cent[code_at(&ks.row(t)[2..], 4, i)] as f64).powi(2))
+                            .sum::<f64>()
+                            .sqrt()
+                    } else {
+                        1.0
+                    };
+                    keys.push((nysum, c.norm(ks.row(t)) as f64 / cn));
                     vs.decode(t, &mut v);
                     vmax = v.iter().fold(vmax, |m, &a| m.max(a.abs() as f64));
                 }
