@@ -43,6 +43,11 @@ pub enum CodeValues {
     /// int4 groups of 32: f16 step `d`, f16 minimum `m`, 16 bytes (element `2j` low nibble,
     /// `2j + 1` high); `v = m + d·nib`, accumulated as `(w·d)·nib + w·m`.
     Int4G32,
+    /// int4 with one group per row (`int4-row`, TurboQuant's values as vLLM stores them:
+    /// `value_packed_size = d/2 + 4`; `int4:group=d`): f16 step `d`, f16 minimum `m`, then `d/2`
+    /// bytes (element `2j` low nibble, `2j + 1` high); `v = m + d·nib`, as [`Self::Int4G32`]
+    /// with the row's step and minimum for every block.
+    Int4Row,
 }
 
 impl CodeValues {
@@ -68,7 +73,16 @@ impl CodeValues {
             CodeValues::Q8_0 => (32, 34, 0),
             CodeValues::Q4_0 => (32, 18, 0),
             CodeValues::Int4G32 => (32, 20, 0),
+            CodeValues::Int4Row => (32, 16, 4),
         }
+    }
+
+    /// Bytes a row of `d` elements (a multiple of 32) occupies in this format: the only row
+    /// stride the kernels read it at (a stream whose rows are longer, e.g. int4 with two
+    /// groups per row, is not this format).
+    pub fn row_bytes(self, d: usize) -> usize {
+        let (blk, bytes, off) = self.layout();
+        off + d / blk * bytes
     }
 
     /// The row-level factor (NVFP4's f32 scale; 1 for MXFP4) of `row`.
@@ -118,13 +132,18 @@ impl CodeValues {
                 }
                 (f16_at(blk), 0.0, c)
             }
-            CodeValues::Int4G32 => {
-                let blk = &row[20 * b..20 * (b + 1)];
+            CodeValues::Int4G32 | CodeValues::Int4Row => {
+                // The group's header, and where the block's 16 bytes start after it.
+                let (head, at) = if self == CodeValues::Int4G32 {
+                    (&row[20 * b..], 4)
+                } else {
+                    (row, 4 + 16 * b)
+                };
                 for i in 0..16 {
-                    c[2 * i] = (blk[4 + i] & 15) as i32;
-                    c[2 * i + 1] = (blk[4 + i] >> 4) as i32;
+                    c[2 * i] = (head[at + i] & 15) as i32;
+                    c[2 * i + 1] = (head[at + i] >> 4) as i32;
                 }
-                (f16_at(blk), f16_at(&blk[2..]), c)
+                (f16_at(head), f16_at(&head[2..]), c)
             }
             CodeValues::Int2G32 => {
                 let p = &row[12 * b..12 * (b + 1)];
@@ -157,7 +176,7 @@ pub fn axpy_codes(
 ) {
     let nq = acc.len() / d;
     assert!(d.is_multiple_of(32) && data.len() >= t1 * rb && w.len() >= (t1 - t0) * nq);
-    assert!(rb >= f.layout().2 + d / f.layout().0 * f.layout().1);
+    assert!(rb >= f.row_bytes(d));
     simd_dispatch!(
         ["avx512f", "avx512bw", "avx2", "fma"],
         // SAFETY: as below; the AVX-512 kernel reads the same rows and blocks.
@@ -433,15 +452,19 @@ mod avx {
                 let s = f16_at(blk);
                 (k, s, s, 0.0)
             }
-            CodeValues::Int4G32 => {
+            CodeValues::Int4G32 | CodeValues::Int4Row => {
                 // Element 2j is byte j's low nibble, 2j + 1 its high one: interleave back.
-                let blk = row.add(20 * b);
-                let x = _mm_loadu_si128(blk.add(4) as *const __m128i);
+                let (head, at) = if f == CodeValues::Int4G32 {
+                    (row.add(20 * b), 4)
+                } else {
+                    (row, 4 + 16 * b)
+                };
+                let x = _mm_loadu_si128(head.add(at) as *const __m128i);
                 let m = _mm_set1_epi8(0x0f);
                 let (lo, hi) = (_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
                 let k = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
-                let s = f16_at(blk);
-                (k, s, s, f16_at(blk.add(2)))
+                let s = f16_at(head);
+                (k, s, s, f16_at(head.add(2)))
             }
             CodeValues::Int2G32 => unreachable!("int2 codes go through unpack's float table"),
         }
@@ -458,7 +481,11 @@ mod avx {
         lut: __m256i,
     ) -> ([__m256; 4], f32, f32, f32) {
         match f {
-            CodeValues::Nvfp4 | CodeValues::Mxfp4 | CodeValues::Q4_0 | CodeValues::Int4G32 => {
+            CodeValues::Nvfp4
+            | CodeValues::Mxfp4
+            | CodeValues::Q4_0
+            | CodeValues::Int4G32
+            | CodeValues::Int4Row => {
                 let (k, s0, s1, m) = codes(f, row, b, lut);
                 (widen(k), s0, s1, m)
             }
@@ -512,7 +539,7 @@ mod avx {
         // loop rounds; int4 (timed path only) sums `w·m` per query over the tile and adds it
         // once at the end.
         let offset = f == CodeValues::Int2G32;
-        let deferred = f == CodeValues::Int4G32;
+        let deferred = matches!(f, CodeValues::Int4G32 | CodeValues::Int4Row);
         let mut off = [0f32; Q];
         let two_scales = f == CodeValues::Nvfp4;
         let mut acc = [[_mm256_setzero_ps(); 4]; Q];
@@ -608,6 +635,10 @@ mod avx {
                 }
                 CodeValues::Int4G32 => {
                     let $g = CodeValues::Int4G32;
+                    $body
+                }
+                CodeValues::Int4Row => {
+                    let $g = CodeValues::Int4Row;
                     $body
                 }
             }
@@ -768,7 +799,7 @@ mod avx {
             d: usize,
             lut: __m256i,
         ) {
-            let deferred = f == CodeValues::Int4G32;
+            let deferred = matches!(f, CodeValues::Int4G32 | CodeValues::Int4Row);
             let two_scales = f == CodeValues::Nvfp4;
             let mut off = [0f32; Q];
             let mut acc = [[_mm512_setzero_ps(); 2]; Q];
@@ -1159,6 +1190,8 @@ mod tests {
                 let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
                 w[5 * nq..6 * nq].iter_mut().for_each(|v| *v = 0.0);
                 let int4 = Int4GroupRow { group: 32 };
+                // int4-row (one group per row), decoded by the uniform codec.
+                let int4_row = crate::kv::formats::uniform::UniformGroupRow::new(4, d).unwrap();
                 let cases = [
                     (
                         CodeValues::Int8Token,
@@ -1176,6 +1209,11 @@ mod tests {
                         Q4_0Row.row_bytes(d),
                     ),
                     (CodeValues::Int4G32, store(int4, &x, d), int4.row_bytes(d)),
+                    (
+                        CodeValues::Int4Row,
+                        store(int4_row, &x, d),
+                        int4_row.row_bytes(d),
+                    ),
                 ];
                 assert_eq!(Int8TokenRow.code_values(), Some(CodeValues::Int8Token));
                 assert_eq!(Int4GroupRow { group: 16 }.code_values(), None);
@@ -1184,6 +1222,10 @@ mod tests {
                     let min = |t: usize, i: usize| match f {
                         CodeValues::Int4G32 => {
                             let p = &data[t * rb + 20 * (i / 32) + 2..];
+                            half::f16::from_le_bytes([p[0], p[1]]).to_f32() as f64
+                        }
+                        CodeValues::Int4Row => {
+                            let p = &data[t * rb + 2..];
                             half::f16::from_le_bytes([p[0], p[1]]).to_f32() as f64
                         }
                         _ => 0.0,
@@ -1212,7 +1254,16 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(4);
         for d in [64usize, 128] {
             for (group, n_q) in [(1usize, 1usize), (3, 1), (4, 5)] {
-                for fmt in ["nvfp4", "mxfp4", "int8-token", "q8_0", "q4_0", "int4"] {
+                for fmt in [
+                    "nvfp4",
+                    "mxfp4",
+                    "int8-token",
+                    "q8_0",
+                    "q4_0",
+                    "int4",
+                    "int4-row",
+                    "int4:group=64",
+                ] {
                     let n = 45;
                     // Keys with outlier channels; queries and values without (a query
                     // outlier would set sq, and so the bound, by itself).
@@ -1229,12 +1280,17 @@ mod tests {
                         )
                     }
                     use crate::kv::format::{Int4GroupRow, Int8TokenRow, Q4_0Row, Q8_0Row};
+                    use crate::kv::formats::uniform::UniformGroupRow;
                     let (mut ks, mut vs) = match fmt {
                         "nvfp4" => pair(Nvfp4Row, d),
                         "mxfp4" => pair(Mxfp4Row, d),
                         "int8-token" => pair(Int8TokenRow, d),
                         "q8_0" => pair(Q8_0Row, d),
                         "q4_0" => pair(Q4_0Row, d),
+                        // One group per row; at d = 128 two groups of 64 per row (the
+                        // f32 path: the integer kernels read one group a row).
+                        "int4-row" => pair(UniformGroupRow::new(4, d).unwrap(), d),
+                        "int4:group=64" => pair(Int4GroupRow { group: 64 }, d),
                         _ => pair(Int4GroupRow { group: 32 }, d),
                     };
                     ks.push(&k);

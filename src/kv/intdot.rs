@@ -97,6 +97,9 @@ pub enum IntKeys {
     Q4_0,
     /// int4 groups of 32: f16 d, f16 m, 16 bytes (element 2j low nibble, 2j + 1 high).
     Int4G32,
+    /// int4 with one group per row (`int4-row`, `int4:group=d`): f16 d, f16 m, then `d/2`
+    /// bytes in [`Self::Int4G32`]'s nibble order; every block takes the row's d and m.
+    Int4Row,
     /// NVFP4 rows: f32 row scale, then blocks of 16: E4M3 scale, 8 bytes (element j low
     /// nibble, j + 8 high) ([`super::formats::nvfp4`]).
     Nvfp4,
@@ -122,6 +125,7 @@ impl IntKeys {
             IntKeys::Q8_0 => 34 * nb,
             IntKeys::Q4_0 => 18 * nb,
             IntKeys::Int4G32 => 20 * nb,
+            IntKeys::Int4Row => 4 + 16 * nb,
             IntKeys::Nvfp4 => 4 + 18 * nb,
             IntKeys::Mxfp4 => 17 * nb,
             IntKeys::Lut4(_) => 2 + 16 * nb,
@@ -247,6 +251,12 @@ pub fn scalar_scores(
                         acc += f16_at(blk, 0) * dot as f32 + f16_at(blk, 2) * q.bsum[j * nb + b];
                     }
                 }
+                IntKeys::Int4Row => {
+                    for b in 0..nb {
+                        let dot = dot_nibbles(&row[4 + 16 * b..], &cp[b * B..(b + 1) * B]);
+                        acc += f16_at(row, 0) * dot as f32 + f16_at(row, 2) * q.bsum[j * nb + b];
+                    }
+                }
                 IntKeys::Nvfp4 => {
                     use super::formats::fp4::e4m3_to_f32;
                     let g = f32::from_le_bytes([row[0], row[1], row[2], row[3]]);
@@ -337,7 +347,7 @@ pub(crate) mod avx {
                 (true, false, false)
             }
             IntKeys::Q4_0 => (false, false, true),
-            IntKeys::Int4G32 => (false, true, true),
+            IntKeys::Int4G32 | IntKeys::Int4Row => (false, true, true),
             IntKeys::Lut4(_) => (true, true, false),
         }
     }
@@ -363,7 +373,7 @@ pub(crate) mod avx {
             IntKeys::Int8Token | IntKeys::Lut4(_) => f16p(row),
             IntKeys::Nvfp4 => 0.5 * (row as *const f32).read_unaligned(),
             IntKeys::Mxfp4 => 0.5,
-            IntKeys::Q8_0 | IntKeys::Q4_0 | IntKeys::Int4G32 => 1.0,
+            IntKeys::Q8_0 | IntKeys::Q4_0 | IntKeys::Int4G32 | IntKeys::Int4Row => 1.0,
         }
     }
 
@@ -407,6 +417,12 @@ pub(crate) mod avx {
                     side: f16p(blk.add(2)),
                 }
             }
+            IntKeys::Int4Row => Blk {
+                u: nibbles(row.add(4 + 16 * b)),
+                k: _mm256_setzero_si256(),
+                s: _mm256_set1_ps(f16p(row)),
+                side: f16p(row.add(2)),
+            },
             IntKeys::Nvfp4 => {
                 // Two blocks of 16 per 32 query codes: lanes 0–3 hold block 2b's sum, 4–7 block
                 // 2b + 1's, each multiplied by its own E4M3 scale.
@@ -537,6 +553,10 @@ pub(crate) mod avx {
                 }
                 IntKeys::Int4G32 => {
                     let $g = IntKeys::Int4G32;
+                    $body
+                }
+                IntKeys::Int4Row => {
+                    let $g = IntKeys::Int4Row;
                     $body
                 }
                 IntKeys::Nvfp4 => {
@@ -814,6 +834,12 @@ mod tests {
                         let c = Int4GroupRow { group: 32 };
                         let (a, b) = rows(c, n, d);
                         (IntKeys::Int4G32, a, b, c.row_bytes(d))
+                    },
+                    {
+                        // int4-row: one group per row, decoded by the uniform codec.
+                        let c = crate::kv::formats::uniform::UniformGroupRow::new(4, d).unwrap();
+                        let (a, b) = rows(c, n, d);
+                        (IntKeys::Int4Row, a, b, c.row_bytes(d))
                     },
                     {
                         let (a, b) = rows(Nvfp4Row, n, d);

@@ -202,7 +202,7 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
     }
 
     fn int_keys(&self) -> bool {
-        self.codec.int_keys().is_some()
+        self.int_format().is_some()
     }
 
     fn dot_rows_int(
@@ -213,7 +213,7 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
         q: &super::intdot::QueryI8,
         out: &mut [f32],
     ) {
-        match self.codec.int_keys() {
+        match self.int_format() {
             Some(f) => super::intdot::scores(f, &self.data, self.rb, t0, t1, q, out),
             None => self.dot_rows(t0, t1, qs, out),
         }
@@ -265,6 +265,14 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
 }
 
 impl<C: RowCodec> RowStream<C> {
+    /// The codec's integer key form where its layout is the stored one (int4 with two groups
+    /// per row has longer rows than `int4-row`'s one group, and keeps the f32 path).
+    fn int_format(&self) -> Option<super::intdot::IntKeys> {
+        self.codec
+            .int_keys()
+            .filter(|f| self.head_dim.is_multiple_of(32) && f.row_bytes(self.head_dim) == self.rb)
+    }
+
     /// P·V over rows `t0..t1` ([`Stream::axpy_rows`]): on the codes when the format has a
     /// code path and `head_dim` is a multiple of 32, for the exact path only where
     /// [`super::codeaxpy::CodeValues::exact`] says so; otherwise on rows decoded to f32.
@@ -274,7 +282,9 @@ impl<C: RowCodec> RowStream<C> {
             return;
         }
         if let Some(f) = codec.code_values().filter(|f| f.exact() || !exact) {
-            if self.head_dim.is_multiple_of(32) {
+            // The kernel's layout must be the stored one (int4 with two groups per row has
+            // longer rows than `int4-row`'s one group).
+            if self.head_dim.is_multiple_of(32) && f.row_bytes(self.head_dim) == rb {
                 let d = self.head_dim;
                 return super::codeaxpy::axpy_codes(f, data, rb, d, t0, t1, w, acc);
             }

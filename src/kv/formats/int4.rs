@@ -81,13 +81,35 @@ pub struct Int4GroupRow {
     pub group: usize,
 }
 
+/// The integer key path of int4 rows with groups of `group`: groups of 32, or one group per
+/// row (a multiple of 32 — the stream takes it only where a row is exactly one group, its
+/// row bytes [`IntKeys::row_bytes`](crate::kv::intdot::IntKeys::row_bytes)).
+pub(crate) fn int4_int_keys(group: usize) -> Option<crate::kv::intdot::IntKeys> {
+    use crate::kv::intdot::IntKeys;
+    match group {
+        32 => Some(IntKeys::Int4G32),
+        g if g.is_multiple_of(32) => Some(IntKeys::Int4Row),
+        _ => None,
+    }
+}
+
+/// The value code path of int4 rows with groups of `group` (as [`int4_int_keys`]).
+pub(crate) fn int4_code_values(group: usize) -> Option<crate::kv::codeaxpy::CodeValues> {
+    use crate::kv::codeaxpy::CodeValues;
+    match group {
+        32 => Some(CodeValues::Int4G32),
+        g if g.is_multiple_of(32) => Some(CodeValues::Int4Row),
+        _ => None,
+    }
+}
+
 impl RowCodec for Int4GroupRow {
     fn int_keys(&self) -> Option<crate::kv::intdot::IntKeys> {
-        (self.group == 32).then_some(crate::kv::intdot::IntKeys::Int4G32)
+        int4_int_keys(self.group)
     }
 
     fn code_values(&self) -> Option<crate::kv::codeaxpy::CodeValues> {
-        (self.group == 32).then_some(crate::kv::codeaxpy::CodeValues::Int4G32)
+        int4_code_values(self.group)
     }
 
     fn row_bytes(&self, head_dim: usize) -> usize {

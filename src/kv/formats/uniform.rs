@@ -184,9 +184,22 @@ impl RowCodec for UniformGroupRow {
         0
     }
 
-    /// `int2` with groups of 32 (KIVI's values) accumulates on its codes.
+    /// `int2` with groups of 32 (KIVI's values) accumulates on its codes; at 4 bits the bytes
+    /// are [`super::int4::Int4GroupRow`]'s, and so is the code path (`int4-row`: one group
+    /// per row).
     fn code_values(&self) -> Option<crate::kv::codeaxpy::CodeValues> {
-        (self.bits == 2 && self.group == 32).then_some(crate::kv::codeaxpy::CodeValues::Int2G32)
+        match self.bits {
+            2 => (self.group == 32).then_some(crate::kv::codeaxpy::CodeValues::Int2G32),
+            4 => super::int4::int4_code_values(self.group),
+            _ => None,
+        }
+    }
+
+    /// At 4 bits, [`super::int4::Int4GroupRow`]'s integer key path (same bytes).
+    fn int_keys(&self) -> Option<crate::kv::intdot::IntKeys> {
+        (self.bits == 4)
+            .then(|| super::int4::int4_int_keys(self.group))
+            .flatten()
     }
 
     fn decode(&self, row: &[u8], out: &mut [f32]) {
@@ -203,6 +216,24 @@ impl RowCodec for UniformGroupRow {
                 for (v, &byte) in o.chunks_exact_mut(4).zip(&b[4..]) {
                     for (v, &c) in v.iter_mut().zip(&tab[byte as usize]) {
                         *v = c * s + m;
+                    }
+                }
+                continue;
+            }
+            // Codes unpacked a whole byte (4 bits) or three bytes (3 bits: eight codes) at a
+            // time, each value `m + code·s` as the general loop below computes it.
+            if self.bits == 4 {
+                for (v, &byte) in o.chunks_exact_mut(2).zip(&b[4..]) {
+                    v[0] = m + (byte & 15) as f32 * s;
+                    v[1] = m + (byte >> 4) as f32 * s;
+                }
+                continue;
+            }
+            if self.bits == 3 && self.group.is_multiple_of(8) {
+                for (v, p) in o.chunks_exact_mut(8).zip(b[4..].chunks_exact(3)) {
+                    let x = p[0] as u32 | (p[1] as u32) << 8 | (p[2] as u32) << 16;
+                    for (i, v) in v.iter_mut().enumerate() {
+                        *v = m + ((x >> (3 * i)) & 7) as f32 * s;
                     }
                 }
                 continue;
@@ -315,6 +346,32 @@ mod tests {
                             "bits {bits}: {a} vs {b}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// The whole-byte (4-bit) and three-byte (3-bit) decode loops give `m + code·s` with each
+    /// code read by `code_at` (the bit reader checked by hand in `quant::bits`), bit for bit,
+    /// for groups of 8, 32 and whole rows of 64.
+    #[test]
+    fn unpacked_decode_equals_code_at() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(33);
+        for bits in [3u8, 4] {
+            for group in [8usize, 32, 64] {
+                let c = UniformGroupRow::new(bits, group).unwrap();
+                let x: Vec<f32> = (0..64).map(|_| rng.random_range(-3.0..2.0)).collect();
+                let mut row = vec![0u8; c.row_bytes(64)];
+                c.encode(&x, &mut row);
+                let mut got = vec![0f32; 64];
+                c.decode(&row, &mut got);
+                let blk = 4 + group * bits as usize / 8;
+                for (i, &g) in got.iter().enumerate() {
+                    let b = &row[i / group * blk..];
+                    let s = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                    let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
+                    let want = m + code_at(&b[4..], bits, i % group) as f32 * s;
+                    assert_eq!(g.to_bits(), want.to_bits(), "bits {bits} group {group} i {i}");
                 }
             }
         }
