@@ -5,6 +5,8 @@
 //! (Zandieh et al. 2025, arXiv 2504.19874, §3) and QJL's sign bits (Zandieh et al. 2024,
 //! arXiv 2406.03482) are stored this way, as vLLM's TurboQuant packs them.
 
+use crate::util::simd::simd_dispatch;
+
 /// Bytes `n` codes of `bits` bits take packed: `ceil(n·bits/8)`.
 pub const fn packed_bytes(n: usize, bits: u8) -> usize {
     (n * bits as usize).div_ceil(8)
@@ -80,6 +82,66 @@ pub(crate) fn code_at(packed: &[u8], bits: u8, i: usize) -> usize {
         0
     };
     (((lo | hi) >> (bit % 8)) & ((1u16 << bits) - 1)) as usize
+}
+
+/// `dst[i] = table[code_i] · scale` for the first `dst.len()` codes of `bits` bits (1–4)
+/// packed LSB-first in `src` ([`pack_bits`]'s layout: TurboQuant's
+/// codebook indices, Zandieh et al. 2025, arXiv 2504.19874, §3, as vLLM packs them). With AVX2,
+/// eight codes a step: their `bits` bytes broadcast into eight lanes, each shifted by its
+/// code's offset (`vpsrlvd`), masked, and looked up by a register permute (`vpermps`; 16
+/// entries: two permutes and a blend on bit 3), one multiply (no FMA): the scalar tail's
+/// `table[code] · scale`, bit for bit. Panics (a caller's bug) when `table` holds fewer than
+/// `2^bits` entries or `src` fewer than the codes need.
+#[inline(always)]
+pub fn codes_to_f32(src: &[u8], bits: u8, table: &[f32], scale: f32, dst: &mut [f32]) {
+    let b = bits as usize;
+    assert!((1..=4).contains(&b) && table.len() >= 1 << b);
+    assert!(src.len() * 8 >= dst.len() * b, "packed codes");
+    let done = simd_dispatch!(
+        ["avx2"],
+        unsafe {
+            use std::arch::x86_64::*;
+            // The table padded to 16 entries (unused entries 0).
+            let mut t = [0f32; 16];
+            t[..1 << b].copy_from_slice(&table[..1 << b]);
+            let (lo, hi) = (
+                _mm256_loadu_ps(t.as_ptr()),
+                _mm256_loadu_ps(t.as_ptr().add(8)),
+            );
+            let shifts = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let shifts = _mm256_mullo_epi32(shifts, _mm256_set1_epi32(bits as i32));
+            let mask = _mm256_set1_epi32((1 << b) - 1);
+            let sv = _mm256_set1_ps(scale);
+            let mut i = 0;
+            // Eight codes fill exactly `b` bytes, read as one integer (≤ 4 bytes).
+            while i + 8 <= dst.len() {
+                let at = i / 8 * b;
+                let mut x = 0u32;
+                for k in 0..b {
+                    x |= (*src.get_unchecked(at + k) as u32) << (8 * k);
+                }
+                let idx =
+                    _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x as i32), shifts), mask);
+                let v = if b == 4 {
+                    let pick = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+                    _mm256_blendv_ps(
+                        _mm256_permutevar8x32_ps(lo, idx),
+                        _mm256_permutevar8x32_ps(hi, idx),
+                        pick,
+                    )
+                } else {
+                    _mm256_permutevar8x32_ps(lo, idx)
+                };
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_mul_ps(v, sv));
+                i += 8;
+            }
+            i
+        },
+        0
+    );
+    for (i, o) in dst.iter_mut().enumerate().skip(done) {
+        *o = table[code_at(src, bits, i)] * scale;
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use half::f16;
 
-use super::bits::{code_at, pack_bits, packed_bytes};
+use super::bits::{codes_to_f32, pack_bits, packed_bytes};
 use super::codebook::Codebook;
 use super::rotation::RandomizedHadamard;
 use crate::error::Result;
@@ -125,9 +125,7 @@ impl TurboQuantMse {
     /// norm with norm correction.
     pub(super) fn rotated_direction(&self, row: &[u8], out: &mut [f32]) {
         let (bits, c) = (self.bits(), self.codebook.centroids());
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = c[code_at(&row[2..], bits, i)];
-        }
+        codes_to_f32(&row[2..], bits, c, 1.0, out);
         if self.norm_correction {
             let n = out.iter().map(|v| v * v).sum::<f32>().sqrt();
             if n > 0.0 {
@@ -143,6 +141,21 @@ impl TurboQuantMse {
         self.rotated_direction(row, out);
         let n = self.norm(row);
         out.iter_mut().for_each(|v| *v *= n);
+    }
+
+    /// [`decode_rotated`](Self::decode_rotated) as attention's timed path computes it: the
+    /// centroids times `‖x‖` in one multiply, and with norm correction times `‖x‖/‖c‖`, the
+    /// centroid vector's norm summed with eight running sums ([`crate::kv::simd::dot`]): the
+    /// same vector up to f32 rounding (without norm correction, bit for bit).
+    pub fn decode_rotated_fast(&self, row: &[u8], out: &mut [f32]) {
+        let (bits, c, n) = (self.bits(), self.codebook.centroids(), self.norm(row));
+        if !self.norm_correction {
+            return codes_to_f32(&row[2..], bits, c, n, out);
+        }
+        codes_to_f32(&row[2..], bits, c, 1.0, out);
+        let cn = crate::kv::simd::dot(out, out).sqrt();
+        let f = if cn > 0.0 { n / cn } else { n };
+        out.iter_mut().for_each(|v| *v *= f);
     }
 
     /// Rotates a query (`[d]`) into the basis of [`decode_rotated`](Self::decode_rotated).

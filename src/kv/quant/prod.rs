@@ -225,18 +225,15 @@ impl TurboQuantProd {
     /// A stored row as one `[2d]` vector `[‖x‖·ŷ, ‖x‖·γ·√(π/2)/d·z]` (`z ∈ {±1}^d`), so that
     /// its dot product with [`ProdQuery::concat`] is the estimator of
     /// [`score`](Self::score) (TurboQuant §3.2, Alg. 2) as one plain dot product of 2d terms:
-    /// attention's tiled f32 kernels score it without reading bits per query. `codes`:
-    /// scratch of `d` bytes. Panics on wrong lengths (a caller's sizing bug).
-    pub fn decode_split(&self, row: &[u8], codes: &mut [u8], out: &mut [f32]) {
+    /// attention's tiled f32 kernels score it without reading bits per query. Panics on a
+    /// wrong `out` length (`2d`; a caller's sizing bug).
+    pub fn decode_split(&self, row: &[u8], out: &mut [f32]) {
         let d = self.head_dim();
         let m = self.mse.row_bytes();
-        assert!(out.len() == 2 * d && codes.len() == d, "split row sizes");
+        assert!(out.len() == 2 * d, "split row size");
         let n = self.mse.norm(row);
-        super::bits::unpack_bits(&row[2..m], self.mse.bits(), codes);
         let c = self.mse.codebook().centroids();
-        for (o, &k) in out[..d].iter_mut().zip(codes.iter()) {
-            *o = n * c[k as usize];
-        }
+        super::bits::codes_to_f32(&row[2..m], self.mse.bits(), c, n, &mut out[..d]);
         let gamma = f16::from_le_bytes([row[m], row[m + 1]]).to_f32();
         let k = n * gamma * (PI / 2.0).sqrt() as f32 / d as f32;
         let z = &row[m + 2..];

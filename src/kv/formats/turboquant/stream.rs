@@ -11,7 +11,7 @@ use crate::kv::intdot::{self, IntKeys, QueryI8};
 use crate::kv::quant::mse::TurboQuantMse;
 use crate::kv::quant::prod::{ProdQuery, TurboQuantProd};
 use crate::kv::simd::{dot, scale_in_place};
-use crate::kv::stream::{dot_rows_with, swap_remove_row, Stream};
+use crate::kv::stream::{axpy_rows_with, dot_rows_with, swap_remove_row, Stream};
 
 /// Which TurboQuant row format a [`TurboQuantStream`] holds; shared (`Arc`) by every stream of a
 /// layer so the rotation, codebook and QJL matrix exist once.
@@ -180,10 +180,11 @@ impl Stream for TurboQuantStream {
         }
     }
 
-    /// 4-bit TurboQuant_mse keys (norm-corrected or not) score on their codes
-    /// ([`intdot::IntKeys::Lut4`]); other TurboQuant rows use [`dot_rows`](Stream::dot_rows).
+    /// Every TurboQuant row has a timed path of its own ([`dot_rows_int`](Stream::dot_rows_int)):
+    /// 4-bit TurboQuant_mse keys (norm-corrected or not) on their codes
+    /// ([`intdot::IntKeys::Lut4`]), the others decoded a tile at a time.
     fn int_keys(&self) -> bool {
-        self.mse4().is_some() || matches!(self.codec, TqCodec::Prod(_))
+        true
     }
 
     /// The query is rotated once per call (`R q`), quantized to int8 ([`QueryI8`]; the `q`
@@ -202,13 +203,23 @@ impl Stream for TurboQuantStream {
                 .chunks_exact(d)
                 .flat_map(|q| c.prepare_query(q).concat())
                 .collect();
-            let mut codes = vec![0u8; d];
             return dot_rows_with(t0, t1, &qcat, out, 2 * d, |t, r| {
-                c.decode_split(self.row(t), &mut codes, r)
+                c.decode_split(self.row(t), r)
             });
         }
         let Some((c, cent)) = self.mse4() else {
-            return self.dot_rows(t0, t1, qs, out);
+            // Other widths: a tile of rows decoded in the rotated basis
+            // ([`TurboQuantMse::decode_rotated_fast`]), scored against every rotated query by
+            // the tiled f32 kernel (the exact path's sums up to f32 rounding).
+            let TqCodec::Mse(c) = &self.codec else {
+                unreachable!("TurboQuant_prod returned above")
+            };
+            let d = c.head_dim();
+            let mut rq = qs.to_vec();
+            rq.chunks_exact_mut(d).for_each(|q| c.rotate_query(q));
+            return dot_rows_with(t0, t1, &rq, out, d, |t, r| {
+                c.decode_rotated_fast(self.row(t), r)
+            });
         };
         let d = c.head_dim();
         let mut rq = qs.to_vec();
@@ -230,8 +241,41 @@ impl Stream for TurboQuantStream {
     /// Norm-corrected 4-bit rows take the code path only here (each row's weights times its
     /// `1/‖centroid vector‖`, [`inv_centroid_norms`]): the sums of the exact path's decoded
     /// rows up to f32 rounding, so the exact path keeps decoding them.
+    /// TurboQuant_prod rows here too: each row unpacked once into
+    /// `[‖x‖ŷ, ‖x‖γ√(π/2)/d·z]` ([`TurboQuantProd::decode_split`]) and accumulated by the tiled
+    /// f32 kernel into `[racc, zacc]` per query, finished as on the exact path
+    /// ([`TurboQuantProd::finish_sum`]); the same sums up to f32 rounding.
     fn axpy_rows_fast(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
+        if let TqCodec::Prod(c) = &self.codec {
+            let d = c.head_dim();
+            let nq = acc.len() / d;
+            let mut split = vec![0f32; nq * 2 * d];
+            axpy_rows_with(t0, t1, w, &mut split, 2 * d, |t, r| {
+                c.decode_split(self.row(t), r)
+            });
+            for (a, rz) in acc.chunks_exact_mut(d).zip(split.chunks_exact_mut(2 * d)) {
+                let (r, z) = rz.split_at_mut(d);
+                c.finish_sum(r, z, a);
+            }
+            return;
+        }
         match self.mse4() {
+            None => {
+                // Other widths: tiles of rows decoded in the rotated basis, summed by the
+                // tiled f32 kernel, rotated back once per query.
+                let TqCodec::Mse(c) = &self.codec else {
+                    unreachable!("TurboQuant_prod returned above")
+                };
+                let d = c.head_dim();
+                let mut racc = vec![0f32; acc.len()];
+                axpy_rows_with(t0, t1, w, &mut racc, d, |t, r| {
+                    c.decode_rotated_fast(self.row(t), r)
+                });
+                for (a, r) in acc.chunks_exact_mut(d).zip(racc.chunks_exact_mut(d)) {
+                    c.rotation().inverse(r);
+                    a.iter_mut().zip(r.iter()).for_each(|(a, v)| *a += v);
+                }
+            }
             Some((c, cent)) if c.norm_correction() => {
                 let nq = acc.len() / c.head_dim();
                 let inv = inv_centroid_norms(&cent, &self.data, self.rb, t0, t1);
@@ -469,13 +513,65 @@ mod tests {
                 }
             }
         }
-        // Other widths and head_dims not a multiple of 32 keep the f32 path.
-        for c in [
-            TurboQuantMse::new(64, 3, true, 1).unwrap(),
-            TurboQuantMse::new(64, 3, false, 1).unwrap(),
-            TurboQuantMse::new(16, 4, false, 1).unwrap(),
-        ] {
-            assert!(!TurboQuantStream::new(TqCodec::Mse(Arc::new(c))).int_keys());
+    }
+
+    /// Other widths (1–3 bits, norm-corrected or not) take
+    /// the tiled f32 path when timed: scores (`dot_rows_int`) and value sums
+    /// (`axpy_rows_fast`) against the exact path's (`dot_rows`, `axpy_rows`), which decode row by
+    /// row. Both sum the same products in another order, and norm correction's factor is
+    /// summed in another order too: per score `|err| ≤ 2γ_{d+4}·Σ_i|r_i·y_i|` (Higham §3.1,
+    /// `γ_k = k·u/(1 − k·u)`, `u = 2⁻²⁴`, y the decoded rotated key, r the rotated query);
+    /// per value element the bound of `tq4_values_on_codes_match_decoded_rows`.
+    #[test]
+    fn tq_other_widths_timed_path_matches_exact() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+        let u = 2f64.powi(-24);
+        for (d, bits, nc) in [(64usize, 3u8, false), (64, 3, true), (128, 2, false), (32, 2, true), (64, 1, true)] {
+            let c = Arc::new(TurboQuantMse::new(d, bits, nc, 5).unwrap());
+            let mut s = TurboQuantStream::new(TqCodec::Mse(c.clone()));
+            let (n, nq) = (37, 3);
+            s.push(&random_rows(&mut rng, n, d, 2));
+            assert!(s.int_keys());
+            let qs = random_rows(&mut rng, nq, d, 0);
+            let (mut fast, mut exact) = (vec![0f32; n * nq], vec![0f32; n * nq]);
+            s.dot_rows_int(0, n, &qs, &QueryI8::quantize(&qs, d), &mut fast);
+            s.dot_rows(0, n, &qs, &mut exact);
+            let mut rq = qs.clone();
+            rq.chunks_exact_mut(d).for_each(|q| c.rotate_query(q));
+            let mut y = vec![0f32; d];
+            let g = |k: usize| k as f64 * u / (1.0 - k as f64 * u);
+            for t in 0..n {
+                c.decode_rotated(s.row(t), &mut y);
+                for j in 0..nq {
+                    let mass: f64 = y
+                        .iter()
+                        .zip(&rq[j * d..(j + 1) * d])
+                        .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                        .sum();
+                    let (f, e) = (fast[t * nq + j] as f64, exact[t * nq + j] as f64);
+                    let bound = 2.0 * g(d + 4) * mass + 1e-30;
+                    assert!((f - e).abs() <= bound, "d={d} bits={bits} nc={nc} t={t}: {f} vs {e}");
+                }
+            }
+            let w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
+            let (mut fa, mut ea) = (vec![0.25f32; nq * d], vec![0.25f32; nq * d]);
+            s.axpy_rows_fast(0, n, &w, &mut fa);
+            s.axpy_rows(0, n, &w, &mut ea);
+            let mut v = vec![0f32; d];
+            let steps = (n + 2 * d.trailing_zeros() as usize + 4) as f64;
+            for j in 0..nq {
+                let mass: f64 = (0..n)
+                    .map(|t| {
+                        s.decode(t, &mut v);
+                        w[t * nq + j] as f64 * v.iter().map(|x| (x * x) as f64).sum::<f64>().sqrt()
+                    })
+                    .sum();
+                let bound = steps * u * (d as f64).sqrt() * mass * 4.0 + 1e-30;
+                for i in 0..d {
+                    let e = (fa[j * d + i] - ea[j * d + i]).abs() as f64;
+                    assert!(e <= bound, "d={d} bits={bits} nc={nc} j={j} i={i}: {e} > {bound}");
+                }
+            }
         }
     }
 
