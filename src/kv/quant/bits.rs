@@ -167,6 +167,30 @@ mod tests {
         assert_eq!(out, [0x21]);
         assert_eq!(packed_bytes(64, 3), 24);
         assert_eq!(packed_bytes(5, 3), 2);
+        // Codes to table values: 3 bits (1, 2, 3, 4, 5, 6, 7, 0) packed above, table[k] = 10k,
+        // times 0.5 → 5, 10, …, 35, 0.
+        let table: Vec<f32> = (0..16).map(|k| 10.0 * k as f32).collect();
+        let mut v = [0f32; 8];
+        codes_to_f32(&out3, 3, &table, 0.5, &mut v);
+        assert_eq!(v, [5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 0.0]);
+        // Every width 1–4 and lengths with tails, against `code_at` (SIMD and tail alike).
+        for bits in 1..=4u8 {
+            for n in [5usize, 8, 13, 24, 64, 67] {
+                let codes: Vec<u8> = (0..n).map(|i| ((i * 5 + 1) % (1 << bits)) as u8).collect();
+                let mut p = vec![0u8; packed_bytes(n, bits)];
+                pack_bits(&codes, bits, &mut p);
+                let mut got = vec![0f32; n];
+                codes_to_f32(&p, bits, &table, -1.5, &mut got);
+                for (i, &g) in got.iter().enumerate() {
+                    assert_eq!(
+                        g,
+                        table[code_at(&p, bits, i)] * -1.5,
+                        "bits {bits} n {n} i {i}"
+                    );
+                    assert_eq!(g, 10.0 * codes[i] as f32 * -1.5);
+                }
+            }
+        }
         // Odd lengths round trip at every width.
         for bits in 1..=8u8 {
             let codes: Vec<u8> = (0..13).map(|i| ((i * 7 + 3) % (1 << bits)) as u8).collect();
