@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::kv::codec::RowCodec;
 use crate::kv::params::Params;
 use crate::kv::quant::asym::{asym_code, asym_params};
-use crate::kv::quant::bits::{code_at, pack_bits, packed_bytes};
+use crate::kv::quant::bits::{affine_codes_to_f32, pack_bits, packed_bytes};
 use crate::kv::stream::{RowStream, Stream};
 
 /// Default group of `int2` and `int3` (KIVI's 32).
@@ -220,27 +220,7 @@ impl RowCodec for UniformGroupRow {
                 }
                 continue;
             }
-            // Codes unpacked a whole byte (4 bits) or three bytes (3 bits: eight codes) at a
-            // time, each value `m + code·s` as the general loop below computes it.
-            if self.bits == 4 {
-                for (v, &byte) in o.chunks_exact_mut(2).zip(&b[4..]) {
-                    v[0] = m + (byte & 15) as f32 * s;
-                    v[1] = m + (byte >> 4) as f32 * s;
-                }
-                continue;
-            }
-            if self.bits == 3 && self.group.is_multiple_of(8) {
-                for (v, p) in o.chunks_exact_mut(8).zip(b[4..].chunks_exact(3)) {
-                    let x = p[0] as u32 | (p[1] as u32) << 8 | (p[2] as u32) << 16;
-                    for (i, v) in v.iter_mut().enumerate() {
-                        *v = m + ((x >> (3 * i)) & 7) as f32 * s;
-                    }
-                }
-                continue;
-            }
-            for (i, v) in o.iter_mut().enumerate() {
-                *v = m + code_at(&b[4..], self.bits, i) as f32 * s;
-            }
+            affine_codes_to_f32(&b[4..], self.bits, s, m, o);
         }
     }
 }
@@ -351,11 +331,11 @@ mod tests {
         }
     }
 
-    /// The whole-byte (4-bit) and three-byte (3-bit) decode loops give `m + code·s` with each
-    /// code read by `code_at` (the bit reader checked by hand in `quant::bits`), bit for bit,
+    /// The decode (eight codes a step) gives `m + code·s` with each code read by `code_at` (the bit reader checked by hand in `quant::bits`), bit for bit,
     /// for groups of 8, 32 and whole rows of 64.
     #[test]
     fn unpacked_decode_equals_code_at() {
+        use crate::kv::quant::bits::code_at;
         let mut rng = rand::rngs::StdRng::seed_from_u64(33);
         for bits in [3u8, 4] {
             for group in [8usize, 32, 64] {

@@ -84,6 +84,20 @@ pub(crate) fn code_at(packed: &[u8], bits: u8, i: usize) -> usize {
     (((lo | hi) >> (bit % 8)) & ((1u16 << bits) - 1)) as usize
 }
 
+/// The `b` bytes (≤ 4) of eight `b`-bit codes starting at byte `at`, little-endian in a u32
+/// (bits above `8·b` may hold the next bytes: every reader masks them away). One unaligned
+/// 4-byte load where `src` extends that far, else byte by byte.
+#[inline(always)]
+fn eight_codes(src: &[u8], at: usize, b: usize) -> u32 {
+    match src.get(at..at + 4) {
+        Some(w) => u32::from_le_bytes([w[0], w[1], w[2], w[3]]),
+        None => src[at..at + b]
+            .iter()
+            .enumerate()
+            .fold(0, |x, (k, &v)| x | (v as u32) << (8 * k)),
+    }
+}
+
 /// `dst[i] = table[code_i] · scale` for the first `dst.len()` codes of `bits` bits (1–4)
 /// packed LSB-first in `src` ([`pack_bits`]'s layout: TurboQuant's
 /// codebook indices, Zandieh et al. 2025, arXiv 2504.19874, §3, as vLLM packs them). With AVX2,
@@ -115,11 +129,7 @@ pub fn codes_to_f32(src: &[u8], bits: u8, table: &[f32], scale: f32, dst: &mut [
             let mut i = 0;
             // Eight codes fill exactly `b` bytes, read as one integer (≤ 4 bytes).
             while i + 8 <= dst.len() {
-                let at = i / 8 * b;
-                let mut x = 0u32;
-                for k in 0..b {
-                    x |= (*src.get_unchecked(at + k) as u32) << (8 * k);
-                }
+                let x = eight_codes(src, i / 8 * b, b);
                 let idx =
                     _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x as i32), shifts), mask);
                 let v = if b == 4 {
@@ -141,6 +151,47 @@ pub fn codes_to_f32(src: &[u8], bits: u8, table: &[f32], scale: f32, dst: &mut [
     );
     for (i, o) in dst.iter_mut().enumerate().skip(done) {
         *o = table[code_at(src, bits, i)] * scale;
+    }
+}
+
+/// `dst[i] = m + code_i · s` for the first `dst.len()` codes of `bits` bits (1–4) packed
+/// LSB-first in `src` (asymmetric uniform groups: KIVI's and TurboQuant's value rows,
+/// [`crate::kv::formats::uniform`]). With AVX2 eight codes a step (their `bits` bytes broadcast,
+/// shifted per lane by `vpsrlvd`, masked, converted), then a multiply and an add (no FMA): the
+/// scalar tail's `m + code · s`, bit for bit. Panics (a caller's bug) when `src` holds fewer
+/// bits than the codes need.
+#[inline(always)]
+pub fn affine_codes_to_f32(src: &[u8], bits: u8, s: f32, m: f32, dst: &mut [f32]) {
+    let b = bits as usize;
+    assert!(
+        (1..=4).contains(&b) && src.len() * 8 >= dst.len() * b,
+        "packed codes"
+    );
+    let done = simd_dispatch!(
+        ["avx2"],
+        unsafe {
+            use std::arch::x86_64::*;
+            let shifts = _mm256_mullo_epi32(
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                _mm256_set1_epi32(bits as i32),
+            );
+            let mask = _mm256_set1_epi32((1 << b) - 1);
+            let (sv, mv) = (_mm256_set1_ps(s), _mm256_set1_ps(m));
+            let mut i = 0;
+            while i + 8 <= dst.len() {
+                let x = eight_codes(src, i / 8 * b, b);
+                let c =
+                    _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x as i32), shifts), mask);
+                let v = _mm256_add_ps(mv, _mm256_mul_ps(_mm256_cvtepi32_ps(c), sv));
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), v);
+                i += 8;
+            }
+            i
+        },
+        0
+    );
+    for (i, o) in dst.iter_mut().enumerate().skip(done) {
+        *o = m + code_at(src, bits, i) as f32 * s;
     }
 }
 
@@ -188,6 +239,23 @@ mod tests {
                         "bits {bits} n {n} i {i}"
                     );
                     assert_eq!(g, 10.0 * codes[i] as f32 * -1.5);
+                }
+            }
+        }
+        // Affine decode: m + code·s against code_at, every width, tails included; by hand
+        // 3 bits (1, …, 7, 0) with s = 0.5, m = −1 → −0.5, 0, …, 2.5, −1.
+        let mut v = [0f32; 8];
+        affine_codes_to_f32(&out3, 3, 0.5, -1.0, &mut v);
+        assert_eq!(v, [-0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, -1.0]);
+        for bits in 1..=4u8 {
+            for n in [3usize, 8, 16, 21, 64] {
+                let codes: Vec<u8> = (0..n).map(|i| ((i * 3 + 2) % (1 << bits)) as u8).collect();
+                let mut p = vec![0u8; packed_bytes(n, bits)];
+                pack_bits(&codes, bits, &mut p);
+                let mut got = vec![0f32; n];
+                affine_codes_to_f32(&p, bits, 0.37, -2.1, &mut got);
+                for (i, &g) in got.iter().enumerate() {
+                    assert_eq!(g, -2.1 + codes[i] as f32 * 0.37, "bits {bits} n {n} i {i}");
                 }
             }
         }
