@@ -1263,6 +1263,7 @@ mod tests {
                     "int4",
                     "int4-row",
                     "int4:group=64",
+                    "int2",
                 ] {
                     let n = 45;
                     // Keys with outlier channels; queries and values without (a query
@@ -1291,6 +1292,7 @@ mod tests {
                         // f32 path: the integer kernels read one group a row).
                         "int4-row" => pair(UniformGroupRow::new(4, d).unwrap(), d),
                         "int4:group=64" => pair(Int4GroupRow { group: 64 }, d),
+                        "int2" => pair(UniformGroupRow::new(2, 32).unwrap(), d),
                         _ => pair(Int4GroupRow { group: 32 }, d),
                     };
                     ks.push(&k);

@@ -97,6 +97,10 @@ pub enum IntKeys {
     Q4_0,
     /// int4 groups of 32: f16 d, f16 m, 16 bytes (element 2j low nibble, 2j + 1 high).
     Int4G32,
+    /// int2 groups of 32 (`int2`, KIVI's 2-bit per-token rows): f16 step d, f16 minimum m,
+    /// 8 bytes (element 4j + i at bits 2i..2i+2 of byte j); `k = m + d·code`, scored as
+    /// `d·Σ c·code + m·Σc` like [`Self::Int4G32`], the codes unpacked to element order.
+    Int2G32,
     /// int4 with one group per row (`int4-row`, `int4:group=d`): f16 d, f16 m, then `d/2`
     /// bytes in [`Self::Int4G32`]'s nibble order; every block takes the row's d and m.
     Int4Row,
@@ -126,6 +130,7 @@ impl IntKeys {
             IntKeys::Q4_0 => 18 * nb,
             IntKeys::Int4G32 => 20 * nb,
             IntKeys::Int4Row => 4 + 16 * nb,
+            IntKeys::Int2G32 => 12 * nb,
             IntKeys::Nvfp4 => 4 + 18 * nb,
             IntKeys::Mxfp4 => 17 * nb,
             IntKeys::Lut4(_) => 2 + 16 * nb,
@@ -251,6 +256,17 @@ pub fn scalar_scores(
                         acc += f16_at(blk, 0) * dot as f32 + f16_at(blk, 2) * q.bsum[j * nb + b];
                     }
                 }
+                IntKeys::Int2G32 => {
+                    for b in 0..nb {
+                        let blk = &row[b * 12..(b + 1) * 12];
+                        let dot: i32 = (0..B)
+                            .map(|e| {
+                                ((blk[4 + e / 4] >> (2 * (e % 4))) & 3) as i32 * c[b * B + e] as i32
+                            })
+                            .sum();
+                        acc += f16_at(blk, 0) * dot as f32 + f16_at(blk, 2) * q.bsum[j * nb + b];
+                    }
+                }
                 IntKeys::Int4Row => {
                     for b in 0..nb {
                         let dot = dot_nibbles(&row[4 + 16 * b..], &cp[b * B..(b + 1) * B]);
@@ -303,7 +319,7 @@ pub fn scalar_scores(
 pub(crate) mod avx {
     use super::{IntKeys, QueryI8, B};
     use crate::kv::formats::fp4::{e4m3_to_f32, e8m0_to_f32, E2M1_X2};
-    use crate::kv::simd::avx::{dot_u8_i8, f16_at as f16p, nibbles, nibbles8};
+    use crate::kv::simd::avx::{crumbs, dot_u8_i8, f16_at as f16p, nibbles, nibbles8};
     use std::arch::x86_64::*;
 
     /// The E2M1 table ×2 in both 128-bit lanes (for `_mm256_shuffle_epi8`).
@@ -346,7 +362,7 @@ pub(crate) mod avx {
             IntKeys::Int8Token | IntKeys::Q8_0 | IntKeys::Nvfp4 | IntKeys::Mxfp4 => {
                 (true, false, false)
             }
-            IntKeys::Q4_0 => (false, false, true),
+            IntKeys::Q4_0 | IntKeys::Int2G32 => (false, false, true),
             IntKeys::Int4G32 | IntKeys::Int4Row => (false, true, true),
             IntKeys::Lut4(_) => (true, true, false),
         }
@@ -373,7 +389,11 @@ pub(crate) mod avx {
             IntKeys::Int8Token | IntKeys::Lut4(_) => f16p(row),
             IntKeys::Nvfp4 => 0.5 * (row as *const f32).read_unaligned(),
             IntKeys::Mxfp4 => 0.5,
-            IntKeys::Q8_0 | IntKeys::Q4_0 | IntKeys::Int4G32 | IntKeys::Int4Row => 1.0,
+            IntKeys::Q8_0
+            | IntKeys::Q4_0
+            | IntKeys::Int4G32
+            | IntKeys::Int4Row
+            | IntKeys::Int2G32 => 1.0,
         }
     }
 
@@ -412,6 +432,15 @@ pub(crate) mod avx {
                 let blk = row.add(b * 20);
                 Blk {
                     u: nibbles(blk.add(4)),
+                    k: _mm256_setzero_si256(),
+                    s: _mm256_set1_ps(f16p(blk)),
+                    side: f16p(blk.add(2)),
+                }
+            }
+            IntKeys::Int2G32 => {
+                let blk = row.add(b * 12);
+                Blk {
+                    u: crumbs(blk.add(4)),
                     k: _mm256_setzero_si256(),
                     s: _mm256_set1_ps(f16p(blk)),
                     side: f16p(blk.add(2)),
@@ -557,6 +586,10 @@ pub(crate) mod avx {
                 }
                 IntKeys::Int4Row => {
                     let $g = IntKeys::Int4Row;
+                    $body
+                }
+                IntKeys::Int2G32 => {
+                    let $g = IntKeys::Int2G32;
                     $body
                 }
                 IntKeys::Nvfp4 => {
@@ -834,6 +867,12 @@ mod tests {
                         let c = Int4GroupRow { group: 32 };
                         let (a, b) = rows(c, n, d);
                         (IntKeys::Int4G32, a, b, c.row_bytes(d))
+                    },
+                    {
+                        // int2 groups of 32, decoded by the uniform codec's table.
+                        let c = crate::kv::formats::uniform::UniformGroupRow::new(2, 32).unwrap();
+                        let (a, b) = rows(c, n, d);
+                        (IntKeys::Int2G32, a, b, c.row_bytes(d))
                     },
                     {
                         // int4-row: one group per row, decoded by the uniform codec.

@@ -592,6 +592,21 @@ pub(crate) mod avx {
         _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m))
     }
 
+    /// 8 bytes of 2-bit codes at `p` (an `int2` group of 32: element `4j + i` at bits
+    /// `2i..2i+2` of byte `j`) → 32 bytes in element order: each shift of the bytes by 2i
+    /// masked to its low two bits, then the four interleaved back (bytes, then pairs).
+    #[inline(always)]
+    pub unsafe fn crumbs(p: *const u8) -> __m256i {
+        let v = _mm_loadl_epi64(p as *const __m128i);
+        let m = _mm_set1_epi8(3);
+        let a0 = _mm_and_si128(v, m);
+        let a1 = _mm_and_si128(_mm_srli_epi16(v, 2), m);
+        let a2 = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+        let a3 = _mm_and_si128(_mm_srli_epi16(v, 6), m);
+        let (e01, e23) = (_mm_unpacklo_epi8(a0, a1), _mm_unpacklo_epi8(a2, a3));
+        _mm256_set_m128i(_mm_unpackhi_epi16(e01, e23), _mm_unpacklo_epi16(e01, e23))
+    }
+
     /// 8 bytes of nibbles at `p` (an NVFP4 block's) → 16 bytes: the low nibbles (elements
     /// 0..8), then the high nibbles (8..16); [`nibbles`] for half a block of 16 bytes.
     #[inline(always)]

@@ -195,11 +195,14 @@ impl RowCodec for UniformGroupRow {
         }
     }
 
-    /// At 4 bits, [`super::int4::Int4GroupRow`]'s integer key path (same bytes).
+    /// `int2` with groups of 32 scores on its codes; at 4 bits, [`super::int4::Int4GroupRow`]'s
+    /// integer key path (same bytes).
     fn int_keys(&self) -> Option<crate::kv::intdot::IntKeys> {
-        (self.bits == 4)
-            .then(|| super::int4::int4_int_keys(self.group))
-            .flatten()
+        match self.bits {
+            2 => (self.group == 32).then_some(crate::kv::intdot::IntKeys::Int2G32),
+            4 => super::int4::int4_int_keys(self.group),
+            _ => None,
+        }
     }
 
     fn decode(&self, row: &[u8], out: &mut [f32]) {
