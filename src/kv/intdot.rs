@@ -62,17 +62,24 @@ impl QueryI8 {
         let mut bsum = vec![0f32; nq * nb];
         for j in 0..nq {
             let q = &qs[j * d..(j + 1) * d];
-            let amax = q.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let s = amax / 127.0;
+            let s = super::simd::absmax(q) / 127.0;
             let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
             scale[j] = s;
-            for (i, &v) in q.iter().enumerate() {
-                let c = (v * inv).round_ties_even() as i8;
-                codes[j * d + i] = c;
-                bsum[j * nb + i / B] += c as f32;
-                let (blk, k) = (i / B, i % B);
-                let at = if k % 2 == 0 { k / 2 } else { B / 2 + k / 2 };
-                pairs[j * d + blk * B + at] = c;
+            let cj = &mut codes[j * d..(j + 1) * d];
+            for (c, &v) in cj.iter_mut().zip(q) {
+                *c = (v * inv).round_ties_even() as i8;
+            }
+            // Per block: the code sum (integers, exact in either order) and the pair order.
+            for (b, (cb, pb)) in cj
+                .chunks_exact(B)
+                .zip(pairs[j * d..(j + 1) * d].chunks_exact_mut(B))
+                .enumerate()
+            {
+                bsum[j * nb + b] = cb.iter().map(|&c| c as i32).sum::<i32>() as f32;
+                for k in 0..B / 2 {
+                    pb[k] = cb[2 * k];
+                    pb[B / 2 + k] = cb[2 * k + 1];
+                }
             }
         }
         Self {

@@ -545,8 +545,7 @@ impl ChannelStream {
             for ((p, &a), &s) in bq.qp.iter_mut().zip(q).zip(&bq.scale) {
                 *p = a * s;
             }
-            let amax = bq.qp.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let s = amax / 127.0;
+            let s = crate::kv::simd::absmax(&bq.qp) / 127.0;
             let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
             let q8 = &mut bq.q8[j * d..(j + 1) * d];
             for (&v, &l) in bq.qp.iter().zip(&bq.lanes) {
@@ -556,7 +555,7 @@ impl ChannelStream {
             bq.bias[j] = if self.bits == 8 {
                 0.0
             } else {
-                q.iter().zip(&bq.min).map(|(a, b)| a * b).sum()
+                crate::kv::simd::dot(q, &bq.min)
             };
         }
     }
