@@ -177,6 +177,8 @@ pub fn axpy_codes(
     let nq = acc.len() / d;
     assert!(d.is_multiple_of(32) && data.len() >= t1 * rb && w.len() >= (t1 - t0) * nq);
     assert!(rb >= f.row_bytes(d));
+    // One group per row: a longer row holds more groups than the kernel reads headers for.
+    assert!(f != CodeValues::Int4Row || rb == f.row_bytes(d));
     simd_dispatch!(
         ["avx512f", "avx512bw", "avx2", "fma"],
         // SAFETY: as below; the AVX-512 kernel reads the same rows and blocks.

@@ -147,7 +147,8 @@ impl IntKeys {
 
 /// `out[(t − t0)·nq + j] = q_j · key_t` for rows `t0..t1` of `data` (rows of `rb` bytes in
 /// format `f`), computed on the codes. Panics (a caller's bug, not input) when `rb` is shorter
-/// than [`IntKeys::row_bytes`] or a slice is shorter than the shapes say.
+/// than [`IntKeys::row_bytes`] (for [`IntKeys::Int4Row`], other than it) or a slice is shorter
+/// than the shapes say.
 pub fn scores(
     f: IntKeys,
     data: &[u8],
@@ -162,6 +163,12 @@ pub fn scores(
     assert!(
         rb >= f.row_bytes(q.d),
         "{f:?} rows of {rb} bytes hold no {} values",
+        q.d
+    );
+    // One group per row: a longer row holds more groups than the kernel reads headers for.
+    assert!(
+        f != IntKeys::Int4Row || rb == f.row_bytes(q.d),
+        "int4 rows of {rb} bytes are not one group of {}",
         q.d
     );
     simd_dispatch!(["avx512f", "avx512bw", "avx512vnni", "avx2", "fma"], {

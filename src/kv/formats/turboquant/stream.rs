@@ -182,7 +182,8 @@ impl Stream for TurboQuantStream {
 
     /// Every TurboQuant row has a timed path of its own ([`dot_rows_int`](Stream::dot_rows_int)):
     /// 4-bit TurboQuant_mse keys (norm-corrected or not) on their codes
-    /// ([`intdot::IntKeys::Lut4`]), the others decoded a tile at a time.
+    /// ([`intdot::IntKeys::Lut4`]), the others decoded a tile at a time. Attention takes it
+    /// where head_dim is a multiple of 32 (at head_dim 16 the exact `dot_rows` is timed).
     fn int_keys(&self) -> bool {
         true
     }
