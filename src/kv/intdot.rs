@@ -420,6 +420,14 @@ pub(crate) mod avx {
             s,
             side: 0.0,
         };
+        // Unsigned codes with a group header at `head`: f16 step, then f16 minimum (the
+        // zero-point term `m·Σc`).
+        let asym = |u: __m256i, head: *const u8| Blk {
+            u,
+            k: _mm256_setzero_si256(),
+            s: _mm256_set1_ps(f16p(head)),
+            side: f16p(head.add(2)),
+        };
         match f {
             IntKeys::Int8Token => signed(
                 _mm256_loadu_si256(row.add(2 + b * B) as *const __m256i),
@@ -444,28 +452,13 @@ pub(crate) mod avx {
             }
             IntKeys::Int4G32 => {
                 let blk = row.add(b * 20);
-                Blk {
-                    u: nibbles(blk.add(4)),
-                    k: _mm256_setzero_si256(),
-                    s: _mm256_set1_ps(f16p(blk)),
-                    side: f16p(blk.add(2)),
-                }
+                asym(nibbles(blk.add(4)), blk)
             }
             IntKeys::Int2G32 => {
                 let blk = row.add(b * 12);
-                Blk {
-                    u: crumbs(blk.add(4)),
-                    k: _mm256_setzero_si256(),
-                    s: _mm256_set1_ps(f16p(blk)),
-                    side: f16p(blk.add(2)),
-                }
+                asym(crumbs(blk.add(4)), blk)
             }
-            IntKeys::Int4Row => Blk {
-                u: nibbles(row.add(4 + 16 * b)),
-                k: _mm256_setzero_si256(),
-                s: _mm256_set1_ps(f16p(row)),
-                side: f16p(row.add(2)),
-            },
+            IntKeys::Int4Row => asym(nibbles(row.add(4 + 16 * b)), row),
             IntKeys::Nvfp4 => {
                 // Two blocks of 16 per 32 query codes: lanes 0–3 hold block 2b's sum, 4–7 block
                 // 2b + 1's, each multiplied by its own E4M3 scale.

@@ -212,17 +212,8 @@ impl RowCodec for UniformGroupRow {
         {
             let s = f16::from_le_bytes([b[0], b[1]]).to_f32();
             let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
-            if self.bits == 2 && self.group.is_multiple_of(4) {
-                // Four codes per byte from a table: `code·s` is exact (code ≤ 3, s an f16), so
-                // `code·s + m` rounds once, as the sum below does.
-                let tab = crate::kv::codeaxpy::int2_table();
-                for (v, &byte) in o.chunks_exact_mut(4).zip(&b[4..]) {
-                    for (v, &c) in v.iter_mut().zip(&tab[byte as usize]) {
-                        *v = c * s + m;
-                    }
-                }
-                continue;
-            }
+            // Every width (2-bit rows included, which had a table of their own: `code·s` is
+            // exact, so either way `m + code·s` rounds once and the values are the same).
             affine_codes_to_f32(&b[4..], self.bits, s, m, o);
         }
     }
@@ -340,7 +331,7 @@ mod tests {
     fn unpacked_decode_equals_code_at() {
         use crate::kv::quant::bits::code_at;
         let mut rng = rand::rngs::StdRng::seed_from_u64(33);
-        for bits in [3u8, 4] {
+        for bits in [2u8, 3, 4] {
             for group in [8usize, 32, 64] {
                 let c = UniformGroupRow::new(bits, group).unwrap();
                 let x: Vec<f32> = (0..64).map(|_| rng.random_range(-3.0..2.0)).collect();
