@@ -31,11 +31,12 @@ pub trait RowCodec: Copy + Send + Sync + 'static {
     fn int_keys(&self) -> Option<super::intdot::IntKeys> {
         None
     }
-    /// Whether a row is `head_dim` little-endian f16 values and nothing else (`fp16`), so
-    /// attention can widen rows in registers ([`super::simd::f16_dots`],
-    /// [`super::simd::f16_axpy`]) instead of decoding them into a buffer first.
-    fn f16_rows(&self) -> bool {
-        false
+    /// The row layout when attention can widen rows in registers ([`super::simd::row_dots`],
+    /// [`super::simd::row_axpy`]: `fp16`, and `fp8` with any scale) instead of decoding them
+    /// into a buffer first; the same values as [`decode`](Self::decode), so the exact path
+    /// takes it too. `None` decodes.
+    fn widen(&self) -> Option<super::simd::Widen> {
+        None
     }
     /// The code form of this format when attention accumulates its value rows on the codes
     /// ([`super::codeaxpy`]); `None` decodes each row to f32 first.

@@ -275,7 +275,7 @@ pub fn axpy_many(w: &[f32], row: &[f32], acc: &mut [f32]) {
     )
 }
 
-/// Whether the f16 row kernels ([`f16_dots`], [`f16_axpy`]) run 16 lanes wide: where the
+/// Whether the fused row kernels ([`row_dots`], [`row_axpy`]) run 16 lanes wide: where the
 /// build has the AVX-512 primitives ([`avx512`]). Same products, same order per lane, so the
 /// same results to the bit as the AVX2 kernels (tests assert it), in half the FMAs and
 /// widenings: fp16 attention 5–7 % faster (`attn-bench`, default shapes, 1,024 and 8,192
@@ -334,18 +334,63 @@ pub fn tile_axpy(w: &[f32], tile: &[f32], d: usize, acc: &mut [f32]) {
 }
 
 /// Rows per tile of the decode path (`kv::stream`, rows decoded to f32 and used at once) and
-/// per step of the fused f16 kernels (prefetched together; [`f16_axpy`] skips a step whose
+/// per step of the fused row kernels (prefetched together; [`row_axpy`] skips a step whose
 /// weights are all zero): one constant, so both group rows alike and give the same result to
 /// the bit.
 pub const TILE_ROWS: usize = 32;
-const F16_STEP: usize = TILE_ROWS;
+const ROW_STEP: usize = TILE_ROWS;
 
-/// `out[(t − t0)·nq + j] = q_j · row_t` for the f16 rows `t0..t1` of `data` (rows of `rb`
-/// bytes holding `d` little-endian f16; `qs`: `[nq, d]` f32) widened in registers (F16C):
-/// the products and order of [`f16_to_f32`] into a tile then [`tile_dots`], so the same
-/// result to the bit, without the tile's stores and loads. Returns `false`, writing nothing,
-/// where the build has no AVX2/FMA/F16C or `d` is not a multiple of 8.
-pub fn f16_dots(
+/// How the fused row kernels ([`row_dots`], [`row_axpy`]) read a stored row: widened to f32 in
+/// registers, never through a decoded tile.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Widen {
+    /// `d` little-endian IEEE binary16 values (`fp16`).
+    F16,
+    /// `d` FP8 codes (OCP FP8: E4M3 where `e4m3`, else E5M2) times a scale: `None`, a
+    /// little-endian f16 scale in the row's first two bytes before the codes (per token);
+    /// `Some(s)`, one scale for every row (per head or per tensor). Widened as [`fp8_to_f32`].
+    Fp8 {
+        /// E4M3 (else E5M2).
+        e4m3: bool,
+        /// The external scale, or `None` for a per-token f16 scale stored in the row.
+        scale: Option<f32>,
+    },
+}
+
+impl Widen {
+    /// Bytes a row of `d` elements needs at least.
+    pub fn row_bytes(self, d: usize) -> usize {
+        match self {
+            Widen::F16 => 2 * d,
+            Widen::Fp8 { scale: None, .. } => d + 2,
+            Widen::Fp8 { .. } => d,
+        }
+    }
+
+    /// Decodes one stored row into `out` (`d` f32): the values the fused kernels use.
+    #[inline(always)]
+    pub fn decode(self, row: &[u8], out: &mut [f32]) {
+        match self {
+            Widen::F16 => f16_to_f32(row, out),
+            Widen::Fp8 { e4m3, scale: None } => {
+                let s = half::f16::from_le_bytes([row[0], row[1]]).to_f32();
+                fp8_to_f32(&row[2..], e4m3, s, out)
+            }
+            Widen::Fp8 {
+                e4m3,
+                scale: Some(s),
+            } => fp8_to_f32(row, e4m3, s, out),
+        }
+    }
+}
+
+/// `out[(t − t0)·nq + j] = q_j · row_t` for the rows `t0..t1` of `data` (rows of `rb` bytes in
+/// the layout `kind` names; `qs`: `[nq, d]` f32) widened in registers (F16C): the products and
+/// order of [`Widen::decode`] into a tile then [`tile_dots`], so the same result to the bit,
+/// without the tile's stores and loads. Returns `false`, writing nothing, where the build has
+/// no AVX2/FMA/F16C or `d` is not a multiple of 8.
+pub fn row_dots(
+    kind: Widen,
     data: &[u8],
     rb: usize,
     (t0, t1): (usize, usize),
@@ -354,13 +399,13 @@ pub fn f16_dots(
     out: &mut [f32],
 ) -> bool {
     let nq = qs.len() / d.max(1);
-    assert!(data.len() >= t1 * rb && rb >= 2 * d && out.len() >= (t1 - t0) * nq);
+    assert!(data.len() >= t1 * rb && rb >= kind.row_bytes(d) && out.len() >= (t1 - t0) * nq);
     simd_dispatch!(
         ["avx2", "fma", "f16c"],
         if d.is_multiple_of(8) {
             let mut t = t0;
             while t < t1 {
-                let n = (t1 - t).min(F16_STEP);
+                let n = (t1 - t).min(ROW_STEP);
                 for r in t..t + n {
                     prefetch_ahead(data, r * rb, rb);
                 }
@@ -368,10 +413,10 @@ pub fn f16_dots(
                 let o = &mut out[(t - t0) * nq..(t - t0 + n) * nq];
                 // SAFETY: features enabled at compile time; rows t..t + full lie in `data`
                 // and their outputs in `o` (asserted above).
-                unsafe { avx::f16_dots::<WIDE>(data, rb, t, full, qs, d, o.as_mut_ptr()) };
+                unsafe { avx::row_dots::<WIDE>(kind, data, rb, t, full, qs, d, o.as_mut_ptr()) };
                 let mut row = vec![0f32; if full < n { d } else { 0 }];
                 for r in full..n {
-                    f16_to_f32(&data[(t + r) * rb..], &mut row);
+                    kind.decode(&data[(t + r) * rb..], &mut row);
                     dot_many(&row, qs, &mut o[r * nq..(r + 1) * nq]);
                 }
                 t += n;
@@ -383,12 +428,13 @@ pub fn f16_dots(
     false
 }
 
-/// `acc_j += Σ_t w[(t − t0)·nq + j] · row_t` for the f16 rows `t0..t1` of `data` (as in
-/// [`f16_dots`]; `acc`: `[nq, d]`), widened in registers: the same result to the bit as
-/// [`f16_to_f32`] into a tile then [`tile_axpy`]; steps of [`F16_STEP`] rows whose weights are
-/// all zero are not read. Returns `false`, changing nothing, where the build has no
+/// `acc_j += Σ_t w[(t − t0)·nq + j] · row_t` for the rows `t0..t1` of `data` (as in
+/// [`row_dots`]; `acc`: `[nq, d]`), widened in registers: the same result to the bit as
+/// [`Widen::decode`] into a tile then [`tile_axpy`]; steps of [`ROW_STEP`] rows whose weights
+/// are all zero are not read. Returns `false`, changing nothing, where the build has no
 /// AVX2/FMA/F16C or `d` is not a multiple of 32.
-pub fn f16_axpy(
+pub fn row_axpy(
+    kind: Widen,
     data: &[u8],
     rb: usize,
     (t0, t1): (usize, usize),
@@ -397,13 +443,13 @@ pub fn f16_axpy(
     acc: &mut [f32],
 ) -> bool {
     let nq = acc.len() / d.max(1);
-    assert!(data.len() >= t1 * rb && rb >= 2 * d && w.len() >= (t1 - t0) * nq);
+    assert!(data.len() >= t1 * rb && rb >= kind.row_bytes(d) && w.len() >= (t1 - t0) * nq);
     simd_dispatch!(
         ["avx2", "fma", "f16c"],
         if d.is_multiple_of(32) {
             let mut t = t0;
             while t < t1 {
-                let n = (t1 - t).min(F16_STEP);
+                let n = (t1 - t).min(ROW_STEP);
                 let wt = &w[(t - t0) * nq..(t - t0 + n) * nq];
                 if wt.iter().any(|&x| x != 0.0) {
                     for r in t..t + n {
@@ -411,7 +457,7 @@ pub fn f16_axpy(
                     }
                     // SAFETY: features enabled at compile time; rows t..t + n lie in `data`,
                     // their weights in `wt` (asserted above).
-                    unsafe { avx::f16_axpy::<WIDE>(data, rb, (t, n), wt.as_ptr(), d, acc) };
+                    unsafe { avx::row_axpy::<WIDE>(kind, data, rb, (t, n), wt.as_ptr(), d, acc) };
                 }
                 t += n;
             }
@@ -775,6 +821,116 @@ pub(crate) mod avx {
         }
     }
 
+    /// FP8 codes at `p`, rows `rb` bytes apart, widened in registers: each code's sign,
+    /// exponent and mantissa moved into an f16 bit pattern (E5M2 is f16's upper byte; E4M3's
+    /// 4 exponent bits and 3 mantissa bits sit one bit lower, so its value is that f16 times
+    /// 2^8, subnormals included — the bias difference 15 − 7), F16C's `vcvtph2ps`, then one
+    /// multiply by the row's scale (with E4M3's 256 folded in). `TOKEN`: the scale is the f16
+    /// in the row's first two bytes and the codes follow it; otherwise `s` for every row. The
+    /// same operations, in the same order, as [`super::fp8_to_f32`], so the same f32 values.
+    #[derive(Clone, Copy)]
+    pub(super) struct Fp8Rows<const E4M3: bool, const TOKEN: bool> {
+        pub(super) p: *const u8,
+        pub(super) rb: usize,
+        /// The external scale, times 256 for E4M3 (unused with `TOKEN`).
+        pub(super) s: f32,
+    }
+
+    impl<const E4M3: bool, const TOKEN: bool> Fp8Rows<E4M3, TOKEN> {
+        /// Row `r`'s scale, E4M3's 2^8 folded in.
+        #[inline(always)]
+        unsafe fn scale(self, r: usize) -> f32 {
+            if TOKEN {
+                let s = f16_at(self.p.add(r * self.rb));
+                if E4M3 {
+                    s * 256.0
+                } else {
+                    s
+                }
+            } else {
+                self.s
+            }
+        }
+
+        /// Row `r`'s code `c`.
+        #[inline(always)]
+        unsafe fn code(self, r: usize, c: usize) -> *const u8 {
+            self.p.add(r * self.rb + 2 * TOKEN as usize + c)
+        }
+    }
+
+    /// Eight FP8 codes, zero-extended to 16 bits each, as f16 bit patterns ([`Fp8Rows`]).
+    #[inline(always)]
+    unsafe fn fp8_half<const E4M3: bool>(b: __m128i) -> __m128i {
+        let h = _mm_slli_epi16(b, 8);
+        if E4M3 {
+            // sign, then exponent and mantissa one bit lower: an arithmetic shift copies the
+            // sign into bit 14, which the mask clears.
+            _mm_and_si128(_mm_srai_epi16(h, 1), _mm_set1_epi16(0xbfff_u16 as i16))
+        } else {
+            h
+        }
+    }
+
+    impl<const E4M3: bool, const TOKEN: bool> Rows for Fp8Rows<E4M3, TOKEN> {
+        #[inline(always)]
+        unsafe fn ld(self, r: usize, c: usize) -> __m256 {
+            let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(self.code(r, c) as *const __m128i));
+            let x = _mm256_cvtph_ps(fp8_half::<E4M3>(b));
+            _mm256_mul_ps(x, _mm256_set1_ps(self.scale(r)))
+        }
+        #[cfg(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
+        #[inline(always)]
+        unsafe fn ld_pair(self, r: usize, c: usize) -> __m512 {
+            let a = _mm_loadl_epi64(self.code(r, c) as *const __m128i);
+            let b = _mm_loadl_epi64(self.code(r + 1, c) as *const __m128i);
+            let x = _mm512_cvtph_ps(fp8_half16::<E4M3>(_mm_unpacklo_epi64(a, b)));
+            let s = if TOKEN {
+                super::avx512::join_ps(
+                    _mm256_set1_ps(self.scale(r)),
+                    _mm256_set1_ps(self.scale(r + 1)),
+                )
+            } else {
+                _mm512_set1_ps(self.s)
+            };
+            _mm512_mul_ps(x, s)
+        }
+        #[cfg(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
+        #[inline(always)]
+        unsafe fn ld16(self, r: usize, c: usize) -> __m512 {
+            let b = _mm_loadu_si128(self.code(r, c) as *const __m128i);
+            let x = _mm512_cvtph_ps(fp8_half16::<E4M3>(b));
+            _mm512_mul_ps(x, _mm512_set1_ps(self.scale(r)))
+        }
+    }
+
+    /// Sixteen FP8 codes (bytes) as f16 bit patterns, as [`fp8_half`].
+    #[cfg(all(
+        target_feature = "avx512f",
+        target_feature = "avx512bw",
+        target_feature = "avx512vnni"
+    ))]
+    #[inline(always)]
+    unsafe fn fp8_half16<const E4M3: bool>(b: __m128i) -> __m256i {
+        let h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8);
+        if E4M3 {
+            _mm256_and_si256(
+                _mm256_srai_epi16(h, 1),
+                _mm256_set1_epi16(0xbfff_u16 as i16),
+            )
+        } else {
+            h
+        }
+    }
+
     /// Q queries × rows `r0..r0 + 4` of `ld`: each row load feeds Q FMAs, each query load
     /// feeds 4. With `WIDE` (where compiled) two rows share a register
     /// ([`Rows::ld_pair`]) and each query's 8 elements are broadcast to both halves: every
@@ -1014,10 +1170,57 @@ pub(crate) mod avx {
         }
     }
 
-    /// [`super::f16_dots`] on rows `t0..t0 + full` (`full` a multiple of 4); `WIDE`: 16
+    /// The kernels' row reader for `kind` as `$ld` in `$body` (one monomorphized copy per
+    /// layout: f16, and FP8 E4M3/E5M2 with a per-token or an external scale).
+    macro_rules! with_rows {
+        ($kind:expr, $p:expr, $rb:expr, $ld:ident => $body:expr) => {{
+            let (p, rb) = ($p, $rb);
+            match $kind {
+                super::Widen::F16 => {
+                    let $ld = F16Rows { p, rb };
+                    $body
+                }
+                super::Widen::Fp8 {
+                    e4m3: true,
+                    scale: None,
+                } => {
+                    let $ld = Fp8Rows::<true, true> { p, rb, s: 0.0 };
+                    $body
+                }
+                super::Widen::Fp8 {
+                    e4m3: false,
+                    scale: None,
+                } => {
+                    let $ld = Fp8Rows::<false, true> { p, rb, s: 0.0 };
+                    $body
+                }
+                super::Widen::Fp8 {
+                    e4m3: true,
+                    scale: Some(s),
+                } => {
+                    let $ld = Fp8Rows::<true, false> {
+                        p,
+                        rb,
+                        s: s * 256.0,
+                    };
+                    $body
+                }
+                super::Widen::Fp8 {
+                    e4m3: false,
+                    scale: Some(s),
+                } => {
+                    let $ld = Fp8Rows::<false, false> { p, rb, s };
+                    $body
+                }
+            }
+        }};
+    }
+
+    /// [`super::row_dots`] on rows `t0..t0 + full` (`full` a multiple of 4); `WIDE`: 16
     /// lanes where compiled ([`super::WIDE`]).
     #[allow(clippy::too_many_arguments)] // the rows' coordinates; a struct would only rename them
-    pub unsafe fn f16_dots<const WIDE: bool>(
+    pub unsafe fn row_dots<const WIDE: bool>(
+        kind: super::Widen,
         data: &[u8],
         rb: usize,
         t0: usize,
@@ -1026,16 +1229,15 @@ pub(crate) mod avx {
         d: usize,
         out: *mut f32,
     ) {
-        let rows = F16Rows {
-            p: data.as_ptr().add(t0 * rb),
-            rb,
-        };
-        dots4::<WIDE>(rows, full, qs, d, out);
+        with_rows!(kind, data.as_ptr().add(t0 * rb), rb, rows => {
+            dots4::<WIDE>(rows, full, qs, d, out)
+        })
     }
 
-    /// [`super::f16_axpy`] on rows `t0..t0 + rows` (`d` a multiple of 32); `WIDE` as in
-    /// [`f16_dots`].
-    pub unsafe fn f16_axpy<const WIDE: bool>(
+    /// [`super::row_axpy`] on rows `t0..t0 + rows` (`d` a multiple of 32); `WIDE` as in
+    /// [`row_dots`].
+    pub unsafe fn row_axpy<const WIDE: bool>(
+        kind: super::Widen,
         data: &[u8],
         rb: usize,
         (t0, rows): (usize, usize),
@@ -1043,11 +1245,9 @@ pub(crate) mod avx {
         d: usize,
         acc: &mut [f32],
     ) {
-        let ld = F16Rows {
-            p: data.as_ptr().add(t0 * rb),
-            rb,
-        };
-        axpy32::<WIDE>(ld, rows, w, d, d, acc.len() / d, acc.as_mut_ptr());
+        with_rows!(kind, data.as_ptr().add(t0 * rb), rb, ld => {
+            axpy32::<WIDE>(ld, rows, w, d, d, acc.len() / d, acc.as_mut_ptr())
+        })
     }
     #[inline(always)]
     unsafe fn dot_n<const N: usize>(row: *const f32, qs: *const f32, d: usize, out: *mut f32) {
@@ -1280,42 +1480,78 @@ mod tests {
             let m = (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
             m * 2f32.powi((seed % 6) as i32 - 2)
         };
-        for (d, rows) in [(32usize, 37usize), (64, 70), (96, 12), (128, 33), (256, 9)] {
-            let rb = 2 * d + 6;
-            let mut data = vec![0u8; rows * rb];
-            for t in 0..rows {
-                for c in 0..d {
-                    let h = half::f16::from_f32(rand());
-                    data[t * rb + 2 * c..t * rb + 2 * c + 2].copy_from_slice(&h.to_le_bytes());
+        let layouts = [
+            Widen::F16,
+            Widen::Fp8 {
+                e4m3: true,
+                scale: None,
+            },
+            Widen::Fp8 {
+                e4m3: false,
+                scale: None,
+            },
+            Widen::Fp8 {
+                e4m3: true,
+                scale: Some(0.3),
+            },
+            Widen::Fp8 {
+                e4m3: false,
+                scale: Some(0.3),
+            },
+        ];
+        for kind in layouts {
+            for (d, rows) in [(32usize, 37usize), (64, 70), (96, 12), (128, 33), (256, 9)] {
+                let rb = kind.row_bytes(d) + 6;
+                let mut data = vec![0u8; rows * rb];
+                for t in 0..rows {
+                    let row = &mut data[t * rb..(t + 1) * rb];
+                    match kind {
+                        Widen::F16 => {
+                            for c in 0..d {
+                                let h = half::f16::from_f32(rand());
+                                row[2 * c..2 * c + 2].copy_from_slice(&h.to_le_bytes());
+                            }
+                        }
+                        Widen::Fp8 { scale, .. } => {
+                            let at = if scale.is_none() {
+                                let h = half::f16::from_f32(rand().abs() + 1e-3);
+                                row[..2].copy_from_slice(&h.to_le_bytes());
+                                2
+                            } else {
+                                0
+                            };
+                            for c in 0..d {
+                                // Finite codes of either encoding (exponent field not all ones).
+                                row[at + c] = (rand().to_bits() >> 7) as u8 & 0xbb;
+                            }
+                        }
+                    }
                 }
-            }
-            for nq in 1..=8usize {
-                let qs: Vec<f32> = (0..nq * d).map(|_| rand()).collect();
-                let w: Vec<f32> = (0..rows * nq).map(|_| rand().abs()).collect();
-                let acc0: Vec<f32> = (0..nq * d).map(|_| rand()).collect();
-                let ctx = format!("d={d} rows={rows} nq={nq}");
+                for nq in 1..=8usize {
+                    let qs: Vec<f32> = (0..nq * d).map(|_| rand()).collect();
+                    let w: Vec<f32> = (0..rows * nq).map(|_| rand().abs()).collect();
+                    let acc0: Vec<f32> = (0..nq * d).map(|_| rand()).collect();
+                    let ctx = format!("{kind:?} d={d} rows={rows} nq={nq}");
 
-                let full = rows - rows % 4;
-                let (mut got, mut want) = (vec![0f32; rows * nq], vec![0f32; rows * nq]);
-                assert!(f16_dots(&data, rb, (0, rows), &qs, d, &mut got));
-                // SAFETY: features compiled in (cfg above); rows 0..full lie in `data`, their
-                // scores in `want`.
-                unsafe { avx::f16_dots::<false>(&data, rb, 0, full, &qs, d, want.as_mut_ptr()) };
-                assert_eq!(got[..full * nq], want[..full * nq], "f16_dots {ctx}");
+                    let full = rows - rows % 4;
+                    let (mut got, mut want) = (vec![0f32; rows * nq], vec![0f32; rows * nq]);
+                    assert!(row_dots(kind, &data, rb, (0, rows), &qs, d, &mut got));
+                    // SAFETY: features compiled in (cfg above); rows 0..full lie in `data`,
+                    // their scores in `want`.
+                    unsafe {
+                        avx::row_dots::<false>(kind, &data, rb, 0, full, &qs, d, want.as_mut_ptr())
+                    };
+                    assert_eq!(got[..full * nq], want[..full * nq], "row_dots {ctx}");
 
-                let (mut got, mut want) = (acc0.clone(), acc0.clone());
-                assert!(f16_axpy(
-                    &data,
-                    rb,
-                    (0, rows.min(TILE_ROWS)),
-                    &w,
-                    d,
-                    &mut got
-                ));
-                // SAFETY: as above.
-                let n = rows.min(TILE_ROWS);
-                unsafe { avx::f16_axpy::<false>(&data, rb, (0, n), w.as_ptr(), d, &mut want) };
-                assert_eq!(got, want, "f16_axpy {ctx}");
+                    let n = rows.min(TILE_ROWS);
+                    let (mut got, mut want) = (acc0.clone(), acc0.clone());
+                    assert!(row_axpy(kind, &data, rb, (0, n), &w, d, &mut got));
+                    // SAFETY: as above.
+                    unsafe {
+                        avx::row_axpy::<false>(kind, &data, rb, (0, n), w.as_ptr(), d, &mut want)
+                    };
+                    assert_eq!(got, want, "row_axpy {ctx}");
+                }
             }
         }
     }
@@ -1357,65 +1593,126 @@ mod tests {
         }
     }
 
-    /// The f16 kernels that widen rows in registers against f64 sums of the rows' f16 values
-    /// (exact in f64; bound: f32 accumulation, Higham §3.1, `γ_{d+2}·Σ|q·k|` and
-    /// `γ_{n+2}·Σ|w·v|`), and to the bit against decoding into a tile first, as their docs
+    /// The fused row kernels (f16; FP8 E4M3 and E5M2 with a per-token f16 scale and with an
+    /// external one) against f64 sums of the rows' values — f16 widened by `half`, FP8 codes by
+    /// the `float8` crate times the scale, exact in f64 (the scales are chosen so the f32
+    /// product is exact too); bound: f32 accumulation, Higham §3.1, `γ_{d+2}·Σ|q·k|` and
+    /// `γ_{n+2}·Σ|w·v|` — and to the bit against decoding into a tile first, as their docs
     /// claim; rows of 70 (a 32-row step, 4-row groups and a tail), a row stride with padding,
     /// nq 1–7, a step of zero weights (skipped, so its rows may hold anything).
     #[test]
-    fn f16_kernels_match_f64_and_the_tile_path() {
+    fn row_kernels_match_f64_and_the_tile_path() {
         use crate::kv::stream::{axpy_rows_with, dot_rows_with};
         let (n, t0) = (70usize, 3usize);
-        for (d, pad) in [(64usize, 0usize), (128, 6), (32, 2)] {
-            let rb = 2 * d + pad;
-            let mut data = vec![0u8; (t0 + n) * rb];
-            let mut vals = vec![0f64; (t0 + n) * d];
-            for t in 0..t0 + n {
-                for c in 0..d {
-                    let h = half::f16::from_f32(((t * d + c) as f32 * 0.37).sin() * 3.0);
-                    data[t * rb + 2 * c..t * rb + 2 * c + 2].copy_from_slice(&h.to_le_bytes());
-                    vals[t * d + c] = h.to_f64();
-                }
-            }
-            for nq in [1usize, 3, 4, 7] {
-                let qs: Vec<f32> = (0..nq * d).map(|i| (i as f32 * 0.11).cos()).collect();
-                let mut got = vec![0f32; n * nq];
-                if !f16_dots(&data, rb, (t0, t0 + n), &qs, d, &mut got) {
-                    return; // no F16C/FMA in this build: the callers decode rows instead
-                }
-                let mut tiled = vec![0f32; n * nq];
-                dot_rows_with(t0, t0 + n, &qs, &mut tiled, d, |t, r| {
-                    f16_to_f32(&data[t * rb..], r)
-                });
-                assert_eq!(got, tiled, "d={d} nq={nq}: dots differ from the tile path");
-                let u = 2f64.powi(-24);
-                for t in 0..n {
-                    for j in 0..nq {
-                        let terms = (0..d).map(|c| qs[j * d + c] as f64 * vals[(t0 + t) * d + c]);
-                        let exact: f64 = terms.clone().sum();
-                        let g = (d + 2) as f64 * u / (1.0 - (d + 2) as f64 * u);
-                        let bound = g * terms.map(f64::abs).sum::<f64>() + 1e-30;
-                        let e = (got[t * nq + j] as f64 - exact).abs();
-                        assert!(e <= bound, "d={d} nq={nq} t={t} j={j}: {e} > {bound}");
+        let layouts = [
+            Widen::F16,
+            Widen::Fp8 {
+                e4m3: true,
+                scale: None,
+            },
+            Widen::Fp8 {
+                e4m3: false,
+                scale: None,
+            },
+            Widen::Fp8 {
+                e4m3: true,
+                scale: Some(0.375),
+            },
+            Widen::Fp8 {
+                e4m3: false,
+                scale: Some(0.375),
+            },
+        ];
+        for kind in layouts {
+            for (d, pad) in [(64usize, 0usize), (128, 6), (32, 2)] {
+                let rb = kind.row_bytes(d) + pad;
+                let mut data = vec![0u8; (t0 + n) * rb];
+                let mut vals = vec![0f64; (t0 + n) * d];
+                for t in 0..t0 + n {
+                    let row = &mut data[t * rb..(t + 1) * rb];
+                    let x = |c: usize| ((t * d + c) as f32 * 0.37).sin() * 3.0;
+                    match kind {
+                        Widen::F16 => {
+                            for c in 0..d {
+                                let h = half::f16::from_f32(x(c));
+                                row[2 * c..2 * c + 2].copy_from_slice(&h.to_le_bytes());
+                                vals[t * d + c] = h.to_f64();
+                            }
+                        }
+                        Widen::Fp8 { e4m3, scale } => {
+                            let (s, codes) = match scale {
+                                Some(s) => (s as f64, &mut row[..]),
+                                None => {
+                                    let h = half::f16::from_f32(0.01 + 0.003 * t as f32);
+                                    row[..2].copy_from_slice(&h.to_le_bytes());
+                                    (h.to_f64(), &mut row[2..])
+                                }
+                            };
+                            for c in 0..d {
+                                // Every finite code in turn (NaN and ±∞ never stored).
+                                let mut b = ((t * d + c) * 37 + 11) as u8;
+                                let special = if e4m3 {
+                                    b & 0x7f == 0x7f
+                                } else {
+                                    b & 0x7c == 0x7c
+                                };
+                                if special {
+                                    b ^= 0x41;
+                                }
+                                codes[c] = b;
+                                let v = if e4m3 {
+                                    float8::F8E4M3::from_bits(b).to_f64()
+                                } else {
+                                    float8::F8E5M2::from_bits(b).to_f64()
+                                };
+                                vals[t * d + c] = v * s;
+                            }
+                        }
                     }
                 }
-                let mut w: Vec<f32> = (0..n * nq).map(|i| (i % 5) as f32 * 0.2).collect();
-                w[32 * nq..64 * nq].iter_mut().for_each(|x| *x = 0.0);
-                let mut acc = vec![0.5f32; nq * d];
-                assert!(f16_axpy(&data, rb, (t0, t0 + n), &w, d, &mut acc));
-                let mut tiled = vec![0.5f32; nq * d];
-                axpy_rows_with(t0, t0 + n, &w, &mut tiled, d, |t, r| {
-                    f16_to_f32(&data[t * rb..], r)
-                });
-                assert_eq!(acc, tiled, "d={d} nq={nq}: P·V differs from the tile path");
-                for j in 0..nq {
-                    for c in 0..d {
-                        let terms = (0..n).map(|t| w[t * nq + j] as f64 * vals[(t0 + t) * d + c]);
-                        let exact = 0.5 + terms.clone().sum::<f64>();
-                        let g = (n + 2) as f64 * u / (1.0 - (n + 2) as f64 * u);
-                        let bound = g * (0.5 + terms.map(f64::abs).sum::<f64>());
-                        let e = (acc[j * d + c] as f64 - exact).abs();
-                        assert!(e <= bound, "d={d} nq={nq} j={j} c={c}: {e} > {bound}");
+                for nq in [1usize, 3, 4, 7] {
+                    let ctx = format!("{kind:?} d={d} nq={nq}");
+                    let qs: Vec<f32> = (0..nq * d).map(|i| (i as f32 * 0.11).cos()).collect();
+                    let mut got = vec![0f32; n * nq];
+                    if !row_dots(kind, &data, rb, (t0, t0 + n), &qs, d, &mut got) {
+                        return; // no F16C/FMA in this build: the callers decode rows instead
+                    }
+                    let mut tiled = vec![0f32; n * nq];
+                    dot_rows_with(t0, t0 + n, &qs, &mut tiled, d, |t, r| {
+                        kind.decode(&data[t * rb..], r)
+                    });
+                    assert_eq!(got, tiled, "{ctx}: dots differ from the tile path");
+                    let u = 2f64.powi(-24);
+                    for t in 0..n {
+                        for j in 0..nq {
+                            let terms =
+                                (0..d).map(|c| qs[j * d + c] as f64 * vals[(t0 + t) * d + c]);
+                            let exact: f64 = terms.clone().sum();
+                            let g = (d + 2) as f64 * u / (1.0 - (d + 2) as f64 * u);
+                            let bound = g * terms.map(f64::abs).sum::<f64>() + 1e-30;
+                            let e = (got[t * nq + j] as f64 - exact).abs();
+                            assert!(e <= bound, "{ctx} t={t} j={j}: {e} > {bound}");
+                        }
+                    }
+                    let mut w: Vec<f32> = (0..n * nq).map(|i| (i % 5) as f32 * 0.2).collect();
+                    w[32 * nq..64 * nq].iter_mut().for_each(|x| *x = 0.0);
+                    let mut acc = vec![0.5f32; nq * d];
+                    assert!(row_axpy(kind, &data, rb, (t0, t0 + n), &w, d, &mut acc));
+                    let mut tiled = vec![0.5f32; nq * d];
+                    axpy_rows_with(t0, t0 + n, &w, &mut tiled, d, |t, r| {
+                        kind.decode(&data[t * rb..], r)
+                    });
+                    assert_eq!(acc, tiled, "{ctx}: P·V differs from the tile path");
+                    for j in 0..nq {
+                        for c in 0..d {
+                            let terms =
+                                (0..n).map(|t| w[t * nq + j] as f64 * vals[(t0 + t) * d + c]);
+                            let exact = 0.5 + terms.clone().sum::<f64>();
+                            let g = (n + 2) as f64 * u / (1.0 - (n + 2) as f64 * u);
+                            let bound = g * (0.5 + terms.map(f64::abs).sum::<f64>());
+                            let e = (acc[j * d + c] as f64 - exact).abs();
+                            assert!(e <= bound, "{ctx} j={j} c={c}: {e} > {bound}");
+                        }
                     }
                 }
             }

@@ -192,8 +192,10 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
     fn dot_rows(&self, t0: usize, t1: usize, qs: &[f32], out: &mut [f32]) {
         let (codec, rb, data) = (self.codec, self.rb, &self.data);
         let d = self.head_dim;
-        if codec.f16_rows() && super::simd::f16_dots(data, rb, (t0, t1), qs, d, out) {
-            return;
+        if let Some(k) = codec.widen() {
+            if super::simd::row_dots(k, data, rb, (t0, t1), qs, d, out) {
+                return;
+            }
         }
         dot_rows_with(t0, t1, qs, out, self.head_dim, |t, r| {
             super::simd::prefetch_ahead(data, t * rb, rb);
@@ -278,8 +280,10 @@ impl<C: RowCodec> RowStream<C> {
     /// [`super::codeaxpy::CodeValues::exact`] says so; otherwise on rows decoded to f32.
     fn axpy_rows_on(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32], exact: bool) {
         let (codec, rb, data) = (self.codec, self.rb, &self.data);
-        if codec.f16_rows() && super::simd::f16_axpy(data, rb, (t0, t1), w, self.head_dim, acc) {
-            return;
+        if let Some(k) = codec.widen() {
+            if super::simd::row_axpy(k, data, rb, (t0, t1), w, self.head_dim, acc) {
+                return;
+            }
         }
         if let Some(f) = codec.code_values().filter(|f| f.exact() || !exact) {
             // The kernel's layout must be the stored one (int4 with two groups per row has

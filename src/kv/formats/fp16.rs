@@ -59,7 +59,7 @@ impl RowCodec for F16Row {
         crate::kv::simd::f16_to_f32(row, out);
     }
 
-    fn f16_rows(&self) -> bool {
-        true
+    fn widen(&self) -> Option<crate::kv::simd::Widen> {
+        Some(crate::kv::simd::Widen::F16)
     }
 }

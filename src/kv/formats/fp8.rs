@@ -8,12 +8,12 @@
 
 use std::fmt;
 
-use half::f16;
 
 use super::gpu::{self, GpuFormat};
 use super::contract::{Format, FormatSpec, ScaleScope};
 use crate::kv::codec::{f16_round_up, RowCodec};
 use crate::kv::params::Params;
+use crate::kv::simd::Widen;
 use crate::kv::stream::{RowStream, Stream};
 
 /// Which FP8 encoding.
@@ -170,6 +170,14 @@ pub struct Fp8Row {
 }
 
 impl Fp8Row {
+    /// The stored row's layout: codes after an f16 scale (per token) or codes alone.
+    fn layout(&self) -> Widen {
+        Widen::Fp8 {
+            e4m3: self.kind == Fp8Kind::E4M3,
+            scale: self.scale,
+        }
+    }
+
     fn code(&self, v: f32) -> u8 {
         match self.kind {
             Fp8Kind::E4M3 => float8::F8E4M3::from_f32(v).to_bits(),
@@ -212,11 +220,11 @@ impl RowCodec for Fp8Row {
 
     #[inline(always)]
     fn decode(&self, row: &[u8], out: &mut [f32]) {
-        let (s, codes) = match self.scale {
-            None => (f16::from_le_bytes([row[0], row[1]]).to_f32(), &row[2..]),
-            Some(s) => (s, row),
-        };
-        crate::kv::simd::fp8_to_f32(codes, self.kind == Fp8Kind::E4M3, s, out);
+        self.layout().decode(row, out)
+    }
+
+    fn widen(&self) -> Option<Widen> {
+        Some(self.layout())
     }
 }
 
