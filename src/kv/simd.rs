@@ -158,23 +158,20 @@ pub fn q4_0_to_f32(src: &[u8], d: f32, dst: &mut [f32]) {
 #[inline(always)]
 pub fn fp8_to_f32(src: &[u8], e4m3: bool, scale: f32, dst: &mut [f32]) {
     assert!(src.len() >= dst.len());
-    // Elements the vector loop converted: whole groups of 8 with AVX2 and F16C, none without.
+    // Elements the vector loop converted: whole groups of 8 with AVX2, FMA and F16C, none
+    // without.
     let done = simd_dispatch!(
-        ["avx2", "f16c"],
+        ["avx2", "fma", "f16c"],
         unsafe {
             use std::arch::x86_64::*;
             let s = _mm256_set1_ps(if e4m3 { scale * 256.0 } else { scale });
             let mut i = 0;
             while i + 8 <= dst.len() {
-                let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(src.as_ptr().add(i) as *const __m128i));
+                let b = _mm_loadl_epi64(src.as_ptr().add(i) as *const __m128i);
                 let h = if e4m3 {
-                    let sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
-                    _mm_or_si128(
-                        sign,
-                        _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
-                    )
+                    avx::fp8_half::<true>(b)
                 } else {
-                    _mm_slli_epi16(b, 8)
+                    avx::fp8_half::<false>(b)
                 };
                 _mm256_storeu_ps(
                     dst.as_mut_ptr().add(i),
@@ -859,23 +856,24 @@ pub(crate) mod avx {
         }
     }
 
-    /// Eight FP8 codes, zero-extended to 16 bits each, as f16 bit patterns ([`Fp8Rows`]).
+    /// The eight FP8 codes in the low 8 bytes of `b` as f16 bit patterns ([`Fp8Rows`]): E5M2
+    /// is the f16's upper byte; E4M3 is sign-extended and shifted left by 7, which puts the
+    /// sign in bits 15 and 14 and exponent and mantissa in bits 13–7, and the mask clears
+    /// bit 14.
     #[inline(always)]
-    unsafe fn fp8_half<const E4M3: bool>(b: __m128i) -> __m128i {
-        let h = _mm_slli_epi16(b, 8);
+    pub unsafe fn fp8_half<const E4M3: bool>(b: __m128i) -> __m128i {
         if E4M3 {
-            // sign, then exponent and mantissa one bit lower: an arithmetic shift copies the
-            // sign into bit 14, which the mask clears.
-            _mm_and_si128(_mm_srai_epi16(h, 1), _mm_set1_epi16(0xbfff_u16 as i16))
+            let h = _mm_slli_epi16(_mm_cvtepi8_epi16(b), 7);
+            _mm_and_si128(h, _mm_set1_epi16(0xbfff_u16 as i16))
         } else {
-            h
+            _mm_slli_epi16(_mm_cvtepu8_epi16(b), 8)
         }
     }
 
     impl<const E4M3: bool, const TOKEN: bool> Rows for Fp8Rows<E4M3, TOKEN> {
         #[inline(always)]
         unsafe fn ld(self, r: usize, c: usize) -> __m256 {
-            let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(self.code(r, c) as *const __m128i));
+            let b = _mm_loadl_epi64(self.code(r, c) as *const __m128i);
             let x = _mm256_cvtph_ps(fp8_half::<E4M3>(b));
             _mm256_mul_ps(x, _mm256_set1_ps(self.scale(r)))
         }
@@ -920,14 +918,11 @@ pub(crate) mod avx {
     ))]
     #[inline(always)]
     unsafe fn fp8_half16<const E4M3: bool>(b: __m128i) -> __m256i {
-        let h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8);
         if E4M3 {
-            _mm256_and_si256(
-                _mm256_srai_epi16(h, 1),
-                _mm256_set1_epi16(0xbfff_u16 as i16),
-            )
+            let h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+            _mm256_and_si256(h, _mm256_set1_epi16(0xbfff_u16 as i16))
         } else {
-            h
+            _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8)
         }
     }
 
