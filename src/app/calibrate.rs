@@ -58,12 +58,12 @@ pub struct CalibrateArgs {
     /// short context, 32 + the steps, in the same rounds; the difference is its K/V cost):
     /// where the workload you will simulate runs — the shipped serve suites run at 32–448
     /// tokens.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 384)]
     pub long_ctx: usize,
-    /// Sequences of the per-scheme decode steps: 16 × (256 − 32) cached tokens between each
-    /// scheme's short and long step, a difference of 4–12 ms on this CPU, above the steps'
-    /// noise.
-    #[arg(long, default_value_t = 16)]
+    /// Sequences of the per-scheme decode steps: as many as the shipped serve suites mostly
+    /// run (2–14), and 8 × (384 − 32) cached tokens between each scheme's short and long
+    /// step, a difference of several ms on this CPU, above the steps' noise.
+    #[arg(long, default_value_t = 8)]
     pub scheme_batch: usize,
     /// Timed prefills per prompt length (the median is kept; of the running batch's steps
     /// right before and after each, the mean).

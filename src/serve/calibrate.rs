@@ -166,7 +166,7 @@ pub fn measure(
     for (&(_, batch, _), s) in runs.iter().zip(times) {
         samples
             .decode
-            .push((batch, spec.short_ctx + step_repeats / 2 + 1, s));
+            .push((batch, spec.short_ctx + median_context(step_repeats), s));
     }
     progress.advance(1);
     // Each scheme's step at the short and the long context, interleaved the same way: two
@@ -191,16 +191,27 @@ pub fn measure(
     for (&(scheme, b, c), s) in runs.iter().zip(times) {
         samples
             .scheme_steps
-            .push((scheme, b, c + step_repeats / 2 + 1, s));
+            .push((scheme, b, c + median_context(step_repeats), s));
     }
     progress.advance(spec.schemes.len() as u64);
     Ok(samples)
 }
 
+/// Tokens each sequence holds beyond its prompt at the median timed step of
+/// [`interleaved_steps`] with `repeats` timed rounds (round `repeats / 2 + 1`): the steps
+/// before it, two a round from round 0 on, and its round's untimed one.
+fn median_context(repeats: usize) -> usize {
+    2 * (repeats / 2 + 1) + 1
+}
+
 /// Per run `(scheme, batch, ctx)`: the median of `repeats` decode steps (after one untimed
 /// round) of `batch` sequences of `ctx` prompt tokens each, K/V in `scheme`. Every run's
-/// sequences are admitted first; then each round steps every run once, in order, so machine
-/// drift and contention fall on all runs of a round alike. Seconds, in the order of `runs`.
+/// sequences are admitted first; then each round steps every run twice, in order — an untimed
+/// step, then the timed one — so machine drift and contention fall on all runs of a round
+/// alike, and each timed step follows a step of its own batch, as serving's steps do. Timed
+/// right after another run's step (batch 48's, say), a batch-1 step took 10.4 ms against
+/// 6.8 ms in serving's own single-sequence steps, and batches 2–4 25–35 % more (README,
+/// "From this machine to a GPU fleet"). Seconds, in the order of `runs`.
 /// Errors: the model's and the cache's; `prompt`'s.
 fn interleaved_steps<'t>(
     prefill: &Model,
@@ -220,6 +231,7 @@ fn interleaved_steps<'t>(
     }
     for r in 0..=repeats {
         for (b, last, times) in live.iter_mut() {
+            *last = b.step(last)?;
             let t0 = Instant::now();
             *last = b.step(last)?;
             if r > 0 {
