@@ -474,6 +474,19 @@ mod chan_avx {
         q: &BlockQueries,
         out: &mut [f32],
     ) {
+        #[cfg(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        ))]
+        if d.is_multiple_of(64) && bits == 8 {
+            // 8-bit only: `attn-bench` (interleaved builds, Intel Xeon VM, 8k) measured
+            // int8-channel 13.1 → 11.7 ms, int4-channel 11.7 → 11.0, but int2-channel 10.4 →
+            // 11.3 (a broadcast and a variable shift per row) and `k4v2` (int4-channel keys,
+            // int2 values on 256-bit code) 11.5 → 11.9: 512-bit keys beside 256-bit value
+            // kernels slow the latter.
+            return wide::block_scores(codes, crb, d, r0, r1, q, out);
+        }
         let nq = q.sq.len();
         let mut r = r0;
         // Eight rows per query at a time: one horizontal reduction for all eight.
@@ -505,6 +518,105 @@ mod chan_avx {
                 *out.get_unchecked_mut((r - r0) * nq + j) = q.sq[j] * dot + q.bias[j];
             }
             r += 1;
+        }
+    }
+    /// [`block_scores`] for 8-bit codes, 64 channels a register (`d` a multiple of 64): each
+    /// row's codes offset by 128 (`k ⊕ 0x80`, unsigned) and dotted with the query's codes by
+    /// one AVX-512 `vpdpbusd` per 64, the sum started from `−128·Σc` ([`offset_correction`],
+    /// oneDNN's s8s8 compensation), so every sum is the same integer as the AVX2 kernel's and
+    /// the same f32 steps follow: the same scores to the bit.
+    #[cfg(all(
+        target_feature = "avx512f",
+        target_feature = "avx512bw",
+        target_feature = "avx512vnni"
+    ))]
+    mod wide {
+        use super::super::BlockQueries;
+        use crate::kv::intdot::avx::hsum8;
+        use crate::kv::simd::avx::hsum;
+        use crate::kv::simd::avx512::offset_correction;
+        use std::arch::x86_64::*;
+
+        /// Channels `64b..64b + 64` of an 8-bit code row, offset by 128 into unsigned bytes.
+        #[inline(always)]
+        unsafe fn codes64(row: *const u8, b: usize) -> __m512i {
+            _mm512_xor_si512(
+                _mm512_loadu_si512(row.add(64 * b) as *const _),
+                _mm512_set1_epi8(-128),
+            )
+        }
+
+        /// One code row against one query's codes `c` (`d / 64` registers) from `start` (the
+        /// offset's correction): 8 i32 partial sums.
+        #[inline(always)]
+        unsafe fn row_dot(row: *const u8, c: &[__m512i], start: __m512i) -> __m256i {
+            let mut acc = start;
+            for (b, &cv) in c.iter().enumerate() {
+                acc = _mm512_dpbusd_epi32(acc, codes64(row, b), cv);
+            }
+            _mm256_add_epi32(
+                _mm512_castsi512_si256(acc),
+                _mm512_extracti64x4_epi64(acc, 1),
+            )
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn block_scores(
+            codes: &[u8],
+            crb: usize,
+            d: usize,
+            r0: usize,
+            r1: usize,
+            q: &BlockQueries,
+            out: &mut [f32],
+        ) {
+            let nq = q.sq.len();
+            let chunks = d / 64;
+            let mut c = [_mm512_setzero_si512(); 4];
+            for j in 0..nq {
+                let qc = q.q8.as_ptr().add(j * d);
+                let mut start = _mm512_setzero_si512();
+                // Up to 256 channels in registers; wider heads read the query from memory.
+                let mut cv = Vec::new();
+                let cs: &mut [__m512i] = if chunks <= 4 {
+                    &mut c[..chunks]
+                } else {
+                    cv.resize(chunks, _mm512_setzero_si512());
+                    &mut cv
+                };
+                for (b, x) in cs.iter_mut().enumerate() {
+                    *x = _mm512_loadu_si512(qc.add(64 * b) as *const _);
+                    let z = _mm512_set1_epi8(-128);
+                    start = _mm512_add_epi32(start, offset_correction(z, *x));
+                }
+                let cs = &*cs;
+                let mut r = r0;
+                // Eight rows at a time: one horizontal reduction for all eight.
+                while r + 8 <= r1 {
+                    let mut acc = [_mm256_setzero_ps(); 8];
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        let row = codes.as_ptr().add((r + k) * crb);
+                        *a = _mm256_cvtepi32_ps(row_dot(row, cs, start));
+                    }
+                    let v = _mm256_fmadd_ps(
+                        hsum8(&acc),
+                        _mm256_set1_ps(q.sq[j]),
+                        _mm256_set1_ps(q.bias[j]),
+                    );
+                    let mut s = [0f32; 8];
+                    _mm256_storeu_ps(s.as_mut_ptr(), v);
+                    for (k, &x) in s.iter().enumerate() {
+                        *out.get_unchecked_mut((r + k - r0) * nq + j) = x;
+                    }
+                    r += 8;
+                }
+                while r < r1 {
+                    let row = codes.as_ptr().add(r * crb);
+                    let dot = hsum(_mm256_cvtepi32_ps(row_dot(row, cs, start)));
+                    *out.get_unchecked_mut((r - r0) * nq + j) = q.sq[j] * dot + q.bias[j];
+                    r += 1;
+                }
+            }
         }
     }
 }
