@@ -722,7 +722,10 @@ mod avx {
     /// 32 elements at a time: 32 nibbles (pair order) widened to i32 indices, eight at a time
     /// looked up in the 16 centroids held in two vectors (`permutevar8x32` on each half, the
     /// index's bit 3 choosing between them), times the row factor; then per query
-    /// `acc += w · v` as a product and a sum (the scalar loop's roundings).
+    /// `acc += w · v` as a product and a sum (the scalar loop's roundings). Per block of 32
+    /// elements the accumulators of up to four queries stay in registers over all the rows
+    /// (each element still sums the rows in order, so the same result to the bit as a row at a
+    /// time).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn axpy_centroids4(
         centroids: &[f32; 16],
@@ -735,9 +738,98 @@ mod avx {
         acc: &mut [f32],
     ) {
         let nq = acc.len() / d;
-        let lo = _mm256_loadu_ps(centroids.as_ptr());
-        let hi = _mm256_loadu_ps(centroids.as_ptr().add(8));
+        let cents = (
+            _mm256_loadu_ps(centroids.as_ptr()),
+            _mm256_loadu_ps(centroids.as_ptr().add(8)),
+        );
         let o = acc.as_mut_ptr();
+        let rows = (data, rb, t0, t1);
+        for b in 0..d / 32 {
+            let mut j = 0;
+            while nq - j >= 4 {
+                centroids_block::<4, WIDE16>(cents, rows, b, w, nq, j, o, d);
+                j += 4;
+            }
+            match nq - j {
+                3 => centroids_block::<3, WIDE16>(cents, rows, b, w, nq, j, o, d),
+                2 => centroids_block::<2, WIDE16>(cents, rows, b, w, nq, j, o, d),
+                1 => centroids_block::<1, WIDE16>(cents, rows, b, w, nq, j, o, d),
+                _ => {}
+            }
+        }
+    }
+
+    /// Whether [`centroids_block`] runs 16 lanes wide (AVX-512 F and BW compiled in).
+    const WIDE16: bool = cfg!(all(target_feature = "avx512f", target_feature = "avx512bw"));
+
+    /// Block `b` (elements `32b..32b + 32`) of [`axpy_centroids4`] for queries `j0..j0 + Q`;
+    /// with `WIDE` 16 lanes a register.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // the block's coordinates; a struct would only rename them
+    unsafe fn centroids_block<const Q: usize, const WIDE: bool>(
+        (lo, hi): (__m256, __m256),
+        (data, rb, t0, t1): (&[u8], usize, usize, usize),
+        b: usize,
+        w: &[f32],
+        nq: usize,
+        j0: usize,
+        o: *mut f32,
+        d: usize,
+    ) {
+        #[cfg(all(target_feature = "avx512f", target_feature = "avx512bw"))]
+        if WIDE {
+            // 16 lookups in one `vpermps` of the 16 centroids; the same products and sums per
+            // element as the 8-lane loop below, so the same result to the bit.
+            let lo = _mm512_castpd256_pd512(_mm256_castps_pd(lo));
+            let cents = _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(hi), 1));
+            let mut acc = [[_mm512_setzero_ps(); 2]; Q];
+            for (j, aj) in acc.iter_mut().enumerate() {
+                for (r, x) in aj.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(o.add((j0 + j) * d + 32 * b + 16 * r));
+                }
+            }
+            for t in t0..t1 {
+                let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
+                if wt.iter().all(|&x| x == 0.0) {
+                    continue;
+                }
+                let row = data.as_ptr().add(t * rb);
+                let n = _mm512_set1_ps(f16_at(row));
+                let nib = nibbles(row.add(2 + 16 * b));
+                let v = [
+                    _mm256_castsi256_si128(nib),
+                    _mm256_extracti128_si256(nib, 1),
+                ]
+                .map(|i| {
+                    let c = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(i), cents);
+                    _mm512_mul_ps(c, n)
+                });
+                for (j, aj) in acc.iter_mut().enumerate() {
+                    let wv = _mm512_set1_ps(*wt.get_unchecked(j0 + j));
+                    for (x, &vr) in aj.iter_mut().zip(&v) {
+                        *x = _mm512_add_ps(*x, _mm512_mul_ps(wv, vr));
+                    }
+                }
+            }
+            for (j, aj) in acc.iter().enumerate() {
+                for (r, x) in aj.iter().enumerate() {
+                    _mm512_storeu_ps(o.add((j0 + j) * d + 32 * b + 16 * r), *x);
+                }
+            }
+            return;
+        }
+        let mut acc = [[_mm256_setzero_ps(); 4]; Q];
+        for (j, aj) in acc.iter_mut().enumerate() {
+            for (r, x) in aj.iter_mut().enumerate() {
+                *x = _mm256_loadu_ps(o.add((j0 + j) * d + 32 * b + 8 * r));
+            }
+        }
+        let look = |i: __m256i, n: __m256| {
+            let a = _mm256_permutevar8x32_ps(lo, i);
+            let c = _mm256_permutevar8x32_ps(hi, i);
+            let m = _mm256_castsi256_ps(_mm256_slli_epi32(i, 28));
+            _mm256_mul_ps(_mm256_blendv_ps(a, c, m), n)
+        };
         for t in t0..t1 {
             let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
             if wt.iter().all(|&x| x == 0.0) {
@@ -745,35 +837,27 @@ mod avx {
             }
             let row = data.as_ptr().add(t * rb);
             let n = _mm256_set1_ps(f16_at(row));
-            for b in 0..d / 32 {
-                let nib = nibbles(row.add(2 + 16 * b));
-                let (n0, n1) = (
-                    _mm256_castsi256_si128(nib),
-                    _mm256_extracti128_si256(nib, 1),
-                );
-                let look = |i: __m256i| {
-                    let a = _mm256_permutevar8x32_ps(lo, i);
-                    let c = _mm256_permutevar8x32_ps(hi, i);
-                    let m = _mm256_castsi256_ps(_mm256_slli_epi32(i, 28));
-                    _mm256_mul_ps(_mm256_blendv_ps(a, c, m), n)
-                };
-                let v = [
-                    look(_mm256_cvtepu8_epi32(n0)),
-                    look(_mm256_cvtepu8_epi32(_mm_srli_si128(n0, 8))),
-                    look(_mm256_cvtepu8_epi32(n1)),
-                    look(_mm256_cvtepu8_epi32(_mm_srli_si128(n1, 8))),
-                ];
-                for (j, &wj) in wt.iter().enumerate() {
-                    let a = o.add(j * d + 32 * b);
-                    let wv = _mm256_set1_ps(wj);
-                    for (r, &vr) in v.iter().enumerate() {
-                        let p = a.add(8 * r);
-                        _mm256_storeu_ps(
-                            p,
-                            _mm256_add_ps(_mm256_loadu_ps(p), _mm256_mul_ps(wv, vr)),
-                        );
-                    }
+            let nib = nibbles(row.add(2 + 16 * b));
+            let (n0, n1) = (
+                _mm256_castsi256_si128(nib),
+                _mm256_extracti128_si256(nib, 1),
+            );
+            let v = [
+                look(_mm256_cvtepu8_epi32(n0), n),
+                look(_mm256_cvtepu8_epi32(_mm_srli_si128(n0, 8)), n),
+                look(_mm256_cvtepu8_epi32(n1), n),
+                look(_mm256_cvtepu8_epi32(_mm_srli_si128(n1, 8)), n),
+            ];
+            for (j, aj) in acc.iter_mut().enumerate() {
+                let wv = _mm256_set1_ps(*wt.get_unchecked(j0 + j));
+                for (x, &vr) in aj.iter_mut().zip(&v) {
+                    *x = _mm256_add_ps(*x, _mm256_mul_ps(wv, vr));
                 }
+            }
+        }
+        for (j, aj) in acc.iter().enumerate() {
+            for (r, x) in aj.iter().enumerate() {
+                _mm256_storeu_ps(o.add((j0 + j) * d + 32 * b + 8 * r), *x);
             }
         }
     }
