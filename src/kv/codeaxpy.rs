@@ -721,7 +721,8 @@ mod avx {
 
     /// 32 elements at a time: 32 nibbles (pair order) widened to i32 indices, eight at a time
     /// looked up in the 16 centroids held in two vectors (`permutevar8x32` on each half, the
-    /// index's bit 3 choosing between them), times the row factor; then per query
+    /// index's bit 3 choosing between them) — with AVX-512, sixteen at a time by one `vpermps`
+    /// of all 16 — times the row factor; then per query
     /// `acc += w · v` as a product and a sum (the scalar loop's roundings). Per block of 32
     /// elements the accumulators of up to four queries stay in registers over all the rows
     /// (each element still sums the rows in order, so the same result to the bit as a row at a

@@ -154,7 +154,7 @@ pub fn q4_0_to_f32(src: &[u8], d: f32, dst: &mut [f32]) {
 /// FP8 codes to f32 times `scale`, by widening to IEEE binary16 bits and F16C: E5M2 is the top
 /// byte of an f16; E4M3 (bias 7, no infinities) becomes f16 bits `sign | (byte & 0x7f) << 7`,
 /// which reads as the same value divided by 2⁸ (normals and subnormals alike), so the scale is
-/// multiplied by 256. Code 0x7f (E4M3 NaN) is never stored: encoding saturates.
+/// multiplied by 256. Codes 0x7f and 0xff (E4M3 NaN) are never stored: encoding saturates.
 #[inline(always)]
 pub fn fp8_to_f32(src: &[u8], e4m3: bool, scale: f32, dst: &mut [f32]) {
     assert!(src.len() >= dst.len());
@@ -364,7 +364,8 @@ impl Widen {
         }
     }
 
-    /// Decodes one stored row into `out` (`d` f32): the values the fused kernels use.
+    /// Decodes one stored row into `out` (`d` f32): the values the fused kernels use. Panics
+    /// (a caller's bug) when `row` is shorter than [`row_bytes`](Self::row_bytes)`(d)`.
     #[inline(always)]
     pub fn decode(self, row: &[u8], out: &mut [f32]) {
         match self {
@@ -1453,11 +1454,12 @@ mod tests {
         }
     }
 
-    /// The dispatched f16 row kernels (16 lanes where the build has AVX-512) against the AVX2
+    /// The dispatched fused row kernels, every [`Widen`] layout (f16; FP8 E4M3 and E5M2 with a
+    /// per-token and an external scale; 16 lanes where the build has AVX-512) against the AVX2
     /// kernels called directly: equal to the bit, as [`WIDE`]'s doc claims (the exact quality
     /// path runs them, so its numbers must not move with the machine's vector width). Random
     /// values spread over six binades, so a changed summation order shows in the last bits;
-    /// head_dim 32–256, 1–8 queries, row counts with a partial group of 4, a padded f16 row
+    /// head_dim 32–256, 1–8 queries, row counts with a partial group of 4, a padded row
     /// stride. Where the build has no AVX-512 both sides are the AVX2 kernel.
     #[cfg(all(
         target_arch = "x86_64",

@@ -198,10 +198,12 @@ pub fn measure(
 }
 
 /// Tokens each sequence holds beyond its prompt at the median timed step of
-/// [`interleaved_steps`] with `repeats` timed rounds (round `repeats / 2 + 1`): the steps
-/// before it, two a round from round 0 on, and its round's untimed one.
+/// [`interleaved_steps`] with `repeats` timed rounds: before the timed step of round `r` come
+/// `2r + 1` steps (two a round from round 0 on, and its round's untimed one), and the median
+/// round is `(repeats + 1) / 2`, so `repeats + 2` (for an even count, the mean of the two
+/// middle rounds' contexts).
 fn median_context(repeats: usize) -> usize {
-    2 * (repeats / 2 + 1) + 1
+    repeats + 2
 }
 
 /// Per run `(scheme, batch, ctx)`: the median of `repeats` decode steps (after one untimed
@@ -240,4 +242,30 @@ fn interleaved_steps<'t>(
         }
     }
     Ok(live.into_iter().map(|(_, _, t)| median(t)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `median_context` against a count of the steps `interleaved_steps` takes: round 0 two
+    /// untimed steps, each later round an untimed step then the timed one; the median of the
+    /// timed steps' prior counts (the middle one, or the mean of the two middle ones).
+    #[test]
+    fn median_context_counts_the_steps() {
+        for repeats in [1usize, 2, 3, 4, 11, 33] {
+            let mut steps = 0;
+            let mut before = Vec::new();
+            for r in 0..=repeats {
+                steps += 1; // untimed
+                if r > 0 {
+                    before.push(steps);
+                }
+                steps += 1; // timed (untimed in round 0)
+            }
+            let m = before.len();
+            let median2 = before[(m - 1) / 2] + before[m / 2];
+            assert_eq!(2 * median_context(repeats), median2, "repeats {repeats}");
+        }
+    }
 }

@@ -481,7 +481,7 @@ mod chan_avx {
         ))]
         if d.is_multiple_of(64) && bits == 8 {
             // 8-bit only: `attn-bench` (interleaved builds, Intel Xeon VM, 8k) measured
-            // int8-channel 13.1 → 11.7 ms, int4-channel 11.7 → 11.0, but int2-channel 10.4 →
+            // int8-channel 13.0 → 11.4 ms, int4-channel 11.7 → 11.0, but int2-channel 10.4 →
             // 11.3 (a broadcast and a variable shift per row) and `k4v2` (int4-channel keys,
             // int2 values on 256-bit code) 11.5 → 11.9: 512-bit keys beside 256-bit value
             // kernels slow the latter.
@@ -572,16 +572,15 @@ mod chan_avx {
         ) {
             let nq = q.sq.len();
             let chunks = d / 64;
+            // Up to 256 channels in registers; wider heads read the query from memory.
             let mut c = [_mm512_setzero_si512(); 4];
+            let mut cv = vec![_mm512_setzero_si512(); if chunks > 4 { chunks } else { 0 }];
             for j in 0..nq {
                 let qc = q.q8.as_ptr().add(j * d);
                 let mut start = _mm512_setzero_si512();
-                // Up to 256 channels in registers; wider heads read the query from memory.
-                let mut cv = Vec::new();
                 let cs: &mut [__m512i] = if chunks <= 4 {
                     &mut c[..chunks]
                 } else {
-                    cv.resize(chunks, _mm512_setzero_si512());
                     &mut cv
                 };
                 for (b, x) in cs.iter_mut().enumerate() {
@@ -910,7 +909,7 @@ mod tests {
         use rand::SeedableRng;
         let mut rng = rand::rngs::StdRng::seed_from_u64(2402_02750);
         for bits in [8u8, 4, 2] {
-            for d in [64usize, 128] {
+            for d in [64usize, 128, 192, 320] {
                 for nq in [1usize, 3, 8] {
                     let n = 150;
                     let mut s = ChannelStream::new(bits, 32, 16, d);

@@ -8,7 +8,6 @@
 
 use std::fmt;
 
-
 use super::gpu::{self, GpuFormat};
 use super::contract::{Format, FormatSpec, ScaleScope};
 use crate::kv::codec::{f16_round_up, RowCodec};

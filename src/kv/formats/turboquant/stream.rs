@@ -644,7 +644,7 @@ mod tests {
     fn tq4_values_on_codes_match_decoded_rows() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(1987);
         for (d, nc) in [(32usize, false), (64, false), (128, false), (64, true), (128, true)] {
-            for nq in [1usize, 3, 8] {
+            for nq in [1usize, 2, 3, 8] {
                 let n = 37;
                 let c = Arc::new(TurboQuantMse::new(d, 4, nc, 3).unwrap());
                 let mut s = TurboQuantStream::new(TqCodec::Mse(c.clone()));
