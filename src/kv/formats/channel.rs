@@ -487,39 +487,52 @@ mod chan_avx {
             // kernels slow the latter.
             return wide::block_scores(codes, crb, d, r0, r1, q, out);
         }
+        for j in 0..q.sq.len() {
+            let c = q.q8.as_ptr().add(j * d);
+            column(codes, crb, (r0, r1), q, j, out, |row| row_dot(bits, row, c, d));
+        }
+    }
+
+    /// Query `j`'s scores over code rows `r0..r1`, `out[(r − r0)·nq + j] = sq_j·Σ + bias_j`
+    /// with `dot(row)` a row's 8 i32 partial sums: eight rows per horizontal reduction, then the
+    /// rows left one at a time. Shared by the 256- and 512-bit kernels, so both finish the
+    /// integer sums with the same f32 steps.
+    #[inline(always)]
+    pub(super) unsafe fn column(
+        codes: &[u8],
+        crb: usize,
+        (r0, r1): (usize, usize),
+        q: &BlockQueries,
+        j: usize,
+        out: &mut [f32],
+        dot: impl Fn(*const u8) -> __m256i,
+    ) {
         let nq = q.sq.len();
         let mut r = r0;
-        // Eight rows per query at a time: one horizontal reduction for all eight.
         while r + 8 <= r1 {
-            for j in 0..nq {
-                let c = q.q8.as_ptr().add(j * d);
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for (k, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_cvtepi32_ps(row_dot(bits, codes.as_ptr().add((r + k) * crb), c, d));
-                }
-                let v = _mm256_fmadd_ps(
-                    hsum8(&acc),
-                    _mm256_set1_ps(q.sq[j]),
-                    _mm256_set1_ps(q.bias[j]),
-                );
-                let mut s = [0f32; 8];
-                _mm256_storeu_ps(s.as_mut_ptr(), v);
-                for (k, &x) in s.iter().enumerate() {
-                    *out.get_unchecked_mut((r + k - r0) * nq + j) = x;
-                }
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_cvtepi32_ps(dot(codes.as_ptr().add((r + k) * crb)));
+            }
+            let v = _mm256_fmadd_ps(
+                hsum8(&acc),
+                _mm256_set1_ps(q.sq[j]),
+                _mm256_set1_ps(q.bias[j]),
+            );
+            let mut s = [0f32; 8];
+            _mm256_storeu_ps(s.as_mut_ptr(), v);
+            for (k, &x) in s.iter().enumerate() {
+                *out.get_unchecked_mut((r + k - r0) * nq + j) = x;
             }
             r += 8;
         }
         while r < r1 {
-            let row = codes.as_ptr().add(r * crb);
-            for j in 0..nq {
-                let p = row_dot(bits, row, q.q8.as_ptr().add(j * d), d);
-                let dot = hsum(_mm256_cvtepi32_ps(p));
-                *out.get_unchecked_mut((r - r0) * nq + j) = q.sq[j] * dot + q.bias[j];
-            }
+            let d = hsum(_mm256_cvtepi32_ps(dot(codes.as_ptr().add(r * crb))));
+            *out.get_unchecked_mut((r - r0) * nq + j) = q.sq[j] * d + q.bias[j];
             r += 1;
         }
     }
+
     /// [`block_scores`] for 8-bit codes, 64 channels a register (`d` a multiple of 64): each
     /// row's codes offset by 128 (`k ⊕ 0x80`, unsigned) and dotted with the query's codes by
     /// one AVX-512 `vpdpbusd` per 64, the sum started from `−128·Σc` ([`offset_correction`],
@@ -532,8 +545,6 @@ mod chan_avx {
     ))]
     mod wide {
         use super::super::BlockQueries;
-        use crate::kv::intdot::avx::hsum8;
-        use crate::kv::simd::avx::hsum;
         use crate::kv::simd::avx512::offset_correction;
         use std::arch::x86_64::*;
 
@@ -589,32 +600,7 @@ mod chan_avx {
                     start = _mm512_add_epi32(start, offset_correction(z, *x));
                 }
                 let cs = &*cs;
-                let mut r = r0;
-                // Eight rows at a time: one horizontal reduction for all eight.
-                while r + 8 <= r1 {
-                    let mut acc = [_mm256_setzero_ps(); 8];
-                    for (k, a) in acc.iter_mut().enumerate() {
-                        let row = codes.as_ptr().add((r + k) * crb);
-                        *a = _mm256_cvtepi32_ps(row_dot(row, cs, start));
-                    }
-                    let v = _mm256_fmadd_ps(
-                        hsum8(&acc),
-                        _mm256_set1_ps(q.sq[j]),
-                        _mm256_set1_ps(q.bias[j]),
-                    );
-                    let mut s = [0f32; 8];
-                    _mm256_storeu_ps(s.as_mut_ptr(), v);
-                    for (k, &x) in s.iter().enumerate() {
-                        *out.get_unchecked_mut((r + k - r0) * nq + j) = x;
-                    }
-                    r += 8;
-                }
-                while r < r1 {
-                    let row = codes.as_ptr().add(r * crb);
-                    let dot = hsum(_mm256_cvtepi32_ps(row_dot(row, cs, start)));
-                    *out.get_unchecked_mut((r - r0) * nq + j) = q.sq[j] * dot + q.bias[j];
-                    r += 1;
-                }
+                super::column(codes, crb, (r0, r1), q, j, out, |row| row_dot(row, cs, start));
             }
         }
     }
