@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares, on a machine with registry access, everything scripts/device-check.sh needs on a GPU
 # machine that reaches nothing (no crates, no model hub): the `cuda` build of kvbench and of the
-# kernel tests (tests/cuda.rs), and the default model, packed into .device/ (git-ignored).
+# kernel tests (tests/cuda.rs), the default model and gguf-py, packed into .device/ (git-ignored).
 #
 #   scripts/device-bundle.sh        # then run scripts/device-check.sh there (see its header)
 #
@@ -29,5 +29,8 @@ tail -c +$(((36 << 20) + 1)) "$model" > .device/b/model.gguf.part2
 sha256sum "$model" | cut -d' ' -f1 > .device/a/model.sha256
 cp .device/a/model.sha256 .device/b/
 git rev-parse --short=12 HEAD > .device/a/revision
+# gguf-py (pure Python; numpy, pyyaml, tqdm and requests are on the GPU image) for
+# scripts/make-shaped-gguf.py's Llama-3-8B-shaped model, written there.
+python3 -m pip download -q --no-deps --only-binary=:all: -d .device/a gguf==0.19.0
 du -sh .device/a .device/b
 echo "bundle ready: call scripts/device-check.sh \$OUT twice, carrying .device/a, then .device/b"

@@ -1,48 +1,78 @@
 #!/usr/bin/env bash
 # The GPU check, for an x86-64 machine with an NVIDIA GPU, a CUDA 13.0 driver and no registry
-# access (binaries and model come from scripts/device-bundle.sh, built elsewhere).
+# access (binaries, model and gguf-py come from scripts/device-bundle.sh, built elsewhere).
 #
 #   scripts/device-check.sh OUT_DIR
 #
-# The bundle travels in two parts (.device/a, .device/b; 64 MiB per call): each call stages the
-# parts it finds under .device/ into $KVBENCH_DEVICE_STAGE (default /var/tmp/kvbench-device);
-# once the model's checksum matches, the same call runs the checks:
-#   1. tests/cuda.rs: every kernel against its CPU reference (KVBENCH_REQUIRE_GPU=1, so a
-#      missing GPU fails instead of skipping);
-#   2. attn-bench --device cuda:0 at 8k and 32k tokens, every scheme: p50 per decode step,
-#      bytes moved and FLOPs (the floors) and achieved HBM bandwidth;
-#   3. a sweep of every scheme on the default model (batch 1 and 8, 512 and 2048 tokens):
-#      TTFT, TPOT, tokens/s, VRAM high-water, KV bytes, perplexity on 2 WikiText-2 windows.
-# Logs and CSVs go to OUT_DIR; the last lines printed are a short summary. Under 8 minutes on
-# an H200.
+# The bundle travels in two parts (.device/a, .device/b; 64 MiB per call). Each call stages the
+# parts it finds under .device/ into $KVBENCH_DEVICE_STAGE (default /var/tmp/kvbench-device) and
+# runs what they allow, each phase once per machine:
+#   A (binaries, .device/a):
+#     0. the device's read and copy bandwidth through PyTorch (the ceiling the kernels meet);
+#     1. tests/cuda.rs: every kernel against its CPU reference (KVBENCH_REQUIRE_GPU=1, so a
+#        missing GPU fails instead of skipping);
+#     2. attn-bench --device cuda:0 at 8k and 32k tokens, every scheme with a kernel, at
+#        Llama-3-8B's and the default model's geometry: p50 per decode step, bytes moved and
+#        FLOPs (the floors) and achieved HBM bandwidth;
+#   B (the model complete, .device/b after .device/a on the same machine):
+#     3. a sweep of those schemes on the default model (batch 1 and 8, 512 and 2048 tokens):
+#        TTFT, TPOT, tokens/s, VRAM high-water, KV bytes, perplexity on 2 WikiText-2 windows;
+#     4. a Llama-3-8B-shaped GGUF (random Q8_0 weights, scripts/make-shaped-gguf.py, written
+#        there) decoded end to end: TPOT and decode GB/s at batch 1 and 8, fp16 to 4-bit KV.
+# Every step has its own time limit and the phase a deadline (KVBENCH_PHASE_S, default 270 s),
+# so one call stays inside its lease; a step that fails or times out is reported and the next
+# one runs. Runs write under the stage; logs and results.csv files are copied flat to OUT_DIR
+# (at most 8 files: the device tool's limit); the last lines printed are a short summary.
 set -uo pipefail
 out=${1:?usage: scripts/device-check.sh OUT_DIR}
 cd "$(dirname "$0")/.."
+repo=$PWD
 stage=${KVBENCH_DEVICE_STAGE:-/var/tmp/kvbench-device}
-mkdir -p "$stage" "$out"
+phase_s=${KVBENCH_PHASE_S:-270}
+work=$stage/runs/$(date +%s)
+mkdir -p "$stage" "$out" "$work"
 for part in .device/a .device/b; do
     [ -d "$part" ] && cp -f "$part"/* "$stage"/
 done
-want=$(cat "$stage/model.sha256" 2>/dev/null || true)
-if [ ! -f "$stage/model.gguf" ] || [ "$(sha256sum "$stage/model.gguf" | cut -d' ' -f1)" != "$want" ]; then
-    if [ -f "$stage/model.gguf.part1" ] && [ -f "$stage/model.gguf.part2" ]; then
-        cat "$stage/model.gguf.part1" "$stage/model.gguf.part2" > "$stage/model.gguf"
-    fi
-fi
-if [ -z "$want" ] || [ ! -f "$stage/model.gguf" ] \
-    || [ "$(sha256sum "$stage/model.gguf" | cut -d' ' -f1)" != "$want" ] \
-    || [ ! -f "$stage/bin.tar.xz" ]; then
-    echo "staged: $(ls "$stage" | tr '\n' ' ')"
-    echo "bundle incomplete: call again carrying the other part (.device/a, .device/b)"
-    exit 0
-fi
-tar -C "$stage" -xJf "$stage/bin.tar.xz"
-log="$out/device-check.log"
-exec > >(tee "$log") 2>&1
 t0=$(date +%s)
-echo "== machine ($(date -u +%FT%TZ), bundle built from $(cat "$stage/revision" 2>/dev/null))"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv
-lscpu | grep -E "Model name|^CPU\(s\)"
+log="$out/device-check.log"
+exec > >(tee -a "$log") 2>&1
+echo "== staged: $(ls "$stage" | tr '\n' ' ')"
+
+# Runs "$@" under `timeout`, for at most $1 seconds and never past the phase's deadline.
+step() {
+    local limit=$1 left
+    shift
+    left=$((phase_s - ($(date +%s) - t0)))
+    if [ "$left" -lt 15 ]; then
+        echo "skipped (phase deadline): $*"
+        status=1
+        return 1
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    timeout "$limit" "$@"
+    local rc=$?
+    [ "$rc" -eq 124 ] && echo "timed out after ${limit} s: $1"
+    [ "$rc" -ne 0 ] && status=1
+    return "$rc"
+}
+
+model_ok() {
+    local want
+    want=$(cat "$stage/model.sha256" 2>/dev/null || true)
+    [ -n "$want" ] && [ -f "$stage/model.gguf" ] \
+        && [ "$(sha256sum "$stage/model.gguf" | cut -d' ' -f1)" = "$want" ]
+}
+if ! model_ok && [ -f "$stage/model.gguf.part1" ] && [ -f "$stage/model.gguf.part2" ]; then
+    cat "$stage/model.gguf.part1" "$stage/model.gguf.part2" > "$stage/model.gguf"
+fi
+if [ ! -f "$stage/kvbench" ]; then
+    if [ ! -f "$stage/bin.tar.xz" ]; then
+        echo "no binaries staged: call first carrying .device/a (scripts/device-bundle.sh)"
+        exit 1
+    fi
+    tar -C "$stage" -xJf "$stage/bin.tar.xz"
+fi
 
 # The CUDA user-space libraries the binary links (cuBLAS, cuRAND, NVRTC, runtime): wherever this
 # image keeps them (CUDA toolkit, or the nvidia-* wheels beside PyTorch).
@@ -57,29 +87,87 @@ if [ -n "$missing" ]; then
 fi
 export KVBENCH_HOME="$stage/home" KVBENCH_REQUIRE_GPU=1
 mkdir -p "$KVBENCH_HOME/models"
-ln -sf "$stage/model.gguf" "$KVBENCH_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-schemes=fp16,int8-token,int8-channel,fp8,int4,q8_0,q4_0,h2o,window
+schemes=fp16,int8-token,int8-channel,fp8,int4,q8_0,q4_0,nvfp4,mxfp4,h2o,window
 status=0
+# On every exit: flatten what the device tool brings back (at most 8 files, two folders deep).
+finish() {
+    for f in attn-llama-3-8b attn-smollm2 sweep sweep-8b; do
+        [ -f "$work/$f/results.csv" ] && cp "$work/$f/results.csv" "$out/$f.csv"
+    done
+    echo "== summary ($(($(date +%s) - t0)) s this call, status $status)"
+    grep -E "^test result|FAILED|panicked" "$out/kernel-tests.log" 2>/dev/null || true
+}
+trap finish EXIT
 
-echo "== 1. kernels against their CPU references"
-timeout 120 "$stage/cuda-tests" --test-threads=1 --nocapture 2>&1 | tee "$out/kernel-tests.log" \
-    || status=1
+if [ ! -f "$stage/done-A" ]; then
+    echo "== machine ($(date -u +%FT%TZ), bundle built from $(cat "$stage/revision" 2>/dev/null))"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv
+    lscpu | grep -E "Model name|^CPU\(s\)"
+    echo "== 0. the read ceiling: PyTorch sums a 4 GiB fp16 tensor (bytes read once), and copies it"
+    step 40 python3 - <<'PY'
+import torch
+x = torch.randn(2 << 30, dtype=torch.float16, device="cuda")
+y = torch.empty_like(x)
+def med(f, n=20):
+    f(); torch.cuda.synchronize()
+    ts = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); f(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b) / 1e3)
+    return sorted(ts)[n // 2]
+gb = x.numel() * 2 / 1e9
+print(f"read (sum) {gb / med(lambda: x.sum(dtype=torch.float32)):.0f} GB/s, "
+      f"copy {2 * gb / med(lambda: y.copy_(x)):.0f} GB/s (read + write), {gb:.2f} GB, median of 20")
+PY
+    echo "== 1. kernels against their CPU references"
+    step 90 "$stage/cuda-tests" --test-threads=1 --nocapture > "$out/kernel-tests.log" 2>&1
+    grep -E "^test |test result|panicked|assert" "$out/kernel-tests.log" | head -n 40
+    echo "== 2. decode attention at 8k and 32k tokens: floors and achieved HBM bandwidth"
+    # Llama-3-8B's geometry (32 layers, 8 kv heads × 128; shipped, no weights), where the cache
+    # is large enough to be bandwidth-bound, then the default model's (launch-bound).
+    step 110 "$stage/kvbench" attn-bench --model llama-3-8b --device cuda:0 --dtypes "$schemes" \
+        --seq-len 8192,32768 --steps 30 --peak-bandwidth 4800 --out "$work/attn-llama-3-8b"
+    step 50 "$stage/kvbench" attn-bench --model smollm2-135m --device cuda:0 --dtypes "$schemes" \
+        --seq-len 8192 --steps 30 --peak-bandwidth 4800 --out "$work/attn-smollm2"
+    nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+    touch "$stage/done-A"
+    echo "== phase A: $(($(date +%s) - t0)) s, status $status"
+fi
 
-echo "== 2. decode attention at 8k and 32k tokens: floors and achieved HBM bandwidth"
-# The default model's geometry, then Llama-3-8B's (32 layers, 8 kv heads × 128; shipped
-# geometry, no weights), where the cache is large enough to be bandwidth-bound.
-for m in default llama-3-8b; do
-    timeout 120 "$stage/kvbench" attn-bench --model "$m" --device cuda:0 --dtypes "$schemes" \
-        --seq-len 8192,32768 --steps 50 --peak-bandwidth 4800 2>&1 | tee -a "$out/attn-bench.txt" \
-        || status=1
-done
-
-echo "== 3. sweep on the default model, every scheme"
-timeout 150 "$stage/kvbench" sweep --device cuda:0 --dtypes "$schemes" --batch-sizes 1,8 \
-    --seq-lens 512,2048 --gen 32 --ppl-windows 2 --repeats 3 --out "$out/sweep" 2>&1 \
-    | tail -n 40 || status=1
-cp "$out/sweep/results.csv" "$out/sweep-results.csv" 2>/dev/null || true
-
-echo "== summary ($(($(date +%s) - t0)) s, status $status)"
-grep -E "^test result|FAILED|panicked" "$out/kernel-tests.log" || true
+if ! model_ok; then
+    echo "== phase B waits for the model: call again carrying .device/b"
+    exit $status
+fi
+if [ ! -f "$stage/done-B" ]; then
+    ln -sf "$stage/model.gguf" "$KVBENCH_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    echo "== 3. sweep on the default model, every scheme with a kernel"
+    step 100 "$stage/kvbench" sweep --device cuda:0 --dtypes "$schemes" --batch-sizes 1,8 \
+        --seq-lens 512,2048 --gen 32 --ppl-windows 2 --repeats 3 --out "$work/sweep" \
+        > "$out/sweep.log" 2>&1
+    tail -n 30 "$out/sweep.log"
+    echo "== 4. Llama-3-8B-shaped model (random Q8_0 weights) end to end"
+    # 8.5 GB: in memory (/dev/shm) where it has room, so the disk's write speed stays out of it.
+    big=$stage/llama-3-8b-shaped.Q8_0.gguf
+    shm_free=$(df -B1 --output=avail /dev/shm 2>/dev/null | tail -n 1 || echo 0)
+    [ "${shm_free:-0}" -gt 12000000000 ] && big=/dev/shm/llama-3-8b-shaped.Q8_0.gguf
+    if [ ! -f "$big" ] && ls "$stage"/gguf-*.whl > /dev/null 2>&1; then
+        export PYTHONPATH="$stage/site"
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$stage/site" \
+            "$stage"/gguf-*.whl && \
+        step 90 python3 "$repo/scripts/make-shaped-gguf.py" \
+            --shape llama-3-8b --tokenizer-from "$stage/model.gguf" --out "$big.tmp" \
+            && mv "$big.tmp" "$big"
+    fi
+    if [ -f "$big" ]; then
+        step 150 "$stage/kvbench" sweep --device cuda:0 --model "$big" \
+            --dtypes fp16,int8-token,fp8,q4_0,nvfp4 --batch-sizes 1,8 --seq-lens 2048 \
+            --gen 16 --warmup 1 --repeats 1 --ppl-windows 0 --out "$work/sweep-8b" \
+            > "$out/sweep-8b.log" 2>&1
+        tail -n 20 "$out/sweep-8b.log"
+    else
+        echo "no 8B-shaped model (gguf-py wheel missing from the bundle, or writing it failed)"
+        status=1
+    fi
+    touch "$stage/done-B"
+fi
 exit $status
