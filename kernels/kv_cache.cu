@@ -528,10 +528,13 @@ extern "C" __global__ void kv_attn_combine(const float *part_o, const float *par
     const int r = blockIdx.x, bh = blockIdx.y, bhs = gridDim.y, e = threadIdx.x;
     const int rows = group * n_q;
     if (e >= d) return;
+    // Unrolled so several splits' loads are in flight at once (up to a few hundred splits).
     float M = NEG_INF;
+#pragma unroll 8
     for (int s = 0; s < splits; s++)
         M = fmaxf(M, part_ml[2 * (((size_t)s * bhs + bh) * rows + r)]);
     float L = 0.f, O = 0.f;
+#pragma unroll 8
     for (int s = 0; s < splits; s++) {
         const size_t pr = ((size_t)s * bhs + bh) * rows + r;
         const float ms = part_ml[2 * pr];

@@ -15,7 +15,9 @@
 #        Llama-3-8B's and the default model's geometry: p50 per decode step, bytes moved and
 #        FLOPs (the floors) and achieved HBM bandwidth;
 #   B (the model complete, .device/b after .device/a on the same machine):
-#     3. a sweep of those schemes on the default model (batch 1 and 8, 512 and 2048 tokens):
+#     2b. attention at 32k tokens under 2 blocks per SM (the first run's split count) and the
+#        default, alternated (KVBENCH_CUDA_BLOCKS_PER_SM);
+#     3. a sweep of those schemes on the default model (batch 1 and 8, 512 and 1024 tokens):
 #        TTFT, TPOT, tokens/s, VRAM high-water, KV bytes, perplexity on 2 WikiText-2 windows;
 #     4. a Llama-3-8B-shaped GGUF (random Q8_0 weights, scripts/make-shaped-gguf.py, written
 #        there) decoded end to end: TPOT and decode GB/s at batch 1 and 8, fp16 to 4-bit KV.
@@ -129,6 +131,17 @@ PY
         --seq-len 8192,32768 --steps 30 --peak-bandwidth 4800 --out "$work/attn-llama-3-8b"
     step 50 "$stage/kvbench" attn-bench --model smollm2-135m --device cuda:0 --dtypes "$schemes" \
         --seq-len 8192 --steps 30 --peak-bandwidth 4800 --out "$work/attn-smollm2"
+    echo "== 2b. split counts side by side (KVBENCH_CUDA_BLOCKS_PER_SM): 2, the first run's, and the default, alternated"
+    for pass in 1 2; do
+        for n in 2 default; do
+            if [ "$n" = 2 ]; then export KVBENCH_CUDA_BLOCKS_PER_SM=2; else unset KVBENCH_CUDA_BLOCKS_PER_SM; fi
+            step 40 "$stage/kvbench" attn-bench --model llama-3-8b --device cuda:0 \
+                --dtypes fp16,int8-token,q4_0 --seq-len 32768 --steps 20 --peak-bandwidth 4800 \
+                > "$work/split-$n-$pass.txt" 2>&1
+            grep -E "^(fp16|int8-token|q4_0) " "$work/split-$n-$pass.txt" | sed "s/^/blocks\/SM $n, pass $pass: /"
+        done
+    done
+    unset KVBENCH_CUDA_BLOCKS_PER_SM
     nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
     touch "$stage/done-A"
     echo "== phase A: $(($(date +%s) - t0)) s, status $status"
@@ -141,8 +154,8 @@ fi
 if [ ! -f "$stage/done-B" ]; then
     ln -sf "$stage/model.gguf" "$KVBENCH_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf"
     echo "== 3. sweep on the default model, every scheme with a kernel"
-    step 100 "$stage/kvbench" sweep --device cuda:0 --dtypes "$schemes" --batch-sizes 1,8 \
-        --seq-lens 512,2048 --gen 32 --ppl-windows 2 --repeats 3 --out "$work/sweep" \
+    step 120 "$stage/kvbench" sweep --device cuda:0 --dtypes "$schemes" --batch-sizes 1,8 \
+        --seq-lens 512,1024 --gen 32 --ppl-windows 2 --repeats 3 --out "$work/sweep" \
         > "$out/sweep.log" 2>&1
     tail -n 30 "$out/sweep.log"
     echo "== 4. Llama-3-8B-shaped model (random Q8_0 weights) end to end"
@@ -159,8 +172,8 @@ if [ ! -f "$stage/done-B" ]; then
             && mv "$big.tmp" "$big"
     fi
     if [ -f "$big" ]; then
-        step 150 "$stage/kvbench" sweep --device cuda:0 --model "$big" \
-            --dtypes fp16,int8-token,fp8,q4_0,nvfp4 --batch-sizes 1,8 --seq-lens 2048 \
+        step 120 "$stage/kvbench" sweep --device cuda:0 --model "$big" \
+            --dtypes fp16,int8-token,fp8,q4_0,nvfp4 --batch-sizes 1,8 --seq-lens 1024 \
             --gen 16 --warmup 1 --repeats 1 --ppl-windows 0 --out "$work/sweep-8b" \
             > "$out/sweep-8b.log" 2>&1
         tail -n 20 "$out/sweep-8b.log"

@@ -161,7 +161,10 @@ impl CudaKvCache {
             .context()
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_or(132, |n| n.max(1) as usize);
-        let (plan, steps) = Planner::new(scheme, geom, batch, capacity, sms)?;
+        let (mut plan, steps) = Planner::new(scheme, geom, batch, capacity, sms)?;
+        if let Some(n) = blocks_per_sm_override()? {
+            plan.set_blocks_per_sm(n);
+        }
         let mut cache = Self {
             plan,
             geom,
@@ -530,6 +533,27 @@ impl CudaKvCache {
 }
 
 /// The error for a plan buffer of an unexpected element type (a plan bug).
+/// `KVBENCH_CUDA_BLOCKS_PER_SM`: the attention blocks per multiprocessor the split count aims
+/// for ([`plan::BLOCKS_PER_SM`] when unset), for timing split counts against each other (the
+/// results do not change, only how the key range is divided). Errors:
+/// [`Error::InvalidArgument`] naming the variable when it is not a whole number from 1 to 64.
+fn blocks_per_sm_override() -> Result<Option<usize>> {
+    const VAR: &str = "KVBENCH_CUDA_BLOCKS_PER_SM";
+    let Ok(v) = std::env::var(VAR) else {
+        return Ok(None);
+    };
+    match v.trim().parse::<usize>() {
+        Ok(n) if (1..=64).contains(&n) => Ok(Some(n)),
+        _ => Err(Error::InvalidArgument {
+            name: VAR.into(),
+            reason: format!(
+                "`{v}` is not a whole number from 1 to 64; unset it for the default ({})",
+                plan::BLOCKS_PER_SM
+            ),
+        }),
+    }
+}
+
 fn mistyped(b: Buf) -> Error {
     Error::InvalidArgument {
         name: "CUDA launch plan".into(),

@@ -7,8 +7,9 @@
 //! emulator checks the very launch sequence the GPU runs.
 //!
 //! Attention is split-sequence decode attention (FlashDecoding, Dao et al. 2023): enough splits
-//! of the held tokens that `splits · bh · query tiles` blocks fill two waves of the device's
-//! multiprocessors, at most one split per 256 tokens; `kv_attn_combine` merges the splits
+//! of the held tokens that `splits · bh · query tiles` blocks give each of the device's
+//! multiprocessors [`BLOCKS_PER_SM`], at most one split per [`SPLIT_TOKENS`] tokens;
+//! `kv_attn_combine` merges the splits
 //! (online softmax, Milakov & Gimelshein 2018, arXiv 1805.02867).
 
 use std::fmt;
@@ -26,8 +27,17 @@ pub const WARPS: u32 = 4;
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Smallest capacity allocated (rows per bh).
 pub const MIN_CAPACITY: usize = 64;
-/// Tokens per attention split at most (one split per 256 held tokens).
-pub const SPLIT_TOKENS: usize = 256;
+/// Fewest held tokens per attention split (at most one split per 64 tokens): a split's fixed
+/// work (its query tile, its warps' merge, one partial row per query) stays under a tenth of
+/// its key rows' work.
+pub const SPLIT_TOKENS: usize = 64;
+/// Attention blocks per multiprocessor the split count aims for (`KVBENCH_CUDA_BLOCKS_PER_SM`
+/// overrides it). The partial kernel is latency-bound — each warp takes one key row at a time —
+/// so time falls with the warps in flight until the bytes bind: on an H200 (2026-12-04,
+/// results/h200-2026-12-04/NOTES.md) two blocks of 4 warps per SM gave 193 GB/s of fp16 K/V at
+/// 32k tokens, 4.8 % of the 4,027 GB/s the card reads. Eight (32 warps per SM; a block holds
+/// ~10 KiB of shared memory, so sixteen fit) is the prediction to time next.
+pub const BLOCKS_PER_SM: usize = 8;
 
 /// What one buffer holds (its element type follows: [`Kind::elem_bytes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -259,6 +269,7 @@ pub struct Planner {
     kf: GpuFormat,
     vf: GpuFormat,
     sms: usize,
+    blocks_per_sm: usize,
     poison: bool,
     /// Rows allocated per bh (a multiple of the KIVI token group).
     cap: usize,
@@ -314,6 +325,7 @@ impl Planner {
             kf,
             vf,
             sms: sms.max(1),
+            blocks_per_sm: BLOCKS_PER_SM,
             poison: false,
             cap: 0,
             seen: vec![0; batch],
@@ -638,12 +650,18 @@ impl Planner {
         steps
     }
 
+    /// Attention blocks per multiprocessor the split count aims for (default
+    /// [`BLOCKS_PER_SM`]; at least 1). Changes no result, only how the key range is divided.
+    pub fn set_blocks_per_sm(&mut self, n: usize) {
+        self.blocks_per_sm = n.max(1);
+    }
+
     /// The split count for attention over `len` held tokens with `rows` query rows per bh:
-    /// enough blocks for two waves of the multiprocessors, at most one split per
+    /// enough blocks for `blocks_per_sm` per multiprocessor, at most one split per
     /// [`SPLIT_TOKENS`] tokens, at least 1.
     pub fn splits(&self, rows: usize, len: usize) -> usize {
         let qtiles = rows.div_ceil(QT);
-        (2 * self.sms)
+        (self.blocks_per_sm * self.sms)
             .div_ceil(self.bhs() * qtiles)
             .clamp(1, len.div_ceil(SPLIT_TOKENS).max(1))
     }
@@ -1014,10 +1032,12 @@ mod tests {
         }));
     }
 
-    /// FlashDecoding splits by hand: 2 sequences × 1 kv head, 2 query heads, 132 SMs. A
-    /// 300-token prefill has 600 query rows = 150 tiles: ⌈264 / 300⌉ = 1 split. The next decode
-    /// step (2 rows, 1 tile, 301 tokens) wants ⌈264 / 2⌉ = 132 splits, capped at ⌈301/256⌉ = 2,
-    /// chunks of ⌈301/2⌉ = 151.
+    /// FlashDecoding splits by hand: 2 sequences × 1 kv head (2 bh), 2 query heads, 132 SMs,
+    /// 8 blocks per SM = 1,056 blocks wanted. A 300-token prefill has 600 query rows = 150
+    /// tiles per bh: ⌈1056 / 300⌉ = 4 splits (under ⌈300/64⌉ = 5), chunks of 75. The next
+    /// decode step (2 rows, 1 tile, 301 tokens) wants ⌈1056 / 2⌉ = 528 splits, capped at
+    /// ⌈301/64⌉ = 5, chunks of ⌈301/5⌉ = 61. At 2 blocks per SM (the first GPU run's 264
+    /// blocks) the prefill is one split and the decode step still 5.
     #[test]
     fn attention_splits_and_grids_by_hand() {
         let (mut p, _) = planner("q4_0", geom(1, 1, 2, 64), 2);
@@ -1025,18 +1045,20 @@ mod tests {
         let steps = p.attend(0, 300);
         let l = launches(&steps);
         assert_eq!(l[0].kernel, "kv_attn_partial_d64");
-        assert_eq!((l[0].grid, l[0].block), ((1, 2, 150), 128));
-        assert_eq!(l[0].args[8], Arg::I32(300));
+        assert_eq!((l[0].grid, l[0].block), ((4, 2, 150), 128));
+        assert_eq!(l[0].args[8], Arg::I32(75));
         p.append(0, 1);
         let steps = p.attend(0, 1);
         let l = launches(&steps);
-        assert_eq!((l[0].grid, l[0].args[8]), ((2, 2, 1), Arg::I32(151)));
+        assert_eq!((l[0].grid, l[0].args[8]), ((5, 2, 1), Arg::I32(61)));
         assert_eq!(l[0].args[7], Arg::F32(0.125)); // 1/√64
         assert_eq!(l[1].kernel, "kv_attn_combine");
         assert_eq!((l[1].grid, l[1].block), ((2, 2, 1), 64));
-        assert_eq!(l[1].args[2], Arg::I32(2));
+        assert_eq!(l[1].args[2], Arg::I32(5));
         assert_eq!(l[2].kernel, "kv_advance_seen"); // last layer: the step counts as seen
         assert_eq!(p.seen(0), 301);
+        p.set_blocks_per_sm(2);
+        assert_eq!((p.splits(600, 300), p.splits(2, 301)), (1, 5));
     }
 
     /// `Stream` packing by hand for d = 64: int4 with groups of 16 is 4 blocks of (4 meta, 8
