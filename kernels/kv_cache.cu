@@ -396,7 +396,8 @@ extern "C" __global__ void kv_advance_seen(uint32_t *seen, int batch, int n_new)
 // q: [batch][q_heads][n_q][d] f32. Query row r of kv head bh is (g = r / n_q, i = r % n_q),
 // query head kv_head * group + g (GQA), and sees slots 0 .. len - n_q + i (new tokens sit at
 // the end, after every older one, as on the CPU). Grid (splits, bh, ceil(group·n_q / QT)),
-// 4 warps; warp w takes slots t0 + w, t0 + w + 4, ...; lane l holds elements l·E .. l·E+E-1.
+// 4 warps; warp w takes slots t0 + w·U .. t0 + w·U + U − 1, then the next 4·U, ...; lane l holds
+// elements l·E .. l·E+E-1.
 // Writes per split the unnormalized output, the running max and the sum of exp:
 //   part_o [splits][bh][group·n_q][d], part_ml [splits][bh][group·n_q][2].
 // With logits != null (H2O) also every scaled score, logits [bh][group·n_q][cap] (−inf where
@@ -410,6 +411,7 @@ __device__ void attn_partial(const float *__restrict__ q, Stream K, Stream V,
                              float scale, int chunk, float *part_o, float *part_ml,
                              float *logits) {
     constexpr int E = D / 32;
+    constexpr int U = D >= 256 ? 2 : 4;  // slots per warp per iteration (registers: U·2·E)
     const int split = blockIdx.x, bh = blockIdx.y, r0 = blockIdx.z * QT;
     const int splits = gridDim.x, bhs = gridDim.y;
     const int rows = group * n_q;
@@ -440,39 +442,53 @@ __device__ void attn_partial(const float *__restrict__ q, Stream K, Stream V,
 #pragma unroll
         for (int k = 0; k < E; k++) acc[j][k] = 0.f;
     }
+    // Each warp takes U consecutive slots per iteration, issuing all their K and V loads before
+    // the first dot product: U·2 rows in flight per warp instead of one, so the memory round
+    // trip is paid once per U slots (the first H200 run found one row per warp latency-bound).
     const int t0 = split * chunk, t1 = min(len, t0 + chunk);
-    for (int t = t0 + warp; t < t1; t += WARPS) {
-        float kx[E], vx[E];
+    for (int t = t0 + warp * U; t < t1; t += WARPS * U) {
+        float kx[U][E], vx[U][E];
 #pragma unroll
-        for (int k = 0; k < E; k++) kx[k] = load_elem(K, D, bh, t, lane * E + k, kq);
-        float sc[QT];
-        bool any = false;
+        for (int u = 0; u < U; u++) {
+            const bool in = t + u < t1;
 #pragma unroll
-        for (int j = 0; j < QT; j++) {
-            float p = 0.f;
-#pragma unroll
-            for (int k = 0; k < E; k++) p += qs[j][lane * E + k] * kx[k];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
-            const int r = r0 + j;
-            const bool vis = r < rows && t <= len - n_q + r % n_q;
-            sc[j] = vis ? p : NEG_INF;
-            any |= vis;
-            if (logits && r < rows && lane == 0) logits[((size_t)bh * rows + r) * K.cap + t] = sc[j];
+            for (int k = 0; k < E; k++) {
+                kx[u][k] = in ? load_elem(K, D, bh, t + u, lane * E + k, kq) : 0.f;
+                vx[u][k] = in ? load_elem(V, D, bh, t + u, lane * E + k, vq) : 0.f;
+            }
         }
-        if (!any) continue;
 #pragma unroll
-        for (int k = 0; k < E; k++) vx[k] = load_elem(V, D, bh, t, lane * E + k, vq);
+        for (int u = 0; u < U; u++) {
+            const int tu = t + u;
+            if (tu >= t1) break;
+            float sc[QT];
+            bool any = false;
 #pragma unroll
-        for (int j = 0; j < QT; j++) {
-            if (sc[j] == NEG_INF) continue;
-            const float mn = fmaxf(m[j], sc[j]);
-            const float a = __expf(m[j] - mn);  // m = −inf → 0
-            const float p = __expf(sc[j] - mn);
-            l[j] = l[j] * a + p;
+            for (int j = 0; j < QT; j++) {
+                float p = 0.f;
 #pragma unroll
-            for (int k = 0; k < E; k++) acc[j][k] = acc[j][k] * a + p * vx[k];
-            m[j] = mn;
+                for (int k = 0; k < E; k++) p += qs[j][lane * E + k] * kx[u][k];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+                const int r = r0 + j;
+                const bool vis = r < rows && tu <= len - n_q + r % n_q;
+                sc[j] = vis ? p : NEG_INF;
+                any |= vis;
+                if (logits && r < rows && lane == 0)
+                    logits[((size_t)bh * rows + r) * K.cap + tu] = sc[j];
+            }
+            if (!any) continue;
+#pragma unroll
+            for (int j = 0; j < QT; j++) {
+                if (sc[j] == NEG_INF) continue;
+                const float mn = fmaxf(m[j], sc[j]);
+                const float a = __expf(m[j] - mn);  // m = −inf → 0
+                const float p = __expf(sc[j] - mn);
+                l[j] = l[j] * a + p;
+#pragma unroll
+                for (int k = 0; k < E; k++) acc[j][k] = acc[j][k] * a + p * vx[u][k];
+                m[j] = mn;
+            }
         }
     }
 #pragma unroll
