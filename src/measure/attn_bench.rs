@@ -49,6 +49,9 @@ pub struct AttnRow {
     pub vs_fp16: Option<f64>,
     /// Bytes per median step over its time, GB/s (10⁹ bytes/s).
     pub gb_s: f64,
+    /// Median host time to issue a step's launches, ms, on a GPU (`None` on the CPU, where a
+    /// step runs as it is issued): near `p50_ms`, the host sets the pace, not the device.
+    pub host_ms: Option<f64>,
 }
 
 /// A context length's results: a row per scheme that ran, why the others failed, and other
@@ -141,6 +144,7 @@ impl AttnBench {
             caches.push(self.filled(*scheme, g, seq_len, dev));
         }
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); caches.len()];
+        let mut host: Vec<Vec<f64>> = vec![Vec::new(); caches.len()];
         let mut rng = rand::rngs::StdRng::seed_from_u64(self.seed);
         let before = CpuSample::now();
         for step in 0..self.steps {
@@ -153,7 +157,10 @@ impl AttnBench {
                 let seed = self.seed + 1 + step as u64;
                 let c = cache.as_attention();
                 match synthetic::time_decode_steps_on(c, g, self.batch, 1, seed, dev) {
-                    Ok(ms) => times[i].extend(ms),
+                    Ok(ms) => {
+                        times[i].extend(ms.iter().map(|t| t.0));
+                        host[i].extend(ms.iter().map(|t| t.1));
+                    }
                     Err(e) => caches[i] = Err(e),
                 }
             }
@@ -163,10 +170,16 @@ impl AttnBench {
             .and_then(|(b, a)| Contention::between(&a, &b));
         let mut fp16_ms = None;
         let mut rows = Vec::new();
-        for ((scheme, cache), ms) in self.schemes.iter().zip(caches).zip(times) {
+        let on_gpu = !matches!(dev, Device::Cpu);
+        for (((scheme, cache), ms), host_ms) in self.schemes.iter().zip(caches).zip(times).zip(host)
+        {
             let row = match cache {
                 Ok(c) => self
                     .row(scheme, g, seq_len, c.kv_bytes(), &ms, &mut fp16_ms)
+                    .map(|mut r| {
+                        r.host_ms = summarize(&host_ms).filter(|_| on_gpu).map(|h| h.p50);
+                        r
+                    })
                     .ok_or_else(|| "no timed step".to_string()),
                 Err(e) => Err(crate::error::first_line(&e)),
             };
@@ -222,6 +235,7 @@ impl AttnBench {
             p95_ms: s.p95,
             vs_fp16: fp16_ms.map(|f| s.p50 / f),
             gb_s: floor.bytes() as f64 / (s.p50 * 1e-3) / 1e9,
+            host_ms: None,
         })
     }
 }

@@ -86,10 +86,15 @@ pub fn time_decode_steps(
     let batch = cache.batch();
     time_decode_steps_on(cache, g, batch, steps, seed, &Device::Cpu)
         .expect("CPU tensors of the cache's own shapes")
+        .into_iter()
+        .map(|(ms, _)| ms)
+        .collect()
 }
 
-/// [`time_decode_steps`] for a cache on any device: each step's time in ms, from CUDA events
-/// on a GPU (see [`super::device::time_ms`]); the step's inputs are made before the clock
+/// [`time_decode_steps`] for a cache on any device: per step `(ms, host_ms)` — its time, from
+/// CUDA events on a GPU (see [`super::device::time_ms`]), and the host's wall time to issue it
+/// (on a GPU the launches' enqueue: when it is close to `ms`, the host, not the device, sets
+/// the pace; on the CPU the two are one clock). The step's inputs are made before the clock
 /// starts. Errors: tensor or device errors.
 pub fn time_decode_steps_on(
     cache: &mut dyn AttentionCache,
@@ -98,7 +103,7 @@ pub fn time_decode_steps_on(
     steps: usize,
     seed: u64,
     device: &Device,
-) -> crate::Result<Vec<f64>> {
+) -> crate::Result<Vec<(f64, f64)>> {
     let mut noise = Noise::new(seed ^ 0xDEC0DE);
     (0..steps)
         .map(|_| {
@@ -113,14 +118,15 @@ pub fn time_decode_steps_on(
                 .collect();
             let q = Tensor::from_vec(q, (batch, g.q_heads, 1, g.head_dim), device)?;
             super::device::synchronize(device)?;
-            let ((), ms) = super::device::time_ms(device, || {
+            let (host_ms, ms) = super::device::time_ms(device, || {
+                let t = std::time::Instant::now();
                 for l in 0..g.layers {
                     cache.append_tensors(l, &k, &v)?;
                     std::hint::black_box(cache.attend_tensor(l, &q)?);
                 }
-                Ok(())
+                Ok(t.elapsed().as_secs_f64() * 1e3)
             })?;
-            Ok(ms)
+            Ok((ms, host_ms))
         })
         .collect()
 }

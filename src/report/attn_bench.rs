@@ -44,14 +44,24 @@ pub fn table(h: &AttnHeader, t: &AttnTable) -> String {
             format!(", peak bandwidth {} GB/s", (p * 10.0).round() / 10.0)
         })
     );
+    // On a GPU: the host's time to issue the median step, beside the device's.
+    let host = t
+        .rows
+        .iter()
+        .any(|(_, r)| r.as_ref().is_ok_and(|r| r.host_ms.is_some()));
     s.push_str(&format!(
-        "{:<28} {:>12} {:>10} {:>10} {:>10} {:>10} {:>9} {:>10}{}\n",
+        "{:<28} {:>12} {:>10} {:>10} {:>10} {:>10}{} {:>9} {:>10}{}\n",
         "scheme",
         "KV MiB",
         "MiB/step",
         "GFLOP/step",
         "p50 ms",
         "p95 ms",
+        if host {
+            format!(" {:>10}", "host ms")
+        } else {
+            String::new()
+        },
         "vs fp16",
         "GB/s",
         if h.peak_gb_s.is_some() {
@@ -69,13 +79,19 @@ pub fn table(h: &AttnHeader, t: &AttnTable) -> String {
             }
         };
         s.push_str(&format!(
-            "{:<28} {:>12.2} {:>10.2} {:>10.3} {:>10.3} {:>10.3} {:>9} {:>10.2}{}\n",
+            "{:<28} {:>12.2} {:>10.2} {:>10.3} {:>10.3} {:>10.3}{} {:>9} {:>10.2}{}\n",
             r.scheme,
             mib(r.kv_bytes as f64),
             mib(r.bytes_per_step as f64),
             r.flops_per_step as f64 / 1e9,
             r.p50_ms,
             r.p95_ms,
+            if host {
+                r.host_ms
+                    .map_or(format!(" {:>10}", "-"), |h| format!(" {h:>10.3}"))
+            } else {
+                String::new()
+            },
             r.vs_fp16.map_or("-".into(), |f| format!("{f:.2}×")),
             r.gb_s,
             h.peak_gb_s
@@ -146,6 +162,9 @@ csv_record! {
         pub p50_ms: Option<f64>,
         /// 95th-percentile step, ms.
         pub p95_ms: Option<f64>,
+        /// Median host time to issue a step's launches, ms (GPU only; empty on the CPU): near
+        /// `p50_ms`, the host sets the pace, not the device.
+        pub host_ms: Option<f64>,
         /// Median step over fp16's (when fp16 ran before it in the list), ratio.
         pub vs_fp16: Option<f64>,
         /// Bytes per median step over its time, GB/s (10^9 bytes/s).
@@ -188,6 +207,7 @@ pub fn rows(h: &AttnHeader, t: &AttnTable, steps: usize, seed: u64) -> Vec<AttnB
                     row.flops_per_step = Some(r.flops_per_step);
                     row.p50_ms = Some(r.p50_ms);
                     row.p95_ms = Some(r.p95_ms);
+                    row.host_ms = r.host_ms;
                     row.vs_fp16 = r.vs_fp16;
                     row.gb_s = Some(r.gb_s);
                     row.pct_of_peak = h.peak_gb_s.map(|p| 100.0 * r.gb_s / p);
@@ -242,6 +262,7 @@ mod tests {
             p95_ms: 1.0,
             vs_fp16: None,
             gb_s,
+            host_ms: None,
         };
         (scheme.into(), Ok(r))
     }
@@ -271,5 +292,46 @@ mod tests {
             "{out}"
         );
         assert!(!table(&h(27.7), &t).contains("warning"));
+    }
+
+    /// The H200 run's question, "is the host the bottleneck?": a GPU row's host time gets its
+    /// own column beside p50/p95 (3.472 ms of device time, 3.301 issuing: the first run's
+    /// window step, host time made up), a row without one shows "-", and a CPU table (no host
+    /// times) has no such column. The CSV carries it by name.
+    #[test]
+    fn host_time_column_only_on_a_gpu() {
+        let h = AttnHeader {
+            layers: 32,
+            batch: 1,
+            device: "NVIDIA H200".into(),
+            model: "llama-3-8b".into(),
+            kv_heads: 8,
+            head_dim: 128,
+            peak_gb_s: None,
+        };
+        let (name, mut r) = row("window", 10.26);
+        if let Ok(r) = r.as_mut() {
+            r.p50_ms = 3.472;
+            r.host_ms = Some(3.301);
+        }
+        let t = AttnTable {
+            seq_len: 32768,
+            rows: vec![(name, r), row("fp16", 193.3)],
+            contention: None,
+        };
+        let out = table(&h, &t);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[1].contains("p95 ms    host ms"), "{out}");
+        let cells: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(&cells[4..7], ["3.472", "1.000", "3.301"], "{out}");
+        assert_eq!(lines[3].split_whitespace().nth(6), Some("-"), "{out}");
+        let cpu = AttnTable {
+            rows: vec![row("fp16", 19.4)],
+            ..t.clone()
+        };
+        assert!(!table(&h, &cpu).contains("host ms"));
+        let rows = rows(&h, &t, 30, 0);
+        assert_eq!((rows[0].host_ms, rows[1].host_ms), (Some(3.301), None));
+        assert!(AttnBenchRow::COLUMNS.contains(&"host_ms"));
     }
 }

@@ -24,8 +24,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use candle_core::cuda_backend::cudarc::driver::{
-    sys::CUdevice_attribute, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
-    PushKernelArg,
+    sys::CUdevice_attribute, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, PushKernelArg,
 };
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Device, Storage, Tensor};
@@ -108,6 +108,8 @@ pub struct CudaKvCache {
     dev: CudaDevice,
     stream: Arc<CudaStream>,
     bufs: HashMap<Buf, DevBuf>,
+    /// Each kernel looked up once (candle's lookup calls `cuModuleGetFunction` every time).
+    funcs: HashMap<String, CudaFunction>,
 }
 
 impl std::fmt::Debug for CudaKvCache {
@@ -172,6 +174,7 @@ impl CudaKvCache {
             dev: dev.clone(),
             stream,
             bufs: HashMap::new(),
+            funcs: HashMap::new(),
         };
         cache.run(&steps, &[])?;
         Ok(cache)
@@ -312,7 +315,7 @@ impl CudaKvCache {
         Ok(output)
     }
 
-    fn launch(&self, l: &plan::Launch, inputs: &[(Kind, u64)]) -> Result<()> {
+    fn launch(&mut self, l: &plan::Launch, inputs: &[(Kind, u64)]) -> Result<()> {
         let vals: Vec<Val> = l
             .args
             .iter()
@@ -325,10 +328,13 @@ impl CudaKvCache {
                 })
             })
             .collect::<Result<_>>()?;
-        let f = self
-            .dev
-            .get_or_load_custom_func(&l.kernel, MODULE, KV_CACHE_PTX)?;
-        let mut b = f.builder();
+        if !self.funcs.contains_key(&l.kernel) {
+            let f = self
+                .dev
+                .get_or_load_custom_func(&l.kernel, MODULE, KV_CACHE_PTX)?;
+            self.funcs.insert(l.kernel.clone(), (*f).clone());
+        }
+        let mut b = self.stream.launch_builder(&self.funcs[&l.kernel]);
         for v in &vals {
             match v {
                 Val::U64(x) => b.arg(x),
