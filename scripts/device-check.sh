@@ -14,9 +14,9 @@
 #     2. attn-bench --device cuda:0 at 8k and 32k tokens, every scheme with a kernel, at
 #        Llama-3-8B's and the default model's geometry: p50 per decode step, bytes moved and
 #        FLOPs (the floors) and achieved HBM bandwidth;
-#   B (the model complete, .device/b after .device/a on the same machine):
 #     2b. attention at 32k tokens under 2 blocks per SM (the first run's split count) and the
 #        default, alternated (KVBENCH_CUDA_BLOCKS_PER_SM);
+#   B (the model complete, .device/b after .device/a on the same machine):
 #     3. a sweep of those schemes on the default model (batch 1 and 8, 512 and 1024 tokens):
 #        TTFT, TPOT, tokens/s, VRAM high-water, KV bytes, perplexity on 2 WikiText-2 windows;
 #     4. a Llama-3-8B-shaped GGUF (random Q8_0 weights, scripts/make-shaped-gguf.py, written
@@ -39,6 +39,7 @@ done
 t0=$(date +%s)
 log="$out/device-check.log"
 exec > >(tee -a "$log") 2>&1
+exec 3>&1  # step()'s own messages reach the log even when a step's output goes to a file
 echo "== staged: $(ls "$stage" | tr '\n' ' ')"
 
 # Runs "$@" under `timeout`, for at most $1 seconds and never past the phase's deadline.
@@ -47,14 +48,14 @@ step() {
     shift
     left=$((phase_s - ($(date +%s) - t0)))
     if [ "$left" -lt 15 ]; then
-        echo "skipped (phase deadline): $*"
+        echo "skipped (phase deadline): $*" >&3
         status=1
         return 1
     fi
     [ "$limit" -gt "$left" ] && limit=$left
-    timeout "$limit" "$@"
+    timeout -k 10 "$limit" "$@"
     local rc=$?
-    [ "$rc" -eq 124 ] && echo "timed out after ${limit} s: $1"
+    [ "$rc" -eq 124 ] && echo "timed out after ${limit} s: $1" >&3
     [ "$rc" -ne 0 ] && status=1
     return "$rc"
 }

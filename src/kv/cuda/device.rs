@@ -538,7 +538,6 @@ impl CudaKvCache {
     }
 }
 
-/// The error for a plan buffer of an unexpected element type (a plan bug).
 /// `KVBENCH_CUDA_BLOCKS_PER_SM`: the attention blocks per multiprocessor the split count aims
 /// for ([`plan::BLOCKS_PER_SM`] when unset), for timing split counts against each other (the
 /// results do not change, only how the key range is divided). Errors:
@@ -560,6 +559,7 @@ fn blocks_per_sm_override() -> Result<Option<usize>> {
     }
 }
 
+/// The error for a plan buffer of an unexpected element type (a plan bug).
 fn mistyped(b: Buf) -> Error {
     Error::InvalidArgument {
         name: "CUDA launch plan".into(),

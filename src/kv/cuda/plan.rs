@@ -27,16 +27,17 @@ pub const WARPS: u32 = 4;
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Smallest capacity allocated (rows per bh).
 pub const MIN_CAPACITY: usize = 64;
-/// Fewest held tokens per attention split (at most one split per 64 tokens): a split's fixed
-/// work (its query tile, its warps' merge, one partial row per query) stays under a tenth of
-/// its key rows' work.
+/// Held tokens per attention split that cap the split count (`⌈len / 64⌉` splits at most; with
+/// chunks of `⌈len / splits⌉` the last splits can be short or, past a few thousand tokens, empty:
+/// an empty split writes max −∞, which the combine skips).
 pub const SPLIT_TOKENS: usize = 64;
 /// Attention blocks per multiprocessor the split count aims for (`KVBENCH_CUDA_BLOCKS_PER_SM`
-/// overrides it). The partial kernel is latency-bound — each warp takes one key row at a time —
-/// so time falls with the warps in flight until the bytes bind: on an H200 (2026-12-04,
-/// results/h200-2026-12-04/NOTES.md) two blocks of 4 warps per SM gave 193 GB/s of fp16 K/V at
-/// 32k tokens, 4.8 % of the 4,027 GB/s the card reads. Eight (32 warps per SM; a block holds
-/// ~10 KiB of shared memory, so sixteen fit) is the prediction to time next.
+/// overrides it). On an H200 (2026-12-04, results/h200-2026-12-04/NOTES.md) the partial kernel
+/// was latency-bound — then one key row per warp at a time, two blocks of 4 warps per SM: 193
+/// GB/s of fp16 K/V at 32k tokens, 4.8 % of the 4,027 GB/s the card reads — so time should fall
+/// with the warps in flight until the bytes bind. Eight (32 warps per SM) is the prediction to
+/// time next; shared memory (~10 KiB a block) allows it, registers are unchecked (no `ptxas -v`
+/// report yet): above 64 per thread fewer blocks are resident.
 pub const BLOCKS_PER_SM: usize = 8;
 
 /// What one buffer holds (its element type follows: [`Kind::elem_bytes`]).
