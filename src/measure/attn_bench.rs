@@ -174,13 +174,19 @@ impl AttnBench {
         for (((scheme, cache), ms), host_ms) in self.schemes.iter().zip(caches).zip(times).zip(host)
         {
             let row = match cache {
-                Ok(c) => self
-                    .row(scheme, g, seq_len, c.kv_bytes(), &ms, &mut fp16_ms)
-                    .map(|mut r| {
-                        r.host_ms = summarize(&host_ms).filter(|_| on_gpu).map(|h| h.p50);
-                        r
-                    })
-                    .ok_or_else(|| "no timed step".to_string()),
+                Ok(c) => {
+                    let host_p50 = on_gpu.then(|| summarize(&host_ms)).flatten().map(|h| h.p50);
+                    self.row(
+                        scheme,
+                        g,
+                        seq_len,
+                        c.kv_bytes(),
+                        &ms,
+                        host_p50,
+                        &mut fp16_ms,
+                    )
+                    .ok_or_else(|| "no timed step".to_string())
+                }
                 Err(e) => Err(crate::error::first_line(&e)),
             };
             rows.push((scheme.to_string(), row));
@@ -218,6 +224,7 @@ impl AttnBench {
         seq_len: usize,
         kv_bytes: usize,
         ms: &[f64],
+        host_ms: Option<f64>,
         fp16_ms: &mut Option<f64>,
     ) -> Option<AttnRow> {
         let s = summarize(ms)?;
@@ -235,7 +242,7 @@ impl AttnBench {
             p95_ms: s.p95,
             vs_fp16: fp16_ms.map(|f| s.p50 / f),
             gb_s: floor.bytes() as f64 / (s.p50 * 1e-3) / 1e9,
-            host_ms: None,
+            host_ms,
         })
     }
 }
