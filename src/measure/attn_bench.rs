@@ -216,7 +216,8 @@ impl AttnBench {
     }
 
     /// The row of a scheme that ran: the median timed step brings the cache to `seen` tokens,
-    /// then attends over what is held after its append (eviction runs after attention).
+    /// then attends over what is held after its append (eviction runs after attention);
+    /// `host_ms` is the median time to issue a step on a GPU (`None` on the CPU).
     fn row(
         &self,
         scheme: &KvScheme,
