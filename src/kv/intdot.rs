@@ -66,9 +66,7 @@ impl QueryI8 {
             let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
             scale[j] = s;
             let cj = &mut codes[j * d..(j + 1) * d];
-            for (c, &v) in cj.iter_mut().zip(q) {
-                *c = (v * inv).round_ties_even() as i8;
-            }
+            super::simd::quantize_i8(q, inv, cj);
             // Per block: the code sum (integers, exact in either order) and the pair order.
             for (b, (cb, pb)) in cj
                 .chunks_exact(B)

@@ -328,6 +328,77 @@ impl ChannelStream {
     }
 }
 
+/// `out[lane] = codes[channel_of_lane[lane]]`: a query's codes from channel order into the
+/// lane order of [`ChannelStream::lane_of`] (4-bit: per 32 channels the even ones, then the odd
+/// ones; 2-bit: per 64 channels, channel `4m + i` to lane `16i + m`). With AVX2 (`d` a multiple
+/// of 32 at 4 bits, 64 at 2, as [`Stream::int_keys`] requires) by byte shuffles within 128-bit
+/// lanes and a 64-bit (4-bit) or 32-bit (2-bit, a 4 × 4 transpose) regrouping; otherwise by the
+/// table. Panics when the slices' lengths differ.
+fn to_lane_order(bits: u8, codes: &[i8], channel_of_lane: &[usize], out: &mut [i8]) {
+    let d = codes.len();
+    assert!(out.len() == d && channel_of_lane.len() == d);
+    // Channels the vector code placed: all of them with AVX2 when `d` suits, none otherwise.
+    let done = crate::util::simd::simd_dispatch!(
+        ["avx2", "fma"],
+        // SAFETY: AVX2 enabled at compile time; every 16- or 32-byte access lies inside
+        // `codes`/`out` (`i + 32 ≤ d` at 4 bits, `i + 64 ≤ d` at 2), both `d` bytes long.
+        unsafe {
+            use std::arch::x86_64::*;
+            let (src, dst) = (codes.as_ptr(), out.as_mut_ptr());
+            match bits {
+                4 if d.is_multiple_of(32) => {
+                    let evens_odds = _mm256_setr_epi8(
+                        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10,
+                        12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                    );
+                    for i in (0..d).step_by(32) {
+                        let v = _mm256_loadu_si256(src.add(i) as *const __m256i);
+                        // qwords: evens 0–14, odds 1–15, evens 16–30, odds 17–31.
+                        let v = _mm256_shuffle_epi8(v, evens_odds);
+                        let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(v);
+                        _mm256_storeu_si256(dst.add(i) as *mut __m256i, v);
+                    }
+                    d
+                }
+                2 if d.is_multiple_of(64) => {
+                    let by_residue =
+                        _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+                    for i in (0..d).step_by(64) {
+                        // Chunk k (channels 16k..16k + 16) → dword r = its channels ≡ r mod 4.
+                        let ld = |k: usize| {
+                            _mm_shuffle_epi8(
+                                _mm_loadu_si128(src.add(i + 16 * k) as *const __m128i),
+                                by_residue,
+                            )
+                        };
+                        let (a, b, c, e) = (ld(0), ld(1), ld(2), ld(3));
+                        // Transpose: output r = dword r of chunks 0, 1, 2, 3.
+                        let ab_lo = _mm_unpacklo_epi32(a, b);
+                        let ab_hi = _mm_unpackhi_epi32(a, b);
+                        let ce_lo = _mm_unpacklo_epi32(c, e);
+                        let ce_hi = _mm_unpackhi_epi32(c, e);
+                        let rows = [
+                            _mm_unpacklo_epi64(ab_lo, ce_lo),
+                            _mm_unpackhi_epi64(ab_lo, ce_lo),
+                            _mm_unpacklo_epi64(ab_hi, ce_hi),
+                            _mm_unpackhi_epi64(ab_hi, ce_hi),
+                        ];
+                        for (r, row) in rows.iter().enumerate() {
+                            _mm_storeu_si128(dst.add(i + 16 * r) as *mut __m128i, *row);
+                        }
+                    }
+                    d
+                }
+                _ => 0,
+            }
+        },
+        0
+    );
+    for (o, &c) in out[done..].iter_mut().zip(&channel_of_lane[done..]) {
+        *o = codes[c];
+    }
+}
+
 /// A block's queries with the per-channel scales folded in (KIVI §3.2's per-channel scales
 /// factored out of the dot product): `q'_c = q_c·s_c` quantized to int8 with one step per
 /// query, `sq = max|q'|/127`, in lane order; the minimums' term `Σ_c q_c·m_c` kept in f32.
@@ -339,11 +410,13 @@ struct BlockQueries {
     /// `[nq]` `Σ_c q_c·m_c` (0 for 8-bit, which has no minimum).
     bias: Vec<f32>,
     /// Scratch reused from block to block (no allocation per block): `[d]` scales,
-    /// minimums, `q'`, and the lane of each channel.
+    /// minimums, `q'`, `q'`'s codes in channel order, and the channel each lane holds
+    /// (empty for 8-bit, whose lane order is the channel order).
     scale: Vec<f32>,
     min: Vec<f32>,
     qp: Vec<f32>,
-    lanes: Vec<usize>,
+    codes: Vec<i8>,
+    channel_of_lane: Vec<usize>,
 }
 
 /// `out[(t − r0)·nq + j] = sq_j · Σ_c q8_j[lane(c)]·code_tc + bias_j` for code rows `r0..r1`
@@ -625,7 +698,16 @@ impl ChannelStream {
             scale: vec![0f32; d],
             min: vec![0f32; d],
             qp: vec![0f32; d],
-            lanes: (0..d).map(|c| self.lane_of(c)).collect(),
+            codes: vec![0i8; d],
+            channel_of_lane: if self.bits == 8 {
+                Vec::new()
+            } else {
+                let mut ch = vec![0; d];
+                for c in 0..d {
+                    ch[self.lane_of(c)] = c;
+                }
+                ch
+            },
         }
     }
 
@@ -645,8 +727,11 @@ impl ChannelStream {
             let s = crate::kv::simd::absmax(&bq.qp) / 127.0;
             let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
             let q8 = &mut bq.q8[j * d..(j + 1) * d];
-            for (&v, &l) in bq.qp.iter().zip(&bq.lanes) {
-                q8[l] = (v * inv).round_ties_even() as i8;
+            if self.bits == 8 {
+                crate::kv::simd::quantize_i8(&bq.qp, inv, q8);
+            } else {
+                crate::kv::simd::quantize_i8(&bq.qp, inv, &mut bq.codes);
+                to_lane_order(self.bits, &bq.codes, &bq.channel_of_lane, q8);
             }
             bq.sq[j] = s;
             bq.bias[j] = if self.bits == 8 {
@@ -768,6 +853,24 @@ mod tests {
     /// KIVI stream: 8 tokens, group 4, residual 2 → after 8 pushes, one block of 4 quantized
     /// and 4 rows in f16 (4 < residual + group = 6 would trigger again only at 6... here 8 − 4 = 4
     /// rows remain, under 6). Channel scales by hand: channel 0 holds 1..4 → scale 4/127.
+    /// The shuffles put every channel where [`ChannelStream::lane_of`] (the layout the score
+    /// kernels unpack codes into) says, for distinct codes at several head dims.
+    #[test]
+    fn lane_order_matches_lane_of() {
+        for bits in [4u8, 2] {
+            for d in [64usize, 128, 256] {
+                let s = ChannelStream::new(bits, 32, 128, d);
+                let codes: Vec<i8> = (0..d).map(|c| (c as i32 * 37 % 251 - 125) as i8).collect();
+                let bq = s.empty_block_queries(1);
+                let mut out = vec![0i8; d];
+                to_lane_order(bits, &codes, &bq.channel_of_lane, &mut out);
+                for c in 0..d {
+                    assert_eq!(out[s.lane_of(c)], codes[c], "bits {bits} d {d} channel {c}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn channel_stream_groups_by_hand() {
         let d = 2;
