@@ -241,13 +241,21 @@ fn partial(
     let (t0, t1) = (slots.0, slots.1.min(last_visible + 1).max(slots.0));
     let n = t1 - t0;
     // w[(t − t0) · nq + j], slot-major so a decoded key row is used by every query in turn.
-    let mut w = vec![0f32; n * nq];
+    // Unless the caller keeps the weights, the buffer is the thread's own, reused from call to
+    // call: at short contexts the allocations per call were a visible share of a decode step.
+    let mut w = if keep_weights {
+        Vec::new()
+    } else {
+        WEIGHTS.with(|c| c.take())
+    };
+    w.clear();
+    w.resize(n * nq, 0.0);
     let mut max = vec![f32::NEG_INFINITY; nq];
     let mut sum = vec![0f32; nq];
     let mut acc = vec![0f32; nq * d];
     if n > 0 {
         if !exact && head.k.int_keys() && d.is_multiple_of(32) {
-            let q = super::intdot::QueryI8::quantize(qs, d);
+            let q = super::intdot::LazyQueryI8::new(qs, d);
             head.k.dot_rows_int(t0, t1, qs, &q, &mut w);
         } else {
             head.k.dot_rows(t0, t1, qs, &mut w);
@@ -291,13 +299,24 @@ fn partial(
             head.v.axpy_rows_fast(t0, t1, &w, &mut acc);
         }
     }
+    let weights = if keep_weights {
+        Some(w)
+    } else {
+        WEIGHTS.with(|c| c.replace(w));
+        None
+    };
     Partial {
         max,
         sum,
         acc,
-        weights: keep_weights.then_some(w),
+        weights,
         slots: (t0, t1),
     }
+}
+
+thread_local! {
+    /// Each thread's attention-weight buffer ([`partial`]'s `w`), kept between calls.
+    static WEIGHTS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// `y += a · x`.

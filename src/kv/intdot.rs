@@ -91,6 +91,34 @@ impl QueryI8 {
     }
 }
 
+/// A call's queries (`[nq, d]` f32, `d` a multiple of 32) and their [`QueryI8`], quantized
+/// on the first [`get`](Self::get): formats that score on their own transform of the queries
+/// (the per-channel key formats fold their scales in, TurboQuant rotates them) never pay for
+/// the quantization and its four allocations, which `attn-bench` at 1k tokens (default model,
+/// batch 1: 12 calls per layer) found among the step's larger fixed costs.
+#[derive(Debug)]
+pub struct LazyQueryI8<'a> {
+    qs: &'a [f32],
+    d: usize,
+    q: std::cell::OnceCell<QueryI8>,
+}
+
+impl<'a> LazyQueryI8<'a> {
+    /// Wraps `qs` (`[nq, d]`); nothing is quantized yet.
+    pub fn new(qs: &'a [f32], d: usize) -> Self {
+        Self {
+            qs,
+            d,
+            q: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The quantized queries ([`QueryI8::quantize`] on the first call, then the same ones).
+    pub fn get(&self) -> &QueryI8 {
+        self.q.get_or_init(|| QueryI8::quantize(self.qs, self.d))
+    }
+}
+
 /// Key formats with an integer path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IntKeys {

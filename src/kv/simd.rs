@@ -613,7 +613,10 @@ pub fn exp_sub_sum(w: &mut [f32], nq: usize, max: &[f32], sum: &mut [f32]) {
 /// Panics when `out` is shorter than `x`.
 #[inline(always)]
 pub fn quantize_i8(x: &[f32], inv: f32, out: &mut [i8]) {
-    assert!(out.len() >= x.len(), "quantize_i8: output shorter than input");
+    assert!(
+        out.len() >= x.len(),
+        "quantize_i8: output shorter than input"
+    );
     // Elements the vector loop quantized: whole groups of 32 with AVX2, none without.
     let done = simd_dispatch!(
         ["avx2", "fma"],
@@ -627,7 +630,8 @@ pub fn quantize_i8(x: &[f32], inv: f32, out: &mut [i8]) {
             let mut i = 0;
             while i + 32 <= x.len() {
                 let p = x.as_ptr().add(i);
-                let q = |k: usize| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(8 * k)), s));
+                let q =
+                    |k: usize| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(8 * k)), s));
                 let ab = _mm256_packs_epi32(q(0), q(1));
                 let cd = _mm256_packs_epi32(q(2), q(3));
                 let v = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), order);
@@ -1432,7 +1436,13 @@ mod tests {
         for (i, &c) in out.iter().enumerate() {
             let v = i as i32 - 35;
             // v + ½ rounds to whichever of v and v + 1 is even.
-            let want = if i % 2 == 1 { v } else if v % 2 == 0 { v } else { v + 1 };
+            let want = if i % 2 == 1 {
+                v
+            } else if v % 2 == 0 {
+                v
+            } else {
+                v + 1
+            };
             assert_eq!(c as i32, want, "element {i} ({})", x[i]);
         }
         // inv scales before rounding (all exact in f32): 254 → 127, −127 → −63.5 → −64,

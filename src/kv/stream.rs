@@ -31,13 +31,14 @@ pub trait Stream: Send + Sync + std::fmt::Debug {
         false
     }
     /// [`dot_rows`](Self::dot_rows) on the stored codes with queries quantized to int8 (`q`,
-    /// the same queries as `qs`); formats without an integer path use `qs` and the f32 path.
+    /// the same queries as `qs`, quantized when first asked for); formats without an integer
+    /// path use `qs` and the f32 path.
     fn dot_rows_int(
         &self,
         t0: usize,
         t1: usize,
         qs: &[f32],
-        _q: &super::intdot::QueryI8,
+        _q: &super::intdot::LazyQueryI8<'_>,
         out: &mut [f32],
     ) {
         self.dot_rows(t0, t1, qs, out)
@@ -212,11 +213,11 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
         t0: usize,
         t1: usize,
         qs: &[f32],
-        q: &super::intdot::QueryI8,
+        q: &super::intdot::LazyQueryI8<'_>,
         out: &mut [f32],
     ) {
         match self.int_format() {
-            Some(f) => super::intdot::scores(f, &self.data, self.rb, t0, t1, q, out),
+            Some(f) => super::intdot::scores(f, &self.data, self.rb, t0, t1, q.get(), out),
             None => self.dot_rows(t0, t1, qs, out),
         }
     }

@@ -789,7 +789,7 @@ impl Stream for ChannelStream {
         t0: usize,
         t1: usize,
         qs: &[f32],
-        _q: &crate::kv::intdot::QueryI8,
+        _q: &crate::kv::intdot::LazyQueryI8<'_>,
         out: &mut [f32],
     ) {
         if !self.int_keys() {
@@ -1005,7 +1005,7 @@ mod tests {
                     s.push(&random_rows(&mut rng, n, d, 3));
                     assert!(s.int_keys() && s.n_blocks >= 3 && s.len() == n);
                     let qs = random_rows(&mut rng, nq, d, 0);
-                    let q8 = crate::kv::intdot::QueryI8::quantize(&qs, d);
+                    let q8 = crate::kv::intdot::LazyQueryI8::new(&qs, d);
                     let (t0, t1) = (5, n);
                     let mut got = vec![0f32; (t1 - t0) * nq];
                     s.dot_rows_int(t0, t1, &qs, &q8, &mut got);

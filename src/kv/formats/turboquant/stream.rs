@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::kv::codeaxpy;
-use crate::kv::intdot::{self, IntKeys, QueryI8};
+use crate::kv::intdot::{self, IntKeys, LazyQueryI8, QueryI8};
 use crate::kv::quant::mse::TurboQuantMse;
 use crate::kv::quant::prod::{ProdQuery, TurboQuantProd};
 use crate::kv::simd::{dot, scale_in_place};
@@ -194,7 +194,14 @@ impl Stream for TurboQuantStream {
     /// with norm correction times each row's `1/‖centroid vector‖` ([`inv_centroid_norms`]).
     /// Error against [`dot_rows`](Stream::dot_rows): at most
     /// `‖k‖·(sq/2·Σ|ŷ_i| + ts/2·Σ|sq·c_i|)` (see the tests), plus f32 rounding.
-    fn dot_rows_int(&self, t0: usize, t1: usize, qs: &[f32], _q: &QueryI8, out: &mut [f32]) {
+    fn dot_rows_int(
+        &self,
+        t0: usize,
+        t1: usize,
+        qs: &[f32],
+        _q: &LazyQueryI8<'_>,
+        out: &mut [f32],
+    ) {
         if let TqCodec::Prod(c) = &self.codec {
             // TurboQuant_prod: each row unpacked once into [‖x‖ŷ, ‖x‖γ√(π/2)/d·z] and scored
             // against every [R q, S q] by the tiled f32 kernel (f32 throughout; only the
@@ -468,7 +475,7 @@ mod tests {
                 s.push(&random_rows(&mut rng, n, d, 3));
                 let qs = random_rows(&mut rng, nq, d, 0);
                 assert!(s.int_keys());
-                let q8 = QueryI8::quantize(&qs, d);
+                let q8 = LazyQueryI8::new(&qs, d);
                 let (t0, t1) = (2, n);
                 let mut got = vec![0f32; (t1 - t0) * nq];
                 s.dot_rows_int(t0, t1, &qs, &q8, &mut got);
@@ -535,7 +542,7 @@ mod tests {
             assert!(s.int_keys());
             let qs = random_rows(&mut rng, nq, d, 0);
             let (mut fast, mut exact) = (vec![0f32; n * nq], vec![0f32; n * nq]);
-            s.dot_rows_int(0, n, &qs, &QueryI8::quantize(&qs, d), &mut fast);
+            s.dot_rows_int(0, n, &qs, &LazyQueryI8::new(&qs, d), &mut fast);
             s.dot_rows(0, n, &qs, &mut exact);
             let mut rq = qs.clone();
             rq.chunks_exact_mut(d).for_each(|q| c.rotate_query(q));
@@ -597,7 +604,7 @@ mod tests {
                 assert!(s.int_keys());
                 let qs = random_rows(&mut rng, nq, d, 0);
                 let mut got = vec![0f32; n * nq];
-                s.dot_rows_int(0, n, &qs, &QueryI8::quantize(&qs, d), &mut got);
+                s.dot_rows_int(0, n, &qs, &LazyQueryI8::new(&qs, d), &mut got);
                 let cent = c.mse().codebook().centroids();
                 let m = TurboQuantMse::row_bytes_for(d, bits - 1);
                 let u = 2f64.powi(-24);
