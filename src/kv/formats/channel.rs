@@ -764,8 +764,18 @@ impl Stream for ChannelStream {
         self.decode_with(slot, out, &mut BlockParams::default());
     }
 
-    // A block's per-channel scales (and minimums) are decoded once per block, not per row.
+    // A block's per-channel scales (and minimums) are decoded once per block, not per row; the
+    // f16 residual rows go through fp16's kernel (widened in registers: the same products and
+    // order as decoding them into a tile, so the same scores to the bit).
     fn dot_rows(&self, t0: usize, t1: usize, qs: &[f32], out: &mut [f32]) {
+        let (d, quantized) = (self.d, self.n_blocks * self.group);
+        if t1 > t0 && t0 >= quantized {
+            let rows = (t0 - quantized, t1 - quantized);
+            let rb = 2 * d;
+            if crate::kv::simd::row_dots(crate::kv::simd::Widen::F16, &self.resid, rb, rows, qs, d, out) {
+                return;
+            }
+        }
         let mut params = BlockParams::default();
         dot_rows_with(t0, t1, qs, out, self.d, |t, r| {
             self.decode_with(t, r, &mut params)
