@@ -289,7 +289,35 @@ pub fn axpy_centroids4(
         ["avx2", "fma"],
         // SAFETY: features enabled at compile time; every read is inside `data`, `w` and `acc`
         // (asserted above: rows t0..t1 of rb ≥ 2 + d/2 bytes).
-        unsafe { avx::axpy_centroids4(centroids, data, rb, d, t0, t1, w, acc) },
+        unsafe { avx::axpy_centroids4_on::<false>(centroids, data, rb, d, t0, t1, w, acc) },
+        scalar_axpy_centroids4(centroids, data, rb, d, t0, t1, w, acc)
+    )
+}
+
+/// [`axpy_centroids4`] as attention's timed path runs it: the row factor folded into each
+/// query's weight once per row (`(w·n_t) · centroid`, as [`axpy_codes`] folds a block's scale)
+/// and accumulated by one fused multiply-add per element and query, instead of a product
+/// `n·centroid`, a product by `w` and a sum. The same sum up to f32 rounding (two roundings
+/// fewer per term); the exact path keeps [`axpy_centroids4`]. Same layout, `π` order and
+/// panics.
+#[allow(clippy::too_many_arguments)] // the stream's coordinates, as `axpy_centroids4`
+pub fn axpy_centroids4_fused(
+    centroids: &[f32; 16],
+    data: &[u8],
+    rb: usize,
+    d: usize,
+    t0: usize,
+    t1: usize,
+    w: &[f32],
+    acc: &mut [f32],
+) {
+    let nq = acc.len() / d;
+    assert!(d.is_multiple_of(32) && rb >= 2 + d / 2 && data.len() >= t1 * rb);
+    assert!(w.len() >= (t1 - t0) * nq && acc.len() == nq * d);
+    simd_dispatch!(
+        ["avx2", "fma"],
+        // SAFETY: as in `axpy_centroids4`.
+        unsafe { avx::axpy_centroids4_on::<true>(centroids, data, rb, d, t0, t1, w, acc) },
         scalar_axpy_centroids4(centroids, data, rb, d, t0, t1, w, acc)
     )
 }
@@ -727,8 +755,10 @@ mod avx {
     /// elements the accumulators of up to four queries stay in registers over all the rows
     /// (each element still sums the rows in order, so the same result to the bit as a row at a
     /// time).
+    /// With `FUSED` ([`super::axpy_centroids4_fused`]) the row factor goes into each query's
+    /// weight and the element into the sum by one FMA, without the per-element product `n·c`.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn axpy_centroids4(
+    pub unsafe fn axpy_centroids4_on<const FUSED: bool>(
         centroids: &[f32; 16],
         data: &[u8],
         rb: usize,
@@ -748,13 +778,13 @@ mod avx {
         for b in 0..d / 32 {
             let mut j = 0;
             while nq - j >= 4 {
-                centroids_block::<4, WIDE16>(cents, rows, b, w, nq, j, o, d);
+                centroids_block::<4, WIDE16, FUSED>(cents, rows, b, w, nq, j, o, d);
                 j += 4;
             }
             match nq - j {
-                3 => centroids_block::<3, WIDE16>(cents, rows, b, w, nq, j, o, d),
-                2 => centroids_block::<2, WIDE16>(cents, rows, b, w, nq, j, o, d),
-                1 => centroids_block::<1, WIDE16>(cents, rows, b, w, nq, j, o, d),
+                3 => centroids_block::<3, WIDE16, FUSED>(cents, rows, b, w, nq, j, o, d),
+                2 => centroids_block::<2, WIDE16, FUSED>(cents, rows, b, w, nq, j, o, d),
+                1 => centroids_block::<1, WIDE16, FUSED>(cents, rows, b, w, nq, j, o, d),
                 _ => {}
             }
         }
@@ -767,7 +797,7 @@ mod avx {
     /// with `WIDE` 16 lanes a register.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)] // the block's coordinates; a struct would only rename them
-    unsafe fn centroids_block<const Q: usize, const WIDE: bool>(
+    unsafe fn centroids_block<const Q: usize, const WIDE: bool, const FUSED: bool>(
         (lo, hi): (__m256, __m256),
         (data, rb, t0, t1): (&[u8], usize, usize, usize),
         b: usize,
@@ -795,7 +825,8 @@ mod avx {
                     continue;
                 }
                 let row = data.as_ptr().add(t * rb);
-                let n = _mm512_set1_ps(f16_at(row));
+                let nf = f16_at(row);
+                let n = _mm512_set1_ps(nf);
                 let nib = nibbles(row.add(2 + 16 * b));
                 let v = [
                     _mm256_castsi256_si128(nib),
@@ -803,12 +834,24 @@ mod avx {
                 ]
                 .map(|i| {
                     let c = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(i), cents);
-                    _mm512_mul_ps(c, n)
+                    if FUSED {
+                        c
+                    } else {
+                        _mm512_mul_ps(c, n)
+                    }
                 });
                 for (j, aj) in acc.iter_mut().enumerate() {
-                    let wv = _mm512_set1_ps(*wt.get_unchecked(j0 + j));
-                    for (x, &vr) in aj.iter_mut().zip(&v) {
-                        *x = _mm512_add_ps(*x, _mm512_mul_ps(wv, vr));
+                    let wj = *wt.get_unchecked(j0 + j);
+                    if FUSED {
+                        let wv = _mm512_set1_ps(wj * nf);
+                        for (x, &vr) in aj.iter_mut().zip(&v) {
+                            *x = _mm512_fmadd_ps(wv, vr, *x);
+                        }
+                    } else {
+                        let wv = _mm512_set1_ps(wj);
+                        for (x, &vr) in aj.iter_mut().zip(&v) {
+                            *x = _mm512_add_ps(*x, _mm512_mul_ps(wv, vr));
+                        }
                     }
                 }
             }
@@ -829,7 +872,12 @@ mod avx {
             let a = _mm256_permutevar8x32_ps(lo, i);
             let c = _mm256_permutevar8x32_ps(hi, i);
             let m = _mm256_castsi256_ps(_mm256_slli_epi32(i, 28));
-            _mm256_mul_ps(_mm256_blendv_ps(a, c, m), n)
+            let v = _mm256_blendv_ps(a, c, m);
+            if FUSED {
+                v
+            } else {
+                _mm256_mul_ps(v, n)
+            }
         };
         for t in t0..t1 {
             let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
@@ -837,7 +885,8 @@ mod avx {
                 continue;
             }
             let row = data.as_ptr().add(t * rb);
-            let n = _mm256_set1_ps(f16_at(row));
+            let nf = f16_at(row);
+            let n = _mm256_set1_ps(nf);
             let nib = nibbles(row.add(2 + 16 * b));
             let (n0, n1) = (
                 _mm256_castsi256_si128(nib),
@@ -850,9 +899,17 @@ mod avx {
                 look(_mm256_cvtepu8_epi32(_mm_srli_si128(n1, 8)), n),
             ];
             for (j, aj) in acc.iter_mut().enumerate() {
-                let wv = _mm256_set1_ps(*wt.get_unchecked(j0 + j));
-                for (x, &vr) in aj.iter_mut().zip(&v) {
-                    *x = _mm256_add_ps(*x, _mm256_mul_ps(wv, vr));
+                let wj = *wt.get_unchecked(j0 + j);
+                if FUSED {
+                    let wv = _mm256_set1_ps(wj * nf);
+                    for (x, &vr) in aj.iter_mut().zip(&v) {
+                        *x = _mm256_fmadd_ps(wv, vr, *x);
+                    }
+                } else {
+                    let wv = _mm256_set1_ps(wj);
+                    for (x, &vr) in aj.iter_mut().zip(&v) {
+                        *x = _mm256_add_ps(*x, _mm256_mul_ps(wv, vr));
+                    }
                 }
             }
         }

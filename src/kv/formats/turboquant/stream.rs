@@ -109,7 +109,9 @@ fn int8_table(cent: &[f32; 16]) -> ([i8; 16], f32) {
 
 impl TurboQuantStream {
     /// `acc += Σ_t w_t·‖v_t‖·R⁻¹(centroid[codes_t])` for 4-bit rows on their codes
-    /// ([`codeaxpy::axpy_centroids4`], in pair order, restored once), rotated back once.
+    /// ([`codeaxpy::axpy_centroids4`], in pair order, restored once; with `fused`, the timed
+    /// path's [`codeaxpy::axpy_centroids4_fused`]), rotated back once.
+    #[allow(clippy::too_many_arguments)]
     fn axpy_codes(
         &self,
         c: &TurboQuantMse,
@@ -118,12 +120,18 @@ impl TurboQuantStream {
         t1: usize,
         w: &[f32],
         acc: &mut [f32],
+        fused: bool,
     ) {
         let d = c.head_dim();
         let nq = acc.len() / d;
         let mut y = vec![0f32; d];
         let mut racc = vec![0f32; nq * d];
-        codeaxpy::axpy_centroids4(cent, &self.data, self.rb, d, t0, t1, w, &mut racc);
+        let (data, rb) = (&self.data, self.rb);
+        if fused {
+            codeaxpy::axpy_centroids4_fused(cent, data, rb, d, t0, t1, w, &mut racc);
+        } else {
+            codeaxpy::axpy_centroids4(cent, data, rb, d, t0, t1, w, &mut racc);
+        }
         codeaxpy::unpair(&mut racc, d, &mut y);
         for (a, r) in acc.chunks_exact_mut(d).zip(racc.chunks_exact_mut(d)) {
             c.rotation().inverse(r);
@@ -291,9 +299,9 @@ impl Stream for TurboQuantStream {
                 for (wt, &f) in ws.chunks_exact_mut(nq).zip(&inv) {
                     wt.iter_mut().for_each(|x| *x *= f);
                 }
-                self.axpy_codes(c, &cent, t0, t1, &ws, acc);
+                self.axpy_codes(c, &cent, t0, t1, &ws, acc, true);
             }
-            _ => self.axpy_rows(t0, t1, w, acc),
+            Some((c, cent)) => self.axpy_codes(c, &cent, t0, t1, w, acc, true),
         }
     }
 
@@ -303,7 +311,7 @@ impl Stream for TurboQuantStream {
         let mut y = vec![0f32; d];
         if let Some((c, cent)) = self.mse4().filter(|(c, _)| !c.norm_correction()) {
             // The same sums as the loop below, on the codes.
-            return self.axpy_codes(c, &cent, t0, t1, w, acc);
+            return self.axpy_codes(c, &cent, t0, t1, w, acc, false);
         }
         match &self.codec {
             TqCodec::Mse(c) => {
@@ -633,7 +641,9 @@ mod tests {
         }
     }
 
-    /// The 4-bit value path (`axpy_rows` through [`codeaxpy::axpy_centroids4`]) against f64
+    /// The 4-bit value paths (`axpy_rows` through [`codeaxpy::axpy_centroids4`], and
+    /// `axpy_rows_fast` through [`codeaxpy::axpy_centroids4_fused`]: one rounding fewer per
+    /// term, inside the same bound) against f64
     /// sums of the rows decoded to the original basis, d 32/64/128, 1–8 queries, some rows'
     /// weights zero; and the SIMD kernel equals the scalar one bit for bit (the same products
     /// and sums per element). Bound, per element: the rotated-basis sum of n terms differs from
@@ -658,11 +668,12 @@ mod tests {
                 s.push(&random_rows(&mut rng, n, d, 0));
                 let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
                 w[4 * nq..5 * nq].fill(0.0);
+                // The timed path (the fused kernel, `axpy_centroids4_fused`) for every row
+                // kind; the exact path on the codes for rows without norm correction.
+                let mut fast = vec![0f32; nq * d];
+                s.axpy_rows_fast(0, n, &w, &mut fast);
                 let mut got = vec![0f32; nq * d];
-                if nc {
-                    // Norm-corrected rows: on the codes on the timed path only.
-                    s.axpy_rows_fast(0, n, &w, &mut got);
-                } else {
+                if !nc {
                     s.axpy_rows(0, n, &w, &mut got);
                 }
                 let cent: [f32; 16] = c.codebook().centroids().try_into().unwrap();
@@ -687,8 +698,12 @@ mod tests {
                     for i in 0..d {
                         let exact: f64 =
                             (0..n).map(|t| w[t * nq + j] as f64 * dec[t * d + i] as f64).sum();
-                        let e = (got[j * d + i] as f64 - exact).abs();
-                        assert!(e <= bound, "d={d} nq={nq} j={j} i={i}: {e} > {bound}");
+                        let e = (fast[j * d + i] as f64 - exact).abs();
+                        assert!(e <= bound, "fast d={d} nq={nq} j={j} i={i}: {e} > {bound}");
+                        if !nc {
+                            let e = (got[j * d + i] as f64 - exact).abs();
+                            assert!(e <= bound, "d={d} nq={nq} j={j} i={i}: {e} > {bound}");
+                        }
                     }
                 }
             }
