@@ -262,15 +262,14 @@ impl Activations {
             .zip(codes.chunks_exact_mut(BLOCK))
             .zip(d.iter_mut().zip(s.iter_mut()))
         {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            // Eight running maxima and a vector rounding loop (the same codes as a scalar
+            // `round_ties_even` per value): a decode step quantizes every matmul's input on
+            // the calling thread while the pool waits.
+            let amax = crate::kv::simd::absmax(xb);
             let scale = amax / 127.0;
             let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            let mut sum = 0i32;
-            for (c, &v) in cb.iter_mut().zip(xb) {
-                let q = (v * inv).round_ties_even() as i32;
-                *c = q as i8;
-                sum += q;
-            }
+            crate::kv::simd::quantize_i8(xb, inv, cb);
+            let sum: i32 = cb.iter().map(|&c| c as i32).sum();
             *db = scale;
             *sb = scale * sum as f32;
         }
