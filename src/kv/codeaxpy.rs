@@ -267,10 +267,16 @@ pub fn scalar_axpy_codes(
 /// order: per block of 32 elements the 16 even elements, then the 16 odd ones
 /// (`π(32b + 2m) = 32b + m`, `π(32b + 2m + 1) = 32b + 16 + m`), the order the nibbles come out
 /// of a byte; [`unpair`] restores element order once per call. Rows whose weights are all zero
-/// are not read. The arithmetic per element is that of decoding the row (`n·centroid`, one
-/// rounding) then adding `w·value` (a product and a sum, no fused multiply-add), so the result
-/// equals the decode-then-accumulate loop's bit for bit. Panics (a caller's bug, not input)
-/// unless `d` is a multiple of 32 and the slices hold what the shapes say.
+/// are not read. Without `fused`, the arithmetic per element is that of decoding the row
+/// (`n·centroid`, one rounding) then adding `w·value` (a product and a sum, no fused
+/// multiply-add), so the result equals the decode-then-accumulate loop's bit for bit.
+///
+/// With `fused` (attention's timed path) the row factor goes into each query's weight once per
+/// row (`(w·n_t) · centroid`, as [`axpy_codes`] folds a block's scale) and each element into
+/// the sum by one fused multiply-add, instead of a product `n·centroid`, a product by `w` and a
+/// sum: the same sum up to f32 rounding (two roundings fewer per term); without AVX2 both run
+/// the scalar loop. Panics (a caller's bug, not input) unless `d` is a multiple of 32 and the
+/// slices hold what the shapes say.
 #[allow(clippy::too_many_arguments)] // the stream's coordinates; a struct would only rename them
 pub fn axpy_centroids4(
     centroids: &[f32; 16],
@@ -281,6 +287,7 @@ pub fn axpy_centroids4(
     t1: usize,
     w: &[f32],
     acc: &mut [f32],
+    fused: bool,
 ) {
     let nq = acc.len() / d;
     assert!(d.is_multiple_of(32) && rb >= 2 + d / 2 && data.len() >= t1 * rb);
@@ -289,36 +296,17 @@ pub fn axpy_centroids4(
         ["avx2", "fma"],
         // SAFETY: features enabled at compile time; every read is inside `data`, `w` and `acc`
         // (asserted above: rows t0..t1 of rb ≥ 2 + d/2 bytes).
-        unsafe { avx::axpy_centroids4_on::<false>(centroids, data, rb, d, t0, t1, w, acc) },
-        scalar_axpy_centroids4(centroids, data, rb, d, t0, t1, w, acc)
-    )
-}
-
-/// [`axpy_centroids4`] as attention's timed path runs it: the row factor folded into each
-/// query's weight once per row (`(w·n_t) · centroid`, as [`axpy_codes`] folds a block's scale)
-/// and accumulated by one fused multiply-add per element and query, instead of a product
-/// `n·centroid`, a product by `w` and a sum. The same sum up to f32 rounding (two roundings
-/// fewer per term); the exact path keeps [`axpy_centroids4`]. Same layout, `π` order and
-/// panics.
-#[allow(clippy::too_many_arguments)] // the stream's coordinates, as `axpy_centroids4`
-pub fn axpy_centroids4_fused(
-    centroids: &[f32; 16],
-    data: &[u8],
-    rb: usize,
-    d: usize,
-    t0: usize,
-    t1: usize,
-    w: &[f32],
-    acc: &mut [f32],
-) {
-    let nq = acc.len() / d;
-    assert!(d.is_multiple_of(32) && rb >= 2 + d / 2 && data.len() >= t1 * rb);
-    assert!(w.len() >= (t1 - t0) * nq && acc.len() == nq * d);
-    simd_dispatch!(
-        ["avx2", "fma"],
-        // SAFETY: as in `axpy_centroids4`.
-        unsafe { avx::axpy_centroids4_on::<true>(centroids, data, rb, d, t0, t1, w, acc) },
-        scalar_axpy_centroids4(centroids, data, rb, d, t0, t1, w, acc)
+        unsafe {
+            if fused {
+                avx::axpy_centroids4_on::<true>(centroids, data, rb, d, t0, t1, w, acc)
+            } else {
+                avx::axpy_centroids4_on::<false>(centroids, data, rb, d, t0, t1, w, acc)
+            }
+        },
+        {
+            let _ = fused;
+            scalar_axpy_centroids4(centroids, data, rb, d, t0, t1, w, acc)
+        }
     )
 }
 
@@ -755,7 +743,7 @@ mod avx {
     /// elements the accumulators of up to four queries stay in registers over all the rows
     /// (each element still sums the rows in order, so the same result to the bit as a row at a
     /// time).
-    /// With `FUSED` ([`super::axpy_centroids4_fused`]) the row factor goes into each query's
+    /// With `FUSED` ([`super::axpy_centroids4`]'s `fused`) the row factor goes into each query's
     /// weight and the element into the sum by one FMA, without the per-element product `n·c`.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn axpy_centroids4_on<const FUSED: bool>(

@@ -110,7 +110,7 @@ fn int8_table(cent: &[f32; 16]) -> ([i8; 16], f32) {
 impl TurboQuantStream {
     /// `acc += Σ_t w_t·‖v_t‖·R⁻¹(centroid[codes_t])` for 4-bit rows on their codes
     /// ([`codeaxpy::axpy_centroids4`], in pair order, restored once; with `fused`, the timed
-    /// path's [`codeaxpy::axpy_centroids4_fused`]), rotated back once.
+    /// path's fused form), rotated back once.
     #[allow(clippy::too_many_arguments)]
     fn axpy_codes(
         &self,
@@ -127,11 +127,7 @@ impl TurboQuantStream {
         let mut y = vec![0f32; d];
         let mut racc = vec![0f32; nq * d];
         let (data, rb) = (&self.data, self.rb);
-        if fused {
-            codeaxpy::axpy_centroids4_fused(cent, data, rb, d, t0, t1, w, &mut racc);
-        } else {
-            codeaxpy::axpy_centroids4(cent, data, rb, d, t0, t1, w, &mut racc);
-        }
+        codeaxpy::axpy_centroids4(cent, data, rb, d, t0, t1, w, &mut racc, fused);
         codeaxpy::unpair(&mut racc, d, &mut y);
         for (a, r) in acc.chunks_exact_mut(d).zip(racc.chunks_exact_mut(d)) {
             c.rotation().inverse(r);
@@ -642,7 +638,7 @@ mod tests {
     }
 
     /// The 4-bit value paths (`axpy_rows` through [`codeaxpy::axpy_centroids4`], and
-    /// `axpy_rows_fast` through [`codeaxpy::axpy_centroids4_fused`]: one rounding fewer per
+    /// `axpy_rows_fast` through its fused form: two roundings fewer per
     /// term, inside the same bound) against f64
     /// sums of the rows decoded to the original basis, d 32/64/128, 1–8 queries, some rows'
     /// weights zero; and the SIMD kernel equals the scalar one bit for bit (the same products
@@ -668,7 +664,7 @@ mod tests {
                 s.push(&random_rows(&mut rng, n, d, 0));
                 let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
                 w[4 * nq..5 * nq].fill(0.0);
-                // The timed path (the fused kernel, `axpy_centroids4_fused`) for every row
+                // The timed path (the fused kernel, `axpy_centroids4(…, fused: true)`) for every row
                 // kind; the exact path on the codes for rows without norm correction.
                 let mut fast = vec![0f32; nq * d];
                 s.axpy_rows_fast(0, n, &w, &mut fast);
@@ -678,7 +674,7 @@ mod tests {
                 }
                 let cent: [f32; 16] = c.codebook().centroids().try_into().unwrap();
                 let (mut a1, mut a2) = (vec![0f32; nq * d], vec![0f32; nq * d]);
-                codeaxpy::axpy_centroids4(&cent, &s.data, s.rb, d, 0, n, &w, &mut a1);
+                codeaxpy::axpy_centroids4(&cent, &s.data, s.rb, d, 0, n, &w, &mut a1, false);
                 codeaxpy::scalar_axpy_centroids4(&cent, &s.data, s.rb, d, 0, n, &w, &mut a2);
                 assert_eq!(a1, a2, "d={d} nq={nq}: SIMD and scalar differ");
                 let mut dec = vec![0f32; n * d];
