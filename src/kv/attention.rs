@@ -302,7 +302,10 @@ fn partial(
     let weights = if keep_weights {
         Some(w)
     } else {
-        WEIGHTS.with(|c| c.replace(w));
+        // A prefill block over a long context can need tens of MB: not kept past 4 MiB.
+        if w.capacity() <= 1 << 20 {
+            WEIGHTS.with(|c| c.replace(w));
+        }
         None
     };
     Partial {

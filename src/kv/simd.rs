@@ -609,7 +609,8 @@ pub fn exp_sub_sum(w: &mut [f32], nq: usize, max: &[f32], sum: &mut [f32]) {
 /// (`inv = 127 / max|x|`, so `|x[i]·inv| ≤ 127` and nothing saturates): with AVX2, 32 values
 /// per iteration by `vcvtps2dq` (round to nearest even under the default MXCSR, as
 /// [`f32::round_ties_even`]) and two saturating packs, the same codes as the scalar loop to the
-/// bit. `x` must be finite (a NaN gives 0 in the scalar loop, −128 in the vector one).
+/// bit. `x` must be finite (a NaN or ±∞ element gives 0 or ±127 in the scalar loop, −128 in
+/// the vector one); an infinite `inv` runs the scalar loop.
 /// Panics when `out` is shorter than `x`.
 #[inline(always)]
 pub fn quantize_i8(x: &[f32], inv: f32, out: &mut [i8]) {
@@ -617,7 +618,10 @@ pub fn quantize_i8(x: &[f32], inv: f32, out: &mut [i8]) {
         out.len() >= x.len(),
         "quantize_i8: output shorter than input"
     );
-    // Elements the vector loop quantized: whole groups of 32 with AVX2, none without.
+    // Elements the vector loop quantized: whole groups of 32 with AVX2, none without (nor for
+    // an infinite `inv`, a step that underflowed, where `vcvtps2dq` would give −128 for every
+    // element and the scalar loop saturates as `as i8` does).
+    let vector = inv.is_finite();
     let done = simd_dispatch!(
         ["avx2", "fma"],
         // SAFETY: AVX2 enabled at compile time; every load reads x[i..i + 32] and every store
@@ -628,7 +632,7 @@ pub fn quantize_i8(x: &[f32], inv: f32, out: &mut [i8]) {
             // packs interleave the 128-bit lanes; this puts the 32-bit groups back in order.
             let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
             let mut i = 0;
-            while i + 32 <= x.len() {
+            while vector && i + 32 <= x.len() {
                 let p = x.as_ptr().add(i);
                 let q =
                     |k: usize| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(8 * k)), s));
@@ -640,7 +644,10 @@ pub fn quantize_i8(x: &[f32], inv: f32, out: &mut [i8]) {
             }
             i
         },
-        0
+        {
+            let _ = vector;
+            0
+        }
     );
     for (o, &v) in out[done..x.len()].iter_mut().zip(&x[done..]) {
         *o = (v * inv).round_ties_even() as i8;
@@ -1444,6 +1451,21 @@ mod tests {
                 v + 1
             };
             assert_eq!(c as i32, want, "element {i} ({})", x[i]);
+        }
+        // Through the vector loop with inv ≠ 1 and ties rounding both ways: x = (2k + 1)/4,
+        // k = i − 35, times 2 is k + ½ (exact), which goes to k for even k and k + 1 for odd.
+        let x: Vec<f32> = (0..70)
+            .map(|i| (2.0 * (i as f32 - 35.0) + 1.0) / 4.0)
+            .collect();
+        quantize_i8(&x, 2.0, &mut out);
+        for (i, &c) in out.iter().enumerate() {
+            let k = i as i32 - 35;
+            assert_eq!(
+                c as i32,
+                if k % 2 == 0 { k } else { k + 1 },
+                "element {i} ({})",
+                x[i]
+            );
         }
         // inv scales before rounding (all exact in f32): 254 → 127, −127 → −63.5 → −64,
         // 5 → 2.5 → 2.

@@ -392,7 +392,10 @@ fn to_lane_order(bits: u8, codes: &[i8], channel_of_lane: &[usize], out: &mut [i
                 _ => 0,
             }
         },
-        0
+        {
+            let _ = bits;
+            0
+        }
     );
     for (o, &c) in out[done..].iter_mut().zip(&channel_of_lane[done..]) {
         *o = codes[c];
@@ -699,7 +702,9 @@ impl ChannelStream {
             min: vec![0f32; d],
             qp: vec![0f32; d],
             codes: vec![0i8; d],
-            channel_of_lane: if self.bits == 8 {
+            // Only the integer path ([`Stream::int_keys`]: d a multiple of 32, of 64 at 2 bits)
+            // reorders queries; `lane_of` is a permutation of 0..d only there.
+            channel_of_lane: if self.bits == 8 || !self.int_keys() {
                 Vec::new()
             } else {
                 let mut ch = vec![0; d];
@@ -772,7 +777,8 @@ impl Stream for ChannelStream {
         if t1 > t0 && t0 >= quantized {
             let rows = (t0 - quantized, t1 - quantized);
             let rb = 2 * d;
-            if crate::kv::simd::row_dots(crate::kv::simd::Widen::F16, &self.resid, rb, rows, qs, d, out) {
+            let f16 = crate::kv::simd::Widen::F16;
+            if crate::kv::simd::row_dots(f16, &self.resid, rb, rows, qs, d, out) {
                 return;
             }
         }
@@ -860,9 +866,6 @@ impl Stream for ChannelStream {
 mod tests {
     use super::*;
 
-    /// KIVI stream: 8 tokens, group 4, residual 2 → after 8 pushes, one block of 4 quantized
-    /// and 4 rows in f16 (4 < residual + group = 6 would trigger again only at 6... here 8 − 4 = 4
-    /// rows remain, under 6). Channel scales by hand: channel 0 holds 1..4 → scale 4/127.
     /// The shuffles put every channel where [`ChannelStream::lane_of`] (the layout the score
     /// kernels unpack codes into) says, for distinct codes at several head dims.
     #[test]
@@ -870,7 +873,7 @@ mod tests {
         for bits in [4u8, 2] {
             for d in [64usize, 128, 256] {
                 let s = ChannelStream::new(bits, 32, 128, d);
-                let codes: Vec<i8> = (0..d).map(|c| (c as i32 * 37 % 251 - 125) as i8).collect();
+                let codes: Vec<i8> = (0..d).map(|c| (c as u8).wrapping_mul(37) as i8).collect();
                 let bq = s.empty_block_queries(1);
                 let mut out = vec![0i8; d];
                 to_lane_order(bits, &codes, &bq.channel_of_lane, &mut out);
@@ -881,6 +884,9 @@ mod tests {
         }
     }
 
+    /// KIVI stream: 8 tokens, group 4, residual 2 → after 8 pushes, one block of 4 quantized
+    /// and 4 rows in f16 (4 < residual + group = 6 would trigger again only at 6... here 8 − 4 = 4
+    /// rows remain, under 6). Channel scales by hand: channel 0 holds 1..4 → scale 4/127.
     #[test]
     fn channel_stream_groups_by_hand() {
         let d = 2;

@@ -250,9 +250,12 @@ impl Stream for TurboQuantStream {
         }
     }
 
-    /// Norm-corrected 4-bit rows take the code path only here (each row's weights times its
-    /// `1/‖centroid vector‖`, [`inv_centroid_norms`]): the sums of the exact path's decoded
-    /// rows up to f32 rounding, so the exact path keeps decoding them.
+    /// 4-bit rows take the fused code kernel here ([`codeaxpy::axpy_centroids4`] with
+    /// `fused`: the norm in the weight, one FMA per element), so plain 4-bit rows are no longer
+    /// bit for bit `axpy_rows`'s sums, only up to f32 rounding. Norm-corrected 4-bit rows take
+    /// the code path only here (each row's weights times its `1/‖centroid vector‖`,
+    /// [`inv_centroid_norms`]): the sums of the exact path's decoded rows up to f32 rounding, so
+    /// the exact path keeps decoding them.
     /// TurboQuant_prod rows here too: each row unpacked once into
     /// `[‖x‖ŷ, ‖x‖γ√(π/2)/d·z]` ([`TurboQuantProd::decode_split`]) and accumulated by the tiled
     /// f32 kernel into `[racc, zacc]` per query, finished as on the exact path
