@@ -830,16 +830,13 @@ mod avx {
                 });
                 for (j, aj) in acc.iter_mut().enumerate() {
                     let wj = *wt.get_unchecked(j0 + j);
-                    if FUSED {
-                        let wv = _mm512_set1_ps(wj * nf);
-                        for (x, &vr) in aj.iter_mut().zip(&v) {
-                            *x = _mm512_fmadd_ps(wv, vr, *x);
-                        }
-                    } else {
-                        let wv = _mm512_set1_ps(wj);
-                        for (x, &vr) in aj.iter_mut().zip(&v) {
-                            *x = _mm512_add_ps(*x, _mm512_mul_ps(wv, vr));
-                        }
+                    let wv = _mm512_set1_ps(if FUSED { wj * nf } else { wj });
+                    for (x, &vr) in aj.iter_mut().zip(&v) {
+                        *x = if FUSED {
+                            _mm512_fmadd_ps(wv, vr, *x)
+                        } else {
+                            _mm512_add_ps(*x, _mm512_mul_ps(wv, vr))
+                        };
                     }
                 }
             }
@@ -888,16 +885,13 @@ mod avx {
             ];
             for (j, aj) in acc.iter_mut().enumerate() {
                 let wj = *wt.get_unchecked(j0 + j);
-                if FUSED {
-                    let wv = _mm256_set1_ps(wj * nf);
-                    for (x, &vr) in aj.iter_mut().zip(&v) {
-                        *x = _mm256_fmadd_ps(wv, vr, *x);
-                    }
-                } else {
-                    let wv = _mm256_set1_ps(wj);
-                    for (x, &vr) in aj.iter_mut().zip(&v) {
-                        *x = _mm256_add_ps(*x, _mm256_mul_ps(wv, vr));
-                    }
+                let wv = _mm256_set1_ps(if FUSED { wj * nf } else { wj });
+                for (x, &vr) in aj.iter_mut().zip(&v) {
+                    *x = if FUSED {
+                        _mm256_fmadd_ps(wv, vr, *x)
+                    } else {
+                        _mm256_add_ps(*x, _mm256_mul_ps(wv, vr))
+                    };
                 }
             }
         }

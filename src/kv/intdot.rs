@@ -62,11 +62,8 @@ impl QueryI8 {
         let mut bsum = vec![0f32; nq * nb];
         for j in 0..nq {
             let q = &qs[j * d..(j + 1) * d];
-            let s = super::simd::absmax(q) / 127.0;
-            let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
-            scale[j] = s;
             let cj = &mut codes[j * d..(j + 1) * d];
-            super::simd::quantize_i8(q, inv, cj);
+            scale[j] = super::simd::quantize_absmax_i8(q, cj);
             // Per block: the code sum (integers, exact in either order) and the pair order.
             for (b, (cb, pb)) in cj
                 .chunks_exact(B)

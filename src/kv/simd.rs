@@ -605,6 +605,17 @@ pub fn exp_sub_sum(w: &mut [f32], nq: usize, max: &[f32], sum: &mut [f32]) {
     }
 }
 
+/// Symmetric int8 quantization of one row with one step (llama.cpp's Q8_0 rule, per row or
+/// block: `step = max|x|/127`, `out[i] = round_ties_even(x[i]/step)` by [`quantize_i8`]);
+/// returns `step` (0 for an all-zero row, whose codes are 0). `x` must be finite. Panics when
+/// `out` is shorter than `x`.
+#[inline(always)]
+pub fn quantize_absmax_i8(x: &[f32], out: &mut [i8]) -> f32 {
+    let step = absmax(x) / 127.0;
+    quantize_i8(x, if step > 0.0 { 1.0 / step } else { 0.0 }, out);
+    step
+}
+
 /// `out[i] = round_ties_even(x[i] · inv)` as i8, the quantization step of every int8 query
 /// (`inv = 127 / max|x|`, so `|x[i]·inv| ≤ 127` and nothing saturates): with AVX2, 32 values
 /// per iteration by `vcvtps2dq` (round to nearest even under the default MXCSR, as

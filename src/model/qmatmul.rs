@@ -262,13 +262,9 @@ impl Activations {
             .zip(codes.chunks_exact_mut(BLOCK))
             .zip(d.iter_mut().zip(s.iter_mut()))
         {
-            // Eight running maxima and a vector rounding loop (the same codes as a scalar
-            // `round_ties_even` per value): a decode step quantizes every matmul's input on
-            // the calling thread while the pool waits.
-            let amax = crate::kv::simd::absmax(xb);
-            let scale = amax / 127.0;
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            crate::kv::simd::quantize_i8(xb, inv, cb);
+            // Vectorized (the same codes as a scalar `round_ties_even` per value): a decode
+            // step quantizes every matmul's input on the calling thread while the pool waits.
+            let scale = crate::kv::simd::quantize_absmax_i8(xb, cb);
             let sum: i32 = cb.iter().map(|&c| c as i32).sum();
             *db = scale;
             *sb = scale * sum as f32;

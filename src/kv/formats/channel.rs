@@ -729,16 +729,14 @@ impl ChannelStream {
             for ((p, &a), &s) in bq.qp.iter_mut().zip(q).zip(&bq.scale) {
                 *p = a * s;
             }
-            let s = crate::kv::simd::absmax(&bq.qp) / 127.0;
-            let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
             let q8 = &mut bq.q8[j * d..(j + 1) * d];
-            if self.bits == 8 {
-                crate::kv::simd::quantize_i8(&bq.qp, inv, q8);
+            bq.sq[j] = if self.bits == 8 {
+                crate::kv::simd::quantize_absmax_i8(&bq.qp, q8)
             } else {
-                crate::kv::simd::quantize_i8(&bq.qp, inv, &mut bq.codes);
+                let s = crate::kv::simd::quantize_absmax_i8(&bq.qp, &mut bq.codes);
                 to_lane_order(self.bits, &bq.codes, &bq.channel_of_lane, q8);
-            }
-            bq.sq[j] = s;
+                s
+            };
             bq.bias[j] = if self.bits == 8 {
                 0.0
             } else {
