@@ -91,7 +91,7 @@ fn compile_kernels(out: &std::path::Path) {
             .args([
                 "--ptx",
                 &format!("-arch=sm_{cap}"),
-                "-std=c++17",
+                "-std=c++20",
                 "-O3",
                 "--fmad=false",
             ])

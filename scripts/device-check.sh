@@ -97,6 +97,7 @@ finish() {
     for f in attn-llama-3-8b attn-smollm2 sweep sweep-8b; do
         [ -f "$work/$f/results.csv" ] && cp "$work/$f/results.csv" "$out/$f.csv"
     done
+    [ -f "$work/ncu.csv" ] && cp "$work/ncu.csv" "$out/ncu.csv"
     echo "== summary ($(($(date +%s) - t0)) s this call, status $status)"
     grep -E "^test result|FAILED|panicked" "$out/kernel-tests.log" 2>/dev/null || true
 }
@@ -143,6 +144,22 @@ PY
         done
     done
     unset KVBENCH_CUDA_BLOCKS_PER_SM
+    echo "== 2c. device time per kernel (Nsight Compute, when present): fp16 at 32k, Llama-3-8B geometry"
+    # What the step's CUDA events cannot split: the attention kernels' own time against the
+    # step's (the rest is the appends, allocations and launch gaps).
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -n 1)
+    if [ -n "$ncu" ]; then
+        step 60 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+            --print-units base -k regex:'kv_(attn|append|advance)' \
+            "$stage/kvbench" attn-bench --model llama-3-8b --device cuda:0 --dtypes fp16 \
+            --seq-len 32768 --steps 2 --peak-bandwidth 4800 > "$work/ncu.csv" 2>&1
+        # Per kernel: launches and mean ns (the fill's appends are counted with the steps').
+        awk -F'","' '/gpu__time_duration.sum/ { v = $NF; gsub(/[^0-9.]/, "", v); n[$5]++; t[$5] += v }
+            END { for (k in n) printf "ncu: %-28s %6d launches, mean %10.1f ns\n", k, n[k], t[k] / n[k] }' \
+            "$work/ncu.csv" | sort
+    else
+        echo "no ncu on this machine"
+    fi
     nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
     touch "$stage/done-A"
     echo "== phase A: $(($(date +%s) - t0)) s, status $status"

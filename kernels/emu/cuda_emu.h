@@ -575,3 +575,21 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
     memcpy(&r, &buf[src], sizeof(T));
     return r;
 }
+
+// Every lane reads lane src_lane's value (CUDA's index form of the shuffle; src_lane taken
+// modulo 32, as width 32).
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+    static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
+    if (mask != 0xffffffffu || width != 32) kvemu::fail("only full-warp shuffles are emulated");
+    kvemu::Lane &l = *kvemu::self;
+    kvemu::Block &b = *l.block;
+    auto &buf = b.shfl[l.warp][l.shuffles++ & 1];
+    memcpy(&buf[l.lane], &v, sizeof(T));
+    kvemu::warp_sync();
+    unsigned src = (unsigned)src_lane & 31u;
+    if (src >= b.warp_size(l.warp)) src = l.lane;
+    T r;
+    memcpy(&r, &buf[src], sizeof(T));
+    return r;
+}
