@@ -144,21 +144,25 @@ PY
         done
     done
     unset KVBENCH_CUDA_BLOCKS_PER_SM
-    echo "== 2c. device time per kernel (Nsight Compute, when present): fp16 at 32k, Llama-3-8B geometry"
+    echo "== 2c. device time per kernel (Nsight Compute, when present): fp16 at 8k, Llama-3-8B geometry"
     # What the step's CUDA events cannot split: the attention kernels' own time against the
-    # step's (the rest is the appends, allocations and launch gaps).
+    # step's (the rest is the appends, allocations and launch gaps). Only the attention kernels
+    # of the timed steps are profiled (-c): profiling the 32k fill's appends too did not finish
+    # in 60 s on 2026-12-04. A diagnostic: its failure fails no check.
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -n 1)
-    if [ -n "$ncu" ]; then
-        step 60 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
-            --print-units base -k regex:'kv_(attn|append|advance)' \
+    left=$((phase_s - ($(date +%s) - t0)))
+    if [ -n "$ncu" ] && [ "$left" -gt 60 ]; then
+        timeout -k 5 45 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+            --print-units base -k regex:'kv_attn' -c 128 \
             "$stage/kvbench" attn-bench --model llama-3-8b --device cuda:0 --dtypes fp16 \
-            --seq-len 32768 --steps 2 --peak-bandwidth 4800 > "$work/ncu.csv" 2>&1
-        # Per kernel: launches and mean ns (the fill's appends are counted with the steps').
+            --seq-len 8192 --steps 1 --peak-bandwidth 4800 > "$work/ncu.csv" 2>&1 \
+            || echo "ncu: failed or timed out (a diagnostic; no check fails)"
+        # Per kernel: launches and mean ns.
         awk -F'","' '/gpu__time_duration.sum/ { v = $NF; gsub(/[^0-9.]/, "", v); n[$5]++; t[$5] += v }
             END { for (k in n) printf "ncu: %-28s %6d launches, mean %10.1f ns\n", k, n[k], t[k] / n[k] }' \
             "$work/ncu.csv" | sort
     else
-        echo "no ncu on this machine"
+        echo "ncu: not on this machine, or too little of the phase left"
     fi
     nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
     touch "$stage/done-A"

@@ -15,7 +15,7 @@
 //   never overlap in time). Unlike CUDA they are not garbage at block start: they hold what the
 //   previous block left.
 // - `__syncthreads()` is a barrier over the block's threads that have not returned (as on the
-//   GPU, a thread that exits stops counting). `__shfl_xor_sync` exchanges values among the live
+//   GPU, a thread that exits stops counting). `__shfl_xor_sync` and `__shfl_sync` exchange values among the live
 //   lanes of one warp (32 consecutive threads) through a per-warp buffer and a per-warp barrier:
 //   warps of a block proceed independently of each other between `__syncthreads()`.
 // - Two schedulers (kvemu::sched):
