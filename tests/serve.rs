@@ -95,6 +95,70 @@ fn real_backend_matches_pool_accounting() {
     }
 }
 
+/// The warm-up serves its request off the clock and leaves nothing behind: afterwards the
+/// backend holds no sequence (0 KV bytes), its clock has restarted (reads less than the
+/// warm-up took), and a run on it keeps the pool's accounting exact at every step (a leftover
+/// sequence would add its bytes to every step's stored count) with the hand-computed schedule
+/// of `real_backend_matches_pool_accounting` (3 running at most, 1 preemption).
+#[test]
+fn warm_up_leaves_no_sequence_and_restarts_the_clock() {
+    use kvbench::serve::engine::Backend;
+    let m = common::smollm_f32();
+    let text = m
+        .tokenizer
+        .encode(
+            "The quick brown fox jumps over the lazy dog. "
+                .repeat(60)
+                .as_str(),
+        )
+        .unwrap();
+    let t = std::time::Instant::now();
+    let mut backend = ModelBackend::new(&m.model, &m.model, KvScheme::FP16)
+        .warmed_up(&text[..40], 4)
+        .unwrap();
+    let took = t.elapsed().as_secs_f64();
+    assert!(
+        backend.now() < took,
+        "clock not restarted: {} ≥ {took}",
+        backend.now()
+    );
+    assert_eq!(backend.kv_bytes(), 0);
+    let sizer = BlockSizer {
+        scheme: KvScheme::FP16,
+        geom: m.model.config.cache_geometry(),
+        block_tokens: 16,
+    };
+    let cfg = SchedConfig {
+        sizer,
+        kv_budget: 10 * sizer.block_bytes(),
+        max_num_seqs: 64,
+        prefix_tokens: 0,
+        prefix_caching: false,
+    };
+    let o = serve(
+        &mut backend,
+        &cfg,
+        &requests(4, 40, 10, &text),
+        Arrival::Poisson {
+            rate: f64::INFINITY,
+        },
+        &[],
+        0,
+        &mut |_| Ok(()),
+    )
+    .unwrap();
+    assert!(o
+        .requests
+        .iter()
+        .all(|r| r.status == "ok" && r.output_tokens == 10));
+    for st in &o.steps {
+        assert_eq!(st.stored_bytes, st.accounted_bytes);
+    }
+    let max = o.steps.iter().map(|s| s.running).max().unwrap();
+    let preempted: usize = o.requests.iter().map(|r| r.preemptions).sum();
+    assert_eq!((max, preempted), (3, 1));
+}
+
 /// Prefix caching on the real model: the prefix is stored once in the pool and each cache gets
 /// a copy of its rows, so stored bytes (copies) exceed the pool's blocks in use by exactly the
 /// shared blocks' worth, while still fitting the tables.

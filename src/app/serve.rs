@@ -42,6 +42,14 @@ const SCHEDULER: &str = "continuous batching; whole-prompt prefill one request a
     one decode step for the running batch; FCFS admission when the prompt's blocks are free; \
     recompute preemption, newest first";
 
+/// Decode steps of the untimed request each measured point's backend serves before its clock
+/// starts ([`ModelBackend::warmed_up`]).
+const WARM_UP_STEPS: usize = 4;
+
+/// The measured run's warm-up, in words, for `meta.json`.
+const WARM_UP: &str = "before each point's clock starts, its backend serves the first request's \
+    prompt and 4 decode steps, untimed, then drops the sequence";
+
 /// How prefix caching shares memory, for `meta.json`.
 const PREFIX_SHARING: &str = "prefix caching shares whole blocks of the prefix by reference in \
     the pool; the CPU cache copies the prefix rows into each sequence (no model forward); \
@@ -107,8 +115,14 @@ pub fn run(
     let details = details(&settings.model.model, &files, &cfg, &sha256);
     let meta = folder.meta(RunKind::Serve, RunMode::Model, &plan.settings, ctx, details);
     let model = plan_geometry(&settings.model.model, cfg.cache_geometry(), cfg.max_ctx);
+    // Each point's backend serves the first prompt once, untimed, before its clock starts.
+    let warm_prompt = work.requests.first().map(|r| r.prompt.clone());
     execute(folder, meta, &plan, &model, &work, &mut |scheme| {
-        Ok(Box::new(ModelBackend::new(prefill_model, &decode.model, scheme)) as Box<dyn Backend>)
+        let mut b = ModelBackend::new(prefill_model, &decode.model, scheme);
+        if let Some(p) = &warm_prompt {
+            b = b.warmed_up(p, WARM_UP_STEPS)?;
+        }
+        Ok(Box::new(b) as Box<dyn Backend>)
     })
 }
 
@@ -361,6 +375,7 @@ fn details(
         "dataset": wikitext::DATASET_NAME,
         "scheduler": SCHEDULER,
         "prefix_sharing": PREFIX_SHARING,
+        "warm_up": WARM_UP,
     });
     match v {
         serde_json::Value::Object(m) => m,
