@@ -669,20 +669,22 @@ extern "C" __global__ void kv_attn_combine(const float *part_o, const float *par
     const int r = blockIdx.x, bh = blockIdx.y, bhs = gridDim.y, e = threadIdx.x;
     const int rows = group * n_q;
     if (e >= d) return;
-    // Unrolled so several splits' loads are in flight at once (up to a few hundred splits).
-    float M = NEG_INF;
-#pragma unroll 8
-    for (int s = 0; s < splits; s++)
-        M = fmaxf(M, part_ml[2 * (((size_t)s * bhs + bh) * rows + r)]);
-    float L = 0.f, O = 0.f;
-#pragma unroll 8
+    // One pass, the running maximum rescaling the sums (as each split did within itself), with
+    // no branch on loaded values: the loads of the next 16 splits do not wait for this one's
+    // exps (two passes with a branch were up to 2·splits/8 dependent load batches: ~32 at
+    // 8 blocks per SM). A split that saw no slot (m = −inf, l = 0, o = 0) adds nothing.
+    float M = NEG_INF, L = 0.f, O = 0.f;
+#pragma unroll 16
     for (int s = 0; s < splits; s++) {
         const size_t pr = ((size_t)s * bhs + bh) * rows + r;
-        const float ms = part_ml[2 * pr];
-        if (ms == NEG_INF) continue;
-        const float a = __expf(ms - M);
-        L += part_ml[2 * pr + 1] * a;
-        O += part_o[pr * d + e] * a;
+        const float ms = part_ml[2 * pr], ls = part_ml[2 * pr + 1], os = part_o[pr * d + e];
+        const bool live = ms != NEG_INF;
+        const float mn = live ? fmaxf(M, ms) : M;
+        const float a = live ? __expf(M - mn) : 1.f;  // M = −inf → 0
+        const float b = live ? __expf(ms - mn) : 0.f;
+        L = L * a + ls * b;
+        O = O * a + os * b;
+        M = mn;
     }
     const int b = bh / kv_heads, hk = bh % kv_heads, g = r / n_q, i = r % n_q;
     out[(((size_t)b * kv_heads * group + hk * group + g) * n_q + i) * d + e] = O / L;

@@ -48,6 +48,13 @@ pub enum CodeValues {
     /// bytes (element `2j` low nibble, `2j + 1` high); `v = m + d·nib`, as [`Self::Int4G32`]
     /// with the row's step and minimum for every block.
     Int4Row,
+    /// int3 groups of 32 (`int3`): f16 step `s`, f16 minimum `m`, 12 bytes (element `e` at
+    /// bits `3e..3e+3`, LSB first); `v = m + s·code`, accumulated as [`Self::Int4G32`].
+    Int3G32,
+    /// int3 with one group per row (`int3:group=row`, TurboQuant's 3-bit values as vLLM
+    /// stores them: `value_packed_size = ceil(3d/8) + 4`): f16 step, f16 minimum, then `3d/8`
+    /// bytes in [`Self::Int3G32`]'s bit order, every block taking the row's step and minimum.
+    Int3Row,
 }
 
 impl CodeValues {
@@ -74,6 +81,8 @@ impl CodeValues {
             CodeValues::Q4_0 => (32, 18, 0),
             CodeValues::Int4G32 => (32, 20, 0),
             CodeValues::Int4Row => (32, 16, 4),
+            CodeValues::Int3G32 => (32, 16, 0),
+            CodeValues::Int3Row => (32, 12, 4),
         }
     }
 
@@ -152,6 +161,25 @@ impl CodeValues {
                 }
                 (f16_at(p), f16_at(&p[2..]), c)
             }
+            CodeValues::Int3G32 | CodeValues::Int3Row => {
+                let (head, at) = if self == CodeValues::Int3G32 {
+                    (&row[16 * b..], 4)
+                } else {
+                    (row, 4 + 12 * b)
+                };
+                // Element e at bits 3e..3e+3: one byte or two.
+                for (e, c) in c.iter_mut().enumerate() {
+                    let bit = 3 * e;
+                    let lo = head[at + bit / 8] as u32;
+                    let hi = if bit % 8 > 5 {
+                        head[at + bit / 8 + 1] as u32
+                    } else {
+                        0
+                    };
+                    *c = (((lo | hi << 8) >> (bit % 8)) & 7) as i32;
+                }
+                (f16_at(head), f16_at(&head[2..]), c)
+            }
             CodeValues::Nvfp4 | CodeValues::Mxfp4 => {
                 unreachable!("FP4 blocks go through E2M1 in scalar_axpy_codes")
             }
@@ -178,7 +206,7 @@ pub fn axpy_codes(
     assert!(d.is_multiple_of(32) && data.len() >= t1 * rb && w.len() >= (t1 - t0) * nq);
     assert!(rb >= f.row_bytes(d));
     // One group per row: a longer row holds more groups than the kernel reads headers for.
-    assert!(f != CodeValues::Int4Row || rb == f.row_bytes(d));
+    assert!(!matches!(f, CodeValues::Int4Row | CodeValues::Int3Row) || rb == f.row_bytes(d));
     simd_dispatch!(
         ["avx512f", "avx512bw", "avx2", "fma"],
         // SAFETY: as below; the AVX-512 kernel reads the same rows and blocks.
@@ -410,7 +438,7 @@ pub fn unpair(acc: &mut [f32], d: usize, tmp: &mut [f32]) {
 mod avx {
     use super::CodeValues;
     use crate::kv::formats::fp4::E2M1_X2;
-    use crate::kv::simd::avx::{f16_at, nibbles, nibbles8};
+    use crate::kv::simd::avx::{f16_at, nibbles, nibbles8, triplets};
     use std::arch::x86_64::*;
 
     /// Rows per tile: the accumulators of one block of 32 channels stay in registers over a
@@ -484,6 +512,20 @@ mod avx {
                 let s = f16_at(head);
                 (k, s, s, f16_at(head.add(2)))
             }
+            CodeValues::Int3G32 | CodeValues::Int3Row => {
+                let head = if f == CodeValues::Int3G32 {
+                    row.add(16 * b)
+                } else {
+                    row
+                };
+                let at = if f == CodeValues::Int3G32 {
+                    4
+                } else {
+                    4 + 12 * b
+                };
+                let s = f16_at(head);
+                (triplets(head.add(at)), s, s, f16_at(head.add(2)))
+            }
             CodeValues::Int2G32 => unreachable!("int2 codes go through unpack's float table"),
         }
     }
@@ -503,7 +545,9 @@ mod avx {
             | CodeValues::Mxfp4
             | CodeValues::Q4_0
             | CodeValues::Int4G32
-            | CodeValues::Int4Row => {
+            | CodeValues::Int4Row
+            | CodeValues::Int3G32
+            | CodeValues::Int3Row => {
                 let (k, s0, s1, m) = codes(f, row, b, lut);
                 (widen(k), s0, s1, m)
             }
@@ -557,7 +601,10 @@ mod avx {
         // loop rounds; int4 (timed path only) sums `w·m` per query over the tile and adds it
         // once at the end.
         let offset = f == CodeValues::Int2G32;
-        let deferred = matches!(f, CodeValues::Int4G32 | CodeValues::Int4Row);
+        let deferred = matches!(
+            f,
+            CodeValues::Int4G32 | CodeValues::Int4Row | CodeValues::Int3G32 | CodeValues::Int3Row
+        );
         let mut off = [0f32; Q];
         let two_scales = f == CodeValues::Nvfp4;
         let mut acc = [[_mm256_setzero_ps(); 4]; Q];
@@ -657,6 +704,14 @@ mod avx {
                 }
                 CodeValues::Int4Row => {
                     let $g = CodeValues::Int4Row;
+                    $body
+                }
+                CodeValues::Int3G32 => {
+                    let $g = CodeValues::Int3G32;
+                    $body
+                }
+                CodeValues::Int3Row => {
+                    let $g = CodeValues::Int3Row;
                     $body
                 }
             }
@@ -925,7 +980,13 @@ mod avx {
             d: usize,
             lut: __m256i,
         ) {
-            let deferred = matches!(f, CodeValues::Int4G32 | CodeValues::Int4Row);
+            let deferred = matches!(
+                f,
+                CodeValues::Int4G32
+                    | CodeValues::Int4Row
+                    | CodeValues::Int3G32
+                    | CodeValues::Int3Row
+            );
             let two_scales = f == CodeValues::Nvfp4;
             let mut off = [0f32; Q];
             let mut acc = [[_mm512_setzero_ps(); 2]; Q];
@@ -1318,6 +1379,8 @@ mod tests {
                 let int4 = Int4GroupRow { group: 32 };
                 // int4-row (one group per row), decoded by the uniform codec.
                 let int4_row = crate::kv::formats::uniform::UniformGroupRow::new(4, d).unwrap();
+                let int3 = crate::kv::formats::uniform::UniformGroupRow::new(3, 32).unwrap();
+                let int3_row = crate::kv::formats::uniform::UniformGroupRow::new(3, d).unwrap();
                 let cases = [
                     (
                         CodeValues::Int8Token,
@@ -1340,6 +1403,12 @@ mod tests {
                         store(int4_row, &x, d),
                         int4_row.row_bytes(d),
                     ),
+                    (CodeValues::Int3G32, store(int3, &x, d), int3.row_bytes(d)),
+                    (
+                        CodeValues::Int3Row,
+                        store(int3_row, &x, d),
+                        int3_row.row_bytes(d),
+                    ),
                 ];
                 assert_eq!(Int8TokenRow.code_values(), Some(CodeValues::Int8Token));
                 assert_eq!(Int4GroupRow { group: 16 }.code_values(), None);
@@ -1350,8 +1419,12 @@ mod tests {
                             let p = &data[t * rb + 20 * (i / 32) + 2..];
                             half::f16::from_le_bytes([p[0], p[1]]).to_f32() as f64
                         }
-                        CodeValues::Int4Row => {
+                        CodeValues::Int4Row | CodeValues::Int3Row => {
                             let p = &data[t * rb + 2..];
+                            half::f16::from_le_bytes([p[0], p[1]]).to_f32() as f64
+                        }
+                        CodeValues::Int3G32 => {
+                            let p = &data[t * rb + 16 * (i / 32) + 2..];
                             half::f16::from_le_bytes([p[0], p[1]]).to_f32() as f64
                         }
                         _ => 0.0,
@@ -1390,6 +1463,9 @@ mod tests {
                     "int4-row",
                     "int4:group=64",
                     "int2",
+                    "int3",
+                    "int3:group=row",
+                    "int3:group=64",
                 ] {
                     let n = 45;
                     // Keys with outlier channels; queries and values without (a query
@@ -1419,6 +1495,11 @@ mod tests {
                         "int4-row" => pair(UniformGroupRow::new(4, d).unwrap(), d),
                         "int4:group=64" => pair(Int4GroupRow { group: 64 }, d),
                         "int2" => pair(UniformGroupRow::new(2, 32).unwrap(), d),
+                        // int3: groups of 32, one group per row, and two groups of 64 per row
+                        // at d = 128 (the f32 path, as int4:group=64).
+                        "int3" => pair(UniformGroupRow::new(3, 32).unwrap(), d),
+                        "int3:group=row" => pair(UniformGroupRow::new(3, d).unwrap(), d),
+                        "int3:group=64" => pair(UniformGroupRow::new(3, 64).unwrap(), d),
                         _ => pair(Int4GroupRow { group: 32 }, d),
                     };
                     ks.push(&k);

@@ -134,6 +134,14 @@ pub enum IntKeys {
     /// int4 with one group per row (`int4-row`, `int4:group=d`): f16 d, f16 m, then `d/2`
     /// bytes in [`Self::Int4G32`]'s nibble order; every block takes the row's d and m.
     Int4Row,
+    /// int3 groups of 32 (`int3`): f16 step d, f16 minimum m, 12 bytes (element e at bits
+    /// 3e..3e+3, LSB first, as [`super::quant::bits`] packs them); `k = m + d·code`, scored
+    /// as [`Self::Int2G32`], the codes unpacked to element order.
+    Int3G32,
+    /// int3 with one group per row (`int3:group=row`, TurboQuant's 3-bit values as vLLM
+    /// stores them: `value_packed_size = ceil(3d/8) + 4`): f16 d, f16 m, then `3d/8` bytes in
+    /// [`Self::Int3G32`]'s bit order; every block of 32 takes the row's d and m.
+    Int3Row,
     /// NVFP4 rows: f32 row scale, then blocks of 16: E4M3 scale, 8 bytes (element j low
     /// nibble, j + 8 high) ([`super::formats::nvfp4`]).
     Nvfp4,
@@ -161,6 +169,8 @@ impl IntKeys {
             IntKeys::Int4G32 => 20 * nb,
             IntKeys::Int4Row => 4 + 16 * nb,
             IntKeys::Int2G32 => 12 * nb,
+            IntKeys::Int3G32 => 16 * nb,
+            IntKeys::Int3Row => 4 + 12 * nb,
             IntKeys::Nvfp4 => 4 + 18 * nb,
             IntKeys::Mxfp4 => 17 * nb,
             IntKeys::Lut4(_) => 2 + 16 * nb,
@@ -190,8 +200,8 @@ pub fn scores(
     );
     // One group per row: a longer row holds more groups than the kernel reads headers for.
     assert!(
-        f != IntKeys::Int4Row || rb == f.row_bytes(q.d),
-        "int4 rows of {rb} bytes are not one group of {}",
+        !matches!(f, IntKeys::Int4Row | IntKeys::Int3Row) || rb == f.row_bytes(q.d),
+        "{f:?} rows of {rb} bytes are not one group of {}",
         q.d
     );
     simd_dispatch!(["avx512f", "avx512bw", "avx512vnni", "avx2", "fma"], {
@@ -250,6 +260,18 @@ pub(crate) fn dot_e2m1(n: &[u8], c: &[i8]) -> i32 {
         .sum()
 }
 
+/// `Σ code_e · c_e` over a block of 32 3-bit codes (`p`: 12 bytes, element e at bits 3e..3e+3,
+/// LSB first), each code read bit by bit from its one or two bytes.
+fn dot_triplets(p: &[u8], c: &[i8]) -> i32 {
+    (0..B)
+        .map(|e| {
+            let bit = 3 * e;
+            let two = p[bit / 8] as u32 | (*p.get(bit / 8 + 1).unwrap_or(&0) as u32) << 8;
+            ((two >> (bit % 8)) & 7) as i32 * c[e] as i32
+        })
+        .sum()
+}
+
 /// The same integer arithmetic in scalar code: the path without AVX2 and the reference the
 /// SIMD kernel is tested against.
 pub fn scalar_scores(
@@ -304,6 +326,19 @@ pub fn scalar_scores(
                         acc += f16_at(blk, 0) * dot as f32 + f16_at(blk, 2) * q.bsum[j * nb + b];
                     }
                 }
+                IntKeys::Int3G32 => {
+                    for b in 0..nb {
+                        let blk = &row[b * 16..(b + 1) * 16];
+                        let dot = dot_triplets(&blk[4..], &c[b * B..(b + 1) * B]);
+                        acc += f16_at(blk, 0) * dot as f32 + f16_at(blk, 2) * q.bsum[j * nb + b];
+                    }
+                }
+                IntKeys::Int3Row => {
+                    for b in 0..nb {
+                        let dot = dot_triplets(&row[4 + 12 * b..], &c[b * B..(b + 1) * B]);
+                        acc += f16_at(row, 0) * dot as f32 + f16_at(row, 2) * q.bsum[j * nb + b];
+                    }
+                }
                 IntKeys::Int4Row => {
                     for b in 0..nb {
                         let dot = dot_nibbles(&row[4 + 16 * b..], &cp[b * B..(b + 1) * B]);
@@ -356,7 +391,7 @@ pub fn scalar_scores(
 pub(crate) mod avx {
     use super::{IntKeys, QueryI8, B};
     use crate::kv::formats::fp4::{e4m3_to_f32, e8m0_to_f32, E2M1_X2};
-    use crate::kv::simd::avx::{crumbs, dot_u8_i8, f16_at as f16p, nibbles, nibbles8};
+    use crate::kv::simd::avx::{crumbs, dot_u8_i8, f16_at as f16p, nibbles, nibbles8, triplets};
     use std::arch::x86_64::*;
 
     /// The E2M1 table ×2 in both 128-bit lanes (for `_mm256_shuffle_epi8`).
@@ -399,7 +434,9 @@ pub(crate) mod avx {
             IntKeys::Int8Token | IntKeys::Q8_0 | IntKeys::Nvfp4 | IntKeys::Mxfp4 => {
                 (true, false, false)
             }
-            IntKeys::Q4_0 | IntKeys::Int2G32 => (false, false, true),
+            IntKeys::Q4_0 | IntKeys::Int2G32 | IntKeys::Int3G32 | IntKeys::Int3Row => {
+                (false, false, true)
+            }
             IntKeys::Int4G32 | IntKeys::Int4Row => (false, true, true),
             IntKeys::Lut4(_) => (true, true, false),
         }
@@ -430,7 +467,9 @@ pub(crate) mod avx {
             | IntKeys::Q4_0
             | IntKeys::Int4G32
             | IntKeys::Int4Row
-            | IntKeys::Int2G32 => 1.0,
+            | IntKeys::Int2G32
+            | IntKeys::Int3G32
+            | IntKeys::Int3Row => 1.0,
         }
     }
 
@@ -482,6 +521,11 @@ pub(crate) mod avx {
                 asym(crumbs(blk.add(4)), blk)
             }
             IntKeys::Int4Row => asym(nibbles(row.add(4 + 16 * b)), row),
+            IntKeys::Int3G32 => {
+                let blk = row.add(b * 16);
+                asym(triplets(blk.add(4)), blk)
+            }
+            IntKeys::Int3Row => asym(triplets(row.add(4 + 12 * b)), row),
             IntKeys::Nvfp4 => {
                 // Two blocks of 16 per 32 query codes: lanes 0–3 hold block 2b's sum, 4–7 block
                 // 2b + 1's, each multiplied by its own E4M3 scale.
@@ -620,6 +664,14 @@ pub(crate) mod avx {
                 }
                 IntKeys::Int2G32 => {
                     let $g = IntKeys::Int2G32;
+                    $body
+                }
+                IntKeys::Int3G32 => {
+                    let $g = IntKeys::Int3G32;
+                    $body
+                }
+                IntKeys::Int3Row => {
+                    let $g = IntKeys::Int3Row;
                     $body
                 }
                 IntKeys::Nvfp4 => {
@@ -903,6 +955,18 @@ mod tests {
                         let c = crate::kv::formats::uniform::UniformGroupRow::new(2, 32).unwrap();
                         let (a, b) = rows(c, n, d);
                         (IntKeys::Int2G32, a, b, c.row_bytes(d))
+                    },
+                    {
+                        // int3 groups of 32 and int3 with one group per row (d multiple of
+                        // 32), decoded by the uniform codec.
+                        let c = crate::kv::formats::uniform::UniformGroupRow::new(3, 32).unwrap();
+                        let (a, b) = rows(c, n, d);
+                        (IntKeys::Int3G32, a, b, c.row_bytes(d))
+                    },
+                    {
+                        let c = crate::kv::formats::uniform::UniformGroupRow::new(3, d).unwrap();
+                        let (a, b) = rows(c, n, d);
+                        (IntKeys::Int3Row, a, b, c.row_bytes(d))
                     },
                     {
                         // int4-row: one group per row, decoded by the uniform codec.

@@ -728,6 +728,62 @@ pub(crate) mod avx {
         _mm256_set_m128i(_mm_unpackhi_epi16(e01, e23), _mm_unpacklo_epi16(e01, e23))
     }
 
+    /// 12 bytes of 3-bit codes at `p` (an `int3` group of 32: element `e` at bits `3e..3e+3`,
+    /// LSB first) → 32 bytes in element order. The 12 bytes are read exactly (8, then 4) into
+    /// both 128-bit lanes; a byte shuffle puts each code's two bytes in a 16-bit lane (codes
+    /// 0–15 in one register, 16–31 in another), a multiply by `2^(8 − 3e mod 8)` lifts its three
+    /// bits to bits 8..11, a shift and a mask keep them, and a pack and a lane permute bring the
+    /// 32 codes back to bytes in order.
+    #[inline(always)]
+    pub unsafe fn triplets(p: *const u8) -> __m256i {
+        let x = _mm_insert_epi32(
+            _mm_loadl_epi64(p as *const __m128i),
+            (p.add(8) as *const i32).read_unaligned(),
+            2,
+        );
+        let v = _mm256_set_m128i(x, x);
+        let seven = _mm256_set1_epi16(7);
+        let half = |shuffle: &[i8; 32], mult: &[i16; 16]| {
+            let w = _mm256_shuffle_epi8(v, _mm256_loadu_si256(shuffle.as_ptr() as *const __m256i));
+            let w = _mm256_mullo_epi16(w, _mm256_loadu_si256(mult.as_ptr() as *const __m256i));
+            _mm256_and_si256(_mm256_srli_epi16(w, 8), seven)
+        };
+        let (a, b) = (
+            half(&TRIPLET_BYTES[0], &TRIPLET_MULT[0]),
+            half(&TRIPLET_BYTES[1], &TRIPLET_MULT[1]),
+        );
+        // packus: lane 0 = codes 0–7, 16–23; lane 1 = 8–15, 24–31 → quarters (0, 2, 1, 3).
+        _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0b11_01_10_00)
+    }
+
+    /// [`triplets`]' byte shuffles: 16-bit lane `i` of register `r` holds code `e = 16r + i`'s
+    /// bytes `3e/8` and `3e/8 + 1` (past the 12th byte: zero, `-128`).
+    static TRIPLET_BYTES: [[i8; 32]; 2] = [triplet_bytes(0), triplet_bytes(16)];
+    /// [`triplets`]' multipliers: `2^(8 − 3e mod 8)` for code `e = 16r + i` in lane `i`.
+    static TRIPLET_MULT: [[i16; 16]; 2] = [triplet_mult(0), triplet_mult(16)];
+
+    const fn triplet_bytes(first: usize) -> [i8; 32] {
+        let mut t = [0i8; 32];
+        let mut i = 0;
+        while i < 16 {
+            let b = 3 * (first + i) / 8;
+            t[2 * i] = b as i8;
+            t[2 * i + 1] = if b + 1 < 12 { (b + 1) as i8 } else { -128 };
+            i += 1;
+        }
+        t
+    }
+
+    const fn triplet_mult(first: usize) -> [i16; 16] {
+        let mut t = [0i16; 16];
+        let mut i = 0;
+        while i < 16 {
+            t[i] = 1 << (8 - (3 * (first + i)) % 8);
+            i += 1;
+        }
+        t
+    }
+
     /// 8 bytes of nibbles at `p` (an NVFP4 block's) → 16 bytes: the low nibbles (elements
     /// 0..8), then the high nibbles (8..16); [`nibbles`] for half a block of 16 bytes.
     #[inline(always)]
@@ -1425,6 +1481,43 @@ pub(crate) mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// By hand: codes (1, 2, 3, 4, 5, 6, 7, 0) pack LSB first into 0xD1, 0x58, 0x1F (byte 0 =
+    /// 1 | 2<<3 | (3&3)<<6, byte 1 = 3>>2 | 4<<1 | 5<<4 | (6&1)<<7, byte 2 = 6>>1 | 7<<2);
+    /// groups of 8 codes take 3 bytes each, so code `e + 8k` of four such groups shifted by `k`
+    /// — (1..7, 0), (2..7, 0, 1), ... — packs the same way per group: a permutation of the
+    /// quarters or a code read from the wrong byte shows. Bytes past the 12 are not read (the
+    /// 13th here is 0xFF and must not leak into code 31).
+    #[test]
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+    fn triplets_by_hand() {
+        let pack8 = |c: [u8; 8]| -> [u8; 3] {
+            let bits = c
+                .iter()
+                .enumerate()
+                .fold(0u32, |a, (i, &v)| a | (v as u32) << (3 * i));
+            [bits as u8, (bits >> 8) as u8, (bits >> 16) as u8]
+        };
+        assert_eq!(pack8([1, 2, 3, 4, 5, 6, 7, 0]), [0xD1, 0x58, 0x1F]);
+        let mut bytes = vec![0u8; 13];
+        let mut want = [0u8; 32];
+        for k in 0..4 {
+            let c: [u8; 8] = std::array::from_fn(|i| ((i + 1 + k) % 8) as u8);
+            bytes[3 * k..3 * k + 3].copy_from_slice(&pack8(c));
+            want[8 * k..8 * k + 8].copy_from_slice(&c);
+        }
+        bytes[12] = 0xFF;
+        let mut got = [0u8; 32];
+        // SAFETY: AVX2 compiled in; 12 bytes readable at the pointer.
+        unsafe {
+            use std::arch::x86_64::*;
+            _mm256_storeu_si256(
+                got.as_mut_ptr() as *mut __m256i,
+                avx::triplets(bytes.as_ptr()),
+            );
+        }
+        assert_eq!(got, want);
+    }
 
     /// By hand: the largest magnitude wherever it sits (a full lane of 8, the tail, a
     /// negative value), 0 for an empty slice.

@@ -184,23 +184,32 @@ impl RowCodec for UniformGroupRow {
         0
     }
 
-    /// `int2` with groups of 32 (KIVI's values) accumulates on its codes; at 4 bits the bytes
-    /// are [`super::int4::Int4GroupRow`]'s, and so is the code path (`int4-row`: one group
-    /// per row).
+    /// `int2` with groups of 32 (KIVI's values) accumulates on its codes, and so do `int3`
+    /// with groups of 32 or one group per row (`int3:group=row`, TurboQuant's 3-bit values); at
+    /// 4 bits the bytes are [`super::int4::Int4GroupRow`]'s, and so is the code path
+    /// (`int4-row`: one group per row).
     fn code_values(&self) -> Option<crate::kv::codeaxpy::CodeValues> {
-        match self.bits {
-            2 => (self.group == 32).then_some(crate::kv::codeaxpy::CodeValues::Int2G32),
-            4 => super::int4::int4_code_values(self.group),
+        use crate::kv::codeaxpy::CodeValues;
+        match (self.bits, self.group) {
+            (2, 32) => Some(CodeValues::Int2G32),
+            (3, 32) => Some(CodeValues::Int3G32),
+            // One group per row (the stream checks the row bytes: two groups of 64 are not it).
+            (3, g) if g.is_multiple_of(32) => Some(CodeValues::Int3Row),
+            (4, g) => super::int4::int4_code_values(g),
             _ => None,
         }
     }
 
-    /// `int2` with groups of 32 scores on its codes; at 4 bits, [`super::int4::Int4GroupRow`]'s
-    /// integer key path (same bytes).
+    /// `int2` and `int3` with groups of 32, and `int3` with one group per row, score on their
+    /// codes; at 4 bits, [`super::int4::Int4GroupRow`]'s integer key path (same bytes).
     fn int_keys(&self) -> Option<crate::kv::intdot::IntKeys> {
-        match self.bits {
-            2 => (self.group == 32).then_some(crate::kv::intdot::IntKeys::Int2G32),
-            4 => super::int4::int4_int_keys(self.group),
+        use crate::kv::intdot::IntKeys;
+        match (self.bits, self.group) {
+            (2, 32) => Some(IntKeys::Int2G32),
+            (3, 32) => Some(IntKeys::Int3G32),
+            // One group per row (the stream checks the row bytes: two groups of 64 are not it).
+            (3, g) if g.is_multiple_of(32) => Some(IntKeys::Int3Row),
+            (4, g) => super::int4::int4_int_keys(g),
             _ => None,
         }
     }
