@@ -373,6 +373,78 @@ pub fn scalar_axpy_centroids4(
     }
 }
 
+/// `out[t − t0] = Σ_e table[code_e]` over the `8·(rb − skip)/3` 3-bit codes of rows `t0..t1` of
+/// `data` (rows of `rb` bytes, codes from byte `skip` on, element e at bits 3e..3e+3, LSB
+/// first): the 3-bit TurboQuant keys' `‖centroid vector‖²` for norm correction, as
+/// [`nibble_table_sums`] for 4-bit ones. With AVX2, per 12 bytes one
+/// [`crate::kv::simd::avx::triplets`] unpack and four 8-entry `vpermps` lookups into 8 running
+/// sums; other bytes in scalar code. Equal to the element-order sum up to f32 rounding of the
+/// order. Panics (a caller's bug) when `out` is shorter than `t1 − t0`, a row lies outside
+/// `data` or `rb − skip` is not a multiple of 3.
+pub fn triplet_table_sums(
+    table: &[f32; 8],
+    data: &[u8],
+    rb: usize,
+    skip: usize,
+    (t0, t1): (usize, usize),
+    out: &mut [f32],
+) {
+    assert!(data.len() >= t1 * rb && out.len() >= t1 - t0 && skip <= rb);
+    assert!(
+        (rb - skip).is_multiple_of(3),
+        "3-bit rows hold whole groups of 8 codes"
+    );
+    let n = rb - skip;
+    let scalar = |row: &[u8], from: usize| -> f32 {
+        let mut a = [0f32; 8];
+        for e in from..n * 8 / 3 {
+            let bit = 3 * e;
+            let two = row[bit / 8] as u32 | (*row.get(bit / 8 + 1).unwrap_or(&0) as u32) << 8;
+            a[e % 8] += table[((two >> (bit % 8)) & 7) as usize];
+        }
+        a.iter().sum()
+    };
+    let done = simd_dispatch!(
+        ["avx2"],
+        {
+            // SAFETY: AVX2 compiled in; each 12-byte block read lies inside its row (asserted).
+            unsafe {
+                use std::arch::x86_64::*;
+                let tab = _mm256_loadu_ps(table.as_ptr());
+                for (t, o) in (t0..t1).zip(out.iter_mut()) {
+                    let row = data.as_ptr().add(t * rb + skip);
+                    let mut v = _mm256_setzero_ps();
+                    let mut i = 0;
+                    while i + 12 <= n {
+                        let k = crate::kv::simd::avx::triplets(row.add(i));
+                        let (lo, hi) = (_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
+                        for x in [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)] {
+                            let idx = _mm256_cvtepu8_epi32(x);
+                            v = _mm256_add_ps(v, _mm256_permutevar8x32_ps(tab, idx));
+                        }
+                        i += 12;
+                    }
+                    let mut lanes = [0f32; 8];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+                    *o = lanes.iter().sum::<f32>()
+                        + if i < n {
+                            scalar(&data[t * rb + skip..(t + 1) * rb], i * 8 / 3)
+                        } else {
+                            0.0
+                        };
+                }
+            }
+            true
+        },
+        false
+    );
+    if !done {
+        for (t, o) in (t0..t1).zip(out.iter_mut()) {
+            *o = scalar(&data[t * rb + skip..(t + 1) * rb], 0);
+        }
+    }
+}
+
 /// `out[t − t0] = Σ_i table[n_i & 15] + table[n_i >> 4]` over the bytes `n` of rows `t0..t1`
 /// of `data` (rows of `rb` bytes) from byte `skip` of each row on: a 16-entry f32 table summed
 /// over packed 4-bit codes (TurboQuant_mse norm correction's `‖centroid vector‖²` with `table`
@@ -1135,6 +1207,45 @@ mod tests {
     /// 1 + 2 + 0 + 15 = 18, the 2 bytes before them skipped), and on random rows of 13 to 72
     /// bytes (tails that fill no vector included) against f64 sums in element order, within
     /// f32 rounding of a sum of n ≤ 144 positive terms (`γ_n·Σ`, Higham §3.1).
+    #[test]
+    fn triplet_table_sums_by_hand_and_against_f64() {
+        // By hand: codes (1, 2, 3, 4, 5, 6, 7, 0) pack into 0xD1, 0x58, 0x1F; with table[v] =
+        // 10^v-ish weights every code counts once: 10 + 100 + ... (table[0] = 1).
+        let table = [1.0f32, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6, 1e7];
+        let mut out = [0f32; 1];
+        triplet_table_sums(&table, &[9, 0xD1, 0x58, 0x1F], 4, 1, (0, 1), &mut out);
+        assert_eq!(out[0], 11_111_111.0);
+        // Rows of 64 codes (24 bytes: two SIMD blocks) and of 72 (27 bytes: a scalar tail),
+        // against f64 sums of codes packed here bit by bit.
+        let sq = [0.5f32, 0.25, 0.125, 1.5, 2.0, 0.75, 0.0625, 3.0];
+        for (codes_per_row, skip) in [(64usize, 2usize), (72, 2), (32, 0)] {
+            let n = 5;
+            let rb = skip + codes_per_row * 3 / 8;
+            let mut data = vec![0u8; n * rb];
+            let mut want = vec![0f64; n];
+            for t in 0..n {
+                for e in 0..codes_per_row {
+                    let code = (t * 7 + e * 5 + e / 3) % 8;
+                    for k in 0..3 {
+                        let bit = 3 * e + k;
+                        data[t * rb + skip + bit / 8] |= (((code >> k) & 1) as u8) << (bit % 8);
+                    }
+                    want[t] += sq[code] as f64;
+                }
+            }
+            let mut got = vec![0f32; n - 1];
+            triplet_table_sums(&sq, &data, rb, skip, (1, n), &mut got);
+            for t in 1..n {
+                let g = got[t - 1] as f64;
+                assert!(
+                    (g - want[t]).abs() <= 1e-5 * want[t],
+                    "{codes_per_row}: {g} vs {}",
+                    want[t]
+                );
+            }
+        }
+    }
+
     #[test]
     fn nibble_table_sums_by_hand_and_against_f64() {
         let table: [f32; 16] = std::array::from_fn(|k| k as f32);

@@ -155,6 +155,11 @@ pub enum IntKeys {
     /// `score = sq · factor · Σ c·table[nib]`; a table holding the codebook in units of a step
     /// `ts` gives the score divided by `ts`, which the caller multiplies back in.
     Lut4([i8; 16]),
+    /// Rows of 3-bit indices into an 8-level codebook (TurboQuant_mse 3-bit keys, the keys of
+    /// vLLM's `turboquant_3bit_nc` and `turboquant_k3v4_nc`): f16 row factor, then `3d/8` bytes
+    /// (element e at bits 3e..3e+3, LSB first, as [`Self::Int3G32`]); scored as
+    /// [`Self::Lut4`] through the first 8 entries of this table.
+    Lut3([i8; 16]),
 }
 
 impl IntKeys {
@@ -174,6 +179,7 @@ impl IntKeys {
             IntKeys::Nvfp4 => 4 + 18 * nb,
             IntKeys::Mxfp4 => 17 * nb,
             IntKeys::Lut4(_) => 2 + 16 * nb,
+            IntKeys::Lut3(_) => 2 + 12 * nb,
         }
     }
 }
@@ -377,6 +383,17 @@ pub fn scalar_scores(
                     }
                     acc = f16_at(row, 0) * dot as f32;
                 }
+                IntKeys::Lut3(lut) => {
+                    let dot: i32 = (0..d)
+                        .map(|e| {
+                            let (bit, p) = (3 * e, &row[2..]);
+                            let two =
+                                p[bit / 8] as u32 | (*p.get(bit / 8 + 1).unwrap_or(&0) as u32) << 8;
+                            lut[((two >> (bit % 8)) & 7) as usize] as i32 * c[e] as i32
+                        })
+                        .sum();
+                    acc = f16_at(row, 0) * dot as f32;
+                }
             }
             out[(t - t0) * nq + j] = q.scale[j] * acc;
         }
@@ -439,6 +456,7 @@ pub(crate) mod avx {
             }
             IntKeys::Int4G32 | IntKeys::Int4Row => (false, true, true),
             IntKeys::Lut4(_) => (true, true, false),
+            IntKeys::Lut3(_) => (true, false, false),
         }
     }
 
@@ -447,7 +465,7 @@ pub(crate) mod avx {
     unsafe fn table(f: IntKeys) -> __m256i {
         match f {
             IntKeys::Nvfp4 | IntKeys::Mxfp4 => e2m1_lut(),
-            IntKeys::Lut4(lut) => {
+            IntKeys::Lut4(lut) | IntKeys::Lut3(lut) => {
                 let t = _mm_loadu_si128(lut.as_ptr() as *const __m128i);
                 _mm256_set_m128i(t, t)
             }
@@ -460,7 +478,7 @@ pub(crate) mod avx {
     #[inline(always)]
     unsafe fn row_factor(f: IntKeys, row: *const u8) -> f32 {
         match f {
-            IntKeys::Int8Token | IntKeys::Lut4(_) => f16p(row),
+            IntKeys::Int8Token | IntKeys::Lut4(_) | IntKeys::Lut3(_) => f16p(row),
             IntKeys::Nvfp4 => 0.5 * (row as *const f32).read_unaligned(),
             IntKeys::Mxfp4 => 0.5,
             IntKeys::Q8_0
@@ -546,6 +564,10 @@ pub(crate) mod avx {
             }
             IntKeys::Lut4(_) => signed(
                 _mm256_shuffle_epi8(tab, nibbles(row.add(2 + 16 * b))),
+                _mm256_set1_ps(1.0),
+            ),
+            IntKeys::Lut3(_) => signed(
+                _mm256_shuffle_epi8(tab, triplets(row.add(2 + 12 * b))),
                 _mm256_set1_ps(1.0),
             ),
         }
@@ -686,6 +708,10 @@ pub(crate) mod avx {
                     let $g = IntKeys::Lut4(t);
                     $body
                 }
+                IntKeys::Lut3(t) => {
+                    let $g = IntKeys::Lut3(t);
+                    $body
+                }
             }
         };
     }
@@ -806,7 +832,7 @@ pub(crate) mod avx {
             let side_on = side_on && !q4;
             // One scale per row (int8-token, the codebook): the lanes' integer sums add up
             // exactly, converted once per row.
-            let unit = matches!(f, IntKeys::Int8Token | IntKeys::Lut4(_));
+            let unit = matches!(f, IntKeys::Int8Token | IntKeys::Lut4(_) | IntKeys::Lut3(_));
             let tab = table(f);
             let cb = if pairs {
                 q.pairs.as_ptr()
@@ -1003,6 +1029,30 @@ mod tests {
                             }
                         }
                         (IntKeys::Lut4(lut), data, dec, rb)
+                    },
+                    {
+                        // An 8-level codebook by hand (TurboQuant_mse 3-bit keys): an f16
+                        // factor, then element e at bits 3e..3e+3 (packed here bit by bit);
+                        // value = factor · table[code]. The table's upper half is never read.
+                        let lut: [i8; 16] = [
+                            -127, -70, -33, -9, 9, 33, 70, 127, 99, 99, 99, 99, 99, 99, 99, 99,
+                        ];
+                        let rb = 2 + 3 * d / 8;
+                        let (mut data, mut dec) = (vec![0u8; n * rb], vec![0f32; n * d]);
+                        for t in 0..n {
+                            let fac = f16::from_f32(0.02 + 0.001 * t as f32);
+                            data[t * rb..t * rb + 2].copy_from_slice(&fac.to_le_bytes());
+                            for e in 0..d {
+                                let code = (t * 5 + e * 3 + e / 7) % 8;
+                                for k in 0..3 {
+                                    let bit = 3 * e + k;
+                                    data[t * rb + 2 + bit / 8] |=
+                                        (((code >> k) & 1) as u8) << (bit % 8);
+                                }
+                                dec[t * d + e] = fac.to_f32() * lut[code] as f32;
+                            }
+                        }
+                        (IntKeys::Lut3(lut), data, dec, rb)
                     },
                 ];
                 for (f, data, dec, rb) in cases {

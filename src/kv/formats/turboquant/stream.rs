@@ -93,10 +93,21 @@ fn inv_centroid_norms(cent: &[f32; 16], data: &[u8], rb: usize, t0: usize, t1: u
         .collect()
 }
 
-/// The centroids rounded to int8 in units of `ts = max|c|/127`: `(round(c/ts), ts)`, each
-/// entry within `ts/2` of `c/ts·ts` and inside ±127 (the byte-shuffle table of
-/// [`intdot::IntKeys::Lut4`]).
-fn int8_table(cent: &[f32; 16]) -> ([i8; 16], f32) {
+/// [`inv_centroid_norms`] for 3-bit rows (an f16 norm, then `3d/8` bytes of indices, summed
+/// by [`codeaxpy::triplet_table_sums`]).
+fn inv_centroid_norms3(cent: &[f32; 8], data: &[u8], rb: usize, t0: usize, t1: usize) -> Vec<f32> {
+    let sq = cent.map(|c| c * c);
+    let mut n2 = vec![0f32; t1 - t0];
+    codeaxpy::triplet_table_sums(&sq, data, rb, 2, (t0, t1), &mut n2);
+    n2.iter()
+        .map(|&n2| if n2 > 0.0 { 1.0 / n2.sqrt() } else { 1.0 })
+        .collect()
+}
+
+/// The centroids (16 at 4 bits, 8 at 3) rounded to int8 in units of `ts = max|c|/127`:
+/// `(round(c/ts), ts)`, each entry within `ts/2` of `c/ts·ts` and inside ±127, the entries
+/// past the centroids 0 (the byte-shuffle table of [`intdot::IntKeys::Lut4`] and `Lut3`).
+fn int8_table(cent: &[f32]) -> ([i8; 16], f32) {
     let ts = cent.iter().fold(0f32, |m, c| m.max(c.abs())) / 127.0;
     let mut t = [0i8; 16];
     if ts > 0.0 {
@@ -220,15 +231,34 @@ impl Stream for TurboQuantStream {
             });
         }
         let Some((c, cent)) = self.mse4() else {
-            // Other widths: a tile of rows decoded in the rotated basis
-            // ([`TurboQuantMse::decode_rotated_fast`]), scored against every rotated query by
-            // the tiled f32 kernel (the exact path's sums up to f32 rounding).
             let TqCodec::Mse(c) = &self.codec else {
                 unreachable!("TurboQuant_prod returned above")
             };
             let d = c.head_dim();
             let mut rq = qs.to_vec();
             rq.chunks_exact_mut(d).for_each(|q| c.rotate_query(q));
+            if let Ok(cent) = <[f32; 8]>::try_from(c.codebook().centroids()) {
+                if c.bits() == 3 && d.is_multiple_of(32) {
+                    // 3-bit rows on their codes, as 4-bit ones below: the codes unpacked and
+                    // looked up in the int8-rounded codebook (`IntKeys::Lut3`).
+                    let qi = QueryI8::quantize(&rq, d);
+                    let (table, ts) = int8_table(&cent);
+                    let nq = qs.len() / d;
+                    let n = (t1 - t0) * nq;
+                    intdot::scores(IntKeys::Lut3(table), &self.data, self.rb, t0, t1, &qi, out);
+                    scale_in_place(&mut out[..n], ts);
+                    if c.norm_correction() {
+                        let inv = inv_centroid_norms3(&cent, &self.data, self.rb, t0, t1);
+                        for (o, &f) in out[..n].chunks_exact_mut(nq).zip(&inv) {
+                            o.iter_mut().for_each(|x| *x *= f);
+                        }
+                    }
+                    return;
+                }
+            }
+            // Other widths: a tile of rows decoded in the rotated basis
+            // ([`TurboQuantMse::decode_rotated_fast`]), scored against every rotated query by
+            // the tiled f32 kernel (the exact path's sums up to f32 rounding).
             return dot_rows_with(t0, t1, &rq, out, d, |t, r| {
                 c.decode_rotated_fast(self.row(t), r)
             });
@@ -457,10 +487,10 @@ mod tests {
             .collect()
     }
 
-    /// 4-bit TurboQuant_mse keys scored on their codes (`dot_rows_int`: rotated query
-    /// quantized to int8, centroids rounded to int8) against f64 dot products of the exact
-    /// query with the rows decoded to the original basis (`decode`, which shares none of the
-    /// integer path), d 32/64/128, 1–8 queries.
+    /// 4-bit and 3-bit TurboQuant_mse keys scored on their codes (`dot_rows_int`: rotated
+    /// query quantized to int8, centroids rounded to int8) against f64 dot products of the
+    /// exact query with the rows decoded to the original basis (`decode`, which shares none of
+    /// the integer path), d 32/64/128, 1–8 queries, with and without norm correction.
     ///
     /// Bound. The exact score is `N·Σ_i r_i·y_i` (`r = R q`, `y` the centroids, `N = ‖k‖`
     /// as stored). The fast path computes `N·sq·ts·Σ c_i·t_i` with `r_i = sq·c_i + e_i`,
@@ -474,10 +504,11 @@ mod tests {
     fn tq4_scores_on_codes_within_rounding_bound() {
         use crate::kv::quant::bits::code_at;
         let mut rng = rand::rngs::StdRng::seed_from_u64(2504);
-        for (d, nc) in [(32usize, false), (64, false), (128, false), (64, true), (128, true)] {
+        let cases = [(32usize, false), (64, false), (128, false), (64, true), (128, true)];
+        for (bits, (d, nc)) in [4u8, 3].into_iter().flat_map(|b| cases.map(|c| (b, c))) {
             for nq in [1usize, 3, 8] {
                 let n = 45;
-                let c = Arc::new(TurboQuantMse::new(d, 4, nc, 7 + d as u64).unwrap());
+                let c = Arc::new(TurboQuantMse::new(d, bits, nc, 7 + d as u64).unwrap());
                 let mut s = TurboQuantStream::new(TqCodec::Mse(c.clone()));
                 s.push(&random_rows(&mut rng, n, d, 3));
                 let qs = random_rows(&mut rng, nq, d, 0);
@@ -487,13 +518,14 @@ mod tests {
                 let mut got = vec![0f32; (t1 - t0) * nq];
                 s.dot_rows_int(t0, t1, &qs, &q8, &mut got);
                 // The scalar kernel on the same rotated, quantized queries.
-                let cent: [f32; 16] = c.codebook().centroids().try_into().unwrap();
+                let cent = c.codebook().centroids().to_vec();
                 let (table, ts) = int8_table(&cent);
                 let mut rq = qs.clone();
                 rq.chunks_exact_mut(d).for_each(|q| c.rotate_query(q));
                 let mut scalar = vec![0f32; (t1 - t0) * nq];
                 let qi = QueryI8::quantize(&rq, d);
-                intdot::scalar_scores(IntKeys::Lut4(table), &s.data, s.rb, t0, t1, &qi, &mut scalar);
+                let f = if bits == 4 { IntKeys::Lut4(table) } else { IntKeys::Lut3(table) };
+                intdot::scalar_scores(f, &s.data, s.rb, t0, t1, &qi, &mut scalar);
                 let (mut k, mut y) = (vec![0f32; d], vec![0f32; d]);
                 for t in t0..t1 {
                     s.decode(t, &mut k);
@@ -501,7 +533,7 @@ mod tests {
                     // The factor the integer sum is multiplied by: N, or with norm correction
                     // N/‖centroid vector‖ (that norm in f64 from the stored indices).
                     let cn = (0..d)
-                        .map(|i| (cent[code_at(&s.row(t)[2..], 4, i)] as f64).powi(2))
+                        .map(|i| (cent[code_at(&s.row(t)[2..], bits, i)] as f64).powi(2))
                         .sum::<f64>()
                         .sqrt();
                     let norm = c.norm(s.row(t)) as f64 / if nc { cn } else { 1.0 };
@@ -519,7 +551,7 @@ mod tests {
                         let g = got[(t - t0) * nq + j] as f64;
                         assert!(
                             (g - exact).abs() <= bound,
-                            "d={d} nq={nq} t={t} j={j}: {g} vs {exact} (bound {bound})"
+                            "bits={bits} d={d} nq={nq} t={t} j={j}: {g} vs {exact} (bound {bound})"
                         );
                         let sc = scalar[(t - t0) * nq + j] as f64 * ts as f64
                             / if nc { cn } else { 1.0 };
@@ -530,7 +562,7 @@ mod tests {
         }
     }
 
-    /// Other widths (1–3 bits, norm-corrected or not) take
+    /// Other widths (1–2 bits, norm-corrected or not) take
     /// the tiled f32 path when timed: scores (`dot_rows_int`) and value sums
     /// (`axpy_rows_fast`) against the exact path's (`dot_rows`, `axpy_rows`), which decode row by
     /// row. Both sum the same products in another order, and norm correction's factor is
@@ -541,7 +573,7 @@ mod tests {
     fn tq_other_widths_timed_path_matches_exact() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(31);
         let u = 2f64.powi(-24);
-        for (d, bits, nc) in [(64usize, 3u8, false), (64, 3, true), (128, 2, false), (32, 2, true), (64, 1, true)] {
+        for (d, bits, nc) in [(64usize, 2u8, false), (128, 2, false), (32, 2, true), (64, 1, true)] {
             let c = Arc::new(TurboQuantMse::new(d, bits, nc, 5).unwrap());
             let mut s = TurboQuantStream::new(TqCodec::Mse(c.clone()));
             let (n, nq) = (37, 3);
