@@ -609,6 +609,9 @@ __device__ void attn_partial(const float *__restrict__ q, Stream K, Stream V,
 #pragma unroll
             for (int j = 0; j < QT; j++) {
                 const float pj = __shfl_sync(0xffffffffu, p[j], i);
+                // A masked (or underflowed) slot adds nothing, and must not add 0·inf = NaN
+                // from a value row that decodes to inf (warp-uniform: pj is one lane's).
+                if (pj == 0.f) continue;
 #pragma unroll
                 for (int k = 0; k < E; k++) acc[j][k] = fmaf(pj, vx[k], acc[j][k]);
             }

@@ -147,13 +147,14 @@ PY
     echo "== 2c. device time per kernel (Nsight Compute, when present): fp16 at 8k, Llama-3-8B geometry"
     # What the step's CUDA events cannot split: the attention kernels' own time against the
     # step's (the rest is the appends, allocations and launch gaps). Only the attention kernels
-    # of the timed steps are profiled (-c): profiling the 32k fill's appends too did not finish
-    # in 60 s on 2026-12-04. A diagnostic: its failure fails no check.
-    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -n 1)
+    # of the timed step are profiled: the untimed step's 64 (32 layers × partial + combine) are
+    # skipped, then 64 (profiling the 32k fill's appends too did not finish in 60 s on
+    # 2026-12-04). A diagnostic: its failure fails no check.
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | sort -V | tail -n 1)
     left=$((phase_s - ($(date +%s) - t0)))
     if [ -n "$ncu" ] && [ "$left" -gt 60 ]; then
         timeout -k 5 45 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
-            --print-units base -k regex:'kv_attn' -c 128 \
+            --print-units base -k regex:'kv_attn' --launch-skip 64 -c 64 \
             "$stage/kvbench" attn-bench --model llama-3-8b --device cuda:0 --dtypes fp16 \
             --seq-len 8192 --steps 1 --peak-bandwidth 4800 > "$work/ncu.csv" 2>&1 \
             || echo "ncu: failed or timed out (a diagnostic; no check fails)"

@@ -117,9 +117,11 @@ fn warm_up_leaves_no_sequence_and_restarts_the_clock() {
         .warmed_up(&text[..40], 4)
         .unwrap();
     let took = t.elapsed().as_secs_f64();
+    // Restarted: the clock reads the few µs since the warm-up's end, not the warm-up's
+    // prefill and 4 steps (tens of ms on any machine).
     assert!(
-        backend.now() < took,
-        "clock not restarted: {} ≥ {took}",
+        backend.now() < 0.5 * took,
+        "clock not restarted: {} of {took} s",
         backend.now()
     );
     assert_eq!(backend.kv_bytes(), 0);

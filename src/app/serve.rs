@@ -47,8 +47,13 @@ const SCHEDULER: &str = "continuous batching; whole-prompt prefill one request a
 const WARM_UP_STEPS: usize = 4;
 
 /// The measured run's warm-up, in words, for `meta.json`.
-const WARM_UP: &str = "before each point's clock starts, its backend serves the first request's \
-    prompt and 4 decode steps, untimed, then drops the sequence";
+fn warm_up_text() -> String {
+    format!(
+        "before each point's clock starts, its backend serves the first request's prompt and \
+         {WARM_UP_STEPS} decode steps (fewer if the request generates fewer), untimed, then \
+         drops the sequence"
+    )
+}
 
 /// How prefix caching shares memory, for `meta.json`.
 const PREFIX_SHARING: &str = "prefix caching shares whole blocks of the prefix by reference in \
@@ -115,12 +120,19 @@ pub fn run(
     let details = details(&settings.model.model, &files, &cfg, &sha256);
     let meta = folder.meta(RunKind::Serve, RunMode::Model, &plan.settings, ctx, details);
     let model = plan_geometry(&settings.model.model, cfg.cache_geometry(), cfg.max_ctx);
-    // Each point's backend serves the first prompt once, untimed, before its clock starts.
-    let warm_prompt = work.requests.first().map(|r| r.prompt.clone());
+    // Each point's backend serves the first request once, untimed, before its clock starts:
+    // its prompt and at most as many decode steps as the request itself runs (so the warm-up
+    // stays inside the context the request was checked against).
+    let warm = work.requests.first().map(|r| {
+        (
+            r.prompt.clone(),
+            WARM_UP_STEPS.min(r.output_len.saturating_sub(1)),
+        )
+    });
     execute(folder, meta, &plan, &model, &work, &mut |scheme| {
         let mut b = ModelBackend::new(prefill_model, &decode.model, scheme);
-        if let Some(p) = &warm_prompt {
-            b = b.warmed_up(p, WARM_UP_STEPS)?;
+        if let Some((prompt, steps)) = &warm {
+            b = b.warmed_up(prompt, *steps)?;
         }
         Ok(Box::new(b) as Box<dyn Backend>)
     })
@@ -375,7 +387,7 @@ fn details(
         "dataset": wikitext::DATASET_NAME,
         "scheduler": SCHEDULER,
         "prefix_sharing": PREFIX_SHARING,
-        "warm_up": WARM_UP,
+        "warm_up": warm_up_text(),
     });
     match v {
         serde_json::Value::Object(m) => m,

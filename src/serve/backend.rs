@@ -67,6 +67,10 @@ impl<'a> ModelBackend<'a> {
     /// 2026-12-03 validation the first request of every point was 23–66 ms slower measured
     /// than simulated. Errors: the model's and the cache's.
     pub fn warmed_up(mut self, prompt: &[u32], steps: usize) -> Result<Self> {
+        debug_assert!(
+            self.batch.is_none(),
+            "warm-up of a backend that already serves"
+        );
         let mut last = self.admit(prompt, false)?;
         for _ in 0..steps {
             last = self.step(&[last])?[0];
