@@ -27,45 +27,59 @@ fn requests(n: usize, prompt: usize, out: usize, text: &[u32]) -> Vec<Request> {
 /// completes with 10 tokens. At every step the bytes the batched cache holds equal the pool's
 /// per-sequence accounting and fit in the blocks the tables list. Also for int4 and a window
 /// (whose blocks shrink back as it evicts).
-#[test]
-fn real_backend_matches_pool_accounting() {
-    let m = common::smollm_f32();
-    let text = m
-        .tokenizer
+/// The fox sentence repeated, tokenized: the prompts of the tiny-budget runs.
+fn fox_text(m: &kvbench::model::LoadedModel) -> Vec<u32> {
+    m.tokenizer
         .encode(
             "The quick brown fox jumps over the lazy dog. "
                 .repeat(60)
                 .as_str(),
         )
-        .unwrap();
-    let geom = m.model.config.cache_geometry();
+        .unwrap()
+}
+
+/// 4 requests of 40 prompt tokens and 10 output tokens, all at once, on `backend` in a pool of
+/// 10 blocks of 16 tokens in `scheme`'s bytes.
+fn tiny_budget_run(
+    m: &kvbench::model::LoadedModel,
+    backend: &mut ModelBackend<'_>,
+    scheme: KvScheme,
+    text: &[u32],
+) -> kvbench::serve::engine::ServeOutcome {
+    let sizer = BlockSizer {
+        scheme,
+        geom: m.model.config.cache_geometry(),
+        block_tokens: 16,
+    };
+    let cfg = SchedConfig {
+        sizer,
+        kv_budget: 10 * sizer.block_bytes(),
+        max_num_seqs: 64,
+        prefix_tokens: 0,
+        prefix_caching: false,
+    };
+    serve(
+        backend,
+        &cfg,
+        &requests(4, 40, 10, text),
+        Arrival::Poisson {
+            rate: f64::INFINITY,
+        },
+        &[],
+        0,
+        &mut |_| Ok(()),
+    )
+    .unwrap()
+}
+
+#[test]
+fn real_backend_matches_pool_accounting() {
+    let m = common::smollm_f32();
+    let text = fox_text(m);
     for spec in ["fp16", "int4", "window:size=24,sinks=4"] {
         let scheme: KvScheme = spec.parse().unwrap();
-        let sizer = BlockSizer {
-            scheme,
-            geom,
-            block_tokens: 16,
-        };
-        let cfg = SchedConfig {
-            sizer,
-            kv_budget: 10 * sizer.block_bytes(),
-            max_num_seqs: 64,
-            prefix_tokens: 0,
-            prefix_caching: false,
-        };
         let mut backend = ModelBackend::new(&m.model, &m.model, scheme);
-        let o = serve(
-            &mut backend,
-            &cfg,
-            &requests(4, 40, 10, &text),
-            Arrival::Poisson {
-                rate: f64::INFINITY,
-            },
-            &[],
-            0,
-            &mut |_| Ok(()),
-        )
-        .unwrap();
+        let o = tiny_budget_run(m, &mut backend, scheme, &text);
         assert_eq!(o.requests.len(), 4, "{spec}");
         assert!(o
             .requests
@@ -104,14 +118,7 @@ fn real_backend_matches_pool_accounting() {
 fn warm_up_leaves_no_sequence_and_restarts_the_clock() {
     use kvbench::serve::engine::Backend;
     let m = common::smollm_f32();
-    let text = m
-        .tokenizer
-        .encode(
-            "The quick brown fox jumps over the lazy dog. "
-                .repeat(60)
-                .as_str(),
-        )
-        .unwrap();
+    let text = fox_text(m);
     let t = std::time::Instant::now();
     let mut backend = ModelBackend::new(&m.model, &m.model, KvScheme::FP16)
         .warmed_up(&text[..40], 4)
@@ -125,30 +132,7 @@ fn warm_up_leaves_no_sequence_and_restarts_the_clock() {
         backend.now()
     );
     assert_eq!(backend.kv_bytes(), 0);
-    let sizer = BlockSizer {
-        scheme: KvScheme::FP16,
-        geom: m.model.config.cache_geometry(),
-        block_tokens: 16,
-    };
-    let cfg = SchedConfig {
-        sizer,
-        kv_budget: 10 * sizer.block_bytes(),
-        max_num_seqs: 64,
-        prefix_tokens: 0,
-        prefix_caching: false,
-    };
-    let o = serve(
-        &mut backend,
-        &cfg,
-        &requests(4, 40, 10, &text),
-        Arrival::Poisson {
-            rate: f64::INFINITY,
-        },
-        &[],
-        0,
-        &mut |_| Ok(()),
-    )
-    .unwrap();
+    let o = tiny_budget_run(m, &mut backend, KvScheme::FP16, &text);
     assert!(o
         .requests
         .iter()

@@ -560,36 +560,34 @@ void launch(const char *name, void (*kernel)(P...), dim3 grid, dim3 block, A &&.
 
 inline void __syncthreads() { kvemu::block_sync(); }
 
-template <class T>
-T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+namespace kvemu {
+// One full-warp shuffle: every lane posts `v`, the warp meets, and each lane reads the value of
+// lane `src(own lane)` (its own where that lane is outside the warp, as CUDA).
+template <class T, class Src>
+T shuffle(unsigned mask, T v, int width, Src src_of) {
     static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
-    if (mask != 0xffffffffu || width != 32) kvemu::fail("only full-warp shuffles are emulated");
-    kvemu::Lane &l = *kvemu::self;
-    kvemu::Block &b = *l.block;
+    if (mask != 0xffffffffu || width != 32) fail("only full-warp shuffles are emulated");
+    Lane &l = *self;
+    Block &b = *l.block;
     auto &buf = b.shfl[l.warp][l.shuffles++ & 1];
     memcpy(&buf[l.lane], &v, sizeof(T));
-    kvemu::warp_sync();
-    unsigned src = l.lane ^ (unsigned)lane_mask;
-    if (src >= b.warp_size(l.warp)) src = l.lane;  // outside the warp: own value, as CUDA
+    warp_sync();
+    unsigned src = src_of(l.lane);
+    if (src >= b.warp_size(l.warp)) src = l.lane;
     T r;
     memcpy(&r, &buf[src], sizeof(T));
     return r;
+}
+}  // namespace kvemu
+
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    return kvemu::shuffle(mask, v, width, [&](unsigned lane) { return lane ^ (unsigned)lane_mask; });
 }
 
 // Every lane reads lane src_lane's value (CUDA's index form of the shuffle; src_lane taken
 // modulo 32, as width 32).
 template <class T>
 T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
-    static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
-    if (mask != 0xffffffffu || width != 32) kvemu::fail("only full-warp shuffles are emulated");
-    kvemu::Lane &l = *kvemu::self;
-    kvemu::Block &b = *l.block;
-    auto &buf = b.shfl[l.warp][l.shuffles++ & 1];
-    memcpy(&buf[l.lane], &v, sizeof(T));
-    kvemu::warp_sync();
-    unsigned src = (unsigned)src_lane & 31u;
-    if (src >= b.warp_size(l.warp)) src = l.lane;
-    T r;
-    memcpy(&r, &buf[src], sizeof(T));
-    return r;
+    return kvemu::shuffle(mask, v, width, [&](unsigned) { return (unsigned)src_lane & 31u; });
 }

@@ -266,14 +266,15 @@ pub(crate) fn dot_e2m1(n: &[u8], c: &[i8]) -> i32 {
         .sum()
 }
 
-/// `Σ code_e · c_e` over a block of 32 3-bit codes (`p`: 12 bytes, element e at bits 3e..3e+3,
-/// LSB first), each code read bit by bit from its one or two bytes.
-fn dot_triplets(p: &[u8], c: &[i8]) -> i32 {
-    (0..B)
-        .map(|e| {
-            let bit = 3 * e;
+/// `Σ code_e · c_e` over the `c.len()` codes of `bits` (2 or 3) bits packed LSB first at `p`
+/// (element e at bits `bits·e..`), each read bit by bit from its one or two bytes.
+fn dot_packed(p: &[u8], bits: usize, c: &[i8]) -> i32 {
+    c.iter()
+        .enumerate()
+        .map(|(e, &c)| {
+            let bit = bits * e;
             let two = p[bit / 8] as u32 | (*p.get(bit / 8 + 1).unwrap_or(&0) as u32) << 8;
-            ((two >> (bit % 8)) & 7) as i32 * c[e] as i32
+            ((two >> (bit % 8)) & ((1 << bits) - 1)) as i32 * c as i32
         })
         .sum()
 }
@@ -324,24 +325,20 @@ pub fn scalar_scores(
                 IntKeys::Int2G32 => {
                     for b in 0..nb {
                         let blk = &row[b * 12..(b + 1) * 12];
-                        let dot: i32 = (0..B)
-                            .map(|e| {
-                                ((blk[4 + e / 4] >> (2 * (e % 4))) & 3) as i32 * c[b * B + e] as i32
-                            })
-                            .sum();
+                        let dot = dot_packed(&blk[4..], 2, &c[b * B..(b + 1) * B]);
                         acc += f16_at(blk, 0) * dot as f32 + f16_at(blk, 2) * q.bsum[j * nb + b];
                     }
                 }
                 IntKeys::Int3G32 => {
                     for b in 0..nb {
                         let blk = &row[b * 16..(b + 1) * 16];
-                        let dot = dot_triplets(&blk[4..], &c[b * B..(b + 1) * B]);
+                        let dot = dot_packed(&blk[4..], 3, &c[b * B..(b + 1) * B]);
                         acc += f16_at(blk, 0) * dot as f32 + f16_at(blk, 2) * q.bsum[j * nb + b];
                     }
                 }
                 IntKeys::Int3Row => {
                     for b in 0..nb {
-                        let dot = dot_triplets(&row[4 + 12 * b..], &c[b * B..(b + 1) * B]);
+                        let dot = dot_packed(&row[4 + 12 * b..], 3, &c[b * B..(b + 1) * B]);
                         acc += f16_at(row, 0) * dot as f32 + f16_at(row, 2) * q.bsum[j * nb + b];
                     }
                 }
@@ -384,9 +381,11 @@ pub fn scalar_scores(
                     acc = f16_at(row, 0) * dot as f32;
                 }
                 IntKeys::Lut3(lut) => {
+                    // The table's values for the codes, then the plain dot product.
+                    let p = &row[2..];
                     let dot: i32 = (0..d)
                         .map(|e| {
-                            let (bit, p) = (3 * e, &row[2..]);
+                            let bit = 3 * e;
                             let two =
                                 p[bit / 8] as u32 | (*p.get(bit / 8 + 1).unwrap_or(&0) as u32) << 8;
                             lut[((two >> (bit % 8)) & 7) as usize] as i32 * c[e] as i32

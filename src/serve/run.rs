@@ -131,8 +131,8 @@ pub fn predicted_concurrency(
 /// Serves every point of `todo` (a subset of `plan.points()`, in order) over `work` on a
 /// backend `backend(scheme)` makes fresh for each point; each finished request and point goes
 /// to `sink`, one progress unit per request. A point whose scheduler or backend fails is
-/// handed to the sink as failed and the run goes on. Errors: the sink's; a scheme name that
-/// does not parse; `backend`'s.
+/// handed to the sink as failed and the run goes on, as is one whose backend cannot be made.
+/// Errors: the sink's; a scheme name that does not parse.
 pub fn run<'m>(
     plan: &ServePlan,
     model: &ModelGeometry,
@@ -154,7 +154,21 @@ pub fn run<'m>(
             prefix_caching: key.prefix_caching,
         };
         let predicted = predicted_concurrency(plan, model, scheme, work.mean_ctx)?;
-        let mut b = backend(scheme)?;
+        // A backend that cannot be made (its warm-up request failed: NaN logits from damaged
+        // weights, say) fails its point; the run goes on.
+        let mut b = match backend(scheme) {
+            Ok(b) => b,
+            Err(e) => {
+                sink.point(PointResult {
+                    key,
+                    outcome: Err(e.to_string()),
+                    block_bytes: sched.sizer.block_bytes(),
+                    predicted_max_concurrency: predicted,
+                    contention: None,
+                })?;
+                continue;
+            }
+        };
         let before = CpuSample::now();
         let outcome = serve(
             b.as_mut(),

@@ -88,8 +88,13 @@ fn inv_centroid_norms(cent: &[f32; 16], data: &[u8], rb: usize, t0: usize, t1: u
     let sq = cent.map(|c| c * c);
     let mut n2 = vec![0f32; t1 - t0];
     codeaxpy::nibble_table_sums(&sq, data, rb, 2, (t0, t1), &mut n2);
-    n2.iter()
-        .map(|&n2| if n2 > 0.0 { 1.0 / n2.sqrt() } else { 1.0 })
+    inv_sqrt_or_one(n2)
+}
+
+/// `1/√x` of each squared norm, 1 where it is zero (a zero centroid vector stays unscaled).
+fn inv_sqrt_or_one(n2: Vec<f32>) -> Vec<f32> {
+    n2.into_iter()
+        .map(|n2| if n2 > 0.0 { 1.0 / n2.sqrt() } else { 1.0 })
         .collect()
 }
 
@@ -99,9 +104,7 @@ fn inv_centroid_norms3(cent: &[f32; 8], data: &[u8], rb: usize, t0: usize, t1: u
     let sq = cent.map(|c| c * c);
     let mut n2 = vec![0f32; t1 - t0];
     codeaxpy::triplet_table_sums(&sq, data, rb, 2, (t0, t1), &mut n2);
-    n2.iter()
-        .map(|&n2| if n2 > 0.0 { 1.0 / n2.sqrt() } else { 1.0 })
-        .collect()
+    inv_sqrt_or_one(n2)
 }
 
 /// The centroids (16 at 4 bits, 8 at 3) rounded to int8 in units of `ts = max|c|/127`:
