@@ -167,16 +167,8 @@ impl CodeValues {
                 } else {
                     (row, 4 + 12 * b)
                 };
-                // Element e at bits 3e..3e+3: one byte or two.
                 for (e, c) in c.iter_mut().enumerate() {
-                    let bit = 3 * e;
-                    let lo = head[at + bit / 8] as u32;
-                    let hi = if bit % 8 > 5 {
-                        head[at + bit / 8 + 1] as u32
-                    } else {
-                        0
-                    };
-                    *c = (((lo | hi << 8) >> (bit % 8)) & 7) as i32;
+                    *c = crate::kv::quant::bits::code_at(&head[at..], 3, e) as i32;
                 }
                 (f16_at(head), f16_at(&head[2..]), c)
             }
@@ -398,9 +390,7 @@ pub fn triplet_table_sums(
     let scalar = |row: &[u8], from: usize| -> f32 {
         let mut a = [0f32; 8];
         for e in from..n * 8 / 3 {
-            let bit = 3 * e;
-            let two = row[bit / 8] as u32 | (*row.get(bit / 8 + 1).unwrap_or(&0) as u32) << 8;
-            a[e % 8] += table[((two >> (bit % 8)) & 7) as usize];
+            a[e % 8] += table[crate::kv::quant::bits::code_at(row, 3, e)];
         }
         a.iter().sum()
     };

@@ -267,16 +267,10 @@ pub(crate) fn dot_e2m1(n: &[u8], c: &[i8]) -> i32 {
 }
 
 /// `Σ code_e · c_e` over the `c.len()` codes of `bits` (2 or 3) bits packed LSB first at `p`
-/// (element e at bits `bits·e..`), each read bit by bit from its one or two bytes.
-fn dot_packed(p: &[u8], bits: usize, c: &[i8]) -> i32 {
-    c.iter()
-        .enumerate()
-        .map(|(e, &c)| {
-            let bit = bits * e;
-            let two = p[bit / 8] as u32 | (*p.get(bit / 8 + 1).unwrap_or(&0) as u32) << 8;
-            ((two >> (bit % 8)) & ((1 << bits) - 1)) as i32 * c as i32
-        })
-        .sum()
+/// (element e at bits `bits·e..`), each read by [`super::quant::bits::code_at`].
+fn dot_packed(p: &[u8], bits: u8, c: &[i8]) -> i32 {
+    let code = |e| super::quant::bits::code_at(p, bits, e) as i32;
+    c.iter().enumerate().map(|(e, &c)| code(e) * c as i32).sum()
 }
 
 /// The same integer arithmetic in scalar code: the path without AVX2 and the reference the
@@ -382,15 +376,8 @@ pub fn scalar_scores(
                 }
                 IntKeys::Lut3(lut) => {
                     // The table's values for the codes, then the plain dot product.
-                    let p = &row[2..];
-                    let dot: i32 = (0..d)
-                        .map(|e| {
-                            let bit = 3 * e;
-                            let two =
-                                p[bit / 8] as u32 | (*p.get(bit / 8 + 1).unwrap_or(&0) as u32) << 8;
-                            lut[((two >> (bit % 8)) & 7) as usize] as i32 * c[e] as i32
-                        })
-                        .sum();
+                    let code = |e| super::quant::bits::code_at(&row[2..], 3, e);
+                    let dot: i32 = (0..d).map(|e| lut[code(e)] as i32 * c[e] as i32).sum();
                     acc = f16_at(row, 0) * dot as f32;
                 }
             }

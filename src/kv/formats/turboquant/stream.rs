@@ -241,7 +241,7 @@ impl Stream for TurboQuantStream {
             let mut rq = qs.to_vec();
             rq.chunks_exact_mut(d).for_each(|q| c.rotate_query(q));
             if let Ok(cent) = <[f32; 8]>::try_from(c.codebook().centroids()) {
-                if c.bits() == 3 && d.is_multiple_of(32) {
+                if d.is_multiple_of(32) {
                     // 3-bit rows on their codes, as 4-bit ones below: the codes unpacked and
                     // looked up in the int8-rounded codebook (`IntKeys::Lut3`).
                     let qi = QueryI8::quantize(&rq, d);
