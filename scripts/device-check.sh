@@ -14,8 +14,8 @@
 #     2. attn-bench --device cuda:0 at 8k and 32k tokens, every scheme with a kernel, at
 #        Llama-3-8B's and the default model's geometry: p50 per decode step, bytes moved and
 #        FLOPs (the floors) and achieved HBM bandwidth;
-#     2b. attention at 32k tokens under 2 blocks per SM (the first run's split count) and the
-#        default, alternated (KVBENCH_CUDA_BLOCKS_PER_SM);
+#     2b. attention at 8k and 32k tokens with splits of at most 64 tokens (the earlier cap) and
+#        the default 128, alternated (KVBENCH_CUDA_SPLIT_TOKENS);
 #   B (the model complete, .device/b after .device/a on the same machine):
 #     3. a sweep of those schemes on the default model (batch 1 and 8, 512 and 1024 tokens):
 #        TTFT, TPOT, tokens/s, VRAM high-water, KV bytes, perplexity on 2 WikiText-2 windows;
@@ -133,17 +133,20 @@ PY
         --seq-len 8192,32768 --steps 30 --peak-bandwidth 4800 --out "$work/attn-llama-3-8b"
     step 50 "$stage/kvbench" attn-bench --model smollm2-135m --device cuda:0 --dtypes "$schemes" \
         --seq-len 8192 --steps 30 --peak-bandwidth 4800 --out "$work/attn-smollm2"
-    echo "== 2b. split counts side by side (KVBENCH_CUDA_BLOCKS_PER_SM): 2, the first run's, and the default, alternated"
+    echo "== 2b. split sizes side by side (KVBENCH_CUDA_SPLIT_TOKENS): 64, the earlier cap, and the default 128, alternated"
+    # (2 against 8 blocks per SM, KVBENCH_CUDA_BLOCKS_PER_SM, was timed in
+    # results/h200-2026-12-04-b: 1.16–1.29× for the default.)
     for pass in 1 2; do
-        for n in 2 default; do
-            if [ "$n" = 2 ]; then export KVBENCH_CUDA_BLOCKS_PER_SM=2; else unset KVBENCH_CUDA_BLOCKS_PER_SM; fi
+        for n in 64 default; do
+            if [ "$n" = 64 ]; then export KVBENCH_CUDA_SPLIT_TOKENS=64; else unset KVBENCH_CUDA_SPLIT_TOKENS; fi
             step 40 "$stage/kvbench" attn-bench --model llama-3-8b --device cuda:0 \
-                --dtypes fp16,int8-token,q4_0 --seq-len 32768 --steps 20 --peak-bandwidth 4800 \
+                --dtypes fp16,int8-token,q4_0 --seq-len 8192,32768 --steps 20 --peak-bandwidth 4800 \
                 > "$work/split-$n-$pass.txt" 2>&1
-            grep -E "^(fp16|int8-token|q4_0) " "$work/split-$n-$pass.txt" | sed "s/^/blocks\/SM $n, pass $pass: /"
+            grep -E "^(decode-step|fp16|int8-token|q4_0) " "$work/split-$n-$pass.txt" \
+                | sed -E "s/^decode-step.*context ([0-9]+) tokens.*/context \1:/; s/^/tokens\/split $n, pass $pass: /"
         done
     done
-    unset KVBENCH_CUDA_BLOCKS_PER_SM
+    unset KVBENCH_CUDA_SPLIT_TOKENS
     echo "== 2c. device time per kernel (Nsight Compute, when present): fp16 at 8k, Llama-3-8B geometry"
     # What the step's CUDA events cannot split: the attention kernels' own time against the
     # step's (the rest is the appends, allocations and launch gaps). Only the attention kernels
@@ -152,8 +155,8 @@ PY
     # 2026-12-04). A diagnostic: its failure fails no check.
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | sort -V | tail -n 1)
     left=$((phase_s - ($(date +%s) - t0)))
-    if [ -n "$ncu" ] && [ "$left" -gt 60 ]; then
-        timeout -k 5 45 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+    if [ -n "$ncu" ] && [ "$left" -gt 75 ]; then
+        timeout -k 5 60 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
             --print-units base -k regex:'kv_attn' --launch-skip 64 -c 64 \
             "$stage/kvbench" attn-bench --model llama-3-8b --device cuda:0 --dtypes fp16 \
             --seq-len 8192 --steps 1 --peak-bandwidth 4800 > "$work/ncu.csv" 2>&1 \

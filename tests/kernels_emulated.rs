@@ -559,8 +559,9 @@ fn geom(layers: usize, kv_heads: usize, q_heads: usize, head_dim: usize) -> Cach
 /// a 70-token prefill, 20 decode steps, then a 60-token chunked prefill (the cache grows from
 /// 128 to 256 rows per head with 90 held) and 2 more decode steps (eviction schemes hold
 /// fewer and do not grow); plus, for a few schemes, a 300-token prefill whose decode steps
-/// split attention over the sequence in 2 (more than 256 rows, 132 multiprocessors: the
-/// FlashDecoding combine across splits).
+/// split attention over the sequence in 3 (⌈301/128⌉, 132 multiprocessors: the FlashDecoding
+/// combine across splits), and a 1,100-token one whose 9 splits are more than the combine's
+/// 8 warps.
 #[test]
 fn kernels_match_the_cpu_cache() {
     if harness().is_none() {
@@ -603,6 +604,18 @@ fn kernels_match_the_cpu_cache() {
             seed: 11,
         });
     }
+    // 1,100 tokens: ⌈1101/128⌉ = 9 splits per decode step, so the combine's first warp merges
+    // two of them (splits 0 and 8) before the warps merge.
+    scenarios.push(Scenario {
+        scheme: "q4_0",
+        geom: geom(1, 1, 2, 64),
+        batch: 1,
+        forwards: vec![1100, 1, 1],
+        capacity: 32,
+        sms: 132,
+        sched: "fibers",
+        seed: 13,
+    });
     check_all(scenarios);
 }
 

@@ -164,8 +164,11 @@ impl CudaKvCache {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_or(132, |n| n.max(1) as usize);
         let (mut plan, steps) = Planner::new(scheme, geom, batch, capacity, sms)?;
-        if let Some(n) = blocks_per_sm_override()? {
+        if let Some(n) = split_override("KVBENCH_CUDA_BLOCKS_PER_SM", 64, plan::BLOCKS_PER_SM)? {
             plan.set_blocks_per_sm(n);
+        }
+        if let Some(n) = split_override("KVBENCH_CUDA_SPLIT_TOKENS", 65_536, plan::SPLIT_TOKENS)? {
+            plan.set_split_tokens(n);
         }
         let mut cache = Self {
             plan,
@@ -538,22 +541,22 @@ impl CudaKvCache {
     }
 }
 
-/// `KVBENCH_CUDA_BLOCKS_PER_SM`: the attention blocks per multiprocessor the split count aims
-/// for ([`plan::BLOCKS_PER_SM`] when unset), for timing split counts against each other (the
-/// results do not change, only how the key range is divided). Errors:
-/// [`Error::InvalidArgument`] naming the variable when it is not a whole number from 1 to 64.
-fn blocks_per_sm_override() -> Result<Option<usize>> {
-    const VAR: &str = "KVBENCH_CUDA_BLOCKS_PER_SM";
-    let Ok(v) = std::env::var(VAR) else {
+/// A split-count override from the environment, for timing split counts against each other (the
+/// results do not change, only how the key range is divided): `KVBENCH_CUDA_BLOCKS_PER_SM`, the
+/// attention blocks per multiprocessor the split count aims for ([`plan::BLOCKS_PER_SM`] when
+/// unset, 1 to 64), or `KVBENCH_CUDA_SPLIT_TOKENS`, the held tokens per split that cap it
+/// ([`plan::SPLIT_TOKENS`], 1 to 65,536). `None` when unset. Errors:
+/// [`Error::InvalidArgument`] naming the variable when it is not a whole number in its range.
+fn split_override(var: &str, max: usize, default: usize) -> Result<Option<usize>> {
+    let Ok(v) = std::env::var(var) else {
         return Ok(None);
     };
     match v.trim().parse::<usize>() {
-        Ok(n) if (1..=64).contains(&n) => Ok(Some(n)),
+        Ok(n) if (1..=max).contains(&n) => Ok(Some(n)),
         _ => Err(Error::InvalidArgument {
-            name: VAR.into(),
+            name: var.into(),
             reason: format!(
-                "`{v}` is not a whole number from 1 to 64; unset it for the default ({})",
-                plan::BLOCKS_PER_SM
+                "`{v}` is not a whole number from 1 to {max}; unset it for the default ({default})"
             ),
         }),
     }

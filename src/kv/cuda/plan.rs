@@ -27,10 +27,15 @@ pub const WARPS: u32 = 4;
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Smallest capacity allocated (rows per bh).
 pub const MIN_CAPACITY: usize = 64;
-/// Held tokens per attention split that cap the split count (`⌈len / 64⌉` splits at most; with
-/// chunks of `⌈len / splits⌉` the last splits can be short or, past a few thousand tokens, empty:
-/// an empty split writes max −∞, which the combine skips).
-pub const SPLIT_TOKENS: usize = 64;
+/// Held tokens per attention split that cap the split count (`⌈len / 128⌉` splits at most;
+/// `KVBENCH_CUDA_SPLIT_TOKENS` overrides it). 128 = `WARPS` × 32: a split of a full chunk gives
+/// each of its block's warps a tile of 32 slots (at 64, at 8k tokens on the H200, half of every
+/// block's warps had none and 1,056 blocks ran as two waves). With chunks of `⌈len / splits⌉`
+/// the last splits can be short or, past a few thousand tokens, empty: an empty split writes max
+/// −∞, which the combine skips.
+pub const SPLIT_TOKENS: usize = 128;
+/// Threads of a `kv_attn_combine` block (`COMBINE_WARPS` × 32 in kernels/kv_cache.cu).
+pub const COMBINE_THREADS: u32 = 256;
 /// Attention blocks per multiprocessor the split count aims for (`KVBENCH_CUDA_BLOCKS_PER_SM`
 /// overrides it). On an H200 (2026-12-04, results/h200-2026-12-04/NOTES.md) the partial kernel
 /// was latency-bound — then one key row per warp at a time, two blocks of 4 warps per SM: 193
@@ -271,6 +276,7 @@ pub struct Planner {
     vf: GpuFormat,
     sms: usize,
     blocks_per_sm: usize,
+    split_tokens: usize,
     poison: bool,
     /// Rows allocated per bh (a multiple of the KIVI token group).
     cap: usize,
@@ -327,6 +333,7 @@ impl Planner {
             vf,
             sms: sms.max(1),
             blocks_per_sm: BLOCKS_PER_SM,
+            split_tokens: SPLIT_TOKENS,
             poison: false,
             cap: 0,
             seen: vec![0; batch],
@@ -657,14 +664,20 @@ impl Planner {
         self.blocks_per_sm = n.max(1);
     }
 
+    /// Held tokens per split that cap the split count (default [`SPLIT_TOKENS`]; at least 1).
+    /// Changes no result, only how the key range is divided.
+    pub fn set_split_tokens(&mut self, n: usize) {
+        self.split_tokens = n.max(1);
+    }
+
     /// The split count for attention over `len` held tokens with `rows` query rows per bh:
     /// enough blocks for `blocks_per_sm` per multiprocessor, at most one split per
-    /// [`SPLIT_TOKENS`] tokens, at least 1.
+    /// `split_tokens` ([`SPLIT_TOKENS`]) tokens, at least 1.
     pub fn splits(&self, rows: usize, len: usize) -> usize {
         let qtiles = rows.div_ceil(QT);
         (self.blocks_per_sm * self.sms)
             .div_ceil(self.bhs() * qtiles)
-            .clamp(1, len.div_ceil(SPLIT_TOKENS).max(1))
+            .clamp(1, len.div_ceil(self.split_tokens).max(1))
     }
 
     /// Steps of causal attention of `n_q` queries (`InQ`: `[batch, q_heads, n_q, head_dim]`
@@ -734,7 +747,7 @@ impl Planner {
         steps.push(Step::Launch(Launch {
             kernel: "kv_attn_combine".into(),
             grid: (rows as u32, bhs as u32, 1),
-            block: d as u32,
+            block: COMBINE_THREADS,
             args: vec![
                 Arg::Ptr(Some(part_o)),
                 Arg::Ptr(Some(part_ml)),
@@ -1035,10 +1048,11 @@ mod tests {
 
     /// FlashDecoding splits by hand: 2 sequences × 1 kv head (2 bh), 2 query heads, 132 SMs,
     /// 8 blocks per SM = 1,056 blocks wanted. A 300-token prefill has 600 query rows = 150
-    /// tiles per bh: ⌈1056 / 300⌉ = 4 splits (under ⌈300/64⌉ = 5), chunks of 75. The next
+    /// tiles per bh: ⌈1056 / 300⌉ = 4 splits, capped at ⌈300/128⌉ = 3, chunks of 100. The next
     /// decode step (2 rows, 1 tile, 301 tokens) wants ⌈1056 / 2⌉ = 528 splits, capped at
-    /// ⌈301/64⌉ = 5, chunks of ⌈301/5⌉ = 61. At 2 blocks per SM (the first GPU run's 264
-    /// blocks) the prefill is one split and the decode step still 5.
+    /// ⌈301/128⌉ = 3, chunks of ⌈301/3⌉ = 101. At 2 blocks per SM (the first GPU run's 264
+    /// blocks) the prefill is one split and the decode step still 3; at 64 tokens per split
+    /// the decode step is ⌈301/64⌉ = 5 splits.
     #[test]
     fn attention_splits_and_grids_by_hand() {
         let (mut p, _) = planner("q4_0", geom(1, 1, 2, 64), 2);
@@ -1046,20 +1060,22 @@ mod tests {
         let steps = p.attend(0, 300);
         let l = launches(&steps);
         assert_eq!(l[0].kernel, "kv_attn_partial_d64");
-        assert_eq!((l[0].grid, l[0].block), ((4, 2, 150), 128));
-        assert_eq!(l[0].args[8], Arg::I32(75));
+        assert_eq!((l[0].grid, l[0].block), ((3, 2, 150), 128));
+        assert_eq!(l[0].args[8], Arg::I32(100));
         p.append(0, 1);
         let steps = p.attend(0, 1);
         let l = launches(&steps);
-        assert_eq!((l[0].grid, l[0].args[8]), ((5, 2, 1), Arg::I32(61)));
+        assert_eq!((l[0].grid, l[0].args[8]), ((3, 2, 1), Arg::I32(101)));
         assert_eq!(l[0].args[7], Arg::F32(0.125)); // 1/√64
         assert_eq!(l[1].kernel, "kv_attn_combine");
-        assert_eq!((l[1].grid, l[1].block), ((2, 2, 1), 64));
-        assert_eq!(l[1].args[2], Arg::I32(5));
+        assert_eq!((l[1].grid, l[1].block), ((2, 2, 1), 256));
+        assert_eq!(l[1].args[2], Arg::I32(3));
         assert_eq!(l[2].kernel, "kv_advance_seen"); // last layer: the step counts as seen
         assert_eq!(p.seen(0), 301);
         p.set_blocks_per_sm(2);
-        assert_eq!((p.splits(600, 300), p.splits(2, 301)), (1, 5));
+        assert_eq!((p.splits(600, 300), p.splits(2, 301)), (1, 3));
+        p.set_split_tokens(64);
+        assert_eq!(p.splits(2, 301), 5);
     }
 
     /// `Stream` packing by hand for d = 64: int4 with groups of 16 is 4 blocks of (4 meta, 8
