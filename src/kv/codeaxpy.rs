@@ -365,116 +365,127 @@ pub fn scalar_axpy_centroids4(
     }
 }
 
-/// `out[t − t0] = Σ_e table[code_e]` over the `8·(rb − skip)/3` 3-bit codes of rows `t0..t1` of
-/// `data` (rows of `rb` bytes, codes from byte `skip` on, element e at bits 3e..3e+3, LSB
-/// first): the 3-bit TurboQuant keys' `‖centroid vector‖²` for norm correction, as
-/// [`nibble_table_sums`] for 4-bit ones. With AVX2, per 12 bytes one
-/// [`crate::kv::simd::avx::triplets`] unpack and four 8-entry `vpermps` lookups into 8 running
-/// sums; other bytes in scalar code. Equal to the element-order sum up to f32 rounding of the
-/// order. Panics (a caller's bug) when `out` is shorter than `t1 − t0`, a row lies outside
-/// `data` or `rb − skip` is not a multiple of 3.
-pub fn triplet_table_sums(
-    table: &[f32; 8],
+/// `acc[j·d + i] += (w[(t − t0)·nq + j] · n_t) · centroids[code_ti]` for rows `t0..t1` of
+/// `data`: rows of `rb` bytes, an f16 factor `n_t` (TurboQuant_mse's stored norm), then `d`
+/// 3-bit indices packed LSB first (element e at bits 3e..3e+3: TurboQuant, Zandieh et al. 2025,
+/// arXiv 2504.19874, §3.1, 3-bit rows as [`crate::kv::quant::mse::TurboQuantMse`] packs them).
+/// `acc` is `[nq, d]` f32 in element order. Rows whose weights (of the queries summed
+/// together) are all zero are not read. Attention's timed path, as [`axpy_centroids4`]'s
+/// `fused`: the row factor goes into each query's weight, then with AVX2 and FMA per 12 bytes
+/// one [`crate::kv::simd::avx::triplets`] unpack, four 8-entry `vpermps` lookups and one fused
+/// multiply-add per element and query; otherwise [`scalar_axpy_centroids3`]. The
+/// decode-then-accumulate loop's sum up to f32 rounding. Panics (a caller's bug, not input)
+/// unless `d` is a multiple of 32 and the slices hold what the shapes say.
+#[allow(clippy::too_many_arguments)] // the stream's coordinates, as in axpy_centroids4
+pub fn axpy_centroids3(
+    centroids: &[f32; 8],
     data: &[u8],
     rb: usize,
-    skip: usize,
-    (t0, t1): (usize, usize),
-    out: &mut [f32],
+    d: usize,
+    t0: usize,
+    t1: usize,
+    w: &[f32],
+    acc: &mut [f32],
 ) {
-    assert!(data.len() >= t1 * rb && out.len() >= t1 - t0 && skip <= rb);
-    assert!(
-        (rb - skip).is_multiple_of(3),
-        "3-bit rows hold whole groups of 8 codes"
-    );
-    let n = rb - skip;
-    let scalar = |row: &[u8], from: usize| -> f32 {
-        let mut a = [0f32; 8];
-        for e in from..n * 8 / 3 {
-            a[e % 8] += table[crate::kv::quant::bits::code_at(row, 3, e)];
+    let nq = acc.len() / d;
+    assert!(d.is_multiple_of(32) && rb >= 2 + 3 * d / 8 && data.len() >= t1 * rb);
+    assert!(w.len() >= (t1 - t0) * nq && acc.len() == nq * d);
+    simd_dispatch!(
+        ["avx2", "fma"],
+        // SAFETY: features enabled at compile time; every read is inside `data`, `w` and `acc`
+        // (asserted above: rows t0..t1 of rb ≥ 2 + 3d/8 bytes, 12 bytes read per block).
+        unsafe { avx::axpy_centroids3(centroids, data, rb, d, t0, t1, w, acc) },
+        scalar_axpy_centroids3(centroids, data, rb, d, t0, t1, w, acc)
+    )
+}
+
+/// [`axpy_centroids3`] in scalar code (a product `(w·n)·c` and a sum per element): the path
+/// without AVX2 and the reference the SIMD kernel is tested against.
+#[allow(clippy::too_many_arguments)]
+pub fn scalar_axpy_centroids3(
+    centroids: &[f32; 8],
+    data: &[u8],
+    rb: usize,
+    d: usize,
+    t0: usize,
+    t1: usize,
+    w: &[f32],
+    acc: &mut [f32],
+) {
+    let nq = acc.len() / d;
+    for t in t0..t1 {
+        let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
+        if wt.iter().all(|&x| x == 0.0) {
+            continue;
         }
-        a.iter().sum()
-    };
-    let done = simd_dispatch!(
-        ["avx2"],
-        {
-            // SAFETY: AVX2 compiled in; each 12-byte block read lies inside its row (asserted).
-            unsafe {
-                use std::arch::x86_64::*;
-                let tab = _mm256_loadu_ps(table.as_ptr());
-                for (t, o) in (t0..t1).zip(out.iter_mut()) {
-                    let row = data.as_ptr().add(t * rb + skip);
-                    let mut v = _mm256_setzero_ps();
-                    let mut i = 0;
-                    while i + 12 <= n {
-                        let k = crate::kv::simd::avx::triplets(row.add(i));
-                        let (lo, hi) = (_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
-                        for x in [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)] {
-                            let idx = _mm256_cvtepu8_epi32(x);
-                            v = _mm256_add_ps(v, _mm256_permutevar8x32_ps(tab, idx));
-                        }
-                        i += 12;
-                    }
-                    let mut lanes = [0f32; 8];
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-                    *o = lanes.iter().sum::<f32>()
-                        + if i < n {
-                            scalar(&data[t * rb + skip..(t + 1) * rb], i * 8 / 3)
-                        } else {
-                            0.0
-                        };
-                }
+        let row = &data[t * rb..(t + 1) * rb];
+        let n = f16::from_le_bytes([row[0], row[1]]).to_f32();
+        for (a, &wj) in acc.chunks_exact_mut(d).zip(wt) {
+            let f = wj * n;
+            for (e, a) in a.iter_mut().enumerate() {
+                *a += f * centroids[crate::kv::quant::bits::code_at(&row[2..], 3, e)];
             }
-            true
-        },
-        false
-    );
-    if !done {
-        for (t, o) in (t0..t1).zip(out.iter_mut()) {
-            *o = scalar(&data[t * rb + skip..(t + 1) * rb], 0);
         }
     }
 }
 
-/// `out[t − t0] = Σ_i table[n_i & 15] + table[n_i >> 4]` over the bytes `n` of rows `t0..t1`
-/// of `data` (rows of `rb` bytes) from byte `skip` of each row on: a 16-entry f32 table summed
-/// over packed 4-bit codes (TurboQuant_mse norm correction's `‖centroid vector‖²` with `table`
-/// the squared centroids, [`crate::kv::formats::turboquant`]). Lookups go through a register
-/// permute (AVX-512 `vpermps` of 16 entries, AVX2 two of 8 and a blend), 8 running sums; the
-/// scalar path keeps 8 running sums too (one chain of dependent additions costs ~4 cycles a
-/// byte). Equal to the element-order sum up to f32 rounding of the order. Panics (a caller's
-/// bug) when `out` is shorter than `t1 − t0` or a row lies outside `data`.
-pub fn nibble_table_sums(
-    table: &[f32; 16],
+/// `acc[j·d + i] += c[(t − t0)·nq + j] · (z_ti ? +1 : −1)` for rows `t0..t1` of `data` (rows of
+/// `rb` bytes, `d` sign bits LSB-first from byte `off` of each row: TurboQuant_prod's QJL
+/// sketch, Zandieh et al. 2025, arXiv 2504.19874, §3.2), `acc` `[nq, d]` f32: the QJL half of
+/// a weighted value sum, `c` each row's `w·‖x‖·γ·√(π/2)/d` per query. With AVX2 as
+/// `2·Σ_t c_t·z_ti − Σ_t c_t` (a byte of bits spread to a lane mask by one compare, the
+/// coefficient masked in and added: four operations per 8 elements and query, the
+/// accumulators of four queries in registers over all rows), otherwise
+/// [`scalar_axpy_signs`]; the same sum up to f32 rounding. Panics (a caller's bug, not input)
+/// unless `d` is a multiple of 32 and the slices hold what the shapes say.
+#[allow(clippy::too_many_arguments)] // the stream's coordinates, as in axpy_centroids4
+pub fn axpy_signs(
     data: &[u8],
     rb: usize,
-    skip: usize,
-    (t0, t1): (usize, usize),
-    out: &mut [f32],
+    off: usize,
+    d: usize,
+    t0: usize,
+    t1: usize,
+    c: &[f32],
+    acc: &mut [f32],
 ) {
-    assert!(data.len() >= t1 * rb && out.len() >= t1 - t0 && skip <= rb);
+    let nq = acc.len() / d;
+    assert!(d.is_multiple_of(32) && off + d / 8 <= rb && data.len() >= t1 * rb);
+    assert!(c.len() >= (t1 - t0) * nq && acc.len() == nq * d);
     simd_dispatch!(
-        ["avx2", "fma"],
-        // SAFETY: every row read is inside `data` (asserted).
-        unsafe { avx::nibble_table_sums(table, data, rb, skip, (t0, t1), out) },
-        scalar_nibble_table_sums(table, data, rb, skip, (t0, t1), out)
+        ["avx2"],
+        // SAFETY: AVX2 enabled at compile time; every read is inside `data` (rows t0..t1, bytes
+        // off..off + d/8 of each, asserted above), `c` and `acc`.
+        unsafe { avx::axpy_signs(data, rb, off, d, t0, t1, c, acc) },
+        scalar_axpy_signs(data, rb, off, d, t0, t1, c, acc)
     )
 }
 
-/// [`nibble_table_sums`] in scalar code (the path without AVX2 and the SIMD kernel's reference).
-pub fn scalar_nibble_table_sums(
-    table: &[f32; 16],
+/// [`axpy_signs`] in scalar code (`±c` added per element): the path without AVX2 and the
+/// reference the SIMD kernel is tested against.
+#[allow(clippy::too_many_arguments)]
+pub fn scalar_axpy_signs(
     data: &[u8],
     rb: usize,
-    skip: usize,
-    (t0, t1): (usize, usize),
-    out: &mut [f32],
+    off: usize,
+    d: usize,
+    t0: usize,
+    t1: usize,
+    c: &[f32],
+    acc: &mut [f32],
 ) {
-    for (t, o) in (t0..t1).zip(out.iter_mut()) {
-        let mut a = [0f32; 8];
-        for (i, &b) in data[t * rb + skip..(t + 1) * rb].iter().enumerate() {
-            a[i % 8] += table[(b & 15) as usize] + table[(b >> 4) as usize];
+    let nq = acc.len() / d;
+    for t in t0..t1 {
+        let z = &data[t * rb + off..t * rb + off + d / 8];
+        for (a, &cj) in acc.chunks_exact_mut(d).zip(&c[(t - t0) * nq..]) {
+            for (i, a) in a.iter_mut().enumerate() {
+                *a += if (z[i / 8] >> (i % 8)) & 1 == 1 {
+                    cj
+                } else {
+                    -cj
+                };
+            }
         }
-        *o = a.iter().sum();
     }
 }
 
@@ -895,6 +906,199 @@ mod avx {
         }
     }
 
+    /// [`super::axpy_centroids3`]: per block of 32 elements and up to four queries, the
+    /// accumulators stay in registers over all the rows ([`centroids3_block`]).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn axpy_centroids3(
+        centroids: &[f32; 8],
+        data: &[u8],
+        rb: usize,
+        d: usize,
+        t0: usize,
+        t1: usize,
+        w: &[f32],
+        acc: &mut [f32],
+    ) {
+        let nq = acc.len() / d;
+        let cent = _mm256_loadu_ps(centroids.as_ptr());
+        let o = acc.as_mut_ptr();
+        let rows = (data, rb, t0, t1);
+        for b in 0..d / 32 {
+            let mut j = 0;
+            while nq - j >= 4 {
+                centroids3_block::<4>(cent, rows, b, w, nq, j, o, d);
+                j += 4;
+            }
+            match nq - j {
+                3 => centroids3_block::<3>(cent, rows, b, w, nq, j, o, d),
+                2 => centroids3_block::<2>(cent, rows, b, w, nq, j, o, d),
+                1 => centroids3_block::<1>(cent, rows, b, w, nq, j, o, d),
+                _ => {}
+            }
+        }
+    }
+
+    /// Block `b` (elements `32b..32b + 32`, bytes `2 + 12b..2 + 12b + 12` of a row) of
+    /// [`super::axpy_centroids3`] for queries `j0..j0 + Q`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // the block's coordinates, as in centroids_block
+    unsafe fn centroids3_block<const Q: usize>(
+        cent: __m256,
+        (data, rb, t0, t1): (&[u8], usize, usize, usize),
+        b: usize,
+        w: &[f32],
+        nq: usize,
+        j0: usize,
+        o: *mut f32,
+        d: usize,
+    ) {
+        #[cfg(all(target_feature = "avx512f", target_feature = "avx512bw"))]
+        {
+            // 16 lookups in one `vpermps` (indices 0–7 reach the 8 centroids in the low half),
+            // two FMAs per query and row instead of four: the same products and sums per
+            // element as the 8-lane loop below, so the same result to the bit.
+            let cents = _mm512_castps256_ps512(cent);
+            let mut acc = [[_mm512_setzero_ps(); 2]; Q];
+            for (j, aj) in acc.iter_mut().enumerate() {
+                for (r, x) in aj.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(o.add((j0 + j) * d + 32 * b + 16 * r));
+                }
+            }
+            for t in t0..t1 {
+                let wt = w.get_unchecked((t - t0) * nq + j0..(t - t0) * nq + j0 + Q);
+                if wt.iter().all(|&x| x == 0.0) {
+                    continue;
+                }
+                let row = data.as_ptr().add(t * rb);
+                let nf = f16_at(row);
+                let k = triplets(row.add(2 + 12 * b));
+                let v = [_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1)]
+                    .map(|i| _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(i), cents));
+                for (aj, &wj) in acc.iter_mut().zip(wt) {
+                    let wv = _mm512_set1_ps(wj * nf);
+                    for (x, &vr) in aj.iter_mut().zip(&v) {
+                        *x = _mm512_fmadd_ps(wv, vr, *x);
+                    }
+                }
+            }
+            for (j, aj) in acc.iter().enumerate() {
+                for (r, x) in aj.iter().enumerate() {
+                    _mm512_storeu_ps(o.add((j0 + j) * d + 32 * b + 16 * r), *x);
+                }
+            }
+            return;
+        }
+        #[allow(unreachable_code)]
+        let mut acc = [[_mm256_setzero_ps(); 4]; Q];
+        for (j, aj) in acc.iter_mut().enumerate() {
+            for (r, x) in aj.iter_mut().enumerate() {
+                *x = _mm256_loadu_ps(o.add((j0 + j) * d + 32 * b + 8 * r));
+            }
+        }
+        for t in t0..t1 {
+            let wt = w.get_unchecked((t - t0) * nq + j0..(t - t0) * nq + j0 + Q);
+            if wt.iter().all(|&x| x == 0.0) {
+                continue;
+            }
+            let row = data.as_ptr().add(t * rb);
+            let nf = f16_at(row);
+            let k = triplets(row.add(2 + 12 * b));
+            let (k0, k1) = (_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
+            let look = |i: __m128i| _mm256_permutevar8x32_ps(cent, _mm256_cvtepu8_epi32(i));
+            let v = [
+                look(k0),
+                look(_mm_srli_si128(k0, 8)),
+                look(k1),
+                look(_mm_srli_si128(k1, 8)),
+            ];
+            for (aj, &wj) in acc.iter_mut().zip(wt) {
+                let wv = _mm256_set1_ps(wj * nf);
+                for (x, &vr) in aj.iter_mut().zip(&v) {
+                    *x = _mm256_fmadd_ps(wv, vr, *x);
+                }
+            }
+        }
+        for (j, aj) in acc.iter().enumerate() {
+            for (r, x) in aj.iter().enumerate() {
+                _mm256_storeu_ps(o.add((j0 + j) * d + 32 * b + 8 * r), *x);
+            }
+        }
+    }
+
+    /// [`super::axpy_signs`]: per block of 32 elements (4 bytes of bits) and up to four
+    /// queries, `Σ_t c_t·z_ti` in registers over all the rows, then `2·that − Σ_t c_t` added.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn axpy_signs(
+        data: &[u8],
+        rb: usize,
+        off: usize,
+        d: usize,
+        t0: usize,
+        t1: usize,
+        c: &[f32],
+        acc: &mut [f32],
+    ) {
+        let nq = acc.len() / d;
+        let totals: Vec<f32> = (0..nq)
+            .map(|j| (t0..t1).map(|t| c[(t - t0) * nq + j]).sum())
+            .collect();
+        let o = acc.as_mut_ptr();
+        let rows = (data, rb, off, t0, t1);
+        for b in 0..d / 32 {
+            let mut j = 0;
+            while nq - j >= 4 {
+                signs_block::<4>(rows, b, c, nq, j, &totals, o, d);
+                j += 4;
+            }
+            match nq - j {
+                3 => signs_block::<3>(rows, b, c, nq, j, &totals, o, d),
+                2 => signs_block::<2>(rows, b, c, nq, j, &totals, o, d),
+                1 => signs_block::<1>(rows, b, c, nq, j, &totals, o, d),
+                _ => {}
+            }
+        }
+    }
+
+    /// Block `b` (elements `32b..32b + 32`, bytes `off + 4b..off + 4b + 4` of a row) of
+    /// [`axpy_signs`] for queries `j0..j0 + Q`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // the block's coordinates, as in centroids_block
+    unsafe fn signs_block<const Q: usize>(
+        (data, rb, off, t0, t1): (&[u8], usize, usize, usize, usize),
+        b: usize,
+        c: &[f32],
+        nq: usize,
+        j0: usize,
+        totals: &[f32],
+        o: *mut f32,
+        d: usize,
+    ) {
+        let bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        let mut sum = [[_mm256_setzero_ps(); 4]; Q];
+        for t in t0..t1 {
+            let z = data.as_ptr().add(t * rb + off + 4 * b);
+            let m: [__m256; 4] = std::array::from_fn(|k| {
+                let v = _mm256_and_si256(_mm256_set1_epi32(*z.add(k) as i32), bit);
+                _mm256_castsi256_ps(_mm256_cmpeq_epi32(v, bit))
+            });
+            let ct = c.get_unchecked((t - t0) * nq + j0..(t - t0) * nq + j0 + Q);
+            for (sj, &cj) in sum.iter_mut().zip(ct) {
+                let cv = _mm256_set1_ps(cj);
+                for (x, &mk) in sj.iter_mut().zip(&m) {
+                    *x = _mm256_add_ps(*x, _mm256_and_ps(mk, cv));
+                }
+            }
+        }
+        for (jj, sj) in sum.iter().enumerate() {
+            let tot = _mm256_set1_ps(totals[j0 + jj]);
+            for (k, x) in sj.iter().enumerate() {
+                let p = o.add((j0 + jj) * d + 32 * b + 8 * k);
+                let add = _mm256_sub_ps(_mm256_add_ps(*x, *x), tot);
+                _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), add));
+            }
+        }
+    }
+
     /// Whether [`centroids_block`] runs 16 lanes wide (AVX-512 F and BW compiled in).
     const WIDE16: bool = cfg!(all(target_feature = "avx512f", target_feature = "avx512bw"));
 
@@ -1110,161 +1314,49 @@ mod avx {
             per_format!(f, g => super::drive::<true>(g, data, rb, d, t0, t1, w, acc))
         }
     }
-
-    /// [`super::nibble_table_sums`]: 16 bytes (32 codes) a step on AVX-512 (one 16-entry
-    /// `vpermps`), 8 bytes a step on AVX2 (two 8-entry permutes and a blend on bit 3); the
-    /// tail bytes in scalar code; eight rows' lanes reduced together.
-    pub(super) unsafe fn nibble_table_sums(
-        table: &[f32; 16],
-        data: &[u8],
-        rb: usize,
-        skip: usize,
-        (t0, t1): (usize, usize),
-        out: &mut [f32],
-    ) {
-        let n = rb - skip;
-        #[cfg(all(
-            target_feature = "avx512f",
-            target_feature = "avx512bw",
-            target_feature = "avx512vnni"
-        ))]
-        let t16 = _mm512_loadu_ps(table.as_ptr());
-        let (tlo, thi) = (
-            _mm256_loadu_ps(table.as_ptr()),
-            _mm256_loadu_ps(table.as_ptr().add(8)),
-        );
-        let (m15, eight) = (_mm256_set1_epi32(15), _mm256_set1_epi32(8));
-        let look = |idx: __m256i| {
-            let pick = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(idx, eight), 28));
-            _mm256_blendv_ps(
-                _mm256_permutevar8x32_ps(tlo, idx),
-                _mm256_permutevar8x32_ps(thi, idx),
-                pick,
-            )
-        };
-        // Eight rows at a time: each row's 8 partial sums, reduced together (one horizontal
-        // sum for eight rows instead of eight).
-        let mut t = t0;
-        while t < t1 {
-            let m = (t1 - t).min(8);
-            let mut v = [_mm256_setzero_ps(); 8];
-            let mut tail = [0f32; 8];
-            for (r, (v, tail)) in v.iter_mut().zip(&mut tail).enumerate().take(m) {
-                let row = data.as_ptr().add((t + r) * rb + skip);
-                let mut i = 0;
-                #[cfg(all(
-                    target_feature = "avx512f",
-                    target_feature = "avx512bw",
-                    target_feature = "avx512vnni"
-                ))]
-                {
-                    let mut a = _mm512_setzero_ps();
-                    let m = _mm512_set1_epi32(15);
-                    while i + 16 <= n {
-                        let x = _mm512_cvtepu8_epi32(_mm_loadu_si128(row.add(i) as *const __m128i));
-                        a = _mm512_add_ps(a, _mm512_permutexvar_ps(_mm512_and_si512(x, m), t16));
-                        a = _mm512_add_ps(a, _mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), t16));
-                        i += 16;
-                    }
-                    *v = crate::kv::simd::avx512::fold(a);
-                }
-                while i + 8 <= n {
-                    let x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(row.add(i) as *const __m128i));
-                    *v = _mm256_add_ps(*v, look(_mm256_and_si256(x, m15)));
-                    *v = _mm256_add_ps(*v, look(_mm256_srli_epi32(x, 4)));
-                    i += 8;
-                }
-                for k in i..n {
-                    let b = *row.add(k);
-                    *tail += table[(b & 15) as usize] + table[(b >> 4) as usize];
-                }
-            }
-            let mut sums = [0f32; 8];
-            _mm256_storeu_ps(sums.as_mut_ptr(), crate::kv::intdot::avx::hsum8(&v));
-            for r in 0..m {
-                out[t - t0 + r] = sums[r] + tail[r];
-            }
-            t += m;
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Sums of a 16-entry table over packed nibbles: by hand (table[k] = k; bytes 0x21, 0xF0 →
-    /// 1 + 2 + 0 + 15 = 18, the 2 bytes before them skipped), and on random rows of 13 to 72
-    /// bytes (tails that fill no vector included) against f64 sums in element order, within
-    /// f32 rounding of a sum of n ≤ 144 positive terms (`γ_n·Σ`, Higham §3.1).
+    /// QJL sign sums: by hand (d = 32, bits 0 and 31 set, coefficient 2 → +2 there, −2
+    /// elsewhere, added to what `acc` held), and on random rows (1–9 queries, some
+    /// coefficients 0) the SIMD kernel against the scalar one within the rounding of
+    /// `2·Σ c·z − Σ c` (`|err| ≤ 3·γ_{n+1}·Σ_t|c_t|` per element, Higham §3.1).
     #[test]
-    fn triplet_table_sums_by_hand_and_against_f64() {
-        // By hand: codes (1, 2, 3, 4, 5, 6, 7, 0) pack into 0xD1, 0x58, 0x1F; with table[v] =
-        // 10^v-ish weights every code counts once: 10 + 100 + ... (table[0] = 1).
-        let table = [1.0f32, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6, 1e7];
-        let mut out = [0f32; 1];
-        triplet_table_sums(&table, &[9, 0xD1, 0x58, 0x1F], 4, 1, (0, 1), &mut out);
-        assert_eq!(out[0], 11_111_111.0);
-        // Rows of 64 codes (24 bytes: two SIMD blocks) and of 72 (27 bytes: a scalar tail),
-        // against f64 sums of codes packed here bit by bit.
-        let sq = [0.5f32, 0.25, 0.125, 1.5, 2.0, 0.75, 0.0625, 3.0];
-        for (codes_per_row, skip) in [(64usize, 2usize), (72, 2), (32, 0)] {
-            let n = 5;
-            let rb = skip + codes_per_row * 3 / 8;
-            let mut data = vec![0u8; n * rb];
-            let mut want = vec![0f64; n];
-            for t in 0..n {
-                for e in 0..codes_per_row {
-                    let code = (t * 7 + e * 5 + e / 3) % 8;
-                    for k in 0..3 {
-                        let bit = 3 * e + k;
-                        data[t * rb + skip + bit / 8] |= (((code >> k) & 1) as u8) << (bit % 8);
-                    }
-                    want[t] += sq[code] as f64;
+    fn sign_sums_by_hand_and_against_scalar() {
+        let mut acc = vec![1f32; 32];
+        axpy_signs(&[9, 0x01, 0, 0, 0x80], 5, 1, 32, 0, 1, &[2.0], &mut acc);
+        for (i, &a) in acc.iter().enumerate() {
+            let want = if i == 0 || i == 31 { 3.0 } else { -1.0 };
+            assert_eq!(a, want, "element {i}");
+        }
+        let mut rng = StdRng::seed_from_u64(2406_03482);
+        let u = 2f64.powi(-24);
+        for (d, nq) in [(32usize, 1usize), (64, 3), (128, 4), (64, 9)] {
+            let (n, rb, off) = (29, d / 8 + 6, 4);
+            let data: Vec<u8> = (0..n * rb).map(|_| rng.random()).collect();
+            let mut c: Vec<f32> = (0..n * nq).map(|_| rng.random_range(-1.0..1.0)).collect();
+            c[3 * nq..4 * nq].fill(0.0);
+            let start: Vec<f32> = (0..nq * d).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let (mut simd, mut scalar) = (start.clone(), start);
+            axpy_signs(&data, rb, off, d, 1, n, &c, &mut simd);
+            scalar_axpy_signs(&data, rb, off, d, 1, n, &c, &mut scalar);
+            let g = n as f64 * u / (1.0 - n as f64 * u);
+            for j in 0..nq {
+                let mass: f64 = (0..n - 1)
+                    .map(|t| (c[t * nq + j] as f64).abs())
+                    .sum::<f64>()
+                    + 1.0;
+                for i in 0..d {
+                    let e = (simd[j * d + i] - scalar[j * d + i]).abs() as f64;
+                    assert!(e <= 3.0 * g * mass * 2.0, "d={d} nq={nq} {j},{i}: {e}");
                 }
-            }
-            let mut got = vec![0f32; n - 1];
-            triplet_table_sums(&sq, &data, rb, skip, (1, n), &mut got);
-            for t in 1..n {
-                let g = got[t - 1] as f64;
-                assert!(
-                    (g - want[t]).abs() <= 1e-5 * want[t],
-                    "{codes_per_row}: {g} vs {}",
-                    want[t]
-                );
             }
         }
     }
 
-    #[test]
-    fn nibble_table_sums_by_hand_and_against_f64() {
-        let table: [f32; 16] = std::array::from_fn(|k| k as f32);
-        let mut out = [0f32; 1];
-        nibble_table_sums(&table, &[9, 9, 0x21, 0xF0], 4, 2, (0, 1), &mut out);
-        assert_eq!(out, [18.0]);
-        let mut rng = rand::rngs::StdRng::seed_from_u64(16);
-        let sq: [f32; 16] = std::array::from_fn(|_| rng.random_range(0.0f32..0.2));
-        for rb in [15usize, 18, 34, 40, 66, 74] {
-            let n = 19;
-            let data: Vec<u8> = (0..n * rb).map(|_| rng.random()).collect();
-            let (mut got, mut scalar) = (vec![0f32; n - 1], vec![0f32; n - 1]);
-            nibble_table_sums(&sq, &data, rb, 2, (1, n), &mut got);
-            scalar_nibble_table_sums(&sq, &data, rb, 2, (1, n), &mut scalar);
-            for t in 1..n {
-                let exact: f64 = data[t * rb + 2..(t + 1) * rb]
-                    .iter()
-                    .map(|&b| sq[(b & 15) as usize] as f64 + sq[(b >> 4) as usize] as f64)
-                    .sum();
-                let bound = 2.0 * (rb as f64) * 2f64.powi(-24) * exact;
-                for g in [got[t - 1], scalar[t - 1]] {
-                    assert!(
-                        (g as f64 - exact).abs() <= bound,
-                        "rb {rb} row {t}: {g} vs {exact}"
-                    );
-                }
-            }
-        }
-    }
     use crate::kv::attention::{fast_and_exact, HeadView};
     use crate::kv::codec::RowCodec;
     use crate::kv::format::{Mxfp4Row, Nvfp4Row};

@@ -2,7 +2,8 @@
 //! row: `‖x‖` as f16, then the [`Codebook`] index of every coordinate of the rotated unit row
 //! `R·x/‖x‖`, packed at `b` bits: `ceil(d·b/8) + 2` bytes, as vLLM's `key_packed_size`.
 //! Optional norm correction (vLLM's `_nc` presets): the decoded centroid vector is rescaled to
-//! unit norm before the inverse rotation.
+//! unit norm, the rescale folded into the stored norm when the row is written (`‖x‖/‖ĉ‖`), so
+//! reading a corrected row costs what reading a plain one does.
 
 use std::sync::Arc;
 
@@ -26,8 +27,9 @@ pub(super) fn f16_saturating(v: f32) -> (f16, bool) {
 /// TurboQuant_mse for one row (TurboQuant §3.1, Alg. 1; vLLM's key layout): `x` (`[d]` f32) is
 /// stored as `‖x‖` (f16, 2 bytes) followed by `d` codebook indices of `R·x/‖x‖` packed at `bits`
 /// bits: [`row_bytes`](Self::row_bytes) = `ceil(d·bits/8) + 2`. Decoding looks the indices up
-/// in the N(0, 1/d) [`Codebook`], optionally rescales that vector to unit norm
-/// (`norm_correction`, vLLM's `_nc` presets), rotates back and multiplies by `‖x‖`.
+/// in the N(0, 1/d) [`Codebook`], rotates back and multiplies by the stored norm (with
+/// `norm_correction`, vLLM's `_nc` presets, `‖x‖/‖ĉ‖`: the centroid vector rescaled to unit
+/// norm, folded in at encode).
 ///
 /// Expected error for a unit vector (Thm 1): `E‖x − x̂‖² ≈ d · mse(N(0,1/d))` = 0.363, 0.117,
 /// 0.0345, 0.0095 at 1–4 bits, bounded by `√3·π/2 · 4^−b`. A zero row decodes to zero.
@@ -71,7 +73,7 @@ impl TurboQuantMse {
         self.codebook.bits()
     }
 
-    /// Whether decoding rescales the centroid vector to unit norm.
+    /// Whether rows are stored norm-corrected (`‖x‖/‖ĉ‖`, see [`encode`](Self::encode)).
     pub fn norm_correction(&self) -> bool {
         self.norm_correction
     }
@@ -96,22 +98,36 @@ impl TurboQuantMse {
         packed_bytes(head_dim, bits) + 2
     }
 
-    /// Quantizes `x` (`[d]` f32) into `out` (`row_bytes()` bytes). Returns 1 when `‖x‖`
-    /// exceeded f16's range and was saturated, else 0.
+    /// Quantizes `x` (`[d]` f32) into `out` (`row_bytes()` bytes). With norm correction the
+    /// stored norm is `‖x‖/‖ĉ‖`, `ĉ` the row's centroid vector (its squares summed in element
+    /// order; `‖x‖` where `‖ĉ‖` is 0), so decoding is the same multiply with or without it.
+    /// Returns 1 when the stored norm exceeded f16's range and was saturated, else 0.
     pub fn encode(&self, x: &[f32], out: &mut [u8]) -> usize {
         let d = self.head_dim();
         assert_eq!(x.len(), d, "row length");
         let norm = x.iter().map(|v| v * v).sum::<f32>().sqrt();
-        let (n16, sat) = f16_saturating(norm);
-        out[..2].copy_from_slice(&n16.to_le_bytes());
         let mut codes = vec![0u8; d];
+        let mut stored = norm;
         if norm > 0.0 && norm.is_finite() {
             let mut y: Vec<f32> = x.iter().map(|v| v / norm).collect();
             self.rot.forward(&mut y);
             for (c, &v) in codes.iter_mut().zip(&y) {
                 *c = self.codebook.index(v);
             }
+            if self.norm_correction {
+                let cent = self.codebook.centroids();
+                let cn = codes
+                    .iter()
+                    .map(|&c| cent[c as usize].powi(2))
+                    .sum::<f32>()
+                    .sqrt();
+                if cn > 0.0 {
+                    stored = norm / cn;
+                }
+            }
         }
+        let (n16, sat) = f16_saturating(stored);
+        out[..2].copy_from_slice(&n16.to_le_bytes());
         pack_bits(&codes, self.bits(), &mut out[2..]);
         sat as usize
     }
@@ -121,22 +137,15 @@ impl TurboQuantMse {
         f16::from_le_bytes([row[0], row[1]]).to_f32()
     }
 
-    /// The unit-norm direction in the rotated basis, `ŷ` (`[d]`): centroids, rescaled to unit
-    /// norm with norm correction.
+    /// The centroid vector in the rotated basis, `ŷ` (`[d]`): unit norm up to quantization (with
+    /// norm correction the stored norm carries the rescale to exactly unit norm).
     pub(super) fn rotated_direction(&self, row: &[u8], out: &mut [f32]) {
-        let (bits, c) = (self.bits(), self.codebook.centroids());
-        codes_to_f32(&row[2..], bits, c, 1.0, out);
-        if self.norm_correction {
-            let n = out.iter().map(|v| v * v).sum::<f32>().sqrt();
-            if n > 0.0 {
-                out.iter_mut().for_each(|v| *v /= n);
-            }
-        }
+        codes_to_f32(&row[2..], self.bits(), self.codebook.centroids(), 1.0, out);
     }
 
-    /// The row in the rotated basis, `‖x‖·ŷ` (`[d]`): score it against a query rotated with
-    /// [`rotate_query`](Self::rotate_query) — `⟨R q, ‖x‖ŷ⟩ = ⟨q, x̂⟩` — so attention never
-    /// applies the inverse rotation per key.
+    /// The row in the rotated basis, `n·ŷ` with `n` the stored norm (`[d]`): score it against a
+    /// query rotated with [`rotate_query`](Self::rotate_query) — `⟨R q, n·ŷ⟩ = ⟨q, x̂⟩` — so
+    /// attention never applies the inverse rotation per key.
     pub fn decode_rotated(&self, row: &[u8], out: &mut [f32]) {
         self.rotated_direction(row, out);
         let n = self.norm(row);
@@ -144,18 +153,10 @@ impl TurboQuantMse {
     }
 
     /// [`decode_rotated`](Self::decode_rotated) as attention's timed path computes it: the
-    /// centroids times `‖x‖` in one multiply, and with norm correction times `‖x‖/‖c‖`, the
-    /// centroid vector's norm summed with eight running sums ([`crate::kv::simd::dot`]): the
-    /// same vector up to f32 rounding (without norm correction, bit for bit).
+    /// centroids times the stored norm in one multiply (the same vector bit for bit).
     pub fn decode_rotated_fast(&self, row: &[u8], out: &mut [f32]) {
         let (bits, c, n) = (self.bits(), self.codebook.centroids(), self.norm(row));
-        if !self.norm_correction {
-            return codes_to_f32(&row[2..], bits, c, n, out);
-        }
-        codes_to_f32(&row[2..], bits, c, 1.0, out);
-        let cn = crate::kv::simd::dot(out, out).sqrt();
-        let f = if cn > 0.0 { n / cn } else { n };
-        out.iter_mut().for_each(|v| *v *= f);
+        codes_to_f32(&row[2..], bits, c, n, out)
     }
 
     /// Rotates a query (`[d]`) into the basis of [`decode_rotated`](Self::decode_rotated).
@@ -179,8 +180,8 @@ mod tests {
 
     /// d = 4, 1 bit, no sign flips, x = (2, 0, 0, 0): ‖x‖ = 2 (f16 0x4000), R·x/‖x‖ = (½,½,½,½),
     /// all above the threshold 0 → codes 1111 → byte 0x0F. Decoding: ŷ = 0.7979/2·(1,1,1,1),
-    /// H ŷ/2 = (0.7979, 0, 0, 0), × 2 = (1.5958, 0, 0, 0). With norm correction ŷ/‖ŷ‖ = (½,…)
-    /// and x comes back exactly.
+    /// H ŷ/2 = (0.7979, 0, 0, 0), × 2 = (1.5958, 0, 0, 0). With norm correction x comes back up
+    /// to the f16 rounding of the stored 2/‖ŷ‖.
     #[test]
     fn turboquant_mse_one_bit_by_hand() {
         let rot = RandomizedHadamard::from_signs(vec![1.0; 4]).unwrap();
@@ -193,9 +194,14 @@ mod tests {
         q.decode(&row, &mut out);
         let c1 = (2.0 / std::f64::consts::PI).sqrt() as f32; // E|X| = √(2/π) = 0.79788
         assert!((out[0] - 2.0 * c1).abs() < 1e-5 && out[1..].iter().all(|v| v.abs() < 1e-6));
+        // Norm correction: ‖ĉ‖ = √(4·(c1/2)²) = c1, stored 2/c1 = 2.50663 → f16 2.505859
+        // (exponent 16, mantissa 259: 0x4103); x comes back up to that rounding.
         let nc = TurboQuantMse::with_rotation(rot, 1, true).unwrap();
+        nc.encode(&[2.0, 0.0, 0.0, 0.0], &mut row);
+        assert_eq!(row, [0x03, 0x41, 0x0F]);
         nc.decode(&row, &mut out);
-        assert!((out[0] - 2.0).abs() < 1e-6 && out[1..].iter().all(|v| v.abs() < 1e-6));
+        assert!((out[0] - 2.505859 * c1).abs() < 1e-5 && (out[0] - 2.0).abs() < 1e-3);
+        assert!(out[1..].iter().all(|v| v.abs() < 1e-6));
     }
 
     /// d = 4, 2 bits, no sign flips, x = (0, 3, 0, 4): ‖x‖ = 5 (f16 0x4500), u = (0, .6, 0, .8),
@@ -203,7 +209,8 @@ mod tests {
     /// ±0.4908 → codes (3, 0, 1, 2) → 3 | 0<<2 | 1<<4 | 2<<6 = 0x93. Decoding:
     /// ŷ = (a, −a, −c, c) with a = 0.7552, c = 0.2264; Sylvester rows give
     /// H ŷ/2 = (0, (2a − 2c)/2, 0, (2a + 2c)/2) = (0, a − c, 0, a + c); × 5.
-    /// Norm correction divides by ‖ŷ‖ = √(2a² + 2c²).
+    /// Norm correction stores 5/‖ŷ‖ = 5/√(2a² + 2c²) = 5/1.11497 = 4.48443 instead: f16 4.484375
+    /// (exponent 17, mantissa 124: 0x447C), the same codes.
     #[test]
     fn turboquant_mse_two_bits_by_hand() {
         let rot = RandomizedHadamard::from_signs(vec![1.0; 4]).unwrap();
@@ -219,6 +226,8 @@ mod tests {
             assert!((o - w).abs() < 5e-4, "{out:?} vs {want:?}");
         }
         let nc = TurboQuantMse::with_rotation(rot, 2, true).unwrap();
+        nc.encode(&[0.0, 3.0, 0.0, 4.0], &mut row);
+        assert_eq!(row, [0x7C, 0x44, 0x93]);
         nc.decode(&row, &mut out);
         let norm = (2.0 * a * a + 2.0 * c * c).sqrt();
         for (o, w) in out.iter().zip(want) {

@@ -213,11 +213,61 @@ fn sign_table() -> &'static [[f32; 8]; 256] {
     })
 }
 
+/// `za[i] += ±cz` for the `za.len()` sign bits `z` (bit `i` set → `+`): ±1 · cz is ±cz exactly,
+/// eight at a time through [`sign_table`].
+fn add_signs(z: &[u8], cz: f32, za: &mut [f32]) {
+    let d = za.len();
+    let signs = sign_table();
+    for (a8, &byte) in za.chunks_exact_mut(8).zip(z) {
+        for (a, &sg) in a8.iter_mut().zip(&signs[byte as usize]) {
+            *a += sg * cz;
+        }
+    }
+    for (i, a) in za.iter_mut().enumerate().skip(d / 8 * 8) {
+        *a += if (z[i / 8] >> (i % 8)) & 1 == 1 {
+            cz
+        } else {
+            -cz
+        };
+    }
+}
+
 impl ProdQuery {
     /// The query as one `[2d]` vector `[R q, S q]`: its dot product with
     /// [`TurboQuantProd::decode_split`]'s row is [`TurboQuantProd::score`].
     pub fn concat(&self) -> Vec<f32> {
         [self.rotated.as_slice(), self.sketched.as_slice()].concat()
+    }
+
+    /// `R q` (`[d]`).
+    pub fn rotated(&self) -> &[f32] {
+        &self.rotated
+    }
+
+    /// QJL's `⟨S q, z⟩` by table, byte by byte of the sign bits: entry `[p][b]` is
+    /// `Σ_{i<8} ±(S q)_{8p+i}` with `+` where bit `i` of `b` is set (`[d/8][256]`), so a row's
+    /// `⟨S q, z⟩` is `d/8` lookups and adds instead of `d` sign selections (the lookup-table
+    /// form of a ±1 dot product, as LUT-GEMM, Park et al. 2022, arXiv 2206.09557, §3). Each
+    /// entry is built from the one with its lowest set bit cleared, plus `2·(S q)_i`: equal
+    /// to the element-order sum up to f32 rounding. Panics (a caller's bug) unless `d` is a
+    /// multiple of 8.
+    pub fn sign_sum_tables(&self) -> Vec<[f32; 256]> {
+        let sq = &self.sketched;
+        assert!(
+            sq.len().is_multiple_of(8),
+            "QJL sign tables need d a multiple of 8"
+        );
+        sq.chunks_exact(8)
+            .map(|v| {
+                let mut t = [0f32; 256];
+                t[0] = -v.iter().sum::<f32>();
+                for b in 1..256usize {
+                    let low = b.trailing_zeros() as usize;
+                    t[b] = t[b & (b - 1)] + 2.0 * v[low];
+                }
+                t
+            })
+            .collect()
     }
 }
 
@@ -305,21 +355,7 @@ impl TurboQuantProd {
             for (a, &k) in r.iter_mut().zip(codes.iter()) {
                 *a += wn * c[k as usize];
             }
-            let cz = wn * gamma * (PI / 2.0).sqrt() as f32 / d as f32;
-            // ±1 · cz is ±cz exactly: the same additions as `accumulate`, eight at a time.
-            let signs = sign_table();
-            for (a8, &byte) in za.chunks_exact_mut(8).zip(z) {
-                for (a, &sg) in a8.iter_mut().zip(&signs[byte as usize]) {
-                    *a += sg * cz;
-                }
-            }
-            for (i, a) in za.iter_mut().enumerate().skip(d / 8 * 8) {
-                *a += if (z[i / 8] >> (i % 8)) & 1 == 1 {
-                    cz
-                } else {
-                    -cz
-                };
-            }
+            add_signs(z, wn * gamma * (PI / 2.0).sqrt() as f32 / d as f32, za);
         }
     }
 

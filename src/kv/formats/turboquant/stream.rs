@@ -79,32 +79,15 @@ impl TurboQuantStream {
     }
 }
 
-/// Norm correction's per-row factor (vLLM's `_nc` TurboQuant presets: the centroid vector is
-/// rescaled to unit norm): `1/‖(centroid[code_i])_i‖` for each of rows `t0..t1` of `data` (4-bit
-/// rows of `rb` bytes: an f16 norm, then `d/2` bytes of indices), 1 where that norm is zero.
-/// The squared centroids are summed on the codes ([`codeaxpy::nibble_table_sums`]; the decode
-/// path sums the same squares element by element: equal up to f32 rounding of the order).
-fn inv_centroid_norms(cent: &[f32; 16], data: &[u8], rb: usize, t0: usize, t1: usize) -> Vec<f32> {
-    let sq = cent.map(|c| c * c);
-    let mut n2 = vec![0f32; t1 - t0];
-    codeaxpy::nibble_table_sums(&sq, data, rb, 2, (t0, t1), &mut n2);
-    inv_sqrt_or_one(n2)
-}
-
-/// `1/√x` of each squared norm, 1 where it is zero (a zero centroid vector stays unscaled).
-fn inv_sqrt_or_one(n2: Vec<f32>) -> Vec<f32> {
-    n2.into_iter()
-        .map(|n2| if n2 > 0.0 { 1.0 / n2.sqrt() } else { 1.0 })
-        .collect()
-}
-
-/// [`inv_centroid_norms`] for 3-bit rows (an f16 norm, then `3d/8` bytes of indices, summed
-/// by [`codeaxpy::triplet_table_sums`]).
-fn inv_centroid_norms3(cent: &[f32; 8], data: &[u8], rb: usize, t0: usize, t1: usize) -> Vec<f32> {
-    let sq = cent.map(|c| c * c);
-    let mut n2 = vec![0f32; t1 - t0];
-    codeaxpy::triplet_table_sums(&sq, data, rb, 2, (t0, t1), &mut n2);
-    inv_sqrt_or_one(n2)
+impl TurboQuantStream {
+    /// The MSE stage's centroid count (8 or 16) when the rows are TurboQuant_prod with a 3- or
+    /// 4-bit MSE stage (4 or 5 bits in all): the layouts the code paths read.
+    fn prod_lut(&self) -> Option<usize> {
+        match &self.codec {
+            TqCodec::Prod(c) => Some(c.mse().codebook().centroids().len()).filter(|&n| n == 8 || n == 16),
+            TqCodec::Mse(_) => None,
+        }
+    }
 }
 
 /// The centroids (16 at 4 bits, 8 at 3) rounded to int8 in units of `ts = max|c|/127`:
@@ -208,10 +191,10 @@ impl Stream for TurboQuantStream {
 
     /// The query is rotated once per call (`R q`), quantized to int8 ([`QueryI8`]; the `q`
     /// passed in, quantized before the rotation, is not used), and scored against each key's
-    /// 4-bit indices through the int8-rounded codebook: `‖k‖ · ts · sq · Σ c_i·table[code_i]`,
-    /// with norm correction times each row's `1/‖centroid vector‖` ([`inv_centroid_norms`]).
+    /// 4-bit indices through the int8-rounded codebook: `n · ts · sq · Σ c_i·table[code_i]`, `n`
+    /// the stored norm (norm correction is folded into it at encode).
     /// Error against [`dot_rows`](Stream::dot_rows): at most
-    /// `‖k‖·(sq/2·Σ|ŷ_i| + ts/2·Σ|sq·c_i|)` (see the tests), plus f32 rounding.
+    /// `n·(sq/2·Σ|ŷ_i| + ts/2·Σ|sq·c_i|)` (see the tests), plus f32 rounding.
     fn dot_rows_int(
         &self,
         t0: usize,
@@ -221,10 +204,39 @@ impl Stream for TurboQuantStream {
         out: &mut [f32],
     ) {
         if let TqCodec::Prod(c) = &self.codec {
-            // TurboQuant_prod: each row unpacked once into [‖x‖ŷ, ‖x‖γ√(π/2)/d·z] and scored
+            let d = c.head_dim();
+            if let Some(lut) = self.prod_lut().filter(|_| d.is_multiple_of(32)) {
+                // TurboQuant_prod on its codes: the MSE part as the 3-/4-bit TurboQuant keys
+                // (the rotated query in int8 against the int8-rounded codebook), the QJL part
+                // ⟨S q, z⟩ by d/8 table lookups per row ([`ProdQuery::sign_sum_tables`]), then
+                // `‖x‖·(mse + γ·√(π/2)/d·qjl)`.
+                let nq = qs.len() / d;
+                let pq: Vec<ProdQuery> = qs.chunks_exact(d).map(|q| c.prepare_query(q)).collect();
+                let rq: Vec<f32> = pq.iter().flat_map(|p| p.rotated().to_vec()).collect();
+                let qi = QueryI8::quantize(&rq, d);
+                let (table, ts) = int8_table(c.mse().codebook().centroids());
+                let keys = if lut == 8 { IntKeys::Lut3(table) } else { IntKeys::Lut4(table) };
+                let n = (t1 - t0) * nq;
+                intdot::scores(keys, &self.data, self.rb, t0, t1, &qi, out);
+                scale_in_place(&mut out[..n], ts);
+                let tabs: Vec<Vec<[f32; 256]>> = pq.iter().map(|p| p.sign_sum_tables()).collect();
+                let m = c.mse().row_bytes();
+                let kc = (std::f64::consts::PI / 2.0).sqrt() as f32 / d as f32;
+                for (t, o) in (t0..t1).zip(out[..n].chunks_exact_mut(nq)) {
+                    let row = self.row(t);
+                    let gamma = half::f16::from_le_bytes([row[m], row[m + 1]]).to_f32();
+                    let k = c.mse().norm(row) * gamma * kc;
+                    let z = &row[m + 2..m + 2 + d / 8];
+                    for (o, tab) in o.iter_mut().zip(&tabs) {
+                        let qjl: f32 = z.iter().zip(tab).map(|(&b, t)| t[b as usize]).sum();
+                        *o += k * qjl;
+                    }
+                }
+                return;
+            }
+            // Other widths: each row unpacked once into [‖x‖ŷ, ‖x‖γ√(π/2)/d·z] and scored
             // against every [R q, S q] by the tiled f32 kernel (f32 throughout; only the
             // order of the sums differs from `dot_rows`).
-            let d = c.head_dim();
             let qcat: Vec<f32> = qs
                 .chunks_exact(d)
                 .flat_map(|q| c.prepare_query(q).concat())
@@ -250,12 +262,6 @@ impl Stream for TurboQuantStream {
                     let n = (t1 - t0) * nq;
                     intdot::scores(IntKeys::Lut3(table), &self.data, self.rb, t0, t1, &qi, out);
                     scale_in_place(&mut out[..n], ts);
-                    if c.norm_correction() {
-                        let inv = inv_centroid_norms3(&cent, &self.data, self.rb, t0, t1);
-                        for (o, &f) in out[..n].chunks_exact_mut(nq).zip(&inv) {
-                            o.iter_mut().for_each(|x| *x *= f);
-                        }
-                    }
                     return;
                 }
             }
@@ -274,21 +280,12 @@ impl Stream for TurboQuantStream {
         let n = (t1 - t0) * (qs.len() / d);
         intdot::scores(IntKeys::Lut4(table), &self.data, self.rb, t0, t1, &qi, out);
         scale_in_place(&mut out[..n], ts);
-        if c.norm_correction() {
-            let nq = qs.len() / d;
-            let inv = inv_centroid_norms(&cent, &self.data, self.rb, t0, t1);
-            for (o, &f) in out[..n].chunks_exact_mut(nq).zip(&inv) {
-                o.iter_mut().for_each(|x| *x *= f);
-            }
-        }
     }
 
     /// 4-bit rows take the fused code kernel here ([`codeaxpy::axpy_centroids4`] with
     /// `fused`: the norm in the weight, one FMA per element), so plain 4-bit rows are no longer
-    /// bit for bit `axpy_rows`'s sums, only up to f32 rounding. Norm-corrected 4-bit rows take
-    /// the code path only here (each row's weights times its `1/‖centroid vector‖`,
-    /// [`inv_centroid_norms`]): the sums of the exact path's decoded rows up to f32 rounding, so
-    /// the exact path keeps decoding them.
+    /// bit for bit `axpy_rows`'s sums, only up to f32 rounding; 3-bit rows take
+    /// [`codeaxpy::axpy_centroids3`] (the same sums up to f32 rounding).
     /// TurboQuant_prod rows here too: each row unpacked once into
     /// `[‖x‖ŷ, ‖x‖γ√(π/2)/d·z]` ([`TurboQuantProd::decode_split`]) and accumulated by the tiled
     /// f32 kernel into `[racc, zacc]` per query, finished as on the exact path
@@ -297,6 +294,40 @@ impl Stream for TurboQuantStream {
         if let TqCodec::Prod(c) = &self.codec {
             let d = c.head_dim();
             let nq = acc.len() / d;
+            if let Some(lut) = self.prod_lut().filter(|_| d.is_multiple_of(32)) {
+                // On the codes: the MSE part by the 3-/4-bit centroid kernels (rotated basis),
+                // the QJL part as ±(w·‖x‖·γ·√(π/2)/d) per sign bit, finished once per query.
+                let cent = c.mse().codebook().centroids();
+                let (mut racc, mut zacc) = (vec![0f32; nq * d], vec![0f32; nq * d]);
+                let (data, rb) = (&self.data, self.rb);
+                if lut == 8 {
+                    let cent: &[f32; 8] = cent.try_into().expect("8 centroids");
+                    codeaxpy::axpy_centroids3(cent, data, rb, d, t0, t1, w, &mut racc);
+                } else {
+                    let cent: &[f32; 16] = cent.try_into().expect("16 centroids");
+                    codeaxpy::axpy_centroids4(cent, data, rb, d, t0, t1, w, &mut racc, true);
+                    codeaxpy::unpair(&mut racc, d, &mut vec![0f32; d]);
+                }
+                // Each row's QJL coefficient per query, w·‖x‖·γ·√(π/2)/d, then the signs.
+                let m = c.mse().row_bytes();
+                let kc = (std::f64::consts::PI / 2.0).sqrt() as f32 / d as f32;
+                let mut cw = w[..(t1 - t0) * nq].to_vec();
+                for (t, ct) in (t0..t1).zip(cw.chunks_exact_mut(nq)) {
+                    let row = self.row(t);
+                    let gamma = half::f16::from_le_bytes([row[m], row[m + 1]]).to_f32();
+                    let k = c.mse().norm(row) * gamma * kc;
+                    ct.iter_mut().for_each(|x| *x *= k);
+                }
+                codeaxpy::axpy_signs(data, rb, m + 2, d, t0, t1, &cw, &mut zacc);
+                for ((a, r), z) in acc
+                    .chunks_exact_mut(d)
+                    .zip(racc.chunks_exact_mut(d))
+                    .zip(zacc.chunks_exact(d))
+                {
+                    c.finish_sum(r, z, a);
+                }
+                return;
+            }
             let mut split = vec![0f32; nq * 2 * d];
             axpy_rows_with(t0, t1, w, &mut split, 2 * d, |t, r| {
                 c.decode_split(self.row(t), r)
@@ -309,29 +340,27 @@ impl Stream for TurboQuantStream {
         }
         match self.mse4() {
             None => {
-                // Other widths: tiles of rows decoded in the rotated basis, summed by the
-                // tiled f32 kernel, rotated back once per query.
+                // 3-bit rows on their codes ([`codeaxpy::axpy_centroids3`]); other widths:
+                // tiles of rows decoded in the rotated basis, summed by the tiled f32 kernel.
+                // Either sum is rotated back once per query.
                 let TqCodec::Mse(c) = &self.codec else {
                     unreachable!("TurboQuant_prod returned above")
                 };
                 let d = c.head_dim();
                 let mut racc = vec![0f32; acc.len()];
-                axpy_rows_with(t0, t1, w, &mut racc, d, |t, r| {
-                    c.decode_rotated_fast(self.row(t), r)
-                });
+                match <[f32; 8]>::try_from(c.codebook().centroids()) {
+                    // 3-bit rows on their codes (one lookup and FMA per element and query).
+                    Ok(cent) if d.is_multiple_of(32) => {
+                        codeaxpy::axpy_centroids3(&cent, &self.data, self.rb, d, t0, t1, w, &mut racc)
+                    }
+                    _ => axpy_rows_with(t0, t1, w, &mut racc, d, |t, r| {
+                        c.decode_rotated_fast(self.row(t), r)
+                    }),
+                }
                 for (a, r) in acc.chunks_exact_mut(d).zip(racc.chunks_exact_mut(d)) {
                     c.rotation().inverse(r);
                     a.iter_mut().zip(r.iter()).for_each(|(a, v)| *a += v);
                 }
-            }
-            Some((c, cent)) if c.norm_correction() => {
-                let nq = acc.len() / c.head_dim();
-                let inv = inv_centroid_norms(&cent, &self.data, self.rb, t0, t1);
-                let mut ws = w[..(t1 - t0) * nq].to_vec();
-                for (wt, &f) in ws.chunks_exact_mut(nq).zip(&inv) {
-                    wt.iter_mut().for_each(|x| *x *= f);
-                }
-                self.axpy_codes(c, &cent, t0, t1, &ws, acc, true);
             }
             Some((c, cent)) => self.axpy_codes(c, &cent, t0, t1, w, acc, true),
         }
@@ -341,7 +370,7 @@ impl Stream for TurboQuantStream {
         let d = self.codec.head_dim();
         let nq = acc.len() / d;
         let mut y = vec![0f32; d];
-        if let Some((c, cent)) = self.mse4().filter(|(c, _)| !c.norm_correction()) {
+        if let Some((c, cent)) = self.mse4() {
             // The same sums as the loop below, on the codes.
             return self.axpy_codes(c, &cent, t0, t1, w, acc, false);
         }
@@ -505,7 +534,6 @@ mod tests {
     /// one ([`intdot::scalar_scores`]) within f32 rounding.
     #[test]
     fn tq4_scores_on_codes_within_rounding_bound() {
-        use crate::kv::quant::bits::code_at;
         let mut rng = rand::rngs::StdRng::seed_from_u64(2504);
         let cases = [(32usize, false), (64, false), (128, false), (64, true), (128, true)];
         for (bits, (d, nc)) in [4u8, 3].into_iter().flat_map(|b| cases.map(|c| (b, c))) {
@@ -533,13 +561,9 @@ mod tests {
                 for t in t0..t1 {
                     s.decode(t, &mut k);
                     c.decode_rotated(s.row(t), &mut y); // N·y
-                    // The factor the integer sum is multiplied by: N, or with norm correction
-                    // N/‖centroid vector‖ (that norm in f64 from the stored indices).
-                    let cn = (0..d)
-                        .map(|i| (cent[code_at(&s.row(t)[2..], bits, i)] as f64).powi(2))
-                        .sum::<f64>()
-                        .sqrt();
-                    let norm = c.norm(s.row(t)) as f64 / if nc { cn } else { 1.0 };
+                    // The factor the integer sum is multiplied by: the stored norm N (with norm
+                    // correction ‖k‖/‖centroid vector‖, folded in at encode).
+                    let norm = c.norm(s.row(t)) as f64;
                     let nysum: f64 = y.iter().map(|v| v.abs() as f64).sum();
                     for j in 0..nq {
                         let q = &qs[j * d..(j + 1) * d];
@@ -556,9 +580,76 @@ mod tests {
                             (g - exact).abs() <= bound,
                             "bits={bits} d={d} nq={nq} t={t} j={j}: {g} vs {exact} (bound {bound})"
                         );
-                        let sc = scalar[(t - t0) * nq + j] as f64 * ts as f64
-                            / if nc { cn } else { 1.0 };
+                        let sc = scalar[(t - t0) * nq + j] as f64 * ts as f64;
                         assert!((g - sc).abs() <= 1e-5 * (1.0 + g.abs()), "simd {g} vs scalar {sc}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// 3-bit TurboQuant_mse values on their codes (`axpy_rows_fast` → the SIMD
+    /// [`codeaxpy::axpy_centroids3`]; and its scalar loop), d 32/64/128, with and without norm
+    /// correction, 1–8 queries (four-query blocks and every remainder), some rows' weights
+    /// zero. In the rotated basis both kernels against f64 sums of `decode_rotated` rows
+    /// (`codes_to_f32`, which shares none of the unpacking): each sums n terms in order, one
+    /// rounding of `w·N` and one of each product and sum, so per element at most
+    /// `γ_{n+2}·Σ_t w_t·|N_t·y_ti|` (Higham §3.1, `u = 2⁻²⁴`; checked with a factor 2 of margin);
+    /// in the original basis the timed path against f64 sums of `decode`d rows within the bound
+    /// of `tq4_values_on_codes_match_decoded_rows`.
+    #[test]
+    fn tq3_values_on_codes_match_decoded_rows() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1988);
+        let u = 2f64.powi(-24);
+        for (d, nc) in [(32usize, false), (64, false), (128, false), (64, true), (128, true)] {
+            for nq in [1usize, 2, 3, 5, 8] {
+                let n = 37;
+                let c = Arc::new(TurboQuantMse::new(d, 3, nc, 3).unwrap());
+                let mut s = TurboQuantStream::new(TqCodec::Mse(c.clone()));
+                s.push(&random_rows(&mut rng, n, d, 0));
+                let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
+                w[4 * nq..5 * nq].fill(0.0);
+                let cent: [f32; 8] = c.codebook().centroids().try_into().unwrap();
+                let (mut simd, mut scalar) = (vec![0f32; nq * d], vec![0f32; nq * d]);
+                codeaxpy::axpy_centroids3(&cent, &s.data, s.rb, d, 0, n, &w, &mut simd);
+                codeaxpy::scalar_axpy_centroids3(&cent, &s.data, s.rb, d, 0, n, &w, &mut scalar);
+                let mut y = vec![0f32; n * d];
+                for t in 0..n {
+                    c.decode_rotated(s.row(t), &mut y[t * d..(t + 1) * d]);
+                }
+                let g = (n + 2) as f64 * u / (1.0 - (n + 2) as f64 * u);
+                for j in 0..nq {
+                    for i in 0..d {
+                        let terms = (0..n).map(|t| w[t * nq + j] as f64 * y[t * d + i] as f64);
+                        let exact: f64 = terms.clone().sum();
+                        let bound = 2.0 * g * terms.map(f64::abs).sum::<f64>() + 1e-30;
+                        for (name, got) in [("simd", &simd), ("scalar", &scalar)] {
+                            let e = (got[j * d + i] as f64 - exact).abs();
+                            assert!(e <= bound, "{name} d={d} nc={nc} nq={nq} {j},{i}: {e} > {bound}");
+                        }
+                    }
+                }
+                // The timed path in the original basis.
+                let mut fast = vec![0f32; nq * d];
+                s.axpy_rows_fast(0, n, &w, &mut fast);
+                let mut dec = vec![0f32; n * d];
+                for t in 0..n {
+                    s.decode(t, &mut dec[t * d..(t + 1) * d]);
+                }
+                let steps = (n + 2 * d.trailing_zeros() as usize + 4) as f64;
+                for j in 0..nq {
+                    let mass: f64 = (0..n)
+                        .map(|t| {
+                            let v = &dec[t * d..(t + 1) * d];
+                            w[t * nq + j] as f64 * v.iter().map(|x| (x * x) as f64).sum::<f64>().sqrt()
+                        })
+                        .sum();
+                    let bound = steps * u * (d as f64).sqrt() * mass * 4.0 + 1e-30;
+                    for i in 0..d {
+                        let exact: f64 =
+                            (0..n).map(|t| w[t * nq + j] as f64 * dec[t * d + i] as f64).sum();
+                        let e = (fast[j * d + i] as f64 - exact).abs();
+                        assert!(e <= bound, "fast d={d} nc={nc} nq={nq} {j},{i}: {e} > {bound}");
                     }
                 }
             }
@@ -568,8 +659,7 @@ mod tests {
     /// Other widths (1–2 bits, norm-corrected or not) take
     /// the tiled f32 path when timed: scores (`dot_rows_int`) and value sums
     /// (`axpy_rows_fast`) against the exact path's (`dot_rows`, `axpy_rows`), which decode row by
-    /// row. Both sum the same products in another order, and norm correction's factor is
-    /// summed in another order too: per score `|err| ≤ 2γ_{d+4}·Σ_i|r_i·y_i|` (Higham §3.1,
+    /// row. Both sum the same products in another order: per score `|err| ≤ 2γ_{d+4}·Σ_i|r_i·y_i|` (Higham §3.1,
     /// `γ_k = k·u/(1 − k·u)`, `u = 2⁻²⁴`, y the decoded rotated key, r the rotated query);
     /// per value element the bound of `tq4_values_on_codes_match_decoded_rows`.
     #[test]
@@ -625,19 +715,28 @@ mod tests {
         }
     }
 
-    /// TurboQuant_prod keys on the fast path (`dot_rows_int`: rows unpacked once to
-    /// `[‖x‖ŷ, ‖x‖γ√(π/2)/d·z]`, tiled f32 dot products with `[R q, S q]`) against the
-    /// estimator `‖x‖·(Σ_i r_i·c[code_i] + γ·√(π/2)/d·Σ_i ±s_i)` (TurboQuant §3.2) evaluated
-    /// here in f64 from the stored bits (read with `code_at`, not the unpacking under test),
-    /// r, s from `prepare_query`. d 32/64/128, bits 2–5, 1–8 queries. Bound: the fast path sums
-    /// 2d f32 products, each entry and product rounded once: `|err| ≤ γ_{2d+2}·Σ|terms|`
-    /// (Higham §3.1, `u = 2⁻²⁴`).
+    /// TurboQuant_prod keys on the fast path (`dot_rows_int`) against the estimator
+    /// `‖x‖·(Σ_i r_i·c[code_i] + γ·√(π/2)/d·Σ_i ±s_i)` (TurboQuant §3.2) evaluated here in f64
+    /// from the stored bits (read with `code_at`, not the unpacking under test), r, s from
+    /// `prepare_query`. d 32/64/128, bits 2–5, 1–8 queries. Bounds (Higham §3.1, `u = 2⁻²⁴`,
+    /// `γ_k = k·u/(1 − k·u)`):
+    /// - 2- and 3-bit rows (split rows, tiled f32 dot products of 2d terms, each entry and
+    ///   product rounded once): `|err| ≤ γ_{2d+2}·Σ|terms|`;
+    /// - 4- and 5-bit rows (a 3-/4-bit MSE stage, on the codes): the MSE part as in
+    ///   `tq4_scores_on_codes_within_rounding_bound` (`‖x‖·(sq/2·Σ|c_i| + ts/2·(Σ|r_i| +
+    ///   d·sq/2))`, query and table rounding) plus 1e-4 of f32 slack; the QJL part by table:
+    ///   each entry of [`ProdQuery::sign_sum_tables`] a chain of ≤ 16 roundings on partial
+    ///   sums bounded by the byte's `Σ|s_i|`, then d/8 entries summed, a product and a sum:
+    ///   `γ_{d/8+18}·‖x‖·k·Σ|s_i|`, checked with a factor 2.
     #[test]
-    fn prod_scores_on_split_rows_match_the_estimator() {
+    fn prod_scores_match_the_estimator() {
         use crate::kv::quant::bits::code_at;
         let mut rng = rand::rngs::StdRng::seed_from_u64(2406);
+        let u = 2f64.powi(-24);
+        let gam = |k: usize| k as f64 * u / (1.0 - k as f64 * u);
         for d in [32usize, 64, 128] {
             for bits in [2u8, 3, 4, 5] {
+                let on_codes = bits >= 4;
                 let nq = [1usize, 3, 8][(d + bits as usize) % 3];
                 let c = Arc::new(TurboQuantProd::new(d, bits, 9).unwrap());
                 let mut s = TurboQuantStream::new(TqCodec::Prod(c.clone()));
@@ -648,9 +747,8 @@ mod tests {
                 let mut got = vec![0f32; n * nq];
                 s.dot_rows_int(0, n, &qs, &LazyQueryI8::new(&qs, d), &mut got);
                 let cent = c.mse().codebook().centroids();
+                let ts = cent.iter().fold(0f32, |m, c| m.max(c.abs())) as f64 / 127.0;
                 let m = TurboQuantMse::row_bytes_for(d, bits - 1);
-                let u = 2f64.powi(-24);
-                let g = (2 * d + 2) as f64 * u / (1.0 - (2 * d + 2) as f64 * u);
                 for t in 0..n {
                     let row = s.row(t);
                     let norm = half::f16::from_le_bytes([row[0], row[1]]).to_f32() as f64;
@@ -659,16 +757,80 @@ mod tests {
                     for j in 0..nq {
                         let rs = c.prepare_query(&qs[j * d..(j + 1) * d]).concat();
                         let (r, sk) = rs.split_at(d);
-                        let (mut exact, mut mass) = (0f64, 0f64);
+                        let (mut exact, mut mass_a, mut mass_b) = (0f64, 0f64, 0f64);
+                        let (mut csum, mut rsum, mut ssum) = (0f64, 0f64, 0f64);
                         for i in 0..d {
-                            let a = norm * r[i] as f64 * cent[code_at(&row[2..m], bits - 1, i)] as f64;
+                            let ci = cent[code_at(&row[2..m], bits - 1, i)] as f64;
+                            let a = norm * r[i] as f64 * ci;
                             let sign = if code_at(&row[m + 2..], 1, i) == 1 { 1.0 } else { -1.0 };
                             let b = norm * k * sign * sk[i] as f64;
                             exact += a + b;
-                            mass += a.abs() + b.abs();
+                            mass_a += a.abs();
+                            mass_b += b.abs();
+                            csum += ci.abs();
+                            rsum += (r[i] as f64).abs();
+                            ssum += (sk[i] as f64).abs();
                         }
+                        let bound = if on_codes {
+                            let sq = r.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+                            norm * (sq / 2.0 * csum + ts / 2.0 * (rsum + d as f64 * sq / 2.0))
+                                + 1e-4 * (1.0 + mass_a)
+                                + 2.0 * gam(d / 8 + 18) * norm * k * ssum
+                        } else {
+                            gam(2 * d + 2) * (mass_a + mass_b) + 1e-30
+                        };
                         let e = (got[t * nq + j] as f64 - exact).abs();
-                        assert!(e <= g * mass + 1e-30, "d={d} bits={bits} t={t}: {e} > {}", g * mass);
+                        assert!(e <= bound, "d={d} bits={bits} t={t}: {e} > {bound}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// TurboQuant_prod values on the fast path (`axpy_rows_fast`: on the codes for 4- and 5-bit
+    /// rows, split rows otherwise) against f64 sums of the rows decoded to the original basis
+    /// (`decode`: the MSE part, then `Sᵀz` row by row), d 32/64/128, bits 2–5, 1–8 queries, a
+    /// row's weights zero. Bound per element: the bound of
+    /// `tq4_values_on_codes_match_decoded_rows` with both halves' mass, `Σ_t w_t·‖x_t‖·(1 +
+    /// γ_t·√(π/2)/d·4d)` (the sketch half, `Sᵀ·zacc`, sums 2d more terms per element; 4d stands
+    /// for a column's `Σ_r|S_ri|`, whose mean is 0.8d).
+    #[test]
+    fn prod_values_match_decoded_rows() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2407);
+        let u = 2f64.powi(-24);
+        for d in [32usize, 64, 128] {
+            for bits in [2u8, 3, 4, 5] {
+                let nq = [1usize, 3, 8][(d + bits as usize) % 3];
+                let c = Arc::new(TurboQuantProd::new(d, bits, 9).unwrap());
+                let mut s = TurboQuantStream::new(TqCodec::Prod(c.clone()));
+                let n = 37;
+                s.push(&random_rows(&mut rng, n, d, 0));
+                let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
+                w[4 * nq..5 * nq].fill(0.0);
+                let mut fast = vec![0f32; nq * d];
+                s.axpy_rows_fast(0, n, &w, &mut fast);
+                let mut dec = vec![0f32; n * d];
+                for t in 0..n {
+                    s.decode(t, &mut dec[t * d..(t + 1) * d]);
+                }
+                let m = TurboQuantMse::row_bytes_for(d, bits - 1);
+                let steps = (n + 2 * d.trailing_zeros() as usize + 4 + 2 * d) as f64;
+                for j in 0..nq {
+                    let mass: f64 = (0..n)
+                        .map(|t| {
+                            let row = s.row(t);
+                            let norm = half::f16::from_le_bytes([row[0], row[1]]).to_f32() as f64;
+                            let g = half::f16::from_le_bytes([row[m], row[m + 1]]).to_f32() as f64;
+                            let k = g * (std::f64::consts::PI / 2.0).sqrt() / d as f64;
+                            w[t * nq + j] as f64 * norm * (1.0 + k * d as f64 * 4.0)
+                        })
+                        .sum();
+                    let bound = steps * u * (d as f64).sqrt() * mass * 4.0 + 1e-30;
+                    for i in 0..d {
+                        let exact: f64 =
+                            (0..n).map(|t| w[t * nq + j] as f64 * dec[t * d + i] as f64).sum();
+                        let e = (fast[j * d + i] as f64 - exact).abs();
+                        assert!(e <= bound, "d={d} bits={bits} nq={nq} {j},{i}: {e} > {bound}");
                     }
                 }
             }
@@ -688,9 +850,8 @@ mod tests {
     /// d inputs over √d) adds at most `γ_{log₂d+1}·Σ_i|racc_i|/√d ≤ γ_{log₂d+1}·Σ_t w_t‖v_t‖`,
     /// and the reference's own decode (the same rotation per row) as much again. Checked
     /// against `4·(n + 2·log₂d + 4)·u·√d·Σ_t w_t‖v_t‖` (a factor √d·4 of margin for the
-    /// approximations). Norm-corrected rows (vLLM's `_nc`; `axpy_rows_fast`, each row's
-    /// weights times `1/‖centroid vector‖`) against their own decoded rows, the same bound plus
-    /// that factor's rounding (a few `u` per row, inside the margin).
+    /// approximations). Norm-corrected rows (vLLM's `_nc`) too: their correction is in the
+    /// stored norm, so both paths read them as plain rows.
     #[test]
     fn tq4_values_on_codes_match_decoded_rows() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(1987);
@@ -702,14 +863,12 @@ mod tests {
                 s.push(&random_rows(&mut rng, n, d, 0));
                 let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
                 w[4 * nq..5 * nq].fill(0.0);
-                // The timed path (the fused kernel, `axpy_centroids4(…, fused: true)`) for every row
-                // kind; the exact path on the codes for rows without norm correction.
+                // The timed path (the fused kernel, `axpy_centroids4(…, fused: true)`) and the
+                // exact path on the codes.
                 let mut fast = vec![0f32; nq * d];
                 s.axpy_rows_fast(0, n, &w, &mut fast);
                 let mut got = vec![0f32; nq * d];
-                if !nc {
-                    s.axpy_rows(0, n, &w, &mut got);
-                }
+                s.axpy_rows(0, n, &w, &mut got);
                 let cent: [f32; 16] = c.codebook().centroids().try_into().unwrap();
                 let (mut a1, mut a2) = (vec![0f32; nq * d], vec![0f32; nq * d]);
                 codeaxpy::axpy_centroids4(&cent, &s.data, s.rb, d, 0, n, &w, &mut a1, false);
@@ -734,10 +893,8 @@ mod tests {
                             (0..n).map(|t| w[t * nq + j] as f64 * dec[t * d + i] as f64).sum();
                         let e = (fast[j * d + i] as f64 - exact).abs();
                         assert!(e <= bound, "fast d={d} nq={nq} j={j} i={i}: {e} > {bound}");
-                        if !nc {
-                            let e = (got[j * d + i] as f64 - exact).abs();
-                            assert!(e <= bound, "d={d} nq={nq} j={j} i={i}: {e} > {bound}");
-                        }
+                        let e = (got[j * d + i] as f64 - exact).abs();
+                        assert!(e <= bound, "d={d} nq={nq} j={j} i={i}: {e} > {bound}");
                     }
                 }
             }
@@ -750,13 +907,12 @@ mod tests {
     /// (score/√d) moves by at most E = (the per-key bound of
     /// [`tq4_scores_on_codes_within_rounding_bound`], maximized over keys)/√d; logits moved by
     /// at most E move every softmax weight by a factor within [e^−2E, e^2E], so each output
-    /// moves by at most (e^2E − 1)·max|v| (the value path is shared; with norm correction
-    /// the same sums up to f32 rounding), plus f32 slack. Norm-corrected rows (vLLM's `_nc`)
-    /// at head_dim 64 too: their per-key factor is N/‖centroid vector‖.
+    /// moves by at most (e^2E − 1)·max|v| (the value path is shared), plus f32 slack.
+    /// Norm-corrected rows (vLLM's `_nc`) at head_dim 64 too: their stored norm is
+    /// ‖k‖/‖centroid vector‖.
     #[test]
     fn tq4_fast_attention_matches_exact() {
         use crate::kv::attention::{fast_and_exact, HeadView};
-        use crate::kv::quant::bits::code_at;
         let mut rng = rand::rngs::StdRng::seed_from_u64(19874);
         for (d, nc) in [(32usize, false), (64, false), (128, false), (64, true)] {
             for (group, n_q) in [(1usize, 1usize), (3, 1), (4, 5)] {
@@ -778,17 +934,8 @@ mod tests {
                 for t in 0..n {
                     c.decode_rotated(ks.row(t), &mut y);
                     let nysum: f64 = y.iter().map(|x| x.abs() as f64).sum();
-                    // The factor the integer sum is multiplied by: N, or with norm correction
-                    // N/‖centroid vector‖ (that norm in f64 from the stored indices).
-                    let cn = if nc {
-                        (0..d)
-                            .map(|i| (cent[code_at(&ks.row(t)[2..], 4, i)] as f64).powi(2))
-                            .sum::<f64>()
-                            .sqrt()
-                    } else {
-                        1.0
-                    };
-                    keys.push((nysum, c.norm(ks.row(t)) as f64 / cn));
+                    // The factor the integer sum is multiplied by: the stored norm N.
+                    keys.push((nysum, c.norm(ks.row(t)) as f64));
                     vs.decode(t, &mut v);
                     vmax = v.iter().fold(vmax, |m, &a| m.max(a.abs() as f64));
                 }
