@@ -504,6 +504,47 @@ mod tests {
         }
     }
 
+    /// Weighted value sums (`sums`: name and `[nq, d]` each) against f64 sums of the stream's
+    /// rows `0..n` decoded to the original basis (`decode`), with weights `w` (`[n, nq]`),
+    /// within the bound derived in `tq4_values_on_codes_match_decoded_rows`:
+    /// `4·(n + 2·log₂d + 4 + extra)·u·√d·Σ_t w_t·mass(t, row_t)` per element (`mass`: the
+    /// decoded row's norm, or a bound of a sum's terms where more than the row is summed).
+    fn assert_sums_match_decoded(
+        s: &TurboQuantStream,
+        n: usize,
+        w: &[f32],
+        sums: &[(&str, &[f32])],
+        extra: usize,
+        mass: impl Fn(usize, &[f32]) -> f64,
+    ) {
+        let d = s.codec.head_dim();
+        let nq = w.len() / n;
+        let mut dec = vec![0f32; n * d];
+        for t in 0..n {
+            s.decode(t, &mut dec[t * d..(t + 1) * d]);
+        }
+        let u = 2f64.powi(-24);
+        let steps = (n + 2 * d.trailing_zeros() as usize + 4 + extra) as f64;
+        for j in 0..nq {
+            let m: f64 = (0..n)
+                .map(|t| w[t * nq + j] as f64 * mass(t, &dec[t * d..(t + 1) * d]))
+                .sum();
+            let bound = steps * u * (d as f64).sqrt() * m * 4.0 + 1e-30;
+            for i in 0..d {
+                let exact: f64 = (0..n).map(|t| w[t * nq + j] as f64 * dec[t * d + i] as f64).sum();
+                for (name, got) in sums {
+                    let e = (got[j * d + i] as f64 - exact).abs();
+                    assert!(e <= bound, "{name} d={d} nq={nq} {j},{i}: {e} > {bound}");
+                }
+            }
+        }
+    }
+
+    /// A decoded row's norm (the default `mass` of [`assert_sums_match_decoded`]).
+    fn row_norm(_: usize, v: &[f32]) -> f64 {
+        v.iter().map(|x| (x * x) as f64).sum::<f64>().sqrt()
+    }
+
     /// Keys: `n` rows, a sum of two uniforms per element, the first 3 channels 8× larger (as
     /// K after RoPE). Queries: the same without outliers.
     fn random_rows(rng: &mut rand::rngs::StdRng, n: usize, d: usize, outliers: usize) -> Vec<f32> {
@@ -632,26 +673,7 @@ mod tests {
                 // The timed path in the original basis.
                 let mut fast = vec![0f32; nq * d];
                 s.axpy_rows_fast(0, n, &w, &mut fast);
-                let mut dec = vec![0f32; n * d];
-                for t in 0..n {
-                    s.decode(t, &mut dec[t * d..(t + 1) * d]);
-                }
-                let steps = (n + 2 * d.trailing_zeros() as usize + 4) as f64;
-                for j in 0..nq {
-                    let mass: f64 = (0..n)
-                        .map(|t| {
-                            let v = &dec[t * d..(t + 1) * d];
-                            w[t * nq + j] as f64 * v.iter().map(|x| (x * x) as f64).sum::<f64>().sqrt()
-                        })
-                        .sum();
-                    let bound = steps * u * (d as f64).sqrt() * mass * 4.0 + 1e-30;
-                    for i in 0..d {
-                        let exact: f64 =
-                            (0..n).map(|t| w[t * nq + j] as f64 * dec[t * d + i] as f64).sum();
-                        let e = (fast[j * d + i] as f64 - exact).abs();
-                        assert!(e <= bound, "fast d={d} nc={nc} nq={nq} {j},{i}: {e} > {bound}");
-                    }
-                }
+                assert_sums_match_decoded(&s, n, &w, &[("fast", &fast)], 0, row_norm);
             }
         }
     }
@@ -797,7 +819,6 @@ mod tests {
     #[test]
     fn prod_values_match_decoded_rows() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(2407);
-        let u = 2f64.powi(-24);
         for d in [32usize, 64, 128] {
             for bits in [2u8, 3, 4, 5] {
                 let nq = [1usize, 3, 8][(d + bits as usize) % 3];
@@ -809,30 +830,14 @@ mod tests {
                 w[4 * nq..5 * nq].fill(0.0);
                 let mut fast = vec![0f32; nq * d];
                 s.axpy_rows_fast(0, n, &w, &mut fast);
-                let mut dec = vec![0f32; n * d];
-                for t in 0..n {
-                    s.decode(t, &mut dec[t * d..(t + 1) * d]);
-                }
                 let m = TurboQuantMse::row_bytes_for(d, bits - 1);
-                let steps = (n + 2 * d.trailing_zeros() as usize + 4 + 2 * d) as f64;
-                for j in 0..nq {
-                    let mass: f64 = (0..n)
-                        .map(|t| {
-                            let row = s.row(t);
-                            let norm = half::f16::from_le_bytes([row[0], row[1]]).to_f32() as f64;
-                            let g = half::f16::from_le_bytes([row[m], row[m + 1]]).to_f32() as f64;
-                            let k = g * (std::f64::consts::PI / 2.0).sqrt() / d as f64;
-                            w[t * nq + j] as f64 * norm * (1.0 + k * d as f64 * 4.0)
-                        })
-                        .sum();
-                    let bound = steps * u * (d as f64).sqrt() * mass * 4.0 + 1e-30;
-                    for i in 0..d {
-                        let exact: f64 =
-                            (0..n).map(|t| w[t * nq + j] as f64 * dec[t * d + i] as f64).sum();
-                        let e = (fast[j * d + i] as f64 - exact).abs();
-                        assert!(e <= bound, "d={d} bits={bits} nq={nq} {j},{i}: {e} > {bound}");
-                    }
-                }
+                let mass = |t: usize, _: &[f32]| {
+                    let row = s.row(t);
+                    let norm = half::f16::from_le_bytes([row[0], row[1]]).to_f32() as f64;
+                    let g = half::f16::from_le_bytes([row[m], row[m + 1]]).to_f32() as f64;
+                    norm * (1.0 + g * (std::f64::consts::PI / 2.0).sqrt() / d as f64 * 4.0 * d as f64)
+                };
+                assert_sums_match_decoded(&s, n, &w, &[("fast", &fast)], 2 * d, mass);
             }
         }
     }
@@ -874,29 +879,7 @@ mod tests {
                 codeaxpy::axpy_centroids4(&cent, &s.data, s.rb, d, 0, n, &w, &mut a1, false);
                 codeaxpy::scalar_axpy_centroids4(&cent, &s.data, s.rb, d, 0, n, &w, &mut a2);
                 assert_eq!(a1, a2, "d={d} nq={nq}: SIMD and scalar differ");
-                let mut dec = vec![0f32; n * d];
-                for t in 0..n {
-                    s.decode(t, &mut dec[t * d..(t + 1) * d]);
-                }
-                let u = 2f64.powi(-24);
-                let steps = (n + 2 * d.trailing_zeros() as usize + 4) as f64;
-                for j in 0..nq {
-                    let mass: f64 = (0..n)
-                        .map(|t| {
-                            let v = &dec[t * d..(t + 1) * d];
-                            w[t * nq + j] as f64 * v.iter().map(|x| (x * x) as f64).sum::<f64>().sqrt()
-                        })
-                        .sum();
-                    let bound = steps * u * (d as f64).sqrt() * mass * 4.0 + 1e-30;
-                    for i in 0..d {
-                        let exact: f64 =
-                            (0..n).map(|t| w[t * nq + j] as f64 * dec[t * d + i] as f64).sum();
-                        let e = (fast[j * d + i] as f64 - exact).abs();
-                        assert!(e <= bound, "fast d={d} nq={nq} j={j} i={i}: {e} > {bound}");
-                        let e = (got[j * d + i] as f64 - exact).abs();
-                        assert!(e <= bound, "d={d} nq={nq} j={j} i={i}: {e} > {bound}");
-                    }
-                }
+                assert_sums_match_decoded(&s, n, &w, &[("fast", &fast), ("exact", &got)], 0, row_norm);
             }
         }
     }
