@@ -152,6 +152,27 @@ impl TurboQuantProd {
         }
     }
 
+    /// [`prepare_query`](Self::prepare_query) as attention's timed path computes it: each
+    /// entry of `S q` summed with eight running sums ([`crate::kv::simd::dot`], vectorized)
+    /// instead of one in element order — the same vector up to f32 rounding of the order
+    /// (`|Δ(S q)_i| ≤ γ_d·Σ_k|S_ik·q_k|`, Higham §3.1). The exact path and `encode` keep the
+    /// element-order sums, so no stored bit and no quality number depends on this.
+    pub fn prepare_query_fast(&self, q: &[f32]) -> ProdQuery {
+        let mut rotated = q.to_vec();
+        self.mse.rotation().forward(&mut rotated);
+        let sketched = self
+            .s
+            .chunks_exact(self.head_dim())
+            .map(|row| crate::kv::simd::dot(row, q))
+            .collect();
+        ProdQuery { rotated, sketched }
+    }
+
+    /// The QJL matrix `S` (`[d, d]` row-major, N(0, 1) entries).
+    pub fn matrix(&self) -> &[f32] {
+        &self.s
+    }
+
     /// The unbiased estimate of `⟨q, x⟩` from a stored row:
     /// `‖x‖·(⟨R q, ŷ⟩ + γ·√(π/2)/d·⟨S q, z⟩)` with `z ∈ {±1}^d`.
     pub fn score(&self, q: &ProdQuery, row: &[u8]) -> f32 {

@@ -211,7 +211,8 @@ impl Stream for TurboQuantStream {
                 // ⟨S q, z⟩ by d/8 table lookups per row ([`ProdQuery::sign_sum_tables`]), then
                 // `‖x‖·(mse + γ·√(π/2)/d·qjl)`.
                 let nq = qs.len() / d;
-                let pq: Vec<ProdQuery> = qs.chunks_exact(d).map(|q| c.prepare_query(q)).collect();
+                let pq: Vec<ProdQuery> =
+                    qs.chunks_exact(d).map(|q| c.prepare_query_fast(q)).collect();
                 let rq: Vec<f32> = pq.iter().flat_map(|p| p.rotated().to_vec()).collect();
                 let qi = QueryI8::quantize(&rq, d);
                 let (table, ts) = int8_table(c.mse().codebook().centroids());
@@ -749,7 +750,8 @@ mod tests {
     ///   d·sq/2))`, query and table rounding) plus 1e-4 of f32 slack; the QJL part by table:
     ///   each entry of [`ProdQuery::sign_sum_tables`] a chain of ≤ 16 roundings on partial
     ///   sums bounded by the byte's `Σ|s_i|`, then d/8 entries summed, a product and a sum:
-    ///   `γ_{d/8+18}·‖x‖·k·Σ|s_i|`, checked with a factor 2.
+    ///   `γ_{d/8+18}·‖x‖·k·Σ|s_i|`, checked with a factor 2; plus the fast sketch's rounding,
+    ///   `γ_{d+1}·‖x‖·k·Σ_i Σ_k|S_ik·q_k|` ([`TurboQuantProd::prepare_query_fast`]).
     #[test]
     fn prod_scores_match_the_estimator() {
         use crate::kv::quant::bits::code_at;
@@ -795,9 +797,19 @@ mod tests {
                         }
                         let bound = if on_codes {
                             let sq = r.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+                            // The sketch's own rounding (eight running sums per entry).
+                            let q = &qs[j * d..(j + 1) * d];
+                            let sabs: f64 = c
+                                .matrix()
+                                .chunks_exact(d)
+                                .map(|row| {
+                                    row.iter().zip(q).map(|(&a, &b)| (a * b).abs() as f64).sum::<f64>()
+                                })
+                                .sum();
                             norm * (sq / 2.0 * csum + ts / 2.0 * (rsum + d as f64 * sq / 2.0))
                                 + 1e-4 * (1.0 + mass_a)
                                 + 2.0 * gam(d / 8 + 18) * norm * k * ssum
+                                + gam(d + 1) * norm * k * sabs
                         } else {
                             gam(2 * d + 2) * (mass_a + mass_b) + 1e-30
                         };
