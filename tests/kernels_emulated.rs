@@ -605,17 +605,20 @@ fn kernels_match_the_cpu_cache() {
         });
     }
     // 1,100 tokens: ⌈1101/128⌉ = 9 splits per decode step, so the combine's first warp merges
-    // two of them (splits 0 and 8) before the warps merge.
-    scenarios.push(Scenario {
-        scheme: "q4_0",
-        geom: geom(1, 1, 2, 64),
-        batch: 1,
-        forwards: vec![1100, 1, 1],
-        capacity: 32,
-        sms: 132,
-        sched: "fibers",
-        seed: 13,
-    });
+    // two of them (splits 0 and 8) before the warps merge; at head_dim 64 (2 dims per lane)
+    // and 128 (4).
+    for (d, seed) in [(64, 13), (128, 14)] {
+        scenarios.push(Scenario {
+            scheme: "q4_0",
+            geom: geom(1, 1, 2, d),
+            batch: 1,
+            forwards: vec![1100, 1, 1],
+            capacity: 32,
+            sms: 132,
+            sched: "fibers",
+            seed,
+        });
+    }
     check_all(scenarios);
 }
 

@@ -9,8 +9,10 @@
 //! row to f32 and accumulates it with `ggml_vec_mad_f32`). The keys' counterpart (Q·K on the codes) is
 //! [`super::intdot`].
 //!
-//! TurboQuant_mse 4-bit values ([`axpy_centroids4`]) are gathered the same way from their
-//! 16 f32 centroids, in the rotated basis (the caller rotates the sum back once).
+//! TurboQuant_mse 4-bit and 3-bit values ([`axpy_centroids4`], [`axpy_centroids3`]) are
+//! gathered the same way from their 16 or 8 f32 centroids, in the rotated basis (the caller
+//! rotates the sum back once); TurboQuant_prod's QJL half adds `±c` per sign bit
+//! ([`axpy_signs`]).
 //!
 //! The result is the dequantize-then-accumulate result up to f32 rounding (the same products,
 //! associated differently): no query or weight is quantized.
@@ -453,9 +455,9 @@ pub fn axpy_signs(
     assert!(d.is_multiple_of(32) && off + d / 8 <= rb && data.len() >= t1 * rb);
     assert!(c.len() >= (t1 - t0) * nq && acc.len() == nq * d);
     simd_dispatch!(
-        ["avx2"],
-        // SAFETY: AVX2 enabled at compile time; every read is inside `data` (rows t0..t1, bytes
-        // off..off + d/8 of each, asserted above), `c` and `acc`.
+        ["avx2", "fma"],
+        // SAFETY: AVX2 and FMA enabled at compile time; every read is inside `data` (rows
+        // t0..t1, bytes off..off + d/8 of each, asserted above), `c` and `acc`.
         unsafe { avx::axpy_signs(data, rb, off, d, t0, t1, c, acc) },
         scalar_axpy_signs(data, rb, off, d, t0, t1, c, acc)
     )

@@ -5,8 +5,9 @@
 //!   codebook index of every coordinate of the randomly rotated unit row, packed at `B` bits
 //!   (1–4, default 4): `ceil(d·B/8) + 2` bytes per row (vLLM's `key_packed_size`; d = 64: 26 B
 //!   at 3 bits, 34 B at 4).
-//! - `turboquant-nc`: the same rows decoded with vLLM's norm correction (the centroid vector is
-//!   rescaled to unit norm before the inverse rotation); identical bytes.
+//! - `turboquant-nc`: the same layout with vLLM's norm correction (the centroid vector rescaled
+//!   to unit norm), folded in at encode: the f16 norm field holds `‖x‖/‖centroid vector‖`, so
+//!   the rows decode as `turboquant`'s.
 //! - `turboquant-prod` (TurboQuant_prod, §3.2 Alg. 2): `B − 1` MSE bits plus a 1-bit QJL sketch
 //!   of the residual and its f16 norm (`B` 2–5, default 4): `ceil(d·(B−1)/8) + 4 + ceil(d/8)`
 //!   bytes per row; attention scores keys with the unbiased QJL estimator.

@@ -101,7 +101,8 @@ impl TurboQuantMse {
     /// Quantizes `x` (`[d]` f32) into `out` (`row_bytes()` bytes). With norm correction the
     /// stored norm is `‖x‖/‖ĉ‖`, `ĉ` the row's centroid vector (its squares summed in element
     /// order; `‖x‖` where `‖ĉ‖` is 0), so decoding is the same multiply with or without it.
-    /// Returns 1 when the stored norm exceeded f16's range and was saturated, else 0.
+    /// Returns 1 when the stored norm (with norm correction `‖x‖/‖ĉ‖`, so a row saturates
+    /// once `‖x‖ > 65504·‖ĉ‖`) exceeded f16's range and was saturated to 65504, else 0.
     pub fn encode(&self, x: &[f32], out: &mut [u8]) -> usize {
         let d = self.head_dim();
         assert_eq!(x.len(), d, "row length");

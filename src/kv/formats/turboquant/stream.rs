@@ -182,8 +182,9 @@ impl Stream for TurboQuantStream {
     }
 
     /// Every TurboQuant row has a timed path of its own ([`dot_rows_int`](Stream::dot_rows_int)):
-    /// 4-bit TurboQuant_mse keys (norm-corrected or not) on their codes
-    /// ([`intdot::IntKeys::Lut4`]), the others decoded a tile at a time. Attention takes it
+    /// 3- and 4-bit TurboQuant_mse keys (norm-corrected or not) and TurboQuant_prod keys with
+    /// a 3- or 4-bit MSE stage on their codes ([`intdot::IntKeys::Lut3`]/`Lut4`, QJL by
+    /// tables), the others decoded a tile at a time. Attention takes it
     /// where head_dim is a multiple of 32 (at head_dim 16 the exact `dot_rows` is timed).
     fn int_keys(&self) -> bool {
         true
@@ -287,10 +288,11 @@ impl Stream for TurboQuantStream {
     /// `fused`: the norm in the weight, one FMA per element), so plain 4-bit rows are no longer
     /// bit for bit `axpy_rows`'s sums, only up to f32 rounding; 3-bit rows take
     /// [`codeaxpy::axpy_centroids3`] (the same sums up to f32 rounding).
-    /// TurboQuant_prod rows here too: each row unpacked once into
-    /// `[‖x‖ŷ, ‖x‖γ√(π/2)/d·z]` ([`TurboQuantProd::decode_split`]) and accumulated by the tiled
-    /// f32 kernel into `[racc, zacc]` per query, finished as on the exact path
-    /// ([`TurboQuantProd::finish_sum`]); the same sums up to f32 rounding.
+    /// TurboQuant_prod rows here too: with a 3- or 4-bit MSE stage on their codes (those
+    /// kernels for `racc`, [`codeaxpy::axpy_signs`] for `zacc`), otherwise each row unpacked
+    /// once into `[‖x‖ŷ, ‖x‖γ√(π/2)/d·z]` ([`TurboQuantProd::decode_split`]) and accumulated
+    /// by the tiled f32 kernel into `[racc, zacc]`; either finished per query as on the exact
+    /// path ([`TurboQuantProd::finish_sum`]); the same sums up to f32 rounding.
     fn axpy_rows_fast(&self, t0: usize, t1: usize, w: &[f32], acc: &mut [f32]) {
         if let TqCodec::Prod(c) = &self.codec {
             let d = c.head_dim();
