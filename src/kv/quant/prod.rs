@@ -234,25 +234,6 @@ fn sign_table() -> &'static [[f32; 8]; 256] {
     })
 }
 
-/// `za[i] += ±cz` for the `za.len()` sign bits `z` (bit `i` set → `+`): ±1 · cz is ±cz exactly,
-/// eight at a time through [`sign_table`].
-fn add_signs(z: &[u8], cz: f32, za: &mut [f32]) {
-    let d = za.len();
-    let signs = sign_table();
-    for (a8, &byte) in za.chunks_exact_mut(8).zip(z) {
-        for (a, &sg) in a8.iter_mut().zip(&signs[byte as usize]) {
-            *a += sg * cz;
-        }
-    }
-    for (i, a) in za.iter_mut().enumerate().skip(d / 8 * 8) {
-        *a += if (z[i / 8] >> (i % 8)) & 1 == 1 {
-            cz
-        } else {
-            -cz
-        };
-    }
-}
-
 impl ProdQuery {
     /// The query as one `[2d]` vector `[R q, S q]`: its dot product with
     /// [`TurboQuantProd::decode_split`]'s row is [`TurboQuantProd::score`].
@@ -293,6 +274,14 @@ impl ProdQuery {
 }
 
 impl TurboQuantProd {
+    /// A stored row's QJL factor `‖x‖·γ·√(π/2)/d` (the sketch half of the estimator is this
+    /// times `⟨S q, z⟩`), as every timed path computes it.
+    pub fn qjl_scale(&self, row: &[u8]) -> f32 {
+        let m = self.mse.row_bytes();
+        let gamma = f16::from_le_bytes([row[m], row[m + 1]]).to_f32();
+        self.mse.norm(row) * gamma * (PI / 2.0).sqrt() as f32 / self.head_dim() as f32
+    }
+
     /// A stored row as one `[2d]` vector `[‖x‖·ŷ, ‖x‖·γ·√(π/2)/d·z]` (`z ∈ {±1}^d`), so that
     /// its dot product with [`ProdQuery::concat`] is the estimator of
     /// [`score`](Self::score) (TurboQuant §3.2, Alg. 2) as one plain dot product of 2d terms:
@@ -305,8 +294,7 @@ impl TurboQuantProd {
         let n = self.mse.norm(row);
         let c = self.mse.codebook().centroids();
         super::bits::codes_to_f32(&row[2..m], self.mse.bits(), c, n, &mut out[..d]);
-        let gamma = f16::from_le_bytes([row[m], row[m + 1]]).to_f32();
-        let k = n * gamma * (PI / 2.0).sqrt() as f32 / d as f32;
+        let k = self.qjl_scale(row);
         let z = &row[m + 2..];
         let (signs, kv) = (sign_table(), [k; 8]);
         for (o, &byte) in out[d..].chunks_exact_mut(8).zip(z) {
@@ -376,7 +364,21 @@ impl TurboQuantProd {
             for (a, &k) in r.iter_mut().zip(codes.iter()) {
                 *a += wn * c[k as usize];
             }
-            add_signs(z, wn * gamma * (PI / 2.0).sqrt() as f32 / d as f32, za);
+            let cz = wn * gamma * (PI / 2.0).sqrt() as f32 / d as f32;
+            // ±1 · cz is ±cz exactly: the same additions as `accumulate`, eight at a time.
+            let signs = sign_table();
+            for (a8, &byte) in za.chunks_exact_mut(8).zip(z) {
+                for (a, &sg) in a8.iter_mut().zip(&signs[byte as usize]) {
+                    *a += sg * cz;
+                }
+            }
+            for (i, a) in za.iter_mut().enumerate().skip(d / 8 * 8) {
+                *a += if (z[i / 8] >> (i % 8)) & 1 == 1 {
+                    cz
+                } else {
+                    -cz
+                };
+            }
         }
     }
 

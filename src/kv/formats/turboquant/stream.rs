@@ -223,11 +223,9 @@ impl Stream for TurboQuantStream {
                 scale_in_place(&mut out[..n], ts);
                 let tabs: Vec<Vec<[f32; 256]>> = pq.iter().map(|p| p.sign_sum_tables()).collect();
                 let m = c.mse().row_bytes();
-                let kc = (std::f64::consts::PI / 2.0).sqrt() as f32 / d as f32;
                 for (t, o) in (t0..t1).zip(out[..n].chunks_exact_mut(nq)) {
                     let row = self.row(t);
-                    let gamma = half::f16::from_le_bytes([row[m], row[m + 1]]).to_f32();
-                    let k = c.mse().norm(row) * gamma * kc;
+                    let k = c.qjl_scale(row);
                     let z = &row[m + 2..m + 2 + d / 8];
                     for (o, tab) in o.iter_mut().zip(&tabs) {
                         let qjl: f32 = z.iter().zip(tab).map(|(&b, t)| t[b as usize]).sum();
@@ -313,12 +311,9 @@ impl Stream for TurboQuantStream {
                 }
                 // Each row's QJL coefficient per query, w·‖x‖·γ·√(π/2)/d, then the signs.
                 let m = c.mse().row_bytes();
-                let kc = (std::f64::consts::PI / 2.0).sqrt() as f32 / d as f32;
                 let mut cw = w[..(t1 - t0) * nq].to_vec();
                 for (t, ct) in (t0..t1).zip(cw.chunks_exact_mut(nq)) {
-                    let row = self.row(t);
-                    let gamma = half::f16::from_le_bytes([row[m], row[m + 1]]).to_f32();
-                    let k = c.mse().norm(row) * gamma * kc;
+                    let k = c.qjl_scale(self.row(t));
                     ct.iter_mut().for_each(|x| *x *= k);
                 }
                 codeaxpy::axpy_signs(data, rb, m + 2, d, t0, t1, &cw, &mut zacc);
