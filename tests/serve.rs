@@ -577,3 +577,110 @@ fn report_gate_and_merge_take_serve_folders() {
     assert_eq!(code, 0, "{out}{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `kvbench calibrate` end to end at a tiny size, with a serving trace of two phases (1 and 2
+/// clients, 3 requests each of 12 prompt and 6 output tokens: the prefill gives the first
+/// token, 5 decode steps the rest). By hand: the one-client phase runs each request alone,
+/// steps at 12..16 tokens held, the first after its 12-token prefill; the two-client phase
+/// runs requests 0 and 1 together (2 × 12..16 tokens, 24..32) and, when both finish at the
+/// same step, request 2 alone (12..16). `--from-timings` refits the saved timings to the same
+/// efficiencies and overheads (the trace's rows and prompts read back), and `serve
+/// --simulate` runs on the profile.
+#[test]
+fn calibrate_with_a_serving_trace_end_to_end() {
+    common::smollm_f32();
+    let dir = std::env::temp_dir().join(format!("kvbench-calibrate-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let profile = dir.join("profile.toml");
+    let tiny = [
+        "--dtypes",
+        "fp16",
+        "--prefill-lens",
+        "16,24,32",
+        "--batch-sizes",
+        "1,2",
+        "--repeats",
+        "1",
+        "--step-repeats",
+        "1",
+        "--long-ctx",
+        "48",
+        "--scheme-batch",
+        "2",
+        "--trace-requests",
+        "3",
+        "--trace-clients",
+        "1,2",
+        "--trace-input-len",
+        "12",
+        "--trace-output-len",
+        "6",
+    ];
+    let mut a = vec!["calibrate", "--out", profile.to_str().unwrap()];
+    a.extend(tiny);
+    let (code, out, err) = common::kvbench(&a);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("serving trace b1") && out.contains("serving trace b2"),
+        "{out}"
+    );
+    let mut rdr = csv::Reader::from_path(dir.join("timings.csv")).unwrap();
+    let rows: Vec<std::collections::HashMap<String, String>> =
+        rdr.deserialize().map(Result::unwrap).collect();
+    let mut trace: Vec<(usize, usize, usize)> = rows
+        .iter()
+        .filter(|r| r["kind"] == "trace_step")
+        .map(|r| {
+            let n = |k: &str| r[k].parse::<usize>().unwrap();
+            (n("batch"), n("tokens"), n("prompt"))
+        })
+        .collect();
+    let alone = |v: &mut Vec<(usize, usize, usize)>| {
+        v.extend((12..=16).map(|c| (1, c, if c == 12 { 12 } else { 0 })))
+    };
+    let mut want = Vec::new();
+    for _ in 0..4 {
+        alone(&mut want);
+    }
+    want.extend((12..=16).map(|c| (2, 2 * c, if c == 12 { 12 } else { 0 })));
+    trace.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(trace, want);
+    let refit = dir.join("refit").join("profile.toml");
+    let timings = dir.join("timings.csv");
+    let mut a = vec![
+        "calibrate",
+        "--from-timings",
+        timings.to_str().unwrap(),
+        "--out",
+        refit.to_str().unwrap(),
+    ];
+    a.extend(tiny);
+    let (code, _, err) = common::kvbench(&a);
+    assert_eq!(code, 0, "{err}");
+    let load =
+        |p: &std::path::Path| kvbench::perf::DeviceProfile::load(p.to_str().unwrap()).unwrap();
+    let (p0, p1) = (load(&profile), load(&refit));
+    assert_eq!(p0.efficiency, p1.efficiency);
+    assert_eq!(p0.overhead, p1.overhead);
+    let sim = dir.join("sim");
+    let (code, _, err) = common::kvbench(&[
+        "serve",
+        "--simulate",
+        profile.to_str().unwrap(),
+        "--dtypes",
+        "fp16",
+        "--num-requests",
+        "4",
+        "--input-len",
+        "32",
+        "--output-len",
+        "8",
+        "--kv-budget",
+        "4MiB",
+        "--out",
+        sim.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -11,10 +11,10 @@ use anyhow::Context;
 use crate::measure::settings::{ModelArgs, SchemeArgs, ThreadArgs, WeightArgs};
 use crate::model::{self, hub};
 use crate::perf::fit::fit;
-use crate::perf::ModelShape;
 use crate::quality::wikitext;
 use crate::report::meta::Machine;
-use crate::serve::calibrate::{measure, CalibrationSpec};
+use crate::serve::calibrate::{measure, CalibrationSpec, TraceSpec};
+use crate::serve::workload::LenDist;
 
 use super::{progress_bar, set_threads, BarProgress};
 
@@ -72,6 +72,23 @@ pub struct CalibrateArgs {
     /// Timed decode steps per batch size and per scheme (the median is kept).
     #[arg(long, default_value_t = 33)]
     pub step_repeats: usize,
+    /// Requests per phase of the serving trace run last (0: none): the real scheduler in closed
+    /// loops of each `--trace-clients` count, fp16 K/V, no preemption, prompts of
+    /// `--trace-input-len` and outputs of `--trace-output-len` tokens; the profile's decode
+    /// steps are then corrected to agree on average with the trace's steps that followed no
+    /// prefill (README, "Calibration"). About 1.5 minutes on 2 cores with the defaults.
+    #[arg(long, default_value_t = 24)]
+    pub trace_requests: usize,
+    /// Client counts of the serving trace's phases, comma-separated (each the most sequences
+    /// running at once in its phase).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    pub trace_clients: Vec<usize>,
+    /// Prompt lengths of the serving trace, tokens (`A..B` uniform, or one length).
+    #[arg(long, default_value = "16..384")]
+    pub trace_input_len: LenDist,
+    /// Output lengths of the serving trace, tokens (`A..B` uniform, or one length).
+    #[arg(long, default_value = "16..160")]
+    pub trace_output_len: LenDist,
     /// The profile's name (default: cpu-<host name>).
     #[arg(long)]
     pub name: Option<String>,
@@ -100,6 +117,17 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
             reason: "need --repeats ≥ 1, --step-repeats ≥ 1, three or more --prefill-lens and \
                      two or more --batch-sizes to separate the terms"
                 .into(),
+        }
+        .into());
+    }
+    if a.trace_requests > 0 && (a.trace_clients.is_empty() || a.trace_clients.contains(&0)) {
+        return Err(crate::Error::InvalidArgument {
+            name: "--trace-clients".into(),
+            reason: format!(
+                "{:?}: give one or more client counts ≥ 1 (or --trace-requests 0 for no \
+                 serving trace)",
+                a.trace_clients
+            ),
         }
         .into());
     }
@@ -151,6 +179,14 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         long_ctx: a.long_ctx,
         repeats: a.repeats,
         step_repeats: a.step_repeats,
+        trace: (a.trace_requests > 0).then(|| TraceSpec {
+            clients: a.trace_clients.clone(),
+            requests: a.trace_requests,
+            input_len: a.trace_input_len.clone(),
+            output_len: a.trace_output_len.clone(),
+            // Not the shipped serve suites' seed 0: the trace is the calibration's own workload.
+            seed: 7,
+        }),
     };
     for s in &spec.schemes {
         s.validate(decode.model.config.head_dim)?;
@@ -170,17 +206,19 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
             samples
         }
     };
-    let cfg = &decode.model.config;
-    let shape = ModelShape {
-        layers: cfg.layers,
-        q_heads: cfg.q_heads,
-        kv_heads: cfg.kv_heads,
-        head_dim: cfg.head_dim,
-        params: crate::model::geometry::for_model_arg(&a.model.model)?.params,
-        window: None,
-        decode_weight_bytes: decode.model.weight_bytes() as u64,
-        prefill_weight_bytes: prefill.model.weight_bytes() as u64,
+    // The weights at their dtypes' nominal bytes per parameter, as `serve --simulate` charges
+    // them (`model_shape`): the model's own count adds the tied head a second time (30 MB of
+    // q8_0 for SmolLM2-135M), and a rate fitted to it made every simulated step of the same
+    // model 0.7 ms fast (AMD EPYC, 2026-12-05: batch 1 at 6.4 ms simulated, 7.2 calibrated).
+    let nominal = |d: crate::model::WeightDtype| {
+        (d != crate::model::WeightDtype::Native).then(|| d.to_string())
     };
+    let geom = crate::model::geometry::for_model_arg(&a.model.model)?;
+    let shape = super::serve::model_shape(
+        &geom,
+        nominal(decode_dtype).as_deref(),
+        nominal(prefill_dtype).as_deref(),
+    )?;
     let machine = Machine::probe();
     let name = a
         .name
@@ -200,8 +238,8 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
     // The raw timings first: a fit that fails still leaves what was measured.
     write_timings(&dir.join("timings.csv"), &samples)?;
     let (mut profile, points) = fit(&name, &description, &shape, &samples)?;
-    profile.weights_dtype = Some(a.weights.weights.to_string());
-    profile.prefill_weights_dtype = Some(prefill_dtype.to_string());
+    profile.weights_dtype = nominal(decode_dtype);
+    profile.prefill_weights_dtype = nominal(prefill_dtype);
     let how = format!(
         "kvbench calibrate {} on {} ({} threads), model {} — fitted to the timings in \
          calibration.csv beside this file",
@@ -248,7 +286,10 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
 }
 
 /// One timing of `kvbench calibrate` as `timings.csv` holds it: what ran (`prefill`, `decode`
-/// at the short context, `scheme` at the long one), its batch and context, seconds (median).
+/// at the short context, `scheme` at the long one, `trace_step` a serving trace's step with
+/// its running sequences as the batch, their summed context as the tokens and the longest
+/// prompt prefilled right before it), its batch and context, seconds (median; a trace step's
+/// own time).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Timing<K> {
     kind: K,
@@ -256,6 +297,10 @@ struct Timing<K> {
     batch: usize,
     tokens: usize,
     seconds: f64,
+    /// A `trace_step`'s longest prompt prefilled since the step before, tokens (0: none, and
+    /// every other kind; absent in files from before 2026-12-05).
+    #[serde(default)]
+    prompt: usize,
 }
 
 /// Writes every timing of `samples` to `path` (CSV, one row per timing; the probes as rows of
@@ -271,6 +316,7 @@ fn write_timings(
         batch,
         tokens,
         seconds,
+        prompt: 0,
     };
     w.serialize(row(
         "probe_read_gb_s",
@@ -298,6 +344,12 @@ fn write_timings(
     for &(b, t, before, after) in &samples.after_prefill {
         w.serialize(row("step_before_prefill", "fp16".into(), b, t, before))?;
         w.serialize(row("step_after_prefill", "fp16".into(), b, t, after))?;
+    }
+    for &(b, c, p, s) in &samples.trace {
+        w.serialize(Timing {
+            prompt: p,
+            ..row("trace_step", "fp16".into(), b, c, s)
+        })?;
     }
     w.flush()?;
     Ok(())
@@ -329,6 +381,7 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
             "probe_gemm_tflops" => s.probe_tflops = t.seconds,
             "prefill" => s.prefill.push((t.tokens, t.seconds)),
             "decode" => s.decode.push((t.batch, t.tokens, t.seconds)),
+            "trace_step" => s.trace.push((t.batch, t.tokens, t.prompt, t.seconds)),
             "step_before_prefill" => before.push((t.batch, t.tokens, t.seconds)),
             "step_after_prefill" => {
                 let i = before
@@ -362,7 +415,7 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
             k => {
                 return Err(bad(format!(
                     "row {line}: unknown kind `{k}` (probe_read_gb_s, probe_gemm_tflops, \
-                     prefill, decode, scheme, step_before_prefill, step_after_prefill)"
+                     prefill, decode, scheme, step_before_prefill, step_after_prefill, trace_step)"
                 ))
                 .into())
             }

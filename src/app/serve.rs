@@ -152,7 +152,11 @@ fn simulate(
     let s = plan.settings.clone();
     let geom = crate::model::geometry::for_model_arg(&s.model.model)?;
     let tp = s.sim.tensor_parallel;
-    let shape = model_shape(&geom, &device)?;
+    let shape = model_shape(
+        &geom,
+        device.weights_dtype.as_deref(),
+        device.prefill_weights_dtype.as_deref(),
+    )?;
     if let Some(n) = s.sim.num_gpu_blocks_override {
         let fp16 = plan.sizer(crate::kv::KvScheme::FP16, plan.pool_geometry(geom.cache()));
         plan = plan.with_budget(n * fp16.block_bytes());
@@ -215,23 +219,27 @@ fn simulate(
     })
 }
 
-/// The model as the performance model sees it: its geometry and parameters, its weights in
-/// the profile's dtypes (else its own). Errors: a dtype kvbench does not know.
-fn model_shape(
+/// The model as the performance model sees it: its geometry and parameters, its weights at
+/// `decode` dtype's nominal bytes per parameter (None: the model's own dtype) for decode steps
+/// and at `prefill`'s (None: as decode) for prefills — the profile's `weights_dtype` and
+/// `prefill_weights_dtype` when simulating, the dtypes timed when `kvbench calibrate` fits a
+/// profile, so the weight-read rate it fits applies to the same bytes a simulation charges.
+/// Errors: a dtype kvbench does not know.
+pub(super) fn model_shape(
     geom: &crate::model::geometry::ModelGeometry,
-    device: &DeviceProfile,
+    decode: Option<&str>,
+    prefill: Option<&str>,
 ) -> crate::Result<ModelShape> {
-    let bytes = |dtype: Option<&String>| -> crate::Result<u64> {
-        let d = dtype.map_or(geom.weight_dtype.as_str(), |d| d.as_str());
+    let bytes = |dtype: Option<&str>| -> crate::Result<u64> {
+        let d = dtype.unwrap_or(geom.weight_dtype.as_str());
         if d == "gguf" {
             return Ok(std::fs::metadata(&geom.name).map_or(0, |m| m.len()));
         }
         Ok((geom.params as f64 * crate::model::geometry::weight_bytes_per_param(d)?) as u64)
     };
-    let decode = bytes(device.weights_dtype.as_ref())?;
-    let prefill = match &device.prefill_weights_dtype {
-        Some(d) => bytes(Some(d))?,
-        None => decode,
+    let (decode, prefill) = match (bytes(decode)?, prefill) {
+        (d, Some(p)) => (d, bytes(Some(p))?),
+        (d, None) => (d, d),
     };
     Ok(ModelShape {
         layers: geom.layers,

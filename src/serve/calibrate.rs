@@ -24,7 +24,9 @@ use crate::model::Model;
 use crate::perf::fit::Samples;
 
 use super::backend::ModelBackend;
-use super::engine::Backend;
+use super::engine::{self, Backend, SchedConfig};
+use super::pool::BlockSizer;
+use super::workload::{self, Arrival, LenDist};
 
 /// What to time.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,13 +48,37 @@ pub struct CalibrationSpec {
     pub repeats: usize,
     /// Timed decode steps per batch size and per scheme (the median is kept).
     pub step_repeats: usize,
+    /// The serving trace run last (None: none).
+    pub trace: Option<TraceSpec>,
+}
+
+/// A serving trace: the real scheduler ([`super::engine::serve`]) over the model backend,
+/// fp16 K/V, no KV budget to preempt for, closed loops of each client count in turn, each
+/// serving its own `requests` requests (lengths drawn from `input_len` and `output_len`, seeded
+/// by `seed` and the client count). Its decode steps are what a serving run's steps really
+/// cost at the batches and contexts serving produces; the fit ([`crate::perf::fit::fit`],
+/// step 7) makes the profile's decode steps agree with those that followed no prefill (on
+/// average, per batch size) and its extra after a prefill with those that did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceSpec {
+    /// Client counts, one closed-loop phase each (the most sequences running at once).
+    pub clients: Vec<usize>,
+    /// Requests per phase.
+    pub requests: usize,
+    /// Prompt lengths, tokens.
+    pub input_len: LenDist,
+    /// Output lengths, tokens.
+    pub output_len: LenDist,
+    /// Seed of the lengths and prompt offsets (phase `c` uses `seed + c`).
+    pub seed: u64,
 }
 
 impl CalibrationSpec {
     /// Units of progress [`measure`] reports: one per prefill round, one for the decode steps,
-    /// one per scheme.
+    /// one per scheme, one per phase of the serving trace.
     pub fn units(&self) -> u64 {
-        (self.repeats.max(1) + 1 + 1 + self.schemes.len()) as u64
+        let phases = self.trace.as_ref().map_or(0, |t| t.clients.len());
+        (self.repeats.max(1) + 1 + 1 + self.schemes.len() + phases) as u64
     }
 }
 
@@ -194,7 +220,116 @@ pub fn measure(
             .push((scheme, b, c + median_context(step_repeats), s));
     }
     progress.advance(spec.schemes.len() as u64);
+    if let Some(trace) = &spec.trace {
+        samples.trace = serving_trace(prefill, decode, text, trace, progress)?;
+    }
     Ok(samples)
+}
+
+/// Runs `spec`'s serving trace (see [`TraceSpec`]) and returns its decode steps, `(running
+/// sequences, Σ context tokens before the step, longest prompt prefilled since the step
+/// before (0: none), s)`. Errors: the scheduler's, the model's and the cache's; a text
+/// shorter than the longest prompt ([`workload::requests`]).
+fn serving_trace(
+    prefill: &Model,
+    decode: &Model,
+    text: &[u32],
+    spec: &TraceSpec,
+    progress: &dyn Progress,
+) -> Result<Vec<(usize, usize, usize, f64)>> {
+    let sizer = BlockSizer {
+        scheme: KvScheme::FP16,
+        geom: decode.config.cache_geometry(),
+        block_tokens: 16,
+    };
+    let longest = spec.input_len.max() + spec.output_len.max();
+    let mut steps = Vec::new();
+    for &clients in &spec.clients {
+        progress.start(&format!(
+            "serving trace: {} requests, {clients} clients",
+            spec.requests
+        ));
+        let seed = spec.seed + clients as u64;
+        let reqs = workload::requests(
+            spec.requests,
+            &spec.input_len,
+            &spec.output_len,
+            text,
+            0,
+            (&[], &[]),
+            seed,
+        )?;
+        let cfg = SchedConfig {
+            sizer,
+            // Room for every client's longest request: nothing is ever preempted.
+            kv_budget: (clients * sizer.peak_blocks(longest)) as u64 * sizer.block_bytes(),
+            max_num_seqs: clients,
+            prefix_tokens: 0,
+            prefix_caching: false,
+        };
+        let mut backend = Traced {
+            inner: ModelBackend::new(prefill, decode, KvScheme::FP16),
+            longest: 0,
+            per_step: Vec::new(),
+        };
+        let out = engine::serve(
+            &mut backend,
+            &cfg,
+            &reqs,
+            Arrival::Closed { clients },
+            &[],
+            seed,
+            &mut |_| Ok(()),
+        )?;
+        // The scheduler records a sample for every step it runs, in order.
+        debug_assert_eq!(out.steps.len(), backend.per_step.len());
+        steps.extend(
+            out.steps
+                .iter()
+                .zip(&backend.per_step)
+                .filter(|(s, _)| s.step_s.is_finite() && s.running > 0)
+                .map(|(s, &p)| (s.running, s.context_tokens as usize, p, s.step_s)),
+        );
+        progress.advance(1);
+    }
+    Ok(steps)
+}
+
+/// The model backend, noting before each decode step the longest prompt prefilled since the
+/// step before (0: none) — what the simulation's step after a prefill is charged by
+/// ([`crate::perf::PerfModel::decode_after_prefill`]); the scheduler's step samples hold only
+/// the sum of the tokens prefilled.
+struct Traced<'a> {
+    inner: ModelBackend<'a>,
+    longest: usize,
+    per_step: Vec<usize>,
+}
+
+impl Backend for Traced<'_> {
+    fn now(&self) -> f64 {
+        self.inner.now()
+    }
+    fn wait_until(&mut self, t: f64) {
+        self.inner.wait_until(t)
+    }
+    fn prepare_prefix(&mut self, prefix: &[u32]) -> Result<f64> {
+        self.longest = self.longest.max(prefix.len());
+        self.inner.prepare_prefix(prefix)
+    }
+    fn admit(&mut self, tokens: &[u32], after_prefix: bool) -> Result<u32> {
+        self.longest = self.longest.max(tokens.len());
+        self.inner.admit(tokens, after_prefix)
+    }
+    fn step(&mut self, last: &[u32]) -> Result<Vec<u32>> {
+        self.per_step.push(std::mem::take(&mut self.longest));
+        self.inner.step(last)
+    }
+    fn remove(&mut self, i: usize) -> Result<()> {
+        self.inner.remove(i)
+    }
+    fn kv_bytes(&self) -> usize {
+        self.inner.kv_bytes()
+    }
 }
 
 /// Tokens each sequence holds beyond its prompt at the median timed step of
