@@ -17,7 +17,10 @@ fitted to  step = fixed + per_seq · running + per_token · context_tokens  (per
 each batch size, see fit_steps; the steps right after a prefill apart, as what they take beyond
 that), and its prefills to seconds per prefilled token, measured next to simulated. A simulated run's
 steps follow the performance model exactly, so its fit reads the model's terms back; the
-measured fit says what the serving path really paid for each.
+measured fit says what the serving path really paid for each. The ratio of the measured steps
+to the simulated fit at the measured steps' own batches and contexts says how much slower
+(above 1) the serving path ran than the model at the same shapes, apart from any difference
+of schedule.
 """
 import csv
 import json
@@ -99,6 +102,19 @@ def fit_steps(steps):
     return ((gm - per_seq * bm) * 1e3, per_seq * 1e3, k * 1e6, int(w))
 
 
+def step_ratio(steps, fit):
+    """The measured steps that followed no prefill against `fit` (the other run's step fit)
+    at each one's own batch and context: Σ measured / Σ fitted, or None. Above 1, the
+    serving path's steps ran slower than the other run's model of them at the same shapes,
+    whatever the schedule (a machine slower than when it was calibrated, or a term priced
+    low); the schedule's own differences (more or fewer sequences at once) do not enter."""
+    fixed, per_seq, per_token, _ = fit
+    own = [s for s in steps if timed(s) and not s.get("prefill_tokens")]
+    pred = sum(fixed + per_seq * s["running"] + per_token * s["context_tokens"] / 1e3
+               for s in own)
+    return sum(s["step_s"] * 1e3 for s in own) / pred if own and pred > 0 else None
+
+
 def prefill_rate(steps):
     """Seconds per prefilled token over the samples that prefilled, ms; or None."""
     pre = [s for s in steps if s.get("prefill_tokens")]
@@ -122,13 +138,16 @@ def terms(meas_dir, sim_dir, md):
         pm, ps = prefill_rate(m), prefill_rate(s)
         am, as_ = after_prefill_extra(m, fm), after_prefill_extra(s, fs)
         cell = lambda a, b, f: f"{a:{f}} → {b:{f}}" if a is not None and b is not None else "-"
+        r = step_ratio(m, fs)
         lines.append([key[0], key[1], cell(fm[0], fs[0], ".2f"), cell(fm[1], fs[1], ".2f"),
                       cell(fm[2], fs[2], ".2f"), cell(am, as_, ".1f"),
-                      cell(pm, ps, ".3f"), f"{fm[3]} / {fs[3]}"])
+                      cell(pm, ps, ".3f"), f"{r:.3f}" if r is not None else "-",
+                      f"{fm[3]} / {fs[3]}"])
     if not lines:
         return
     head = ["scheme", "load", "step fixed ms", "per sequence ms", "per cached token µs",
-            "after a prefill, ms more", "prefill ms per token", "steps"]
+            "after a prefill, ms more", "prefill ms per token",
+            f"measured steps ÷ {OTHER} fit, same shapes", "steps"]
     print()
     print(f"Decode steps fitted (measured → {OTHER}):")
     print()

@@ -1,11 +1,12 @@
 //! The timings `kvbench calibrate` fits a device profile to ([`crate::perf::fit`]), taken on
 //! the path `kvbench serve` measures — the model backend's own prefill (`admit`) and decode
 //! steps (`step`) — so the profile describes what a serving run on this machine experiences:
-//! prefills of several lengths, decode steps of several batch sizes at a short context, and a
-//! decode step per scheme at a short and a long context. Each timing is the median of its
-//! repeats, after one untimed run. Each prefill follows decode steps of a running batch, and
-//! that batch's next step is timed too, as in serving, where the two phases' weights take
-//! turns in the cache.
+//! prefills of several lengths, decode steps of several batch sizes at a short context, a
+//! decode step per scheme at a short and a long context, and last a serving trace: the real
+//! scheduler serving the calibration's own requests in closed loops ([`TraceSpec`]). Each
+//! isolated timing is the median of its repeats, after one untimed run. Each prefill follows
+//! decode steps of a running batch, and that batch's next step is timed too, as in serving,
+//! where the two phases' weights take turns in the cache.
 //!
 //! The prefill lengths, the short-context batch sizes and the schemes' steps are timed
 //! **interleaved**: each round runs every length (every batch size, every scheme) once,
