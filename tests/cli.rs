@@ -68,6 +68,23 @@ fn calibrate_refuses_a_long_context_not_above_the_short_one() {
     );
 }
 
+/// The serving trace's lengths take one length or a range; an XSum trace (which needs the
+/// pairs' lengths), a client count of 0: refused before any model loads, naming the flag.
+#[test]
+fn calibrate_refuses_a_trace_it_cannot_run() {
+    for (args, flag) in [
+        (["--trace-input-len", "xsum:32..64"], "--trace-input-len"),
+        (["--trace-output-len", "xsum:8..64"], "--trace-output-len"),
+        (["--trace-clients", "0,4"], "--trace-clients"),
+    ] {
+        let mut a = vec!["calibrate"];
+        a.extend(args);
+        let (code, _, err) = kvbench(&a);
+        assert_eq!(code, 2, "{flag}: {err}");
+        assert!(err.contains(flag), "{flag}: {err}");
+    }
+}
+
 #[test]
 fn uncached_repo_offline_names_repo_and_local_path() {
     let home = std::env::temp_dir().join(format!("kvbench-hf-{}", std::process::id()));

@@ -11,6 +11,7 @@ use anyhow::Context;
 use crate::measure::settings::{ModelArgs, SchemeArgs, ThreadArgs, WeightArgs};
 use crate::model::{self, hub};
 use crate::perf::fit::fit;
+use crate::perf::ModelShape;
 use crate::quality::wikitext;
 use crate::report::meta::Machine;
 use crate::serve::calibrate::{measure, CalibrationSpec, TraceSpec};
@@ -131,6 +132,20 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         }
         .into());
     }
+    for (flag, len) in [
+        ("--trace-input-len", &a.trace_input_len),
+        ("--trace-output-len", &a.trace_output_len),
+    ] {
+        if matches!(len, LenDist::Xsum(..)) {
+            return Err(crate::Error::InvalidArgument {
+                name: flag.into(),
+                reason: format!(
+                    "`{len}`: the serving trace takes one length or a uniform range (`A..B`)"
+                ),
+            }
+            .into());
+        }
+    }
     if a.scheme_batch == 0 || a.long_ctx <= SHORT_CTX {
         return Err(crate::Error::InvalidArgument {
             name: "kvbench calibrate".into(),
@@ -210,15 +225,22 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
     // them (`model_shape`): the model's own count adds the tied head a second time (30 MB of
     // q8_0 for SmolLM2-135M), and a rate fitted to it made every simulated step of the same
     // model 0.7 ms fast (AMD EPYC, 2026-12-05: batch 1 at 6.4 ms simulated, 7.2 calibrated).
-    let nominal = |d: crate::model::WeightDtype| {
-        (d != crate::model::WeightDtype::Native).then(|| d.to_string())
-    };
+    // `native` weights are the file's own dtype (`model_shape` reads the geometry's).
     let geom = crate::model::geometry::for_model_arg(&a.model.model)?;
-    let shape = super::serve::model_shape(
-        &geom,
-        nominal(decode_dtype).as_deref(),
-        nominal(prefill_dtype).as_deref(),
-    )?;
+    let nominal = |d: crate::model::WeightDtype| match d {
+        crate::model::WeightDtype::Native => geom.weight_dtype.clone(),
+        d => d.to_string(),
+    };
+    // The fit sees every layer global (`fit` times no window): a hybrid model's window is
+    // for the simulation to apply, not for the calibration's rates.
+    let shape = ModelShape {
+        window: None,
+        ..super::serve::model_shape(
+            &geom,
+            Some(&nominal(decode_dtype)),
+            Some(&nominal(prefill_dtype)),
+        )?
+    };
     let machine = Machine::probe();
     let name = a
         .name
@@ -238,8 +260,8 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
     // The raw timings first: a fit that fails still leaves what was measured.
     write_timings(&dir.join("timings.csv"), &samples)?;
     let (mut profile, points) = fit(&name, &description, &shape, &samples)?;
-    profile.weights_dtype = nominal(decode_dtype);
-    profile.prefill_weights_dtype = nominal(prefill_dtype);
+    profile.weights_dtype = Some(nominal(decode_dtype));
+    profile.prefill_weights_dtype = Some(nominal(prefill_dtype));
     let how = format!(
         "kvbench calibrate {} on {} ({} threads), model {} — fitted to the timings in \
          calibration.csv beside this file",
@@ -381,6 +403,14 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
             "probe_gemm_tflops" => s.probe_tflops = t.seconds,
             "prefill" => s.prefill.push((t.tokens, t.seconds)),
             "decode" => s.decode.push((t.batch, t.tokens, t.seconds)),
+            "trace_step" if t.batch == 0 || t.tokens < t.batch => {
+                return Err(bad(format!(
+                    "row {line}: a trace_step of {} sequences holding {} tokens in all (each \
+                     sequence holds at least one)",
+                    t.batch, t.tokens
+                ))
+                .into())
+            }
             "trace_step" => s.trace.push((t.batch, t.tokens, t.prompt, t.seconds)),
             "step_before_prefill" => before.push((t.batch, t.tokens, t.seconds)),
             "step_after_prefill" => {

@@ -70,7 +70,8 @@ impl Efficiency {
 /// (harmonic interpolation of the efficiency): `e(n) = n / ((1 − f)·n₀/e₀ + f·n₁/e₁)` with
 /// `f = (n − n₀)/(n₁ − n₀)`; the end value beyond either end (time proportional to `n` there).
 /// Between two sizes whose times do not fall and whose time per row does not rise — what
-/// [`crate::perf::fit`]'s smoothing guarantees — the interpolated time keeps both properties
+/// [`crate::perf::fit`]'s smoothing guarantees before a serving trace's correction — the
+/// interpolated time keeps both properties
 /// (a chord through two such points has a non-negative intercept); linear interpolation of the
 /// efficiency in log n, used before, can dip between them. `None` for an empty table.
 pub fn interpolate(table: &[(u64, f64)], n: usize) -> Option<f64> {

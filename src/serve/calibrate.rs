@@ -58,8 +58,9 @@ pub struct CalibrationSpec {
 /// serving its own `requests` requests (lengths drawn from `input_len` and `output_len`, seeded
 /// by `seed` and the client count). Its decode steps are what a serving run's steps really
 /// cost at the batches and contexts serving produces; the fit ([`crate::perf::fit::fit`],
-/// step 7) makes the profile's decode steps agree with those that followed no prefill (on
-/// average, per batch size) and its extra after a prefill with those that did.
+/// step 7) corrects the profile's decode steps by a line in the batch fitted to those that
+/// followed no prefill, and its extra after a prefill to those that did. The backend of each
+/// phase is warmed by one untimed request first, as a measured serving point's is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceSpec {
     /// Client counts, one closed-loop phase each (the most sequences running at once).
@@ -268,8 +269,15 @@ fn serving_trace(
             prefix_tokens: 0,
             prefix_caching: false,
         };
+        // Warmed by one untimed request, as each measured serving point's backend is
+        // (`kvbench serve`): the first request's prompt and up to 4 decode steps.
+        let inner = match reqs.first() {
+            Some(r) => ModelBackend::new(prefill, decode, KvScheme::FP16)
+                .warmed_up(&r.prompt, 4.min(r.output_len.saturating_sub(1)))?,
+            None => ModelBackend::new(prefill, decode, KvScheme::FP16),
+        };
         let mut backend = Traced {
-            inner: ModelBackend::new(prefill, decode, KvScheme::FP16),
+            inner,
             longest: 0,
             per_step: Vec::new(),
         };
@@ -283,7 +291,17 @@ fn serving_trace(
             &mut |_| Ok(()),
         )?;
         // The scheduler records a sample for every step it runs, in order.
-        debug_assert_eq!(out.steps.len(), backend.per_step.len());
+        if out.steps.len() != backend.per_step.len() {
+            return Err(crate::Error::InvalidArgument {
+                name: "kvbench calibrate".into(),
+                reason: format!(
+                    "the serving trace recorded {} steps and ran {}: the scheduler's samples \
+                     and the backend's steps do not pair up (a kvbench bug; please report it)",
+                    out.steps.len(),
+                    backend.per_step.len()
+                ),
+            });
+        }
         steps.extend(
             out.steps
                 .iter()
