@@ -606,12 +606,14 @@ pub fn fit(
     Ok((profile, points))
 }
 
-/// `context` tokens spread over `batch` sequences as evenly as whole tokens allow (the first
-/// `context mod batch` one more): the contexts of a trace step, which records only their sum.
-/// fp16 holds every token, so every term of [`PerfModel::decode`] depends on the sum alone.
-fn spread(context: usize, batch: usize) -> Vec<usize> {
+/// What `model` predicts for a serving trace's decode step of `batch` sequences holding
+/// `context` tokens in all (the trace records only the sum), seconds: the tokens spread as
+/// evenly as whole tokens allow (the first `context mod batch` sequences one more); fp16 holds
+/// every token, so every term of [`PerfModel::decode`] depends on the sum alone.
+fn trace_step_s(model: &PerfModel, batch: usize, context: usize) -> f64 {
     let (q, r) = (context / batch.max(1), context % batch.max(1));
-    (0..batch).map(|i| q + usize::from(i < r)).collect()
+    let contexts: Vec<usize> = (0..batch).map(|i| q + usize::from(i < r)).collect();
+    model.seconds(&model.decode(&contexts))
 }
 
 /// Step 7 of [`fit`]: the serving trace's decode steps `(batch, Σ context, s)` against the
@@ -653,7 +655,7 @@ fn correct_steps(
     let model = PerfModel::new(profile.clone(), shape.clone(), KvScheme::FP16, 1)?;
     let (mut rows, mut resid) = (Vec::new(), Vec::new());
     for &(b, c, _, y) in trace {
-        let p = model.seconds(&model.decode(&spread(c, b)));
+        let p = trace_step_s(&model, b, c);
         rows.push(vec![1.0, b as f64]);
         resid.push(y - p);
     }
@@ -730,7 +732,7 @@ fn after_prefill_from_trace(
     let mut sums = vec![(0.0, 0usize); table.len()];
     for &(b, c, p, y) in trace.iter().filter(|t| t.2 > 0) {
         let j = nearest_length(table, p);
-        sums[j].0 += y - model.seconds(&model.decode(&spread(c, b)));
+        sums[j].0 += y - trace_step_s(&model, b, c);
         sums[j].1 += 1;
     }
     let (vals, w): (Vec<f64>, Vec<f64>) = table
@@ -808,7 +810,7 @@ fn check(profile: &DeviceProfile, shape: &ModelShape, samples: &Samples) -> Resu
     let table = &profile.overhead.after_prefill_by_prompt;
     let mut after: BTreeMap<usize, (f64, f64, usize)> = BTreeMap::new();
     for &(b, c, prompt, y) in &samples.trace {
-        let p = base.seconds(&base.decode(&spread(c, b)));
+        let p = trace_step_s(&base, b, c);
         let (x, y, p) = match prompt {
             0 => (by_batch.entry(b).or_default(), y, p),
             _ if table.is_empty() => continue,
@@ -891,7 +893,6 @@ mod tests {
         let prefill = |t: f64| {
             (538e6 + t * bpt16) / 20e9 + 2.0 * n * t / 50e9 + 2.0 * qdl * (t * t + t) / 10e9 + 1e-3
         };
-        let decode = known_decode;
         Samples {
             probe_bw_gb_s: 10.0,
             probe_tflops: 0.01,
@@ -901,7 +902,7 @@ mod tests {
                 .collect(),
             decode: [1usize, 2, 4, 8]
                 .iter()
-                .map(|&b| (b, 35, decode(KvScheme::FP16, b as f64, 35.0, 15e9)))
+                .map(|&b| (b, 35, known_decode(KvScheme::FP16, b as f64, 35.0, 15e9)))
                 .collect(),
             // int4's steps carry 3 ms that fp16's do not (its encoding: 750 µs for each of the
             // batch's 4 new tokens): the difference of its two steps leaves it out of the K/V
@@ -911,23 +912,23 @@ mod tests {
                     KvScheme::FP16,
                     4,
                     35,
-                    decode(KvScheme::FP16, 4.0, 35.0, 15e9),
+                    known_decode(KvScheme::FP16, 4.0, 35.0, 15e9),
                 ),
                 (
                     KvScheme::FP16,
                     4,
                     1023,
-                    decode(KvScheme::FP16, 4.0, 1023.0, 15e9),
+                    known_decode(KvScheme::FP16, 4.0, 1023.0, 15e9),
                 ),
-                (int4, 4, 35, decode(int4, 4.0, 35.0, 5e9) + 0.003),
-                (int4, 4, 1023, decode(int4, 4.0, 1023.0, 5e9) + 0.003),
+                (int4, 4, 35, known_decode(int4, 4.0, 35.0, 5e9) + 0.003),
+                (int4, 4, 1023, known_decode(int4, 4.0, 1023.0, 5e9) + 0.003),
             ],
             // 2 ms more after a 32-token prompt, 12 after 64, 10 after 128: the last two fall,
             // so they pool to 11.
             after_prefill: [(32, 0.002), (64, 0.012), (128, 0.010)]
                 .iter()
                 .map(|&(t, x)| {
-                    let before = decode(KvScheme::FP16, 4.0, 35.0 + t as f64, 15e9);
+                    let before = known_decode(KvScheme::FP16, 4.0, 35.0 + t as f64, 15e9);
                     (4, t, before, before + x)
                 })
                 .collect(),
@@ -1035,7 +1036,8 @@ mod tests {
             };
             let (p, points) = fit("cpu", "test", &s, &samples).unwrap();
             for &(b, c, _, t) in &trace {
-                let got = step(&p, &spread(c, b));
+                let m = PerfModel::new(p.clone(), s.clone(), KvScheme::FP16, 1).unwrap();
+                let got = trace_step_s(&m, b, c);
                 assert!(close(got, t, 1e-9), "{what}: b{b} c{c}: {got} vs {t}");
             }
             let d1 = step(&p, &[35]) - step(&p0, &[35]);

@@ -271,16 +271,10 @@ fn serving_trace(
         };
         // Warmed by one untimed request, as each measured serving point's backend is
         // (`kvbench serve`): the first request's prompt and up to 4 decode steps.
-        let inner = match reqs.first() {
-            Some(r) => ModelBackend::new(prefill, decode, KvScheme::FP16)
-                .warmed_up(&r.prompt, 4.min(r.output_len.saturating_sub(1)))?,
-            None => ModelBackend::new(prefill, decode, KvScheme::FP16),
-        };
-        let mut backend = Traced {
-            inner,
-            longest: 0,
-            per_step: Vec::new(),
-        };
+        let mut backend = ModelBackend::new(prefill, decode, KvScheme::FP16);
+        if let Some(r) = reqs.first() {
+            backend = backend.warmed_up(&r.prompt, 4.min(r.output_len.saturating_sub(1)))?;
+        }
         let out = engine::serve(
             &mut backend,
             &cfg,
@@ -290,65 +284,18 @@ fn serving_trace(
             seed,
             &mut |_| Ok(()),
         )?;
-        // The scheduler records a sample for every step it runs, in order.
-        if out.steps.len() != backend.per_step.len() {
-            return Err(crate::Error::InvalidArgument {
-                name: "kvbench calibrate".into(),
-                reason: format!(
-                    "the serving trace recorded {} steps and ran {}: the scheduler's samples \
-                     and the backend's steps do not pair up (a kvbench bug; please report it)",
-                    out.steps.len(),
-                    backend.per_step.len()
-                ),
-            });
-        }
         steps.extend(
             out.steps
                 .iter()
-                .zip(&backend.per_step)
-                .filter(|(s, _)| s.step_s.is_finite() && s.running > 0)
-                .map(|(s, &p)| (s.running, s.context_tokens as usize, p, s.step_s)),
+                .filter(|s| s.step_s.is_finite() && s.running > 0)
+                .map(|s| {
+                    let p = s.prefill_longest as usize;
+                    (s.running, s.context_tokens as usize, p, s.step_s)
+                }),
         );
         progress.advance(1);
     }
     Ok(steps)
-}
-
-/// The model backend, noting before each decode step the longest prompt prefilled since the
-/// step before (0: none) — what the simulation's step after a prefill is charged by
-/// ([`crate::perf::PerfModel::decode_after_prefill`]); the scheduler's step samples hold only
-/// the sum of the tokens prefilled.
-struct Traced<'a> {
-    inner: ModelBackend<'a>,
-    longest: usize,
-    per_step: Vec<usize>,
-}
-
-impl Backend for Traced<'_> {
-    fn now(&self) -> f64 {
-        self.inner.now()
-    }
-    fn wait_until(&mut self, t: f64) {
-        self.inner.wait_until(t)
-    }
-    fn prepare_prefix(&mut self, prefix: &[u32]) -> Result<f64> {
-        self.longest = self.longest.max(prefix.len());
-        self.inner.prepare_prefix(prefix)
-    }
-    fn admit(&mut self, tokens: &[u32], after_prefix: bool) -> Result<u32> {
-        self.longest = self.longest.max(tokens.len());
-        self.inner.admit(tokens, after_prefix)
-    }
-    fn step(&mut self, last: &[u32]) -> Result<Vec<u32>> {
-        self.per_step.push(std::mem::take(&mut self.longest));
-        self.inner.step(last)
-    }
-    fn remove(&mut self, i: usize) -> Result<()> {
-        self.inner.remove(i)
-    }
-    fn kv_bytes(&self) -> usize {
-        self.inner.kv_bytes()
-    }
 }
 
 /// Tokens each sequence holds beyond its prompt at the median timed step of

@@ -159,6 +159,11 @@ pub struct StepSample {
     /// older runs.
     #[serde(default)]
     pub prefill_tokens: u64,
+    /// The longest of those prefills, tokens (0: none; 0 in runs before 2026-12-05): what the
+    /// performance model charges the step after a prefill by
+    /// ([`crate::perf::PerfModel::decode_after_prefill`]).
+    #[serde(default)]
+    pub prefill_longest: u64,
 }
 
 fn nan() -> f64 {
@@ -269,8 +274,9 @@ struct Scheduler<'a> {
     steps: Vec<StepSample>,
     /// Requests finished (served or rejected).
     finished: usize,
-    /// Seconds and tokens of the prefills since the last [`StepSample`].
-    prefilled: (f64, u64),
+    /// Seconds, tokens and the longest prefill's tokens of the prefills since the last
+    /// [`StepSample`].
+    prefilled: (f64, u64, u64),
 }
 
 impl<'a> Scheduler<'a> {
@@ -329,7 +335,7 @@ impl<'a> Scheduler<'a> {
             done: Vec::with_capacity(n),
             steps: Vec::new(),
             finished: 0,
-            prefilled: (0.0, 0),
+            prefilled: (0.0, 0, 0),
         })
     }
 
@@ -470,6 +476,7 @@ impl<'a> Scheduler<'a> {
         let t = t1 - self.offset;
         self.prefilled.0 += t1 - t0;
         self.prefilled.1 += tokens.len() as u64;
+        self.prefilled.2 = self.prefilled.2.max(tokens.len() as u64);
         if st.generated.is_empty() {
             st.record.first_token_s = t;
         } else {
@@ -572,8 +579,9 @@ impl<'a> Scheduler<'a> {
             context_tokens,
             prefill_s: self.prefilled.0,
             prefill_tokens: self.prefilled.1,
+            prefill_longest: self.prefilled.2,
         });
-        self.prefilled = (0.0, 0);
+        self.prefilled = (0.0, 0, 0);
         Ok(ended)
     }
 

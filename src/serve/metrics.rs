@@ -274,6 +274,7 @@ mod tests {
                     context_tokens: 10,
                     prefill_s: 0.0,
                     prefill_tokens: 0,
+                    prefill_longest: 0,
                 },
                 StepSample {
                     t_s: 1.5,
@@ -288,6 +289,7 @@ mod tests {
                     context_tokens: 10,
                     prefill_s: 0.0,
                     prefill_tokens: 0,
+                    prefill_longest: 0,
                 },
             ],
             total_blocks: 8,
