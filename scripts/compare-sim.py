@@ -21,6 +21,11 @@ measured fit says what the serving path really paid for each. The ratio of the m
 to the simulated fit at the measured steps' own batches and contexts says how much slower
 (above 1) the serving path ran than the model at the same shapes, apart from any difference
 of schedule.
+
+Where the measured run took a speed probe before each point (kvbench 2026-12-06 on:
+probe_prefill_ms, probe_step_ms) and the simulated run's profile holds the calibration's own
+probe, the table says how much slower than at calibration the machine ran each point (above 1:
+slower), prefill and decode step apart: the drift a simulation run with --speed-from takes out.
 """
 import csv
 import json
@@ -123,12 +128,41 @@ def prefill_rate(steps):
     return t / n * 1e3 if n else None
 
 
+def profile_probe(d):
+    """The speed probe of the profile a simulated run ran on (meta.json), or None."""
+    def find(x):
+        if isinstance(x, dict):
+            p = x.get("probe")
+            if isinstance(p, dict) and "prefill_ms" in p and "step_ms" in p:
+                return p
+            for v in x.values():
+                r = find(v)
+                if r is not None:
+                    return r
+        return None
+    try:
+        with open(f"{d}/meta.json") as f:
+            return find(json.load(f))
+    except (OSError, ValueError):
+        return None
+
+
+def slowdown(m, base):
+    """`prefill × / step ×` of a measured row's probe against the profile's, or "-"."""
+    a, b = num(m, "probe_prefill_ms"), num(m, "probe_step_ms")
+    if base is None or a is None or b is None:
+        return "-"
+    return f"{a / base['prefill_ms']:.3f} / {b / base['step_ms']:.3f}"
+
+
 def terms(meas_dir, sim_dir, md):
     """Prints the step fits of every point both runs traced."""
     try:
         tm, ts = traces(meas_dir), traces(sim_dir)
     except OSError:
         return
+    base = profile_probe(sim_dir) if OTHER == "simulated" else None
+    meas = rows(meas_dir)
     lines = []
     for key, m in tm.items():
         s = ts.get(key)
@@ -142,12 +176,13 @@ def terms(meas_dir, sim_dir, md):
         lines.append([key[0], key[1], cell(fm[0], fs[0], ".2f"), cell(fm[1], fs[1], ".2f"),
                       cell(fm[2], fs[2], ".2f"), cell(am, as_, ".1f"),
                       cell(pm, ps, ".3f"), f"{r:.3f}" if r is not None else "-",
-                      f"{fm[3]} / {fs[3]}"])
+                      slowdown(meas.get(key, {}), base), f"{fm[3]} / {fs[3]}"])
     if not lines:
         return
     head = ["scheme", "load", "step fixed ms", "per sequence ms", "per cached token µs",
             "after a prefill, ms more", "prefill ms per token",
-            f"measured steps ÷ {OTHER} fit, same shapes", "steps"]
+            f"measured steps ÷ {OTHER} fit, same shapes",
+            "speed probe ÷ calibration's: prefill / step", "steps"]
     print()
     print(f"Decode steps fitted (measured → {OTHER}):")
     print()

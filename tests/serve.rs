@@ -262,7 +262,106 @@ fn serve_command_writes_run_folder_and_resumes() {
     let (code, _out, err) = common::kvbench(&["serve", "--resume", d]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("2 points done, 0 to run"), "{err}");
+    speed_from_scales_the_simulation(&dir, &rows);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `serve --simulate --speed-from` on the measured run at `measured` (fp16 and int4, 4 requests
+/// of 64 + 4 tokens at once, 4 MiB; `rows` its results): every measured point recorded a
+/// speed probe (positive, finite), and a profile whose own probe is half of fp16's point's runs
+/// that point's every prefill and decode step twice as long — with all requests arriving at 0
+/// the schedule does not change, so every latency of the fp16 row doubles against the same
+/// simulation without `--speed-from` — and its rows carry the measured probe they ran at.
+/// Without a probe in the profile, or on a folder that lacks a point, the run is refused
+/// naming `--speed-from`.
+fn speed_from_scales_the_simulation(
+    measured: &std::path::Path,
+    rows: &[std::collections::HashMap<String, String>],
+) {
+    let probe = |r: &std::collections::HashMap<String, String>, k: &str| -> f64 {
+        let v: f64 = r[k].parse().unwrap_or(f64::NAN);
+        assert!(v.is_finite() && v > 0.0, "{k} = {}", r[k]);
+        v
+    };
+    for r in rows {
+        probe(r, "probe_prefill_ms");
+        probe(r, "probe_step_ms");
+    }
+    let (pf, ps) = (
+        probe(&rows[0], "probe_prefill_ms"),
+        probe(&rows[0], "probe_step_ms"),
+    );
+    let mut device = kvbench::perf::DeviceProfile::load("h100-sxm").unwrap();
+    device.probe = Some(kvbench::perf::SpeedProbe {
+        prefill_ms: pf / 2.0,
+        step_ms: ps / 2.0,
+    });
+    let profile = measured.join("probed.toml");
+    std::fs::write(&profile, device.to_toml().unwrap()).unwrap();
+    let m = measured.to_str().unwrap();
+    let probed = profile.to_str().unwrap();
+    let sim = |profile: &str, extra: &[&str], out: &str| {
+        let out = measured.join(out);
+        let schemes = if out.ends_with("no-point") {
+            "fp16,int8"
+        } else {
+            "fp16,int4"
+        };
+        let mut a = vec![
+            "serve",
+            "--simulate",
+            profile,
+            "--schemes",
+            schemes,
+            "--kv-budget",
+            "4MiB",
+            "--num-requests",
+            "4",
+            "--input-len",
+            "64",
+            "--output-len",
+            "4",
+            "--rate",
+            "inf",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        a.extend(extra);
+        let r = common::kvbench(&a);
+        let rows: Vec<std::collections::HashMap<String, String>> = if r.0 == 0 {
+            csv::Reader::from_path(out.join("results.csv"))
+                .unwrap()
+                .deserialize()
+                .map(Result::unwrap)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (r, rows)
+    };
+    let ((code, _, err), plain) = sim(probed, &[], "plain");
+    assert_eq!(code, 0, "{err}");
+    let ((code, _, err), scaled) = sim(probed, &["--speed-from", m], "scaled");
+    assert_eq!(code, 0, "{err}");
+    let f = |r: &std::collections::HashMap<String, String>, k: &str| r[k].parse::<f64>().unwrap();
+    for k in ["ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "e2e_ms_p95"] {
+        let (a, b) = (f(&plain[0], k), f(&scaled[0], k));
+        assert!((b / a - 2.0).abs() < 1e-9, "{k}: {a} → {b}");
+    }
+    assert_eq!(plain[0]["probe_step_ms"], "");
+    assert_eq!(f(&scaled[0], "probe_prefill_ms"), pf);
+    assert_eq!(f(&scaled[0], "probe_step_ms"), ps);
+    // A profile without a probe; a folder that lacks a point (int8).
+    let ((code, _, err), _) = sim("h100-sxm", &["--speed-from", m], "no-probe");
+    assert!(
+        code == 2 && err.contains("--speed-from") && err.contains("no speed probe"),
+        "{err}"
+    );
+    let ((code, _, err), _) = sim(probed, &["--speed-from", m], "no-point");
+    assert!(
+        code == 2 && err.contains("--speed-from") && err.contains("int8"),
+        "{err}"
+    );
 }
 
 /// Bad input is a usage error (exit 2) naming the flag.
@@ -274,6 +373,7 @@ fn serve_bad_input_names_the_flag() {
         (vec!["--slo", "latency=3"], "--slo"),
         (vec!["--kv-budget", "64KiB"], "--kv-budget"),
         (vec!["--arrival", "bursty"], "--arrival"),
+        (vec!["--speed-from", "/tmp"], "--speed-from"),
     ] {
         let dir = std::env::temp_dir().join(format!("kvbench-serve-bad-{}", std::process::id()));
         let mut a = vec!["serve", "--out", dir.to_str().unwrap(), "--force"];
@@ -650,6 +750,15 @@ fn calibrate_with_a_serving_trace_end_to_end() {
     trace.sort_unstable();
     want.sort_unstable();
     assert_eq!(trace, want);
+    // The speed probe, once before the timings and once after; the profile keeps their mean.
+    let probes = |kind: &str| -> Vec<f64> {
+        rows.iter()
+            .filter(|r| r["kind"] == kind)
+            .map(|r| r["seconds"].parse::<f64>().unwrap() * 1e3)
+            .collect()
+    };
+    let (fills, steps) = (probes("speed_probe_prefill"), probes("speed_probe_step"));
+    assert_eq!((fills.len(), steps.len()), (2, 2));
     if !fitted {
         eprintln!("the tiny calibration's fit failed on noise ({err}); refit and simulate skipped");
         let _ = std::fs::remove_dir_all(&dir);
@@ -674,6 +783,12 @@ fn calibrate_with_a_serving_trace_end_to_end() {
     let load =
         |p: &std::path::Path| kvbench::perf::DeviceProfile::load(p.to_str().unwrap()).unwrap();
     let (p0, p1) = (load(&profile), load(&refit));
+    let probe = p0.probe.expect("the calibration's speed probe");
+    assert!((probe.prefill_ms - (fills[0] + fills[1]) / 2.0).abs() < 1e-9 * probe.prefill_ms);
+    assert!((probe.step_ms - (steps[0] + steps[1]) / 2.0).abs() < 1e-9 * probe.step_ms);
+    let again = p1.probe.expect("the refit's speed probe");
+    assert!((again.prefill_ms / probe.prefill_ms - 1.0).abs() < 1e-12);
+    assert!((again.step_ms / probe.step_ms - 1.0).abs() < 1e-12);
     assert_eq!(p0.efficiency, p1.efficiency);
     assert_eq!(p0.overhead, p1.overhead);
     let sim = dir.join("sim");

@@ -276,8 +276,11 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         "matmul_tflops",
         "efficiency",
         "overhead",
+        "probe",
     ] {
-        profile.sources.insert(f.into(), how.clone());
+        if f != "probe" || profile.probe.is_some() {
+            profile.sources.insert(f.into(), how.clone());
+        }
     }
     std::fs::write(&out, profile.to_toml()?).map_err(|e| crate::Error::io(&out, e))?;
     let csv_path = dir.join("calibration.csv");
@@ -303,6 +306,22 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         "probes: read {:.1} GB/s, GEMM {:.3} TFLOP/s; profile peaks {:.1} GB/s, {:.3} TFLOP/s",
         samples.probe_bw_gb_s, samples.probe_tflops, profile.mem_bw_gb_s, profile.matmul_tflops
     );
+    if let [first, .., last] = samples.probes[..] {
+        let (fill, step) = last.slowdown(&first);
+        println!(
+            "speed probe (before → after the timings): prefill of {} tokens {:.1} → {:.1} ms \
+             ({:+.1} %), step of {} sequences {:.2} → {:.2} ms ({:+.1} %); the profile keeps \
+             their mean",
+            crate::perf::SpeedProbe::PROMPT,
+            first.prefill_ms,
+            last.prefill_ms,
+            100.0 * (fill - 1.0),
+            crate::perf::SpeedProbe::BATCH,
+            first.step_ms,
+            last.step_ms,
+            100.0 * (step - 1.0)
+        );
+    }
     println!("wrote {} and {}", out.display(), csv_path.display());
     Ok(())
 }
@@ -326,7 +345,8 @@ struct Timing<K> {
 }
 
 /// Writes every timing of `samples` to `path` (CSV, one row per timing; the probes as rows of
-/// kind `probe_read_gb_s` / `probe_gemm_tflops` with the figure in `seconds`). Errors: I/O.
+/// kind `probe_read_gb_s` / `probe_gemm_tflops` with the figure in `seconds`, each speed probe
+/// as a `speed_probe_prefill` and a `speed_probe_step` row). Errors: I/O.
 fn write_timings(
     path: &std::path::Path,
     samples: &crate::perf::fit::Samples,
@@ -354,6 +374,26 @@ fn write_timings(
         0,
         samples.probe_tflops,
     ))?;
+    for p in &samples.probes {
+        let (b, t) = (
+            crate::perf::SpeedProbe::BATCH,
+            crate::perf::SpeedProbe::PROMPT,
+        );
+        w.serialize(row(
+            "speed_probe_prefill",
+            "fp16".into(),
+            1,
+            t,
+            p.prefill_ms * 1e-3,
+        ))?;
+        w.serialize(row(
+            "speed_probe_step",
+            "fp16".into(),
+            b,
+            32,
+            p.step_ms * 1e-3,
+        ))?;
+    }
     for &(t, s) in &samples.prefill {
         w.serialize(row("prefill", "fp16".into(), 1, t, s))?;
     }
@@ -387,7 +427,7 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
     };
     let mut r = csv::Reader::from_path(path).map_err(|e| bad(e.to_string()))?;
     let mut s = crate::perf::fit::Samples::default();
-    let mut before = Vec::new();
+    let (mut before, mut probe_prefill) = (Vec::new(), Vec::new());
     for (i, row) in r.deserialize::<Timing<String>>().enumerate() {
         let line = i + 2;
         let t = row.map_err(|e| bad(format!("row {line}: {e}")))?;
@@ -401,6 +441,19 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
         match t.kind.as_str() {
             "probe_read_gb_s" => s.probe_bw_gb_s = t.seconds,
             "probe_gemm_tflops" => s.probe_tflops = t.seconds,
+            "speed_probe_prefill" => probe_prefill.push(t.seconds * 1e3),
+            "speed_probe_step" => {
+                let prefill_ms = probe_prefill.pop().ok_or_else(|| {
+                    bad(format!(
+                        "row {line}: a speed_probe_step row with no speed_probe_prefill row \
+                         before it"
+                    ))
+                })?;
+                s.probes.push(crate::perf::SpeedProbe {
+                    prefill_ms,
+                    step_ms: t.seconds * 1e3,
+                });
+            }
             "prefill" => s.prefill.push((t.tokens, t.seconds)),
             "decode" => s.decode.push((t.batch, t.tokens, t.seconds)),
             "trace_step" if t.batch == 0 || t.tokens < t.batch => {
@@ -445,7 +498,8 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
             k => {
                 return Err(bad(format!(
                     "row {line}: unknown kind `{k}` (probe_read_gb_s, probe_gemm_tflops, \
-                     prefill, decode, scheme, step_before_prefill, step_after_prefill, trace_step)"
+                     speed_probe_prefill, speed_probe_step, prefill, decode, scheme, \
+                     step_before_prefill, step_after_prefill, trace_step)"
                 ))
                 .into())
             }
@@ -470,7 +524,8 @@ mod tests {
             "kind,scheme,batch,tokens,seconds\nprobe_read_gb_s,,0,0,9.5\n\
              probe_gemm_tflops,,0,0,0.18\nprefill,fp16,1,32,0.15\ndecode,fp16,4,37,0.02\n\
              scheme,int4,4,1029,0.03\nstep_before_prefill,fp16,4,64,0.02\n\
-             step_after_prefill,fp16,4,64,0.035\n",
+             step_after_prefill,fp16,4,64,0.035\nspeed_probe_prefill,fp16,1,128,0.25\n\
+             speed_probe_step,fp16,4,32,0.0125\n",
         )
         .unwrap();
         let s = read_timings(&p).unwrap();
@@ -480,6 +535,24 @@ mod tests {
         let int4: crate::kv::KvScheme = "int4".parse().unwrap();
         assert_eq!(s.scheme_steps, vec![(int4, 4, 1029, 0.03)]);
         assert_eq!(s.after_prefill, vec![(4, 64, 0.02, 0.035)]);
+        // Seconds in the file, ms in the probe.
+        assert_eq!(
+            s.probes,
+            vec![crate::perf::SpeedProbe {
+                prefill_ms: 250.0,
+                step_ms: 12.5
+            }]
+        );
+        std::fs::write(
+            &p,
+            "kind,scheme,batch,tokens,seconds\nspeed_probe_step,fp16,4,32,0.0125\n",
+        )
+        .unwrap();
+        let e = read_timings(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("row 2") && e.contains("speed_probe_prefill"),
+            "{e}"
+        );
         std::fs::write(&p, "kind,scheme,batch,tokens,seconds\nwarmup,,1,1,0.1\n").unwrap();
         let e = read_timings(&p).unwrap_err().to_string();
         assert!(

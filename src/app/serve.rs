@@ -16,10 +16,10 @@ use crate::report::serve::{
     finished, read_raw, render, ServeContext, ServeLog, ServeMeta, ServeRun,
 };
 use crate::serve::backend::ModelBackend;
-use crate::serve::engine::Backend;
-use crate::serve::run::{plan_geometry, Workload};
-use crate::serve::settings::{ServePlan, ServeSettings};
-use crate::serve::virtual_backend::VirtualBackend;
+use crate::serve::calibrate::speed_probe;
+use crate::serve::run::{plan_geometry, PointBackend, Workload};
+use crate::serve::settings::{PointKey, ServePlan, ServeSettings};
+use crate::serve::virtual_backend::{Scaled, VirtualBackend};
 
 use super::{
     model_files, open_folder, print_above, progress_bar, resolve_settings, set_threads, BarProgress,
@@ -129,12 +129,18 @@ pub fn run(
             WARM_UP_STEPS.min(r.output_len.saturating_sub(1)),
         )
     });
-    execute(folder, meta, &plan, &model, &work, &mut |scheme| {
+    // Then the speed probe, right before the point's backend is made and warmed: how fast the
+    // machine runs now, for `serve --simulate --speed-from` (README, "Calibration").
+    execute(folder, meta, &plan, &model, &work, &mut |_, scheme| {
+        let probe = speed_probe(prefill_model, &decode.model)?;
         let mut b = ModelBackend::new(prefill_model, &decode.model, scheme);
         if let Some((prompt, steps)) = &warm {
             b = b.warmed_up(prompt, *steps)?;
         }
-        Ok(Box::new(b) as Box<dyn Backend>)
+        Ok(PointBackend {
+            backend: Box::new(b),
+            probe: Some(probe),
+        })
     })
 }
 
@@ -187,6 +193,10 @@ fn simulate(
     let text: Vec<u32> =
         (0..(s.load.shared_prefix + 4 * s.load.input_len.max() + 4096) as u32).collect();
     let work = Workload::build(&plan, &text, || unreachable!("no XSum trace (checked)"))?;
+    let speeds = match &s.sim.speed_from {
+        Some(dir) => Some(measured_speeds(dir, &plan, &device)?),
+        None => None,
+    };
     let label = format!("sim-{}-{}", device.name, geom.name.replace('/', "_"));
     let folder = open_folder(run, resumed.map(|r| &r.meta), &label)?;
     let ctx = ServeContext {
@@ -213,10 +223,105 @@ fn simulate(
         ..geom
     };
     let sizer_geom = plan.pool_geometry(model.cache());
-    execute(folder, meta, &plan, &model, &work, &mut |scheme| {
+    execute(folder, meta, &plan, &model, &work, &mut |key, scheme| {
         let perf = PerfModel::new(device.clone(), shape.clone(), scheme, tp)?;
-        Ok(Box::new(VirtualBackend::new(perf, plan.sizer(scheme, sizer_geom))) as Box<dyn Backend>)
+        let sizer = plan.sizer(scheme, sizer_geom);
+        let Some((speeds, base)) = &speeds else {
+            return Ok(PointBackend {
+                backend: Box::new(VirtualBackend::new(perf, sizer)),
+                probe: None,
+            });
+        };
+        let probe = speeds
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, p)| *p)
+            .expect("every point checked by measured_speeds");
+        let (prefill, decode) = probe.slowdown(base);
+        let cost = Scaled {
+            cost: perf,
+            prefill,
+            decode,
+        };
+        Ok(PointBackend {
+            backend: Box::new(VirtualBackend::new(cost, sizer)),
+            probe: Some(probe),
+        })
     })
+}
+
+/// `--speed-from`: the speed probe of every point of `plan` in the measured serving run at
+/// `dir`, and the profile's, which they are scaled against. Errors:
+/// [`crate::Error::InvalidArgument`] (`--speed-from`) when the profile has no probe (a shipped
+/// one, or one calibrated before kvbench took it), or the folder holds no measured serving run,
+/// or lacks a point of the plan or that point's probe (measured before kvbench took it).
+fn measured_speeds(
+    dir: &std::path::Path,
+    plan: &ServePlan,
+    device: &DeviceProfile,
+) -> crate::Result<(
+    Vec<(PointKey, crate::perf::SpeedProbe)>,
+    crate::perf::SpeedProbe,
+)> {
+    let bad = |reason: String| crate::Error::InvalidArgument {
+        name: "--speed-from".into(),
+        reason,
+    };
+    let base = device.probe.ok_or_else(|| {
+        bad(format!(
+            "profile `{}` has no speed probe to scale against; use a profile `kvbench calibrate` \
+             wrote on the machine that measured the run",
+            device.name
+        ))
+    })?;
+    if !dir.join(crate::report::META_FILE).is_file() {
+        return Err(bad(format!(
+            "{}: not a serving run folder (no {}); give the folder `kvbench serve` wrote",
+            dir.display(),
+            crate::report::META_FILE
+        )));
+    }
+    let rows: Vec<_> = read_raw(dir)?
+        .into_iter()
+        .filter_map(|l| match l {
+            crate::report::serve::RawLine::Point { point, row, .. } => Some((point, row)),
+            crate::report::serve::RawLine::Request { .. } => None,
+        })
+        .collect();
+    let mut speeds = Vec::new();
+    for key in plan.points() {
+        let label = format!("{} {}", key.scheme, key.arrival.label());
+        let (_, row) = rows.iter().find(|(k, _)| *k == key).ok_or_else(|| {
+            bad(format!(
+                "{}: no point {label}; measure the same suite or flags there first",
+                dir.display()
+            ))
+        })?;
+        if row.mode != "measured" {
+            return Err(bad(format!(
+                "{}: a {} run; give a measured one",
+                dir.display(),
+                row.mode
+            )));
+        }
+        match (row.probe_prefill_ms, row.probe_step_ms) {
+            (Some(prefill_ms), Some(step_ms)) => speeds.push((
+                key,
+                crate::perf::SpeedProbe {
+                    prefill_ms,
+                    step_ms,
+                },
+            )),
+            _ => {
+                return Err(bad(format!(
+                    "{}: point {label} has no speed probe (measured by a kvbench before \
+                     2026-12-06, or it failed); measure it again",
+                    dir.display()
+                )))
+            }
+        }
+    }
+    Ok((speeds, base))
 }
 
 /// The model as the performance model sees it: its geometry and parameters, its weights at
@@ -340,7 +445,7 @@ pub fn execute<'m>(
     plan: &ServePlan,
     model: &crate::model::geometry::ModelGeometry,
     work: &Workload,
-    backend: &mut dyn FnMut(crate::kv::KvScheme) -> crate::Result<Box<dyn Backend + 'm>>,
+    backend: &mut dyn FnMut(&PointKey, crate::kv::KvScheme) -> crate::Result<PointBackend<'m>>,
 ) -> anyhow::Result<()> {
     let (earlier, done) = finished(read_raw(&folder.dir)?, folder.rerun_contended);
     let meta_path = folder.dir.join(crate::report::META_FILE);

@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 use crate::error::{Error, Result};
 use crate::kv::KvScheme;
 
-use super::profile::{DeviceProfile, Efficiency, Overhead};
+use super::profile::{DeviceProfile, Efficiency, Overhead, SpeedProbe};
 use super::{ModelShape, PerfModel};
 
 /// What `kvbench calibrate` measured, seconds per timing.
@@ -62,6 +62,10 @@ pub struct Samples {
     /// calibrate --trace-requests`; empty: none run, the profile's decode steps are the
     /// isolated timings' alone).
     pub trace: Vec<(usize, usize, usize, f64)>,
+    /// The speed probes ([`SpeedProbe`]) taken before and after the timings (empty: none; the
+    /// profile then has no `probe`). Not fitted: their mean is the profile's `probe`, what a
+    /// measured serving run's own probes are compared with.
+    pub probes: Vec<SpeedProbe>,
 }
 
 /// One timing against what the fitted profile predicts.
@@ -548,6 +552,7 @@ pub fn fit(
             after_prefill_by_prompt: Vec::new(),
             kv_encode_us_by_scheme: BTreeMap::new(),
         },
+        probe: SpeedProbe::mean(&samples.probes),
         sources: BTreeMap::new(),
     };
     // 5. Each scheme's extra per token written: its short-context step over fp16's of the same
@@ -933,6 +938,7 @@ mod tests {
                 })
                 .collect(),
             trace: Vec::new(),
+            probes: Vec::new(),
         }
     }
 
@@ -1148,6 +1154,7 @@ mod tests {
             scheme_steps: vec![(KvScheme::FP16, 4, 1027, 0.02551), (int4, 4, 1027, 0.02009)],
             after_prefill: Vec::new(),
             trace: Vec::new(),
+            probes: Vec::new(),
         };
         let (p, points) = fit("cpu", "test", &shape(), &samples).unwrap();
         p.validate().unwrap();
@@ -1217,6 +1224,7 @@ mod tests {
             scheme_steps: vec![(KvScheme::FP16, 4, 1027, 0.02551), (int4, 4, 1027, 0.02009)],
             after_prefill: Vec::new(),
             trace: Vec::new(),
+            probes: Vec::new(),
         }
     }
 

@@ -30,7 +30,7 @@ pub mod profile;
 use crate::error::{Error, Result};
 use crate::kv::{CacheGeometry, KvScheme, SlidingWindow};
 
-pub use profile::DeviceProfile;
+pub use profile::{DeviceProfile, SpeedProbe};
 
 /// The model as the cost model sees it.
 #[derive(Debug, Clone, PartialEq)]

@@ -198,9 +198,63 @@ pub struct DeviceProfile {
     pub efficiency: Efficiency,
     /// Fixed costs.
     pub overhead: Overhead,
+    /// The speed probe's timings on this machine when it was calibrated (`kvbench calibrate`:
+    /// the mean of one probe before the timings and one after); absent on published profiles.
+    /// `kvbench serve --simulate --speed-from` scales the simulation to a measured run's probes
+    /// against these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<SpeedProbe>,
     /// Where each number comes from, by field (`mem_bw_gb_s = "NVIDIA H100 datasheet"`).
     #[serde(default)]
     pub sources: BTreeMap<String, String>,
+}
+
+/// The speed probe: a fixed piece of the serving path timed on the machine at hand — the
+/// median of [`SpeedProbe::ROUNDS`] prefills of a [`SpeedProbe::PROMPT`]-token prompt, and of
+/// [`SpeedProbe::STEPS`] decode steps per round of a running batch of [`SpeedProbe::BATCH`]
+/// fp16 sequences, each prefill right after those steps, as a serving prefill follows decode steps
+/// (`crate::serve::calibrate::speed_probe`). Taken when `kvbench calibrate` fits a profile and
+/// before every measured serving point, it says how fast the machine ran then: a shared VM
+/// drifts by 10–30 % over half an hour (AMD EPYC, 2026-12-05: one calibration's steps
+/// 1.00–1.20× slower in the serving runs after it, its prefills 11–30 % slower), more than
+/// the simulation's targets allow, and the ratio of two probes separates that drift from the
+/// model's own error. Times in ms (> 0).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeedProbe {
+    /// Median prefill of the probe's prompt, ms.
+    pub prefill_ms: f64,
+    /// Median decode step of the probe's running batch, ms.
+    pub step_ms: f64,
+}
+
+impl SpeedProbe {
+    /// Prompt tokens of the probe's prefills.
+    pub const PROMPT: usize = 128;
+    /// Sequences of the probe's running batch (prompts of 32 tokens).
+    pub const BATCH: usize = 4;
+    /// Rounds of timed steps and a timed prefill, after one untimed round (with 5 rounds of one
+    /// step each, five probes of one idle minute ranged 11.0–16.8 ms per step).
+    pub const ROUNDS: usize = 7;
+    /// Timed decode steps per round.
+    pub const STEPS: usize = 3;
+
+    /// The mean of `probes` (None: none).
+    pub fn mean(probes: &[SpeedProbe]) -> Option<SpeedProbe> {
+        let n = probes.len() as f64;
+        (!probes.is_empty()).then(|| SpeedProbe {
+            prefill_ms: probes.iter().map(|p| p.prefill_ms).sum::<f64>() / n,
+            step_ms: probes.iter().map(|p| p.step_ms).sum::<f64>() / n,
+        })
+    }
+
+    /// How much slower this probe ran than `base`: `(prefill ratio, step ratio)`, > 1 slower.
+    pub fn slowdown(&self, base: &SpeedProbe) -> (f64, f64) {
+        (
+            self.prefill_ms / base.prefill_ms,
+            self.step_ms / base.step_ms,
+        )
+    }
 }
 
 fn yes() -> bool {
@@ -301,6 +355,10 @@ impl DeviceProfile {
         positive("memory_gib", self.memory_gib)?;
         positive("mem_bw_gb_s", self.mem_bw_gb_s)?;
         positive("matmul_tflops", self.matmul_tflops)?;
+        if let Some(p) = &self.probe {
+            positive("probe.prefill_ms", p.prefill_ms)?;
+            positive("probe.step_ms", p.step_ms)?;
+        }
         if let Some(l) = &self.link {
             positive("link.bw_gb_s", l.bw_gb_s)?;
             if !(l.latency_us.is_finite() && l.latency_us >= 0.0) {
@@ -475,7 +533,38 @@ mod tests {
             let e = p.validate().unwrap_err().to_string();
             assert!(e.contains("after_prefill_by_prompt"), "{e}");
         }
+        for (prefill_ms, step_ms, field) in [
+            (0.0, 12.0, "probe.prefill_ms"),
+            (250.0, f64::NAN, "probe.step_ms"),
+        ] {
+            let mut p = DeviceProfile::parse(good, "x").unwrap();
+            p.probe = Some(SpeedProbe {
+                prefill_ms,
+                step_ms,
+            });
+            let e = p.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
+        let e = DeviceProfile::parse(&format!("{good}\n[probe]\nprefill_ms = 250\n"), "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("step_ms") && e.contains("x.toml"), "{e}");
         let e = DeviceProfile::load("h900").unwrap_err().to_string();
         assert!(e.contains("h100-sxm") && e.contains("h900"), "{e}");
+    }
+
+    /// A probe's mean and slowdown by hand: (200, 10) and (300, 14) ms average to (250, 12);
+    /// (300, 18) against that is 1.2× the prefill and 1.5× the step.
+    #[test]
+    fn speed_probes_by_hand() {
+        let p = |prefill_ms, step_ms| SpeedProbe {
+            prefill_ms,
+            step_ms,
+        };
+        let m = SpeedProbe::mean(&[p(200.0, 10.0), p(300.0, 14.0)]).unwrap();
+        assert_eq!(m, p(250.0, 12.0));
+        assert_eq!(SpeedProbe::mean(&[]), None);
+        let (a, b) = p(300.0, 18.0).slowdown(&m);
+        assert!((a - 1.2).abs() < 1e-12 && (b - 1.5).abs() < 1e-12);
     }
 }

@@ -106,6 +106,12 @@ csv_record! {
         /// Whether `other_cores` exceeded the contention threshold: the latencies describe a
         /// shared machine.
         pub contended: bool,
+        /// The speed probe's prefill ([`crate::perf::SpeedProbe`]), ms: measured right before
+        /// the point; in a simulated row under `--speed-from`, the measured point's, which the
+        /// simulation's costs were scaled to; empty otherwise.
+        pub probe_prefill_ms: Option<f64>,
+        /// The speed probe's decode step, ms, as `probe_prefill_ms`.
+        pub probe_step_ms: Option<f64>,
     }
 }
 
@@ -140,6 +146,8 @@ impl ServeRow {
             prefix_prefill_ms: o.map_or(0.0, |o| o.prefix_prefill_s * 1e3),
             other_cores,
             contended: other_cores.is_some_and(|c| c > CONTENDED_CORES),
+            probe_prefill_ms: p.probe.map(|p| p.prefill_ms),
+            probe_step_ms: p.probe.map(|p| p.step_ms),
         }
     }
 
@@ -936,8 +944,7 @@ pub fn merge_runs(runs: &[ServeRun], allow_partial: bool) -> Result<MergedServe>
 mod tests {
     use super::*;
     use crate::kv::{CacheGeometry, KvScheme};
-    use crate::serve::engine::Backend;
-    use crate::serve::run::{plan_geometry, run, Workload};
+    use crate::serve::run::{plan_geometry, run, PointBackend, Workload};
     use crate::serve::settings::{ServePlan, ServeSettings};
     use crate::serve::virtual_backend::{FixedCost, VirtualBackend};
     use crate::serve::workload::{LenDist, Rate};
@@ -993,8 +1000,11 @@ mod tests {
             &model,
             &work,
             todo,
-            &mut |s| {
-                Ok(Box::new(VirtualBackend::new(cost, plan.sizer(s, GEOM))) as Box<dyn Backend>)
+            &mut |_, s| {
+                Ok(PointBackend {
+                    backend: Box::new(VirtualBackend::new(cost, plan.sizer(s, GEOM))),
+                    probe: None,
+                })
             },
             &mut log,
             &(),

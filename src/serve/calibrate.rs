@@ -14,6 +14,10 @@
 //! on a shared machine (another process compiling for a few seconds) then falls on every size
 //! of a round alike instead of on all repeats of one size, which would bend the fitted curve
 //! there (the calibration's batch-2 step that came out 13.8 ms, README's validation).
+//!
+//! The speed probe ([`speed_probe`]) runs first and last: the profile keeps its mean, and
+//! `kvbench serve` takes the same probe before every measured point, so a simulation can be
+//! compared with a measured run at the speed the machine had when each point ran.
 
 use std::time::Instant;
 
@@ -23,6 +27,7 @@ use crate::measure::bandwidth;
 use crate::measure::sweep::Progress;
 use crate::model::Model;
 use crate::perf::fit::Samples;
+use crate::perf::SpeedProbe;
 
 use super::backend::ModelBackend;
 use super::engine::{self, Backend, SchedConfig};
@@ -120,12 +125,14 @@ pub fn measure(
                 ),
             })
     };
-    progress.start("probes: read bandwidth, GEMM");
+    progress.start("probes: speed, read bandwidth, GEMM");
+    let first = speed_probe(prefill, decode)?;
     let bw = bandwidth::probe().map_or(0.0, |r| r.best_gb_s);
     let tflops = bandwidth::measure_gemm(1024, 5)?;
     let mut samples = Samples {
         probe_bw_gb_s: bw,
         probe_tflops: tflops,
+        probes: vec![first],
         ..Default::default()
     };
     // Prefills, interleaved: round r prefills every length once (round 0 untimed), each after
@@ -225,7 +232,52 @@ pub fn measure(
     if let Some(trace) = &spec.trace {
         samples.trace = serving_trace(prefill, decode, text, trace, progress)?;
     }
+    progress.start("speed probe, again");
+    samples.probes.push(speed_probe(prefill, decode)?);
     Ok(samples)
+}
+
+/// Times the speed probe ([`SpeedProbe`]) with `prefill` and `decode` (the model in each
+/// phase's weights): a running batch of [`SpeedProbe::BATCH`] fp16 sequences of 32-token
+/// prompts, then [`SpeedProbe::ROUNDS`] + 1 rounds, the first untimed, of
+/// [`SpeedProbe::STEPS`] decode steps of that batch followed by the prefill of a
+/// [`SpeedProbe::PROMPT`]-token prompt on a fresh backend; the medians, ms. The token ids are
+/// fixed (a step's time depends on the lengths alone), so every probe of a model runs the same
+/// work. About 2.5 s on 2 cores with SmolLM2-135M. Errors: the model's and the cache's.
+pub fn speed_probe(prefill: &Model, decode: &Model) -> Result<SpeedProbe> {
+    let vocab = decode.config.vocab.max(2);
+    let tokens = |n: usize, salt: usize| -> Vec<u32> {
+        (0..n)
+            .map(|i| (1 + (i * 7919 + salt * 104_729) % (vocab - 1)) as u32)
+            .collect()
+    };
+    let mut running = ModelBackend::new(prefill, decode, KvScheme::FP16);
+    let mut last = Vec::with_capacity(SpeedProbe::BATCH);
+    for i in 0..SpeedProbe::BATCH {
+        last.push(running.admit(&tokens(32, i), false)?);
+    }
+    let (mut prefills, mut steps) = (Vec::new(), Vec::new());
+    for r in 0..=SpeedProbe::ROUNDS {
+        for _ in 0..SpeedProbe::STEPS {
+            let t0 = Instant::now();
+            last = running.step(&last)?;
+            if r > 0 {
+                steps.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        let mut b = ModelBackend::new(prefill, decode, KvScheme::FP16);
+        let p = tokens(SpeedProbe::PROMPT, SpeedProbe::BATCH + r);
+        let t0 = Instant::now();
+        b.admit(&p, false)?;
+        let fill = t0.elapsed().as_secs_f64();
+        if r > 0 {
+            prefills.push(fill * 1e3);
+        }
+    }
+    Ok(SpeedProbe {
+        prefill_ms: median(prefills),
+        step_ms: median(steps),
+    })
 }
 
 /// Runs `spec`'s serving trace (see [`TraceSpec`]) and returns its decode steps, `(running

@@ -11,6 +11,7 @@ use crate::kv::{CacheGeometry, KvScheme};
 use crate::measure::contention::{Contention, CpuSample};
 use crate::measure::sweep::Progress;
 use crate::model::geometry::ModelGeometry;
+use crate::perf::SpeedProbe;
 
 use super::engine::{serve, Backend, RequestRecord, SchedConfig, ServeOutcome};
 use super::settings::{PointKey, ServePlan};
@@ -78,6 +79,18 @@ pub struct PointResult<'a> {
     pub predicted_max_concurrency: u64,
     /// Other processes' CPU use while the point ran (`None`: cannot tell).
     pub contention: Option<Contention>,
+    /// The speed probe of the point ([`PointBackend::probe`]).
+    pub probe: Option<SpeedProbe>,
+}
+
+/// A point's backend, as the run's backend maker hands it over.
+pub struct PointBackend<'m> {
+    /// The backend the point is served on.
+    pub backend: Box<dyn Backend + 'm>,
+    /// The speed probe ([`SpeedProbe`]) that goes with it: a measured point's, taken right
+    /// before its backend was made; a simulated point's under `--speed-from`, the measured
+    /// point's its costs were scaled to; otherwise none.
+    pub probe: Option<SpeedProbe>,
 }
 
 /// Where a serving run's results go as they happen (the run folder's raw log).
@@ -129,7 +142,7 @@ pub fn predicted_concurrency(
 }
 
 /// Serves every point of `todo` (a subset of `plan.points()`, in order) over `work` on a
-/// backend `backend(scheme)` makes fresh for each point; each finished request and point goes
+/// backend `backend(point, scheme)` makes fresh for each point; each finished request and point goes
 /// to `sink`, one progress unit per request. A point whose scheduler or backend fails is
 /// handed to the sink as failed and the run goes on, as is one whose backend cannot be made.
 /// Errors: the sink's; a scheme name that does not parse.
@@ -138,7 +151,7 @@ pub fn run<'m>(
     model: &ModelGeometry,
     work: &Workload,
     todo: &[PointKey],
-    backend: &mut dyn FnMut(KvScheme) -> Result<Box<dyn Backend + 'm>>,
+    backend: &mut dyn FnMut(&PointKey, KvScheme) -> Result<PointBackend<'m>>,
     sink: &mut dyn ServeSink,
     progress: &dyn Progress,
 ) -> Result<()> {
@@ -156,7 +169,10 @@ pub fn run<'m>(
         let predicted = predicted_concurrency(plan, model, scheme, work.mean_ctx)?;
         // A backend that cannot be made (its warm-up request failed: NaN logits from damaged
         // weights, say) fails its point; the run goes on.
-        let mut b = match backend(scheme) {
+        let PointBackend {
+            backend: mut b,
+            probe,
+        } = match backend(key, scheme) {
             Ok(b) => b,
             Err(e) => {
                 sink.point(PointResult {
@@ -165,6 +181,7 @@ pub fn run<'m>(
                     block_bytes: sched.sizer.block_bytes(),
                     predicted_max_concurrency: predicted,
                     contention: None,
+                    probe: None,
                 })?;
                 continue;
             }
@@ -192,6 +209,7 @@ pub fn run<'m>(
             block_bytes: sched.sizer.block_bytes(),
             predicted_max_concurrency: predicted,
             contention,
+            probe,
         })?;
     }
     Ok(())

@@ -133,6 +133,14 @@ pub struct SimArgs {
     #[arg(long, value_name = "N")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_gpu_blocks_override: Option<u64>,
+    /// With --simulate on a profile `kvbench calibrate` wrote on this machine: a measured serving
+    /// run's folder (same points) whose speed probes set each point's speed — prefills scaled
+    /// by the point's probe prefill ÷ the profile's, decode steps by its probe step ÷ the
+    /// profile's — so the simulation is compared with the measurement at the speed the machine
+    /// had when each point ran (a shared VM drifts 10–30 % in half an hour).
+    #[arg(long, value_name = "MEASURED_RUN_DIR")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_from: Option<std::path::PathBuf>,
 }
 
 fn one_f64() -> f64 {
@@ -388,10 +396,18 @@ impl ServePlan {
 }
 
 /// `--simulate`'s companions: a tensor-parallel size of 1 or more (and only with
-/// `--simulate`), a memory share in (0, 1], a profile batch of at least one token.
+/// `--simulate`), `--speed-from` only with `--simulate`, a memory share in (0, 1], a profile
+/// batch of at least one token.
 fn check_sim(s: &SimArgs) -> Result<()> {
     if s.tensor_parallel == 0 {
         return Err(usage("--tensor-parallel", "must be at least 1".into()));
+    }
+    if s.speed_from.is_some() && s.simulate.is_none() {
+        return Err(usage(
+            "--speed-from",
+            "scales a simulation to a measured run's speed probes; give --simulate PROFILE too"
+                .into(),
+        ));
     }
     if s.tensor_parallel > 1 && s.simulate.is_none() {
         return Err(usage(

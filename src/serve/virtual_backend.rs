@@ -51,6 +51,29 @@ impl StepCost for crate::perf::PerfModel {
     }
 }
 
+/// A cost at another speed of the same machine: prefills `prefill` times as long, decode
+/// steps (their extra after a prefill included) `decode` times — the ratios of a measured
+/// point's speed probe to its profile's (`kvbench serve --simulate --speed-from`,
+/// [`crate::perf::SpeedProbe::slowdown`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scaled<C> {
+    /// The cost at the profile's speed.
+    pub cost: C,
+    /// Factor on every prefill.
+    pub prefill: f64,
+    /// Factor on every decode step.
+    pub decode: f64,
+}
+
+impl<C: StepCost> StepCost for Scaled<C> {
+    fn prefill_s(&self, tokens: usize, context: usize) -> f64 {
+        self.prefill * self.cost.prefill_s(tokens, context)
+    }
+    fn decode_s(&self, contexts: &[usize], after_prefill: usize) -> f64 {
+        self.decode * self.cost.decode_s(contexts, after_prefill)
+    }
+}
+
 /// The virtual-clock backend: generated tokens are all `1` (prefill) and `2` (decode), as no
 /// model picks them; only their count and timing matter to the scheduler.
 #[derive(Debug, Clone)]
@@ -158,9 +181,30 @@ mod tests {
         assert_eq!(last, [4.8, 4.8, 9.6, 9.6, 13.4]);
     }
 
+    /// The five requests of `five_requests_on_the_model_clock_by_hand` on a machine whose
+    /// speed probe ran prefills 2× and decode steps 3× slower than the profile's
+    /// (`serve --simulate --speed-from`): a prefill 2 ms, a step 3 ms, with 500 µs after a
+    /// prefill 4.5 ms. r0 → 2, r1 → 4, steps → 7, 10; r2 → 12, r3 → 14, steps → 17, 20;
+    /// r4 → 22, steps → 25, 28 ms. With the extra: steps → 8.5, 11.5; r2 → 13.5, r3 → 15.5,
+    /// steps → 20, 23; r4 → 25, steps → 29.5, 32.5.
+    #[test]
+    fn five_requests_at_a_probed_speed_by_hand() {
+        let (first, last) = five_requests_at("after_prefill_us = 0", Some((2.0, 3.0)));
+        assert_eq!(first, [2.0, 4.0, 12.0, 14.0, 22.0]);
+        assert_eq!(last, [10.0, 10.0, 20.0, 20.0, 28.0]);
+        let (first, last) = five_requests_at("after_prefill_us = 500", Some((2.0, 3.0)));
+        assert_eq!(first, [2.0, 4.0, 13.5, 15.5, 25.0]);
+        assert_eq!(last, [11.5, 11.5, 23.0, 23.0, 32.5]);
+    }
+
     /// The five requests above, `overhead` the profile's after-prefill lines; each request's
     /// first and last token time, ms, by id.
     fn five_requests(overhead: &str) -> (Vec<f64>, Vec<f64>) {
+        five_requests_at(overhead, None)
+    }
+
+    /// [`five_requests`] with the costs scaled by `(prefill, decode)` ([`Scaled`]).
+    fn five_requests_at(overhead: &str, scale: Option<(f64, f64)>) -> (Vec<f64>, Vec<f64>) {
         let profile = DeviceProfile::parse(
             &format!(
                 r#"
@@ -222,11 +266,37 @@ layer_us = 0
                 output_len: 3,
             })
             .collect();
-        let mut b = VirtualBackend::new(perf, sizer);
         let arrival = Arrival::Poisson {
             rate: f64::INFINITY,
         };
-        let o = serve(&mut b, &cfg, &requests, arrival, &[], 0, &mut |_| Ok(())).unwrap();
+        let o = match scale {
+            None => serve(
+                &mut VirtualBackend::new(perf, sizer),
+                &cfg,
+                &requests,
+                arrival,
+                &[],
+                0,
+                &mut |_| Ok(()),
+            ),
+            Some((prefill, decode)) => {
+                let cost = Scaled {
+                    cost: perf,
+                    prefill,
+                    decode,
+                };
+                serve(
+                    &mut VirtualBackend::new(cost, sizer),
+                    &cfg,
+                    &requests,
+                    arrival,
+                    &[],
+                    0,
+                    &mut |_| Ok(()),
+                )
+            }
+        }
+        .unwrap();
         let mut by_id = o.requests.clone();
         by_id.sort_by_key(|r| r.id);
         let ms = |s: f64| (s * 1e3 * 1e4).round() / 1e4;
