@@ -268,10 +268,10 @@ fn serve_command_writes_run_folder_and_resumes() {
 
 /// `serve --simulate --speed-from` on the measured run at `measured` (fp16 and int4, 4 requests
 /// of 64 + 4 tokens at once, 4 MiB; `rows` its results): every measured point recorded a
-/// speed probe (positive, finite), and a profile whose own probe is half of fp16's point's runs
-/// that point's every prefill and decode step twice as long — with all requests arriving at 0
-/// the schedule does not change, so every latency of the fp16 row doubles against the same
-/// simulation without `--speed-from` — and its rows carry the measured probe they ran at.
+/// speed probe (positive, finite), and a profile whose own probe is half the run's median (of
+/// two points, their mean) runs every prefill and decode step twice as long — with all
+/// requests arriving at 0 the schedule does not change, so every latency doubles against the
+/// same simulation without `--speed-from` — and its rows carry the median they ran at.
 /// Without a probe in the profile, or on a folder that lacks a point, the run is refused
 /// naming `--speed-from`.
 fn speed_from_scales_the_simulation(
@@ -288,8 +288,8 @@ fn speed_from_scales_the_simulation(
         probe(r, "probe_step_ms");
     }
     let (pf, ps) = (
-        probe(&rows[0], "probe_prefill_ms"),
-        probe(&rows[0], "probe_step_ms"),
+        (probe(&rows[0], "probe_prefill_ms") + probe(&rows[1], "probe_prefill_ms")) / 2.0,
+        (probe(&rows[0], "probe_step_ms") + probe(&rows[1], "probe_step_ms")) / 2.0,
     );
     let mut device = kvbench::perf::DeviceProfile::load("h100-sxm").unwrap();
     device.probe = Some(kvbench::perf::SpeedProbe {
@@ -344,13 +344,15 @@ fn speed_from_scales_the_simulation(
     let ((code, _, err), scaled) = sim(probed, &["--speed-from", m], "scaled");
     assert_eq!(code, 0, "{err}");
     let f = |r: &std::collections::HashMap<String, String>, k: &str| r[k].parse::<f64>().unwrap();
-    for k in ["ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "e2e_ms_p95"] {
-        let (a, b) = (f(&plain[0], k), f(&scaled[0], k));
-        assert!((b / a - 2.0).abs() < 1e-9, "{k}: {a} → {b}");
+    for (p, q) in plain.iter().zip(&scaled) {
+        for k in ["ttft_ms_p50", "ttft_ms_p95", "tpot_ms_p50", "e2e_ms_p95"] {
+            let (a, b) = (f(p, k), f(q, k));
+            assert!((b / a - 2.0).abs() < 1e-9, "{} {k}: {a} → {b}", p["scheme"]);
+        }
+        assert_eq!(p["probe_step_ms"], "");
+        assert!((f(q, "probe_prefill_ms") / pf - 1.0).abs() < 1e-12);
+        assert!((f(q, "probe_step_ms") / ps - 1.0).abs() < 1e-12);
     }
-    assert_eq!(plain[0]["probe_step_ms"], "");
-    assert_eq!(f(&scaled[0], "probe_prefill_ms"), pf);
-    assert_eq!(f(&scaled[0], "probe_step_ms"), ps);
     // A profile without a probe; a folder that lacks a point (int8).
     let ((code, _, err), _) = sim("h100-sxm", &["--speed-from", m], "no-probe");
     assert!(
@@ -750,7 +752,8 @@ fn calibrate_with_a_serving_trace_end_to_end() {
     trace.sort_unstable();
     want.sort_unstable();
     assert_eq!(trace, want);
-    // The speed probe, once before the timings and once after; the profile keeps their mean.
+    // The speed probe before each phase (prefills, decode steps, scheme steps, the serving
+    // trace) and after the last; the profile keeps their mean.
     let probes = |kind: &str| -> Vec<f64> {
         rows.iter()
             .filter(|r| r["kind"] == kind)
@@ -758,7 +761,23 @@ fn calibrate_with_a_serving_trace_end_to_end() {
             .collect()
     };
     let (fills, steps) = (probes("speed_probe_prefill"), probes("speed_probe_step"));
-    assert_eq!((fills.len(), steps.len()), (2, 2));
+    assert_eq!((fills.len(), steps.len()), (5, 5));
+    let phases: Vec<&str> = rows
+        .iter()
+        .filter(|r| r["kind"] == "speed_probe_step")
+        .map(|r| r["phase"].as_str())
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            "prefills",
+            "decode steps",
+            "scheme steps",
+            "serving trace",
+            "end"
+        ]
+    );
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     if !fitted {
         eprintln!("the tiny calibration's fit failed on noise ({err}); refit and simulate skipped");
         let _ = std::fs::remove_dir_all(&dir);
@@ -784,8 +803,8 @@ fn calibrate_with_a_serving_trace_end_to_end() {
         |p: &std::path::Path| kvbench::perf::DeviceProfile::load(p.to_str().unwrap()).unwrap();
     let (p0, p1) = (load(&profile), load(&refit));
     let probe = p0.probe.expect("the calibration's speed probe");
-    assert!((probe.prefill_ms - (fills[0] + fills[1]) / 2.0).abs() < 1e-9 * probe.prefill_ms);
-    assert!((probe.step_ms - (steps[0] + steps[1]) / 2.0).abs() < 1e-9 * probe.step_ms);
+    assert!((probe.prefill_ms - mean(&fills)).abs() < 1e-9 * probe.prefill_ms);
+    assert!((probe.step_ms - mean(&steps)).abs() < 1e-9 * probe.step_ms);
     let again = p1.probe.expect("the refit's speed probe");
     assert!((again.prefill_ms / probe.prefill_ms - 1.0).abs() < 1e-12);
     assert!((again.step_ms / probe.step_ms - 1.0).abs() < 1e-12);

@@ -306,21 +306,43 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
         "probes: read {:.1} GB/s, GEMM {:.3} TFLOP/s; profile peaks {:.1} GB/s, {:.3} TFLOP/s",
         samples.probe_bw_gb_s, samples.probe_tflops, profile.mem_bw_gb_s, profile.matmul_tflops
     );
-    if let [first, .., last] = samples.probes[..] {
-        let (fill, step) = last.slowdown(&first);
+    for (phase, p) in &samples.probes {
         println!(
-            "speed probe (before → after the timings): prefill of {} tokens {:.1} → {:.1} ms \
-             ({:+.1} %), step of {} sequences {:.2} → {:.2} ms ({:+.1} %); the profile keeps \
-             their mean",
+            "speed probe {:<22} prefill of {} tokens {:>7.1} ms, step of {} sequences {:>6.2} ms",
+            if phase == "end" {
+                "after the last phase:".to_string()
+            } else {
+                format!("before {phase}:")
+            },
             crate::perf::SpeedProbe::PROMPT,
-            first.prefill_ms,
-            last.prefill_ms,
-            100.0 * (fill - 1.0),
+            p.prefill_ms,
             crate::perf::SpeedProbe::BATCH,
-            first.step_ms,
-            last.step_ms,
-            100.0 * (step - 1.0)
+            p.step_ms
         );
+    }
+    // How far the machine's speed moved while it was calibrated: the largest probe over the
+    // smallest, prefill and step apart.
+    let spread = |f: fn(&crate::perf::SpeedProbe) -> f64| {
+        let v = samples.probes.iter().map(|p| f(&p.1));
+        let (lo, hi) = v.fold((f64::INFINITY, 0.0f64), |(lo, hi), x| {
+            (lo.min(x), hi.max(x))
+        });
+        100.0 * (hi / lo - 1.0)
+    };
+    if samples.probes.len() > 1 {
+        let (fill, step) = (spread(|p| p.prefill_ms), spread(|p| p.step_ms));
+        println!(
+            "speed probe spread: prefill {fill:.1} %, step {step:.1} % (largest ÷ smallest); \
+             the profile keeps the mean"
+        );
+        if fill.max(step) > crate::report::warnings::DRIFT_PCT {
+            eprintln!(
+                "warning: the machine's speed drifted {:.0} % while it was calibrated (the speed \
+                 probes above): the profile describes the mean of its phases; calibrate again \
+                 when the probe holds steady for a profile you compare serving runs with",
+                fill.max(step)
+            );
+        }
     }
     println!("wrote {} and {}", out.display(), csv_path.display());
     Ok(())
@@ -342,6 +364,10 @@ struct Timing<K> {
     /// every other kind; absent in files from before 2026-12-05).
     #[serde(default)]
     prompt: usize,
+    /// A speed probe's phase, the one it was taken before (`end`: after the last); empty for
+    /// every other kind (absent in files from before 2026-12-06).
+    #[serde(default)]
+    phase: String,
 }
 
 /// Writes every timing of `samples` to `path` (CSV, one row per timing; the probes as rows of
@@ -359,6 +385,7 @@ fn write_timings(
         tokens,
         seconds,
         prompt: 0,
+        phase: String::new(),
     };
     w.serialize(row(
         "probe_read_gb_s",
@@ -374,25 +401,20 @@ fn write_timings(
         0,
         samples.probe_tflops,
     ))?;
-    for p in &samples.probes {
+    for (phase, p) in &samples.probes {
         let (b, t) = (
             crate::perf::SpeedProbe::BATCH,
             crate::perf::SpeedProbe::PROMPT,
         );
-        w.serialize(row(
-            "speed_probe_prefill",
-            "fp16".into(),
-            1,
-            t,
-            p.prefill_ms * 1e-3,
-        ))?;
-        w.serialize(row(
-            "speed_probe_step",
-            "fp16".into(),
-            b,
-            32,
-            p.step_ms * 1e-3,
-        ))?;
+        for (kind, batch, tokens, ms) in [
+            ("speed_probe_prefill", 1, t, p.prefill_ms),
+            ("speed_probe_step", b, 32, p.step_ms),
+        ] {
+            w.serialize(Timing {
+                phase: phase.clone(),
+                ..row(kind, "fp16".into(), batch, tokens, ms * 1e-3)
+            })?;
+        }
     }
     for &(t, s) in &samples.prefill {
         w.serialize(row("prefill", "fp16".into(), 1, t, s))?;
@@ -441,18 +463,21 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
         match t.kind.as_str() {
             "probe_read_gb_s" => s.probe_bw_gb_s = t.seconds,
             "probe_gemm_tflops" => s.probe_tflops = t.seconds,
-            "speed_probe_prefill" => probe_prefill.push(t.seconds * 1e3),
+            "speed_probe_prefill" => probe_prefill.push((t.phase, t.seconds * 1e3)),
             "speed_probe_step" => {
-                let prefill_ms = probe_prefill.pop().ok_or_else(|| {
+                let (phase, prefill_ms) = probe_prefill.pop().ok_or_else(|| {
                     bad(format!(
                         "row {line}: a speed_probe_step row with no speed_probe_prefill row \
                          before it"
                     ))
                 })?;
-                s.probes.push(crate::perf::SpeedProbe {
-                    prefill_ms,
-                    step_ms: t.seconds * 1e3,
-                });
+                s.probes.push((
+                    phase,
+                    crate::perf::SpeedProbe {
+                        prefill_ms,
+                        step_ms: t.seconds * 1e3,
+                    },
+                ));
             }
             "prefill" => s.prefill.push((t.tokens, t.seconds)),
             "decode" => s.decode.push((t.batch, t.tokens, t.seconds)),
@@ -521,11 +546,11 @@ mod tests {
         let p = dir.join("timings.csv");
         std::fs::write(
             &p,
-            "kind,scheme,batch,tokens,seconds\nprobe_read_gb_s,,0,0,9.5\n\
-             probe_gemm_tflops,,0,0,0.18\nprefill,fp16,1,32,0.15\ndecode,fp16,4,37,0.02\n\
-             scheme,int4,4,1029,0.03\nstep_before_prefill,fp16,4,64,0.02\n\
-             step_after_prefill,fp16,4,64,0.035\nspeed_probe_prefill,fp16,1,128,0.25\n\
-             speed_probe_step,fp16,4,32,0.0125\n",
+            "kind,scheme,batch,tokens,seconds,prompt,phase\nprobe_read_gb_s,,0,0,9.5,0,\n\
+             probe_gemm_tflops,,0,0,0.18,0,\nspeed_probe_prefill,fp16,1,128,0.25,0,prefills\n\
+             speed_probe_step,fp16,4,32,0.0125,0,prefills\nprefill,fp16,1,32,0.15,0,\n\
+             decode,fp16,4,37,0.02,0,\nscheme,int4,4,1029,0.03,0,\n\
+             step_before_prefill,fp16,4,64,0.02,0,\nstep_after_prefill,fp16,4,64,0.035,0,\n",
         )
         .unwrap();
         let s = read_timings(&p).unwrap();
@@ -538,10 +563,13 @@ mod tests {
         // Seconds in the file, ms in the probe.
         assert_eq!(
             s.probes,
-            vec![crate::perf::SpeedProbe {
-                prefill_ms: 250.0,
-                step_ms: 12.5
-            }]
+            vec![(
+                "prefills".to_string(),
+                crate::perf::SpeedProbe {
+                    prefill_ms: 250.0,
+                    step_ms: 12.5
+                }
+            )]
         );
         std::fs::write(
             &p,

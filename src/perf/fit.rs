@@ -62,10 +62,12 @@ pub struct Samples {
     /// calibrate --trace-requests`; empty: none run, the profile's decode steps are the
     /// isolated timings' alone).
     pub trace: Vec<(usize, usize, usize, f64)>,
-    /// The speed probes ([`SpeedProbe`]) taken before and after the timings (empty: none; the
-    /// profile then has no `probe`). Not fitted: their mean is the profile's `probe`, what a
-    /// measured serving run's own probes are compared with.
-    pub probes: Vec<SpeedProbe>,
+    /// The speed probes ([`SpeedProbe`]), each with the phase it was taken before (`prefills`,
+    /// `decode steps`, `scheme steps`, `serving trace`; `end`: after the last) (empty: none;
+    /// the profile then has no `probe`). Not fitted: their mean is the profile's `probe`, what
+    /// a measured serving run's own probes are compared with, and their spread says how far
+    /// the machine's speed drifted while it was calibrated.
+    pub probes: Vec<(String, SpeedProbe)>,
 }
 
 /// One timing against what the fitted profile predicts.
@@ -552,7 +554,7 @@ pub fn fit(
             after_prefill_by_prompt: Vec::new(),
             kv_encode_us_by_scheme: BTreeMap::new(),
         },
-        probe: SpeedProbe::mean(&samples.probes),
+        probe: SpeedProbe::mean(&samples.probes.iter().map(|p| p.1).collect::<Vec<_>>()),
         sources: BTreeMap::new(),
     };
     // 5. Each scheme's extra per token written: its short-context step over fp16's of the same

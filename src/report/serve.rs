@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::warnings::{Cause, PointWarning, Warnings};
+use super::warnings::{Cause, PointWarning, Warnings, DRIFT_PCT, MIN_DRIFT_POINTS};
 use crate::error::{Error, Result};
 use crate::measure::contention::{Contention, CONTENDED_CORES};
 use crate::measure::sweep::PointStatus;
@@ -107,8 +107,8 @@ csv_record! {
         /// shared machine.
         pub contended: bool,
         /// The speed probe's prefill ([`crate::perf::SpeedProbe`]), ms: measured right before
-        /// the point; in a simulated row under `--speed-from`, the measured point's, which the
-        /// simulation's costs were scaled to; empty otherwise.
+        /// the point; in a simulated row under `--speed-from`, the measured run's (the median
+        /// over its points), which the simulation's costs were scaled to; empty otherwise.
         pub probe_prefill_ms: Option<f64>,
         /// The speed probe's decode step, ms, as `probe_prefill_ms`.
         pub probe_step_ms: Option<f64>,
@@ -754,30 +754,58 @@ fn running_chart(run: &ServeRun, plots: &Path, caption: String) -> Result<()> {
 }
 
 /// A serving run's warnings ([`Warnings`], rendered there): points that ran while other
-/// processes used the CPU (the only per-point warning serve has). Failed rows are skipped.
+/// processes used the CPU, and measured points whose speed probe ran more than [`DRIFT_PCT`] %
+/// off the run's median (judged on [`MIN_DRIFT_POINTS`] or more probed points). Failed rows
+/// are skipped.
 pub fn warnings(rows: &[ServeRow]) -> Warnings {
     let ok: Vec<&ServeRow> = rows.iter().filter(|r| r.status.is_ok()).collect();
-    let list = ok
+    let name = |r: &ServeRow| {
+        format!(
+            "{} {}{}",
+            r.scheme,
+            r.arrival,
+            if r.prefix_caching {
+                ", prefix cached"
+            } else {
+                ""
+            }
+        )
+    };
+    let mut list: Vec<PointWarning> = ok
         .iter()
         .filter(|r| r.contended())
         .filter_map(|r| {
             Some(PointWarning {
-                point: format!(
-                    "{} {}{}",
-                    r.scheme,
-                    r.arrival,
-                    if r.prefix_caching {
-                        ", prefix cached"
-                    } else {
-                        ""
-                    }
-                ),
+                point: name(r),
                 cause: Cause::Contended {
                     other_cores: r.other_cores?,
                 },
             })
         })
         .collect();
+    // Drift: each measured point's speed probe against the run's median (a simulated row's
+    // probe is the measured one it was scaled to, not a measurement of this run).
+    let probed: Vec<(&ServeRow, f64, f64)> = ok
+        .iter()
+        .filter(|r| r.mode != "simulated")
+        .filter_map(|r| Some((*r, r.probe_prefill_ms?, r.probe_step_ms?)))
+        .collect();
+    if probed.len() >= MIN_DRIFT_POINTS {
+        let median = |f: fn(&(&ServeRow, f64, f64)) -> f64| {
+            let mut v: Vec<f64> = probed.iter().map(f).collect();
+            crate::stats::percentile(&mut v, 50.0)
+        };
+        let (mp, ms) = (median(|p| p.1), median(|p| p.2));
+        for &(r, p, s) in &probed {
+            let (prefill, step) = (p / mp, s / ms);
+            if (prefill - 1.0).abs().max((step - 1.0).abs()) > DRIFT_PCT / 100.0 {
+                list.push(PointWarning {
+                    point: name(r),
+                    cause: Cause::Drifted { prefill, step },
+                });
+            }
+        }
+    }
     Warnings {
         command: "serve",
         points: ok.len(),
@@ -1000,7 +1028,7 @@ mod tests {
             &model,
             &work,
             todo,
-            &mut |_, s| {
+            &mut |s| {
                 Ok(PointBackend {
                     backend: Box::new(VirtualBackend::new(cost, plan.sizer(s, GEOM))),
                     probe: None,

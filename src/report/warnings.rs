@@ -19,6 +19,16 @@ pub const OUTLIER_PCT: usize = 5;
 /// The fewest inter-token latencies (repeats × (gen − 1)) on which outliers are judged.
 pub const MIN_OUTLIER_SAMPLES: usize = 20;
 
+/// A measured serving point whose speed probe ran more than this share off the run's median
+/// (prefill or decode step) is worth a warning, %: a probe spreads about ±7 % around the speed
+/// of the minute it samples (AMD EPYC VM, 2026-12-06: the twelve points of one steady run
+/// probed 288–393 ms per prefill, 11.4–14.3 ms per step), so 20 % is three of those, while
+/// the drift of half an hour there reached 10–30 %.
+pub const DRIFT_PCT: f64 = 20.0;
+
+/// The fewest probed points on which drift is judged (the median of fewer says little).
+pub const MIN_DRIFT_POINTS: usize = 3;
+
 /// Why a point's numbers deserve a second look, with the numbers that say how much.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Cause {
@@ -27,6 +37,16 @@ pub enum Cause {
     Contended {
         /// Cores the other processes occupied on average, cores.
         other_cores: f64,
+    },
+    /// The machine ran the point's speed probe ([`crate::perf::SpeedProbe`]) more than
+    /// [`DRIFT_PCT`] % off the run's median: the machine's speed drifted (a shared VM's does,
+    /// unseen by other processes' CPU use), so the point's latencies are not comparable with
+    /// the other points' to better than that.
+    Drifted {
+        /// The point's probe prefill ÷ the run's median.
+        prefill: f64,
+        /// The point's probe decode step ÷ the run's median.
+        step: f64,
     },
     /// More than [`OUTLIER_PCT`] % of the inter-token latencies lie outside Tukey's fences.
     ItlOutliers {
@@ -51,9 +71,10 @@ impl Cause {
     fn rank(&self) -> u8 {
         match self {
             Cause::Contended { .. } => 0,
-            Cause::ItlOutliers { .. } => 1,
-            Cause::WideTpotCi { .. } => 2,
-            Cause::SingleRepeat => 3,
+            Cause::Drifted { .. } => 1,
+            Cause::ItlOutliers { .. } => 2,
+            Cause::WideTpotCi { .. } => 3,
+            Cause::SingleRepeat => 4,
         }
     }
 
@@ -61,6 +82,7 @@ impl Cause {
     fn severity(&self) -> f64 {
         match *self {
             Cause::Contended { other_cores } => other_cores,
+            Cause::Drifted { prefill, step } => (prefill - 1.0).abs().max((step - 1.0).abs()),
             Cause::ItlOutliers { outliers, samples } => outliers as f64 / samples.max(1) as f64,
             Cause::WideTpotCi { mean_ms, ci95_ms } => ci95_ms / mean_ms,
             Cause::SingleRepeat => 0.0,
@@ -71,6 +93,7 @@ impl Cause {
     fn name(&self) -> &'static str {
         match self {
             Cause::Contended { .. } => "contended",
+            Cause::Drifted { .. } => "machine drifted",
             Cause::ItlOutliers { .. } => "ITL outliers",
             Cause::WideTpotCi { .. } => "wide TPOT CI",
             Cause::SingleRepeat => "one repeat",
@@ -81,6 +104,9 @@ impl Cause {
     fn detail(&self) -> String {
         match *self {
             Cause::Contended { other_cores } => format!("{other_cores:.2} other cores"),
+            Cause::Drifted { prefill, step } => {
+                format!("speed probe prefill {prefill:.2}×, step {step:.2}× the run's median")
+            }
             Cause::ItlOutliers { outliers, samples } => {
                 format!("{outliers} of {samples} inter-token latencies")
             }
@@ -210,6 +236,14 @@ impl Warnings {
                          is idle, `kvbench {} --resume <run folder> --rerun-contended` measures \
                          them again",
                         self.command
+                    ),
+                    Cause::Drifted { prefill, step } => format!(
+                        "{k} of {n} points ran while the machine's speed probe was more than \
+                         {DRIFT_PCT} % off the run's median (worst {p}: prefill {prefill:.2}×, \
+                         decode step {step:.2}×): the machine's speed drifted, which other \
+                         processes' CPU use does not show, so those points' latencies differ \
+                         from the others' by that much before any scheme does; compare them \
+                         with care, or measure them again when the probe holds steady"
                     ),
                     Cause::ItlOutliers { outliers, samples } => format!(
                         "{k} of {n} points: more than {OUTLIER_PCT} % of inter-token latencies \
@@ -404,6 +438,66 @@ mod tests {
         assert!(!md.contains("q4_0"), "{md}");
         assert!(md.ends_with("</details>\n"), "{md}");
         assert!(Warnings::of_sweep(&[]).markdown().is_empty());
+    }
+
+    /// Serve: drift by hand. Probes (prefill, step) ms: fp16 (250, 12), int8-token (255,
+    /// 12.2), int4 (320, 12), the window (250, 9), q4_0 (245, 11.8), and a failed point
+    /// (900, 90) not judged: medians 250 and 12, so int4 runs its prefill 1.28× (> 20 %) and
+    /// the window its step 0.75× (25 % off), int8-token (1.02×, 1.017×) and q4_0 (0.98×,
+    /// 0.983×) within; int4 is the worst. A simulated run's probes (the measured ones it was
+    /// scaled to) are not judged, nor fewer than three probed points.
+    #[test]
+    fn serve_warnings_flag_a_drifting_machine() {
+        let row = |scheme: &str, p: f64, s: f64, ok: bool| ServeRow {
+            scheme: scheme.into(),
+            arrival: "poisson 2 req/s".into(),
+            mode: "measured".into(),
+            other_cores: Some(0.0),
+            probe_prefill_ms: Some(p),
+            probe_step_ms: Some(s),
+            status: if ok {
+                PointStatus::Ok
+            } else {
+                PointStatus::Error("boom".into())
+            },
+            ..Default::default()
+        };
+        let mut rows = vec![
+            row("fp16", 250.0, 12.0, true),
+            row("int8-token", 255.0, 12.2, true),
+            row("int4", 320.0, 12.0, true),
+            row("window", 250.0, 9.0, true),
+            row("q4_0", 245.0, 11.8, true),
+            row("int2", 900.0, 90.0, false),
+        ];
+        let w = super::super::serve::warnings(&rows);
+        let points: Vec<(&str, &str)> = w
+            .list
+            .iter()
+            .map(|x| (x.point.as_str(), x.cause.name()))
+            .collect();
+        assert_eq!(
+            points,
+            [
+                ("int4 poisson 2 req/s", "machine drifted"),
+                ("window poisson 2 req/s", "machine drifted")
+            ]
+        );
+        let lines = w.lines();
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].starts_with("2 of 5 points ran while the machine's speed probe was more than 20 % off the run's median (worst int4 poisson 2 req/s: prefill 1.28×, decode step 1.00×)"),
+            "{}",
+            lines[0]
+        );
+        for r in &mut rows {
+            r.mode = "simulated".into();
+        }
+        assert!(super::super::serve::warnings(&rows).list.is_empty());
+        rows.truncate(2);
+        rows[1].probe_prefill_ms = Some(400.0);
+        rows.iter_mut().for_each(|r| r.mode = "measured".into());
+        assert!(super::super::serve::warnings(&rows).list.is_empty());
     }
 
     /// Serve: contended points grouped (worst 1.70 cores, the prefix-cached int8 point), an

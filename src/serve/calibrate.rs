@@ -15,9 +15,10 @@
 //! of a round alike instead of on all repeats of one size, which would bend the fitted curve
 //! there (the calibration's batch-2 step that came out 13.8 ms, README's validation).
 //!
-//! The speed probe ([`speed_probe`]) runs first and last: the profile keeps its mean, and
-//! `kvbench serve` takes the same probe before every measured point, so a simulation can be
-//! compared with a measured run at the speed the machine had when each point ran.
+//! The speed probe ([`speed_probe`]) runs before each phase and after the last: the profile
+//! keeps its mean, the spread says how far the machine drifted meanwhile, and `kvbench serve`
+//! takes the same probe before every measured point, so a simulation can be compared with a
+//! measured run at the speed the machine had when each point ran.
 
 use std::time::Instant;
 
@@ -126,7 +127,7 @@ pub fn measure(
             })
     };
     progress.start("probes: speed, read bandwidth, GEMM");
-    let first = speed_probe(prefill, decode)?;
+    let first = ("prefills".to_string(), speed_probe(prefill, decode)?);
     let bw = bandwidth::probe().map_or(0.0, |r| r.best_gb_s);
     let tflops = bandwidth::measure_gemm(1024, 5)?;
     let mut samples = Samples {
@@ -191,6 +192,9 @@ pub fn measure(
     // then round r steps each batch once (round 0 untimed), so every batch's context grows
     // alike.
     progress.start("decode steps, interleaved batch sizes");
+    samples
+        .probes
+        .push(("decode steps".into(), speed_probe(prefill, decode)?));
     let step_repeats = spec.step_repeats.max(1);
     let runs: Vec<_> = spec
         .batches
@@ -216,6 +220,9 @@ pub fn measure(
         spec.short_ctx,
         spec.long_ctx
     ));
+    samples
+        .probes
+        .push(("scheme steps".into(), speed_probe(prefill, decode)?));
     let b = spec.scheme_batch;
     let runs: Vec<_> = spec
         .schemes
@@ -230,10 +237,16 @@ pub fn measure(
     }
     progress.advance(spec.schemes.len() as u64);
     if let Some(trace) = &spec.trace {
+        progress.start("speed probe");
+        samples
+            .probes
+            .push(("serving trace".into(), speed_probe(prefill, decode)?));
         samples.trace = serving_trace(prefill, decode, text, trace, progress)?;
     }
-    progress.start("speed probe, again");
-    samples.probes.push(speed_probe(prefill, decode)?);
+    progress.start("speed probe, last");
+    samples
+        .probes
+        .push(("end".into(), speed_probe(prefill, decode)?));
     Ok(samples)
 }
 

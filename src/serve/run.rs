@@ -89,7 +89,7 @@ pub struct PointBackend<'m> {
     pub backend: Box<dyn Backend + 'm>,
     /// The speed probe ([`SpeedProbe`]) that goes with it: a measured point's, taken right
     /// before its backend was made; a simulated point's under `--speed-from`, the measured
-    /// point's its costs were scaled to; otherwise none.
+    /// run's (its median) its costs were scaled to; otherwise none.
     pub probe: Option<SpeedProbe>,
 }
 
@@ -142,7 +142,7 @@ pub fn predicted_concurrency(
 }
 
 /// Serves every point of `todo` (a subset of `plan.points()`, in order) over `work` on a
-/// backend `backend(point, scheme)` makes fresh for each point; each finished request and point goes
+/// backend `backend(scheme)` makes fresh for each point; each finished request and point goes
 /// to `sink`, one progress unit per request. A point whose scheduler or backend fails is
 /// handed to the sink as failed and the run goes on, as is one whose backend cannot be made.
 /// Errors: the sink's; a scheme name that does not parse.
@@ -151,7 +151,7 @@ pub fn run<'m>(
     model: &ModelGeometry,
     work: &Workload,
     todo: &[PointKey],
-    backend: &mut dyn FnMut(&PointKey, KvScheme) -> Result<PointBackend<'m>>,
+    backend: &mut dyn FnMut(KvScheme) -> Result<PointBackend<'m>>,
     sink: &mut dyn ServeSink,
     progress: &dyn Progress,
 ) -> Result<()> {
@@ -172,7 +172,7 @@ pub fn run<'m>(
         let PointBackend {
             backend: mut b,
             probe,
-        } = match backend(key, scheme) {
+        } = match backend(scheme) {
             Ok(b) => b,
             Err(e) => {
                 sink.point(PointResult {

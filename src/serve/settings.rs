@@ -134,10 +134,10 @@ pub struct SimArgs {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_gpu_blocks_override: Option<u64>,
     /// With --simulate on a profile `kvbench calibrate` wrote on this machine: a measured serving
-    /// run's folder (same points) whose speed probes set each point's speed — prefills scaled
-    /// by the point's probe prefill ÷ the profile's, decode steps by its probe step ÷ the
-    /// profile's — so the simulation is compared with the measurement at the speed the machine
-    /// had when each point ran (a shared VM drifts 10–30 % in half an hour).
+    /// run's folder (the same points) whose speed probes set the simulation's speed — prefills
+    /// scaled by the run's median probe prefill ÷ the profile's, decode steps by its median
+    /// probe step ÷ the profile's — so the simulation is compared with the measurement at the
+    /// speed the machine had when it ran (a shared VM drifts 10–30 % in half an hour).
     #[arg(long, value_name = "MEASURED_RUN_DIR")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speed_from: Option<std::path::PathBuf>,
