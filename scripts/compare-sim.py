@@ -25,7 +25,8 @@ of schedule.
 Where the measured run took a speed probe before each point (kvbench 2026-12-06 on:
 probe_prefill_ms, probe_step_ms) and the simulated run's profile holds the calibration's own
 probe, the table says how much slower than at calibration the machine ran each point (above 1:
-slower), prefill and decode step apart: the drift a simulation run with --speed-from takes out.
+slower), prefill and decode step apart; a simulation run with --speed-from is scaled by the
+median of these over the run (one probe spreads about ±7 % around its minute's speed).
 """
 import csv
 import json

@@ -8,9 +8,9 @@
 # right after the first (same seed, same arrivals) and the second run is compared with the first
 # on the same targets, which says how far the measurement agrees with itself at each point.
 # Each comparison is printed twice: against the simulation at the calibration's speed, and
-# against the same simulation at the speed the machine had when each point ran (--speed-from:
-# every point's speed probe against the calibration's), which takes a shared VM's drift out of
-# the error and leaves the model's own.
+# against the same simulation at the speed the machine had while the measured run ran
+# (--speed-from: the run's median speed probe against the calibration's), which takes a shared
+# VM's drift between the calibration and the run out of the error and leaves the model's own.
 # Run nothing else meanwhile: the measured runs are timings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,14 +38,14 @@ for w in serve serve-decode; do
     fi
     echo "== simulated on the calibrated profile: suites/$w.toml"
     "$bin" serve --suite "suites/$w.toml" --simulate "$out/profile.toml" --out "$out/simulated-$w"
-    echo "== simulated at each measured point's speed (--speed-from): suites/$w.toml"
+    echo "== simulated at the measured run's speed (--speed-from): suites/$w.toml"
     "$bin" serve --suite "suites/$w.toml" --simulate "$out/profile.toml" \
         --speed-from "$out/measured-$w" --out "$out/simulated-at-speed-$w"
 done
 for w in serve serve-decode; do
     echo "== $w: measured | simulated | error"
     scripts/compare-sim.py "$out/measured-$w" "$out/simulated-$w" --markdown | tee "$out/compare-$w.md"
-    echo "== $w: measured | simulated at the measured points' speed | error"
+    echo "== $w: measured | simulated at the measured run's speed | error"
     scripts/compare-sim.py "$out/measured-$w" "$out/simulated-at-speed-$w" --markdown \
         | tee "$out/compare-at-speed-$w.md"
     if [ "$repeat" = 1 ]; then
