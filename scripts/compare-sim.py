@@ -130,22 +130,14 @@ def prefill_rate(steps):
 
 
 def profile_probe(d):
-    """The speed probe of the profile a simulated run ran on (meta.json), or None."""
-    def find(x):
-        if isinstance(x, dict):
-            p = x.get("probe")
-            if isinstance(p, dict) and "prefill_ms" in p and "step_ms" in p:
-                return p
-            for v in x.values():
-                r = find(v)
-                if r is not None:
-                    return r
-        return None
+    """The speed probe of the profile a simulated run ran on (its meta.json's `profile`), or
+    None."""
     try:
         with open(f"{d}/meta.json") as f:
-            return find(json.load(f))
-    except (OSError, ValueError):
+            p = json.load(f).get("profile", {}).get("probe")
+    except (OSError, ValueError, AttributeError):
         return None
+    return p if isinstance(p, dict) and "prefill_ms" in p and "step_ms" in p else None
 
 
 def slowdown(m, base):

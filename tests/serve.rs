@@ -272,8 +272,8 @@ fn serve_command_writes_run_folder_and_resumes() {
 /// two points, their mean) runs every prefill and decode step twice as long — with all
 /// requests arriving at 0 the schedule does not change, so every latency doubles against the
 /// same simulation without `--speed-from` — and its rows carry the median they ran at.
-/// Without a probe in the profile, or on a folder that lacks a point, the run is refused
-/// naming `--speed-from`.
+/// Without a probe in the profile, on a folder that lacks a point or holds a simulated run, or
+/// at a factor of 10 (another model or machine), the run is refused naming `--speed-from`.
 fn speed_from_scales_the_simulation(
     measured: &std::path::Path,
     rows: &[std::collections::HashMap<String, String>],
@@ -364,6 +364,26 @@ fn speed_from_scales_the_simulation(
         code == 2 && err.contains("--speed-from") && err.contains("int8"),
         "{err}"
     );
+    // A profile whose probe ran 10× faster than the run's: other work, refused.
+    device.probe = Some(kvbench::perf::SpeedProbe {
+        prefill_ms: pf / 10.0,
+        step_ms: ps / 10.0,
+    });
+    let fast = measured.join("fast.toml");
+    std::fs::write(&fast, device.to_toml().unwrap()).unwrap();
+    let ((code, _, err), _) = sim(fast.to_str().unwrap(), &["--speed-from", m], "fast");
+    assert!(
+        code == 2 && err.contains("--speed-from") && err.contains("outside"),
+        "{err}"
+    );
+    // The simulated run is not a measured one.
+    let scaled_dir = measured.join("scaled");
+    let ((code, _, err), _) = sim(
+        probed,
+        &["--speed-from", scaled_dir.to_str().unwrap()],
+        "from-simulated",
+    );
+    assert!(code == 2 && err.contains("give a measured one"), "{err}");
 }
 
 /// Bad input is a usage error (exit 2) naming the flag.

@@ -408,7 +408,12 @@ fn write_timings(
         );
         for (kind, batch, tokens, ms) in [
             ("speed_probe_prefill", 1, t, p.prefill_ms),
-            ("speed_probe_step", b, 32, p.step_ms),
+            (
+                "speed_probe_step",
+                b,
+                crate::perf::SpeedProbe::RUNNING_PROMPT,
+                p.step_ms,
+            ),
         ] {
             w.serialize(Timing {
                 phase: phase.clone(),
@@ -465,12 +470,16 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
             "probe_gemm_tflops" => s.probe_tflops = t.seconds,
             "speed_probe_prefill" => probe_prefill.push((t.phase, t.seconds * 1e3)),
             "speed_probe_step" => {
-                let (phase, prefill_ms) = probe_prefill.pop().ok_or_else(|| {
-                    bad(format!(
-                        "row {line}: a speed_probe_step row with no speed_probe_prefill row \
-                         before it"
-                    ))
-                })?;
+                let (phase, prefill_ms) = probe_prefill
+                    .pop()
+                    .filter(|(phase, _)| *phase == t.phase)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "row {line}: a speed_probe_step row (phase `{}`) with no \
+                             speed_probe_prefill row of its phase right before it",
+                            t.phase
+                        ))
+                    })?;
                 s.probes.push((
                     phase,
                     crate::perf::SpeedProbe {
@@ -530,6 +539,12 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
             }
         }
     }
+    if let Some((phase, _)) = probe_prefill.first() {
+        return Err(bad(format!(
+            "a speed_probe_prefill row (phase `{phase}`) with no speed_probe_step row after it"
+        ))
+        .into());
+    }
     Ok(s)
 }
 
@@ -581,6 +596,32 @@ mod tests {
             e.contains("row 2") && e.contains("speed_probe_prefill"),
             "{e}"
         );
+        // A probe's two rows of different phases, or a prefill row alone, are refused.
+        std::fs::write(
+            &p,
+            "kind,scheme,batch,tokens,seconds,prompt,phase\n\
+             speed_probe_prefill,fp16,1,128,0.25,0,prefills\n\
+             speed_probe_step,fp16,4,32,0.0125,0,end\n",
+        )
+        .unwrap();
+        let e = read_timings(&p).unwrap_err().to_string();
+        assert!(e.contains("row 3") && e.contains("`end`"), "{e}");
+        std::fs::write(
+            &p,
+            "kind,scheme,batch,tokens,seconds,prompt,phase\n\
+             speed_probe_prefill,fp16,1,128,0.25,0,end\n",
+        )
+        .unwrap();
+        let e = read_timings(&p).unwrap_err().to_string();
+        assert!(e.contains("no speed_probe_step"), "{e}");
+        // A file from before the `prompt` and `phase` columns reads back.
+        std::fs::write(
+            &p,
+            "kind,scheme,batch,tokens,seconds\nprefill,fp16,1,32,0.15\n",
+        )
+        .unwrap();
+        let s = read_timings(&p).unwrap();
+        assert_eq!((s.prefill, s.probes.len()), (vec![(32, 0.15)], 0));
         std::fs::write(&p, "kind,scheme,batch,tokens,seconds\nwarmup,,1,1,0.1\n").unwrap();
         let e = read_timings(&p).unwrap_err().to_string();
         assert!(

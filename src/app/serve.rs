@@ -193,9 +193,16 @@ fn simulate(
     let text: Vec<u32> =
         (0..(s.load.shared_prefix + 4 * s.load.input_len.max() + 4096) as u32).collect();
     let work = Workload::build(&plan, &text, || unreachable!("no XSum trace (checked)"))?;
-    let speed = match &s.sim.speed_from {
-        Some(dir) => Some(measured_speed(dir, &plan, &device)?),
-        None => None,
+    // A resumed run keeps the speed it started at (`meta.json`'s `speed_from`), whatever the
+    // measured folder holds now (`--rerun-contended` changes it).
+    let kept = resumed.and_then(|r| {
+        serde_json::from_value::<crate::perf::SpeedProbe>(r.meta["speed_from"]["probe"].clone())
+            .ok()
+    });
+    let speed = match (&s.sim.speed_from, kept, device.probe) {
+        (Some(_), Some(probe), Some(base)) => Some((probe, base)),
+        (Some(dir), _, _) => Some(measured_speed(dir, &plan, &device)?),
+        (None, ..) => None,
     };
     let label = format!("sim-{}-{}", device.name, geom.name.replace('/', "_"));
     let folder = open_folder(run, resumed.map(|r| &r.meta), &label)?;
@@ -211,6 +218,19 @@ fn simulate(
     details.insert("profile".into(), serde_json::to_value(&device)?);
     details.insert("model_geometry".into(), serde_json::to_value(&geom)?);
     details.insert("scheduler".into(), SCHEDULER.into());
+    if let (Some(dir), Some((probe, base))) = (&s.sim.speed_from, speed) {
+        let (prefill, decode) = probe.slowdown(&base);
+        details.insert(
+            "speed_from".into(),
+            serde_json::json!({
+                "dir": std::path::absolute(dir).unwrap_or_else(|_| dir.clone()),
+                "probe": probe,
+                "profile_probe": base,
+                "prefill_factor": prefill,
+                "decode_factor": decode,
+            }),
+        );
+    }
     let meta = folder.meta(
         RunKind::Serve,
         RunMode::Simulated,
@@ -245,6 +265,10 @@ fn simulate(
     })
 }
 
+/// The factors `--speed-from` may scale a simulation by: a measured run this much faster or
+/// slower than its calibration ran other work (another model, weights or thread count).
+const SPEED_FACTORS: (f64, f64) = (0.5, 2.0);
+
 /// `--speed-from`: the measured serving run at `dir`'s speed probe — the median over its
 /// points, prefill and step apart — and the profile's, which it is scaled against. One pair of
 /// factors for the whole run, not one per point: a probe of 2.5 s spreads ±7 % around the
@@ -254,8 +278,9 @@ fn simulate(
 /// run (the validation of that day: 17 of 24 points within target at the run's speed, 12 with
 /// a factor per point, 5 at the calibration's). Errors: [`crate::Error::InvalidArgument`]
 /// (`--speed-from`) when the profile has no probe (a shipped one, or one calibrated before
-/// kvbench took it), or the folder holds no measured serving run, or lacks a point of the plan
-/// (another suite) or that point's probe (measured before kvbench took it).
+/// kvbench took it); the folder is not a measured `kvbench serve` run, lacks a point of the
+/// plan (another suite) or that point's probe (measured before kvbench took it); or a factor
+/// falls outside [`SPEED_FACTORS`] (the run and the calibration timed other work).
 fn measured_speed(
     dir: &std::path::Path,
     plan: &ServePlan,
@@ -272,11 +297,20 @@ fn measured_speed(
             device.name
         ))
     })?;
-    if !dir.join(crate::report::META_FILE).is_file() {
+    let meta_path = dir.join(crate::report::META_FILE);
+    if !meta_path.is_file() {
         return Err(bad(format!(
-            "{}: not a serving run folder (no {}); give the folder `kvbench serve` wrote",
+            "{}: not a run folder (no {}); give the folder a measured `kvbench serve` wrote",
             dir.display(),
             crate::report::META_FILE
+        )));
+    }
+    let meta = meta::read_value(&meta_path).map_err(|e| bad(e.to_string()))?;
+    let kind = RunKind::of(&meta);
+    if kind != RunKind::Serve {
+        return Err(bad(format!(
+            "{} is a `kvbench {kind}` run; give the folder a measured `kvbench serve` wrote",
+            dir.display()
         )));
     }
     let rows: Vec<_> = read_raw(dir)?
@@ -286,7 +320,7 @@ fn measured_speed(
             crate::report::serve::RawLine::Request { .. } => None,
         })
         .collect();
-    let (mut fills, mut steps) = (Vec::new(), Vec::new());
+    let mut probes = Vec::new();
     for key in plan.points() {
         let label = format!("{} {}", key.scheme, key.arrival.label());
         let (_, row) = rows.iter().find(|(k, _)| *k == key).ok_or_else(|| {
@@ -302,24 +336,35 @@ fn measured_speed(
                 row.mode
             )));
         }
-        match (row.probe_prefill_ms, row.probe_step_ms) {
-            (Some(p), Some(s)) => {
-                fills.push(p);
-                steps.push(s);
-            }
-            _ => {
-                return Err(bad(format!(
-                    "{}: point {label} has no speed probe (measured by a kvbench before \
-                     2026-12-06, or it failed); measure it again",
-                    dir.display()
-                )))
-            }
-        }
+        probes.push(row.probe().ok_or_else(|| {
+            bad(format!(
+                "{}: point {label} has no speed probe (measured by a kvbench before \
+                 2026-12-06, or it failed); measure it again",
+                dir.display()
+            ))
+        })?);
     }
-    let probe = crate::perf::SpeedProbe {
-        prefill_ms: crate::stats::percentile(&mut fills, 50.0),
-        step_ms: crate::stats::percentile(&mut steps, 50.0),
-    };
+    let probe = crate::perf::SpeedProbe::median(&probes).ok_or_else(|| {
+        bad(format!(
+            "{}: the simulation has no points to take a speed for",
+            dir.display()
+        ))
+    })?;
+    let (prefill, decode) = probe.slowdown(&base);
+    let (lo, hi) = SPEED_FACTORS;
+    if ![prefill, decode].iter().all(|f| (lo..=hi).contains(f)) {
+        return Err(bad(format!(
+            "{}: its speed probe ran {:.1} ms per prefill and {:.2} ms per step against the \
+             profile's {:.1} and {:.2} ({prefill:.2}× and {decode:.2}×, outside {lo}–{hi}×): the \
+             run and the calibration timed other work — another model, weights or --threads; \
+             calibrate with the run's",
+            dir.display(),
+            probe.prefill_ms,
+            probe.step_ms,
+            base.prefill_ms,
+            base.step_ms
+        )));
+    }
     Ok((probe, base))
 }
 

@@ -199,9 +199,9 @@ pub struct DeviceProfile {
     /// Fixed costs.
     pub overhead: Overhead,
     /// The speed probe's timings on this machine when it was calibrated (`kvbench calibrate`:
-    /// the mean of one probe before the timings and one after); absent on published profiles.
-    /// `kvbench serve --simulate --speed-from` scales the simulation to a measured run's probes
-    /// against these.
+    /// the mean of one probe before each phase and one after the last); absent on published
+    /// profiles. `kvbench serve --simulate --speed-from` scales the simulation by a measured
+    /// run's median probe against this one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe: Option<SpeedProbe>,
     /// Where each number comes from, by field (`mem_bw_gb_s = "NVIDIA H100 datasheet"`).
@@ -231,8 +231,11 @@ pub struct SpeedProbe {
 impl SpeedProbe {
     /// Prompt tokens of the probe's prefills.
     pub const PROMPT: usize = 128;
-    /// Sequences of the probe's running batch (prompts of 32 tokens).
+    /// Sequences of the probe's running batch (prompts of [`SpeedProbe::RUNNING_PROMPT`]
+    /// tokens).
     pub const BATCH: usize = 4;
+    /// Prompt tokens of each sequence of the probe's running batch.
+    pub const RUNNING_PROMPT: usize = 32;
     /// Rounds of timed steps and a timed prefill, after one untimed round (with 5 rounds of one
     /// step each, five probes of one idle minute ranged 11.0–16.8 ms per step).
     pub const ROUNDS: usize = 7;
@@ -248,12 +251,33 @@ impl SpeedProbe {
         })
     }
 
-    /// How much slower this probe ran than `base`: `(prefill ratio, step ratio)`, > 1 slower.
+    /// The median of `probes`, prefill and step apart (type 7, [`crate::stats::percentile`];
+    /// None: none).
+    pub fn median(probes: &[SpeedProbe]) -> Option<SpeedProbe> {
+        let mid = |f: fn(&SpeedProbe) -> f64| {
+            let mut v: Vec<f64> = probes.iter().map(f).collect();
+            crate::stats::percentile(&mut v, 50.0)
+        };
+        (!probes.is_empty()).then(|| SpeedProbe {
+            prefill_ms: mid(|p| p.prefill_ms),
+            step_ms: mid(|p| p.step_ms),
+        })
+    }
+
+    /// How much slower this probe ran than `base` (whose times are > 0, as a checked profile's
+    /// are): `(prefill ratio, step ratio)`, > 1 slower.
     pub fn slowdown(&self, base: &SpeedProbe) -> (f64, f64) {
         (
             self.prefill_ms / base.prefill_ms,
             self.step_ms / base.step_ms,
         )
+    }
+
+    /// How far this probe ran from `base`, the larger of its two ratios' distances from 1
+    /// (0.2: 20 % off in prefill or step).
+    pub fn drift(&self, base: &SpeedProbe) -> f64 {
+        let (p, s) = self.slowdown(base);
+        (p - 1.0).abs().max((s - 1.0).abs())
     }
 }
 
@@ -553,8 +577,9 @@ mod tests {
         assert!(e.contains("h100-sxm") && e.contains("h900"), "{e}");
     }
 
-    /// A probe's mean and slowdown by hand: (200, 10) and (300, 14) ms average to (250, 12);
-    /// (300, 18) against that is 1.2× the prefill and 1.5× the step.
+    /// A probe's mean, slowdown, drift and median by hand: (200, 10) and (300, 14) ms average
+    /// to (250, 12); (300, 18) against that is 1.2× the prefill and 1.5× the step, a drift of
+    /// 0.5; (200, 12) 0.8× and 1×, a drift of 0.2.
     #[test]
     fn speed_probes_by_hand() {
         let p = |prefill_ms, step_ms| SpeedProbe {
@@ -566,5 +591,12 @@ mod tests {
         assert_eq!(SpeedProbe::mean(&[]), None);
         let (a, b) = p(300.0, 18.0).slowdown(&m);
         assert!((a - 1.2).abs() < 1e-12 && (b - 1.5).abs() < 1e-12);
+        assert!((p(300.0, 18.0).drift(&m) - 0.5).abs() < 1e-12);
+        assert!((p(200.0, 12.0).drift(&m) - 0.2).abs() < 1e-12);
+        // Medians apart: of (200, 14), (300, 10), (250, 30) → (250, 14); of two, the means.
+        let three = [p(200.0, 14.0), p(300.0, 10.0), p(250.0, 30.0)];
+        assert_eq!(SpeedProbe::median(&three), Some(p(250.0, 14.0)));
+        assert_eq!(SpeedProbe::median(&three[..2]), Some(p(250.0, 12.0)));
+        assert_eq!(SpeedProbe::median(&[]), None);
     }
 }

@@ -151,6 +151,16 @@ impl ServeRow {
         }
     }
 
+    /// The point's speed probe (`probe_prefill_ms`, `probe_step_ms`), when it has one whose
+    /// times are finite and > 0.
+    pub fn probe(&self) -> Option<crate::perf::SpeedProbe> {
+        let ok = |v: Option<f64>| v.filter(|v| v.is_finite() && *v > 0.0);
+        Some(crate::perf::SpeedProbe {
+            prefill_ms: ok(self.probe_prefill_ms)?,
+            step_ms: ok(self.probe_step_ms)?,
+        })
+    }
+
     /// Whether other processes used more than [`CONTENDED_CORES`] while the point ran.
     pub fn contended(&self) -> bool {
         self.other_cores.is_some_and(|c| c > CONTENDED_CORES)
@@ -783,22 +793,28 @@ pub fn warnings(rows: &[ServeRow]) -> Warnings {
             })
         })
         .collect();
-    // Drift: each measured point's speed probe against the run's median (a simulated row's
-    // probe is the measured one it was scaled to, not a measurement of this run).
-    let probed: Vec<(&ServeRow, f64, f64)> = ok
+    // Drift: each measured point's speed probe against its run's median (a simulated row's
+    // probe is the measured run's it was scaled to, not a measurement; a merged folder holds
+    // several runs, perhaps of several machines, each judged against its own).
+    let measured: Vec<(&ServeRow, crate::perf::SpeedProbe)> = ok
         .iter()
         .filter(|r| r.mode != "simulated")
-        .filter_map(|r| Some((*r, r.probe_prefill_ms?, r.probe_step_ms?)))
+        .filter_map(|r| Some((*r, r.probe()?)))
         .collect();
-    if probed.len() >= MIN_DRIFT_POINTS {
-        let median = |f: fn(&(&ServeRow, f64, f64)) -> f64| {
-            let mut v: Vec<f64> = probed.iter().map(f).collect();
-            crate::stats::percentile(&mut v, 50.0)
-        };
-        let (mp, ms) = (median(|p| p.1), median(|p| p.2));
-        for &(r, p, s) in &probed {
-            let (prefill, step) = (p / mp, s / ms);
-            if (prefill - 1.0).abs().max((step - 1.0).abs()) > DRIFT_PCT / 100.0 {
+    let mut runs: Vec<&str> = measured.iter().map(|(r, _)| r.run_id.as_str()).collect();
+    runs.dedup();
+    runs.sort_unstable();
+    runs.dedup();
+    for run in runs {
+        let own: Vec<_> = measured.iter().filter(|(r, _)| r.run_id == run).collect();
+        if own.len() < MIN_DRIFT_POINTS {
+            continue;
+        }
+        let probes: Vec<_> = own.iter().map(|(_, p)| *p).collect();
+        let median = crate::perf::SpeedProbe::median(&probes).expect("three or more");
+        for (r, p) in own {
+            if p.drift(&median) > DRIFT_PCT / 100.0 {
+                let (prefill, step) = p.slowdown(&median);
                 list.push(PointWarning {
                     point: name(r),
                     cause: Cause::Drifted { prefill, step },

@@ -82,7 +82,15 @@ impl Cause {
     fn severity(&self) -> f64 {
         match *self {
             Cause::Contended { other_cores } => other_cores,
-            Cause::Drifted { prefill, step } => (prefill - 1.0).abs().max((step - 1.0).abs()),
+            // The ratios are to the run's median: as a probe against a probe of 1 ms each.
+            Cause::Drifted { prefill, step } => crate::perf::SpeedProbe {
+                prefill_ms: prefill,
+                step_ms: step,
+            }
+            .drift(&crate::perf::SpeedProbe {
+                prefill_ms: 1.0,
+                step_ms: 1.0,
+            }),
             Cause::ItlOutliers { outliers, samples } => outliers as f64 / samples.max(1) as f64,
             Cause::WideTpotCi { mean_ms, ci95_ms } => ci95_ms / mean_ms,
             Cause::SingleRepeat => 0.0,
@@ -445,7 +453,9 @@ mod tests {
     /// (900, 90) not judged: medians 250 and 12, so int4 runs its prefill 1.28× (> 20 %) and
     /// the window its step 0.75× (25 % off), int8-token (1.02×, 1.017×) and q4_0 (0.98×,
     /// 0.983×) within; int4 is the worst. A simulated run's probes (the measured ones it was
-    /// scaled to) are not judged, nor fewer than three probed points.
+    /// scaled to) are not judged, nor fewer than three probed points; a merged folder's runs
+    /// are judged apart (a point at half its run's step is flagged, though it equals the
+    /// other run's).
     #[test]
     fn serve_warnings_flag_a_drifting_machine() {
         let row = |scheme: &str, p: f64, s: f64, ok: bool| ServeRow {
@@ -494,9 +504,30 @@ mod tests {
             r.mode = "simulated".into();
         }
         assert!(super::super::serve::warnings(&rows).list.is_empty());
+        // A merged folder: each run judged against its own median. Run `b`'s three points
+        // probe 2× run `a`'s (another machine) and none drifts within its run.
+        rows.iter_mut().for_each(|r| r.mode = "measured".into());
+        let mut merged: Vec<ServeRow> = rows[..3]
+            .iter()
+            .map(|r| ServeRow {
+                run_id: "a".into(),
+                probe_prefill_ms: Some(250.0),
+                probe_step_ms: Some(12.0),
+                ..r.clone()
+            })
+            .collect();
+        merged.extend(merged.clone().into_iter().map(|r| ServeRow {
+            run_id: "b".into(),
+            probe_prefill_ms: Some(500.0),
+            probe_step_ms: Some(24.0),
+            ..r
+        }));
+        assert!(super::super::serve::warnings(&merged).list.is_empty());
+        merged[5].probe_step_ms = Some(12.0);
+        let w = super::super::serve::warnings(&merged);
+        assert_eq!(w.list.len(), 1, "{:?}", w.list);
         rows.truncate(2);
         rows[1].probe_prefill_ms = Some(400.0);
-        rows.iter_mut().for_each(|r| r.mode = "measured".into());
         assert!(super::super::serve::warnings(&rows).list.is_empty());
     }
 

@@ -251,12 +251,13 @@ pub fn measure(
 }
 
 /// Times the speed probe ([`SpeedProbe`]) with `prefill` and `decode` (the model in each
-/// phase's weights): a running batch of [`SpeedProbe::BATCH`] fp16 sequences of 32-token
-/// prompts, then [`SpeedProbe::ROUNDS`] + 1 rounds, the first untimed, of
+/// phase's weights): a running batch of [`SpeedProbe::BATCH`] fp16 sequences of
+/// [`SpeedProbe::RUNNING_PROMPT`]-token prompts, then [`SpeedProbe::ROUNDS`] + 1 rounds, the first untimed, of
 /// [`SpeedProbe::STEPS`] decode steps of that batch followed by the prefill of a
 /// [`SpeedProbe::PROMPT`]-token prompt on a fresh backend; the medians, ms. The token ids are
 /// fixed (a step's time depends on the lengths alone), so every probe of a model runs the same
-/// work. About 2.5 s on 2 cores with SmolLM2-135M. Errors: the model's and the cache's.
+/// work. About 2.5 s on 2 cores with SmolLM2-135M. Errors: the model's and the cache's (in
+/// `kvbench serve` the point then fails, as it would in its own warm-up).
 pub fn speed_probe(prefill: &Model, decode: &Model) -> Result<SpeedProbe> {
     let vocab = decode.config.vocab.max(2);
     let tokens = |n: usize, salt: usize| -> Vec<u32> {
@@ -267,7 +268,7 @@ pub fn speed_probe(prefill: &Model, decode: &Model) -> Result<SpeedProbe> {
     let mut running = ModelBackend::new(prefill, decode, KvScheme::FP16);
     let mut last = Vec::with_capacity(SpeedProbe::BATCH);
     for i in 0..SpeedProbe::BATCH {
-        last.push(running.admit(&tokens(32, i), false)?);
+        last.push(running.admit(&tokens(SpeedProbe::RUNNING_PROMPT, i), false)?);
     }
     let (mut prefills, mut steps) = (Vec::new(), Vec::new());
     for r in 0..=SpeedProbe::ROUNDS {

@@ -53,7 +53,7 @@ impl StepCost for crate::perf::PerfModel {
 
 /// A cost at another speed of the same machine: prefills `prefill` times as long, decode
 /// steps (their extra after a prefill included) `decode` times — the ratios of a measured
-/// point's speed probe to its profile's (`kvbench serve --simulate --speed-from`,
+/// run's median speed probe to its profile's (`kvbench serve --simulate --speed-from`,
 /// [`crate::perf::SpeedProbe::slowdown`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Scaled<C> {
