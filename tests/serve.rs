@@ -195,6 +195,21 @@ fn prefix_caching_copies_rows_and_shares_blocks() {
     }
 }
 
+/// The workload of `serve_command_writes_run_folder_and_resumes`, measured and then simulated
+/// with `--speed-from`: 4 requests of 64 + 4 tokens, all at once, in 4 MiB.
+const TINY_RUN: [&str; 10] = [
+    "--kv-budget",
+    "4MiB",
+    "--num-requests",
+    "4",
+    "--input-len",
+    "64",
+    "--output-len",
+    "4",
+    "--rate",
+    "inf",
+];
+
 /// The command end to end: 4 MiB holds 11 fp16 blocks (4,194,304 / 368,640) and 36 int4
 /// blocks (/ 115,200); a request of 64 + 4 tokens needs 5 blocks, so fp16 runs 2 at once and
 /// int4 all 4. The run folder has every output, the plan's prediction at the mean length (68
@@ -205,23 +220,9 @@ fn serve_command_writes_run_folder_and_resumes() {
     let dir = std::env::temp_dir().join(format!("kvbench-serve-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let d = dir.to_str().unwrap();
-    let (code, _out, err) = common::kvbench(&[
-        "serve",
-        "--schemes",
-        "fp16,int4",
-        "--kv-budget",
-        "4MiB",
-        "--num-requests",
-        "4",
-        "--input-len",
-        "64",
-        "--output-len",
-        "4",
-        "--rate",
-        "inf",
-        "--out",
-        d,
-    ]);
+    let mut a = vec!["serve", "--schemes", "fp16,int4", "--out", d];
+    a.extend(TINY_RUN);
+    let (code, _out, err) = common::kvbench(&a);
     assert_eq!(code, 0, "{err}");
     for f in [
         "meta.json",
@@ -313,19 +314,10 @@ fn speed_from_scales_the_simulation(
             profile,
             "--schemes",
             schemes,
-            "--kv-budget",
-            "4MiB",
-            "--num-requests",
-            "4",
-            "--input-len",
-            "64",
-            "--output-len",
-            "4",
-            "--rate",
-            "inf",
             "--out",
             out.to_str().unwrap(),
         ];
+        a.extend(TINY_RUN);
         a.extend(extra);
         let r = common::kvbench(&a);
         let rows: Vec<std::collections::HashMap<String, String>> = if r.0 == 0 {

@@ -130,7 +130,12 @@ pub fn run(
         )
     });
     // Then the speed probe, right before the point's backend is made and warmed: how fast the
-    // machine runs now, for `serve --simulate --speed-from` (README, "Calibration").
+    // machine runs now, for `serve --simulate --speed-from` (README, "Calibration"). The first
+    // probe of a process ran 10–30 % slow (the first point's: 393 ms per prefill against a
+    // median of 307 in one run, AMD EPYC, 2026-12-06): one untimed probe before any point (its
+    // failure, a damaged model say, fails each point's own probe in turn: the points fail, as
+    // their warm-up would, and the run goes on).
+    let _ = speed_probe(prefill_model, &decode.model);
     execute(folder, meta, &plan, &model, &work, &mut |scheme| {
         let probe = speed_probe(prefill_model, &decode.model)?;
         let mut b = ModelBackend::new(prefill_model, &decode.model, scheme);

@@ -127,6 +127,10 @@ pub fn measure(
             })
     };
     progress.start("probes: speed, read bandwidth, GEMM");
+    // The first probe of a process ran slow (358 ms per prefill against 296–314 for the four
+    // after it, AMD EPYC, 2026-12-06; likewise the first measured serving point's): one
+    // untimed probe first.
+    speed_probe(prefill, decode)?;
     let first = ("prefills".to_string(), speed_probe(prefill, decode)?);
     let bw = bandwidth::probe().map_or(0.0, |r| r.best_gb_s);
     let tflops = bandwidth::measure_gemm(1024, 5)?;
