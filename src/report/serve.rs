@@ -802,7 +802,6 @@ pub fn warnings(rows: &[ServeRow]) -> Warnings {
         .filter_map(|r| Some((*r, r.probe()?)))
         .collect();
     let mut runs: Vec<&str> = measured.iter().map(|(r, _)| r.run_id.as_str()).collect();
-    runs.dedup();
     runs.sort_unstable();
     runs.dedup();
     for run in runs {

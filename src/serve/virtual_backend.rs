@@ -269,33 +269,26 @@ layer_us = 0
         let arrival = Arrival::Poisson {
             rate: f64::INFINITY,
         };
-        let o = match scale {
-            None => serve(
-                &mut VirtualBackend::new(perf, sizer),
-                &cfg,
-                &requests,
-                arrival,
-                &[],
-                0,
-                &mut |_| Ok(()),
-            ),
-            Some((prefill, decode)) => {
-                let cost = Scaled {
+        let mut backend: Box<dyn crate::serve::engine::Backend> = match scale {
+            None => Box::new(VirtualBackend::new(perf, sizer)),
+            Some((prefill, decode)) => Box::new(VirtualBackend::new(
+                Scaled {
                     cost: perf,
                     prefill,
                     decode,
-                };
-                serve(
-                    &mut VirtualBackend::new(cost, sizer),
-                    &cfg,
-                    &requests,
-                    arrival,
-                    &[],
-                    0,
-                    &mut |_| Ok(()),
-                )
-            }
-        }
+                },
+                sizer,
+            )),
+        };
+        let o = serve(
+            backend.as_mut(),
+            &cfg,
+            &requests,
+            arrival,
+            &[],
+            0,
+            &mut |_| Ok(()),
+        )
         .unwrap();
         let mut by_id = o.requests.clone();
         by_id.sort_by_key(|r| r.id);
