@@ -2,6 +2,7 @@
 """Simulated against measured serving, point by point (issue #23's validation).
 
 Usage: scripts/compare-sim.py MEASURED_DIR SIMULATED_DIR [--markdown] [--repeat]
+                              [--between MEASURED_AGAIN_DIR]
 
 Reads each folder's results.csv (kvbench serve), pairs points by scheme and arrival, and prints
 for each: request throughput, TTFT p50/p95 and TPOT p50/p95, measured | simulated | error %.
@@ -10,6 +11,11 @@ Exits 0; the last line counts the points within target. With --markdown, a cell 
 target is bold. With --repeat the second folder is a second measured run of the same workload
 (same seed, same arrivals), labelled so: the same targets then say how far the measurement
 agrees with itself, the floor under any simulation's agreement with one measured run.
+With --between, a second measured run of the same workload: each point also says whether every
+simulated value lies within its target of either measured run or between the two (the
+measurement's own spread at that point), and the last lines count those points too. That count
+is not the target; it says which misses are the model's (outside both runs and their spread)
+and which are a point the measurement itself does not repeat to the target's precision.
 
 Then, where both runs recorded their decode steps (raw.jsonl traces from kvbench 2026-12-03 on:
 step_s, context_tokens, prefill_s, prefill_tokens), which term differs: each run's decode steps
@@ -186,23 +192,38 @@ def terms(meas_dir, sim_dir, md):
         print(("| " + " | ".join(line) + " |") if md else "\t".join(line))
 
 
+def in_spread(a, b, c, lim):
+    """Whether `b` is within `lim` % of `a` or of `c`, or between them."""
+    near = lambda x: x is not None and x != 0 and abs(100.0 * (b / x - 1.0)) <= lim
+    return near(a) or near(c) or (c is not None and min(a, c) <= b <= max(a, c))
+
+
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    argv = sys.argv[1:]
+    again_dir = None
+    if "--between" in argv:
+        i = argv.index("--between")
+        if i + 1 >= len(argv):
+            sys.exit("compare-sim.py: --between needs a second measured run's folder\n" + __doc__)
+        again_dir = argv[i + 1]
+        del argv[i:i + 2]
+    args = [a for a in argv if not a.startswith("--")]
     if len(args) != 2:
         sys.exit(__doc__)
-    md = "--markdown" in sys.argv
+    md = "--markdown" in argv
     meas, sim = rows(args[0]), rows(args[1])
+    again = rows(again_dir) if again_dir else None
     cols = [("request_throughput", 10.0), ("ttft_ms_p50", 15.0), ("ttft_ms_p95", 15.0),
             ("tpot_ms_p50", 15.0), ("tpot_ms_p95", 15.0)]
     head = ["scheme", "load"] + [f"{c}: measured → {OTHER} (error)" for c, _ in cols] + [
         "within"
-    ]
+    ] + ["within either measured run or between"] * (again is not None)
     if md:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
     else:
         print("\t".join(head))
-    ok = total = 0
+    ok = total = spread_ok = spread_total = 0
     errs = {c: [] for c, _ in cols}
     inside = {c: 0 for c, _ in cols}
     for key, m in meas.items():
@@ -210,7 +231,9 @@ def main():
         if s is None or m["status"] != "ok" or s["status"] != "ok":
             continue
         total += 1
-        cells, good = [], True
+        r = again.get(key) if again is not None else None
+        r = r if r is not None and r["status"] == "ok" else None
+        cells, good, spread = [], True, r is not None
         for c, lim in cols:
             a, b = num(m, c), num(s, c)
             if a is None or b is None or a == 0:
@@ -220,10 +243,15 @@ def main():
             errs[c].append(abs(e))
             inside[c] += abs(e) <= lim
             good &= abs(e) <= lim
+            spread = spread and in_spread(a, b, num(r, c), lim)
             cell = f"{a:.4g} → {b:.4g} ({e:+.1f} %)"
             cells.append(cell if abs(e) <= lim or not md else f"**{cell}**")
         ok += good
+        spread_total += r is not None
+        spread_ok += spread
         line = [key[0], key[1]] + cells + ["yes" if good else "no"]
+        if again is not None:
+            line.append("-" if r is None else "yes" if spread else "no")
         print(("| " + " | ".join(line) + " |") if md else "\t".join(line))
     print()
     for c, _ in cols:
@@ -232,6 +260,9 @@ def main():
             print(f"{c}: median |error| {e[len(e) // 2]:.1f} %, worst {e[-1]:.1f} %, "
                   f"{inside[c]} of {len(e)} within target")
     print(f"{ok} of {total} points within target (throughput ±10 %, TTFT/TPOT p50/p95 ±15 %)")
+    if again is not None:
+        print(f"{spread_ok} of {spread_total} points within target of either measured run or "
+              "between them (the measurement's own spread; not the target)")
     terms(args[0], args[1], md)
 
 

@@ -4,9 +4,11 @@
 # calibrated profile, and print predicted next to measured for every point.
 #
 # Usage: scripts/validate-sim.sh [OUT] [--repeat]   (default OUT reports/validate-sim-<time>)
-# About 25 minutes on 2 idle cores; with --repeat about 40: each suite is measured a second time
+# About 30 minutes on 2 idle cores; with --repeat about 55: each suite is measured a second time
 # right after the first (same seed, same arrivals) and the second run is compared with the first
-# on the same targets, which says how far the measurement agrees with itself at each point.
+# on the same targets, which says how far the measurement agrees with itself at each point, and
+# the simulation at the first run's speed is scored against both runs (compare-sim --between:
+# within target of either, or between them).
 # Each comparison is printed twice: against the simulation at the calibration's speed, and
 # against the same simulation at the speed the machine had while the measured run ran
 # (--speed-from: the run's median speed probe against the calibration's), which takes a shared
@@ -52,5 +54,8 @@ for w in serve serve-decode; do
         echo "== $w: measured | measured again | difference"
         scripts/compare-sim.py "$out/measured-$w" "$out/measured-again-$w" --markdown --repeat \
             | tee "$out/repeat-$w.md"
+        echo "== $w: simulated at the first measured run's speed, against both measured runs"
+        scripts/compare-sim.py "$out/measured-$w" "$out/simulated-at-speed-$w" --markdown \
+            --between "$out/measured-again-$w" | tee "$out/compare-between-$w.md"
     fi
 done

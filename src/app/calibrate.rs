@@ -351,8 +351,9 @@ pub fn run(a: CalibrateArgs) -> anyhow::Result<()> {
 /// One timing of `kvbench calibrate` as `timings.csv` holds it: what ran (`prefill`, `decode`
 /// at the short context, `scheme` at the long one, `trace_step` a serving trace's step with
 /// its running sequences as the batch, their summed context as the tokens and the longest
-/// prompt prefilled right before it), its batch and context, seconds (median; a trace step's
-/// own time).
+/// prompt prefilled right before it, `trace_prefill` a serving trace's prefill of one
+/// request, batch 1 and its prompt as the tokens), its batch and context, seconds (median; a
+/// trace step's or trace prefill's own time).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Timing<K> {
     kind: K,
@@ -440,6 +441,9 @@ fn write_timings(
             ..row("trace_step", "fp16".into(), b, c, s)
         })?;
     }
+    for &(t, s) in &samples.trace_prefill {
+        w.serialize(row("trace_prefill", "fp16".into(), 1, t, s))?;
+    }
     w.flush()?;
     Ok(())
 }
@@ -499,6 +503,13 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
                 .into())
             }
             "trace_step" => s.trace.push((t.batch, t.tokens, t.prompt, t.seconds)),
+            "trace_prefill" if t.tokens == 0 => {
+                return Err(bad(format!(
+                    "row {line}: a trace_prefill of 0 tokens (a prefill runs one or more)"
+                ))
+                .into())
+            }
+            "trace_prefill" => s.trace_prefill.push((t.tokens, t.seconds)),
             "step_before_prefill" => before.push((t.batch, t.tokens, t.seconds)),
             "step_after_prefill" => {
                 let i = before
@@ -533,7 +544,7 @@ fn read_timings(path: &std::path::Path) -> anyhow::Result<crate::perf::fit::Samp
                 return Err(bad(format!(
                     "row {line}: unknown kind `{k}` (probe_read_gb_s, probe_gemm_tflops, \
                      speed_probe_prefill, speed_probe_step, prefill, decode, scheme, \
-                     step_before_prefill, step_after_prefill, trace_step)"
+                     step_before_prefill, step_after_prefill, trace_step, trace_prefill)"
                 ))
                 .into())
             }
@@ -565,10 +576,12 @@ mod tests {
              probe_gemm_tflops,,0,0,0.18,0,\nspeed_probe_prefill,fp16,1,128,0.25,0,prefills\n\
              speed_probe_step,fp16,4,32,0.0125,0,prefills\nprefill,fp16,1,32,0.15,0,\n\
              decode,fp16,4,37,0.02,0,\nscheme,int4,4,1029,0.03,0,\n\
-             step_before_prefill,fp16,4,64,0.02,0,\nstep_after_prefill,fp16,4,64,0.035,0,\n",
+             step_before_prefill,fp16,4,64,0.02,0,\nstep_after_prefill,fp16,4,64,0.035,0,\n\
+             trace_prefill,fp16,1,200,0.4,0,\n",
         )
         .unwrap();
         let s = read_timings(&p).unwrap();
+        assert_eq!(s.trace_prefill, vec![(200, 0.4)]);
         assert_eq!((s.probe_bw_gb_s, s.probe_tflops), (9.5, 0.18));
         assert_eq!(s.prefill, vec![(32, 0.15)]);
         assert_eq!(s.decode, vec![(4, 37, 0.02)]);
@@ -614,6 +627,15 @@ mod tests {
         .unwrap();
         let e = read_timings(&p).unwrap_err().to_string();
         assert!(e.contains("no speed_probe_step"), "{e}");
+        std::fs::write(
+            &p,
+            "kind,scheme,batch,tokens,seconds
+trace_prefill,fp16,1,0,0.1
+",
+        )
+        .unwrap();
+        let e = read_timings(&p).unwrap_err().to_string();
+        assert!(e.contains("row 2") && e.contains("0 tokens"), "{e}");
         // A file from before the `prompt` and `phase` columns reads back.
         std::fs::write(
             &p,

@@ -19,7 +19,9 @@
 //! - last, a serving trace's decode steps (the real scheduler over the model, fp16, the
 //!   calibration's own requests, steps that followed no prefill): their residuals against the
 //!   profile so far, least squares on `a + c·b`, are added to the decode matmuls' time at
-//!   each batch (`fit_trace`), so the steps serving takes are what the profile predicts.
+//!   each batch (`fit_trace`), so the steps serving takes are what the profile predicts;
+//!   and its prefills of one request each: every prefill of the profile scaled by their total
+//!   time over the profile's (`correct_prefills`).
 //!
 //! Peaks are then the largest of the probes (a STREAM-like read, a GEMM) and the rates seen,
 //! and each efficiency a rate over its peak, so every efficiency lies in (0, 1].
@@ -62,6 +64,11 @@ pub struct Samples {
     /// calibrate --trace-requests`; empty: none run, the profile's decode steps are the
     /// isolated timings' alone).
     pub trace: Vec<(usize, usize, usize, f64)>,
+    /// `(prompt tokens, s)`: the serving trace's prefills that admitted one request alone
+    /// (nothing cached before it; empty: none, the profile's prefills are the isolated
+    /// timings' alone). With [`MIN_TRACE_PREFILLS`] or more, the profile's prefills are
+    /// scaled to agree with them on the whole ([`correct_prefills`]).
+    pub trace_prefill: Vec<(usize, f64)>,
     /// The speed probes ([`SpeedProbe`]), each with the phase it was taken before (`prefills`,
     /// `decode steps`, `scheme steps`, `serving trace`; `end`: after the last) (empty: none;
     /// the profile then has no `probe`). Not fitted: their mean is the profile's `probe`, what
@@ -290,7 +297,10 @@ fn smooth(samples: &mut Samples, prefill_w: &[f64], decode_w: &[f64]) -> Result<
 ///    regression): `overhead.after_prefill_by_prompt`, and `after_prefill_us` its value at the
 ///    longest prompt;
 /// 7. with a serving trace (`samples.trace`), the decode steps corrected by a line in the
-///    batch and the after-prefill table set from the trace ([`fit_trace`]).
+///    batch and the after-prefill table set from the trace ([`fit_trace`]);
+/// 8. with [`MIN_TRACE_PREFILLS`] or more of the trace's prefills (`samples.trace_prefill`),
+///    every prefill scaled by one factor, their total time over the profile's
+///    ([`correct_prefills`]).
 ///
 /// Before step 7 the fitted profile reproduces every smoothed prefill and short-context decode
 /// timing exactly (so every measured one that obeys the smoothing's two order restrictions),
@@ -608,6 +618,10 @@ pub fn fit(
     if !samples.trace.is_empty() {
         fit_trace(&mut profile, shape, &samples.trace)?;
     }
+    // 8. The serving trace's prefills: what real serving's prefills took against the profile.
+    if samples.trace_prefill.len() >= MIN_TRACE_PREFILLS {
+        correct_prefills(&mut profile, shape, &samples.trace_prefill)?;
+    }
     profile.validate()?;
     let points = check(&profile, shape, &measured)?;
     Ok((profile, points))
@@ -710,6 +724,71 @@ fn correct_steps(
     }
     e.decode_matmul_by_batch = rates.iter().map(|&(b, r)| (b, r / new_peak)).collect();
     e.decode_matmul = rates.last().map(|r| r.1 / new_peak).or(e.decode_matmul);
+    profile.matmul_tflops = new_peak / 1e12;
+    Ok(())
+}
+
+/// Prefills of a serving trace needed for [`correct_prefills`] to scale the profile's.
+pub const MIN_TRACE_PREFILLS: usize = 3;
+
+/// Step 8 of [`fit`]: the serving trace's prefills `(prompt tokens, s)`, each a step that
+/// admitted one request with nothing cached, against the profile's prediction for its
+/// length: one factor `k = Σ measured / Σ predicted`, and every prefill of the profile made
+/// `k` times as long by changing its matrix products' time at each length of the
+/// `matmul_by_tokens` table by `(k − 1)` × the whole prefill's predicted time there (held at
+/// 5 % of its fitted value or above; the matmul peak raised where a corrected rate passes it,
+/// every matmul-class efficiency rescaled to keep its rate), weights, attention and the fixed
+/// cost untouched so the decode steps fitted before keep their time. The isolated prefills of
+/// step 4 run back to back with a few decode steps between them; serving's prefills, between
+/// many decode steps, ran 0.92–0.95× their time at every band of prompt lengths from 32 to
+/// 384 tokens (AMD EPYC VM, 2026-12-06, two measured runs of `suites/serve.toml` and one of
+/// `suites/serve-decode.toml` against the calibration minutes before), while the speed probe
+/// ran at the same speed in both: a bias of the isolated timing's setting, not the machine's
+/// drift, and uniform in the length, hence one factor rather than one per length (the same
+/// two-term bias correction as [`fit_trace`]'s, with its level term alone). Errors:
+/// [`PerfModel::new`]'s; a prediction that is not positive.
+fn correct_prefills(
+    profile: &mut DeviceProfile,
+    shape: &ModelShape,
+    prefills: &[(usize, f64)],
+) -> Result<()> {
+    let model = PerfModel::new(profile.clone(), shape.clone(), KvScheme::FP16, 1)?;
+    let predicted: f64 = prefills
+        .iter()
+        .map(|&(t, _)| model.seconds(&model.prefill(t, 0)))
+        .sum();
+    let measured: f64 = prefills.iter().map(|p| p.1).sum();
+    let k = measured / predicted;
+    if !(k.is_finite() && k > 0.0) {
+        return Err(bad(format!(
+            "the serving trace's prefills ({measured} s) against the profile's ({predicted} s) \
+             give no factor"
+        )));
+    }
+    let e = &mut profile.efficiency;
+    let peak = profile.matmul_tflops * 1e12;
+    let n = shape.params as f64;
+    let rates: Vec<(u64, f64)> = e
+        .matmul_by_tokens
+        .iter()
+        .map(|&(t, eff)| {
+            let m = 2.0 * n * t as f64 / (peak * eff);
+            let whole = model.seconds(&model.prefill(t as usize, 0));
+            let m2 = (m + (k - 1.0) * whole).max(0.05 * m);
+            (t, 2.0 * n * t as f64 / m2)
+        })
+        .collect();
+    let new_peak = rates.iter().map(|r| r.1).fold(peak, f64::max);
+    let r = peak / new_peak;
+    e.matmul *= r;
+    e.attention *= r;
+    if let Some(d) = e.decode_matmul.as_mut() {
+        *d *= r;
+    }
+    for x in &mut e.decode_matmul_by_batch {
+        x.1 *= r;
+    }
+    e.matmul_by_tokens = rates.iter().map(|&(t, x)| (t, x / new_peak)).collect();
     profile.matmul_tflops = new_peak / 1e12;
     Ok(())
 }
@@ -829,6 +908,20 @@ fn check(profile: &DeviceProfile, shape: &ModelShape, samples: &Samples) -> Resu
         };
         *x = (x.0 + y, x.1 + p, x.2 + 1);
     }
+    if !samples.trace_prefill.is_empty() {
+        let k = samples.trace_prefill.len();
+        let (y, p) = samples
+            .trace_prefill
+            .iter()
+            .fold((0.0, 0.0), |(y, p), &(t, s)| {
+                (y + s, p + base.seconds(&base.prefill(t, 0)))
+            });
+        out.push(point(
+            format!("serving trace prefills, mean of {k}"),
+            y / k as f64,
+            p / k as f64,
+        ));
+    }
     for (b, (y, p, k)) in by_batch {
         out.push(point(
             format!("serving trace b{b}, mean of {k} steps"),
@@ -891,15 +984,19 @@ mod tests {
             + 1e-3
     }
 
+    /// A prefill of `t` tokens with nothing cached, by hand from the known rates of
+    /// [`known_rates_fit_back`]: 538 MB of weights and the new K/V at 20 GB/s, the GEMM at 50
+    /// GFLOP/s, attention's (t² + t)/2 pairs at 10 GFLOP/s, 1 ms fixed.
+    fn known_prefill(t: f64) -> f64 {
+        let (n, qdl) = (shape().params as f64, (9 * 64 * 30) as f64);
+        let bpt16 = KvScheme::FP16.bytes_per_token(&geom()) as f64;
+        (538e6 + t * bpt16) / 20e9 + 2.0 * n * t / 50e9 + 2.0 * qdl * (t * t + t) / 10e9 + 1e-3
+    }
+
     /// The timings of [`known_rates_fit_back`], made by hand from known rates (see there).
     fn known_samples() -> Samples {
-        let s = shape();
-        let (n, qdl) = (s.params as f64, (9 * 64 * 30) as f64);
         let int4: KvScheme = "int4".parse().unwrap();
-        let bpt16 = KvScheme::FP16.bytes_per_token(&geom()) as f64;
-        let prefill = |t: f64| {
-            (538e6 + t * bpt16) / 20e9 + 2.0 * n * t / 50e9 + 2.0 * qdl * (t * t + t) / 10e9 + 1e-3
-        };
+        let prefill = known_prefill;
         Samples {
             probe_bw_gb_s: 10.0,
             probe_tflops: 0.01,
@@ -940,6 +1037,7 @@ mod tests {
                 })
                 .collect(),
             trace: Vec::new(),
+            trace_prefill: Vec::new(),
             probes: Vec::new(),
         }
     }
@@ -1076,6 +1174,63 @@ mod tests {
         }
     }
 
+    /// The serving trace's prefills by hand: [`known_samples`] (isolated prefills of 32, 128,
+    /// 256 and 384 tokens at the known rates, which the fit reproduces exactly at every
+    /// length from 32 to 384: the GEMM's time is linear in the tokens between its rows) and
+    /// three trace prefills of 48, 200 and 300 tokens that took `k` × [`known_prefill`]: the
+    /// factor is Σ measured / Σ predicted = `k`, so every row of the prefill table then
+    /// predicts `k` × its known prefill, and the trace's own mean likewise; the decode steps
+    /// keep their time. `k` = 1.1 (slower) and 0.5 (faster: 32 tokens' GEMM, 172 ms of a 202
+    /// ms prefill at 50 GFLOP/s, must give up 101 ms and so runs at ~119 GFLOP/s, past the
+    /// peak, which is raised and every other rate kept). Two trace prefills (fewer than
+    /// [`MIN_TRACE_PREFILLS`]) change nothing.
+    #[test]
+    fn serving_trace_scales_the_prefills() {
+        let s = shape();
+        let (p0, _) = fit("cpu", "test", &s, &known_samples()).unwrap();
+        let fp16 = |p: &DeviceProfile| PerfModel::new(p.clone(), s.clone(), KvScheme::FP16, 1);
+        let close = |x: f64, want: f64| (x / want - 1.0).abs() < 1e-9;
+        for (k, what) in [(1.1, "slower"), (0.5, "faster")] {
+            let trace: Vec<(usize, f64)> = [48usize, 200, 300]
+                .iter()
+                .map(|&t| (t, k * known_prefill(t as f64)))
+                .collect();
+            let samples = Samples {
+                trace_prefill: trace.clone(),
+                ..known_samples()
+            };
+            let (p, points) = fit("cpu", "test", &s, &samples).unwrap();
+            let m = fp16(&p).unwrap();
+            for t in [32usize, 128, 256, 384] {
+                let got = m.seconds(&m.prefill(t, 0));
+                let want = k * known_prefill(t as f64);
+                assert!(close(got, want), "{what}: prefill {t}: {got} vs {want}");
+            }
+            let m0 = fp16(&p0).unwrap();
+            for b in [1usize, 4, 8, 16] {
+                let (got, was) = (
+                    m.seconds(&m.decode(&vec![35; b])),
+                    m0.seconds(&m0.decode(&vec![35; b])),
+                );
+                assert!(close(got, was), "{what}: decode b{b}: {got} vs {was}");
+            }
+            let mean = points
+                .iter()
+                .find(|x| x.what == "serving trace prefills, mean of 3")
+                .unwrap_or_else(|| panic!("{what}: no trace prefill point in {points:?}"));
+            assert!(mean.error_pct().abs() < 1.0, "{what}: {mean:?}");
+            assert_eq!(p.matmul_tflops > p0.matmul_tflops, k < 1.0, "{what}: peak");
+        }
+        let two = Samples {
+            trace_prefill: vec![
+                (48, 0.5 * known_prefill(48.0)),
+                (200, 0.5 * known_prefill(200.0)),
+            ],
+            ..known_samples()
+        };
+        assert_eq!(fit("cpu", "test", &s, &two).unwrap().0, p0);
+    }
+
     /// The serving trace's steps after a prefill by hand: [`known_samples`] (isolated
     /// timings: 2 ms more after a 32-token prompt, 11 after 64 and 128, pooled) and a trace
     /// whose plain steps follow the known rates, with after a prefill 4 ms more at prompts of
@@ -1156,6 +1311,7 @@ mod tests {
             scheme_steps: vec![(KvScheme::FP16, 4, 1027, 0.02551), (int4, 4, 1027, 0.02009)],
             after_prefill: Vec::new(),
             trace: Vec::new(),
+            trace_prefill: Vec::new(),
             probes: Vec::new(),
         };
         let (p, points) = fit("cpu", "test", &shape(), &samples).unwrap();
@@ -1226,6 +1382,7 @@ mod tests {
             scheme_steps: vec![(KvScheme::FP16, 4, 1027, 0.02551), (int4, 4, 1027, 0.02009)],
             after_prefill: Vec::new(),
             trace: Vec::new(),
+            trace_prefill: Vec::new(),
             probes: Vec::new(),
         }
     }

@@ -245,7 +245,8 @@ pub fn measure(
         samples
             .probes
             .push(("serving trace".into(), speed_probe(prefill, decode)?));
-        samples.trace = serving_trace(prefill, decode, text, trace, progress)?;
+        (samples.trace, samples.trace_prefill) =
+            serving_trace(prefill, decode, text, trace, progress)?;
     }
     progress.start("speed probe, last");
     samples
@@ -300,22 +301,24 @@ pub fn speed_probe(prefill: &Model, decode: &Model) -> Result<SpeedProbe> {
 
 /// Runs `spec`'s serving trace (see [`TraceSpec`]) and returns its decode steps, `(running
 /// sequences, Σ context tokens before the step, longest prompt prefilled since the step
-/// before (0: none), s)`. Errors: the scheduler's, the model's and the cache's; a text
-/// shorter than the longest prompt ([`workload::requests`]).
+/// before (0: none), s)`, and its prefills that admitted one request alone, `(prompt tokens,
+/// s)`. Errors: the scheduler's, the model's and the cache's; a text shorter than the longest
+/// prompt ([`workload::requests`]).
+#[allow(clippy::type_complexity)]
 fn serving_trace(
     prefill: &Model,
     decode: &Model,
     text: &[u32],
     spec: &TraceSpec,
     progress: &dyn Progress,
-) -> Result<Vec<(usize, usize, usize, f64)>> {
+) -> Result<(Vec<(usize, usize, usize, f64)>, Vec<(usize, f64)>)> {
     let sizer = BlockSizer {
         scheme: KvScheme::FP16,
         geom: decode.config.cache_geometry(),
         block_tokens: 16,
     };
     let longest = spec.input_len.max() + spec.output_len.max();
-    let mut steps = Vec::new();
+    let (mut steps, mut prefills) = (Vec::new(), Vec::new());
     for &clients in &spec.clients {
         progress.start(&format!(
             "serving trace: {} requests, {clients} clients",
@@ -363,9 +366,22 @@ fn serving_trace(
                     (s.running, s.context_tokens as usize, p, s.step_s)
                 }),
         );
+        // One prompt prefilled since the step before (its tokens are the longest's): a prefill
+        // of one request, nothing cached (no prefix, nothing preempted here).
+        prefills.extend(
+            out.steps
+                .iter()
+                .filter(|s| {
+                    s.prefill_tokens > 0
+                        && s.prefill_tokens == s.prefill_longest
+                        && s.prefill_s.is_finite()
+                        && s.prefill_s > 0.0
+                })
+                .map(|s| (s.prefill_tokens as usize, s.prefill_s)),
+        );
         progress.advance(1);
     }
-    Ok(steps)
+    Ok((steps, prefills))
 }
 
 /// Tokens each sequence holds beyond its prompt at the median timed step of
