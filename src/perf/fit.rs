@@ -1180,8 +1180,8 @@ mod tests {
     /// three trace prefills of 48, 200 and 300 tokens that took `k` × [`known_prefill`]: the
     /// factor is Σ measured / Σ predicted = `k`, so every row of the prefill table then
     /// predicts `k` × its known prefill, and the trace's own mean likewise; the decode steps
-    /// keep their time. `k` = 1.1 (slower) and 0.5 (faster: 32 tokens' GEMM, 172 ms of a 202
-    /// ms prefill at 50 GFLOP/s, must give up 101 ms and so runs at ~119 GFLOP/s, past the
+    /// keep their time. `k` = 1.1 (slower) and 0.5 (faster: 32 tokens' GEMM, 172 ms of a 204
+    /// ms prefill at 50 GFLOP/s, must give up 102 ms and so runs at ~122 GFLOP/s, past the
     /// peak, which is raised and every other rate kept). Two trace prefills (fewer than
     /// [`MIN_TRACE_PREFILLS`]) change nothing.
     #[test]
