@@ -704,27 +704,7 @@ fn correct_steps(
         let eff = e.decode_matmul_at(top as usize);
         e.decode_matmul_by_batch.insert(at, (top, eff));
     }
-    let peak = profile.matmul_tflops * 1e12;
-    let n = shape.params as f64;
-    let rates: Vec<(u64, f64)> = e
-        .decode_matmul_by_batch
-        .iter()
-        .map(|&(b, eff)| {
-            let t = 2.0 * n * b as f64 / (peak * eff);
-            let t2 = (t + extra(b as f64)).max(0.05 * t);
-            (b, 2.0 * n * b as f64 / t2)
-        })
-        .collect();
-    let new_peak = rates.iter().map(|r| r.1).fold(peak, f64::max);
-    let k = peak / new_peak;
-    e.matmul *= k;
-    e.attention *= k;
-    for x in &mut e.matmul_by_tokens {
-        x.1 *= k;
-    }
-    e.decode_matmul_by_batch = rates.iter().map(|&(b, r)| (b, r / new_peak)).collect();
-    e.decode_matmul = rates.last().map(|r| r.1 / new_peak).or(e.decode_matmul);
-    profile.matmul_tflops = new_peak / 1e12;
+    retime_matmuls(profile, shape, true, |b, t| t + extra(b as f64));
     Ok(())
 }
 
@@ -765,32 +745,64 @@ fn correct_prefills(
              give no factor"
         )));
     }
-    let e = &mut profile.efficiency;
+    retime_matmuls(profile, shape, false, |t, m| {
+        m + (k - 1.0) * model.seconds(&model.prefill(t as usize, 0))
+    });
+    Ok(())
+}
+
+/// Sets the matrix products' time at every row of one efficiency table of `profile` — the
+/// decode table (`decode_matmul_by_batch`, `decode`) or the prefill's (`matmul_by_tokens`) —
+/// to `retime(row's size, its time s)`, held at 5 % of its time or above, and keeps every
+/// other matmul-class rate: where a new rate passes the matmul peak the peak is raised to it
+/// and every other matmul-class efficiency (`matmul`, `attention`, the other table,
+/// `decode_matmul`) rescaled by the old peak over the new, so efficiencies stay in (0, 1]. With
+/// the decode table, `decode_matmul` becomes its largest batch's efficiency. The matmul time
+/// of `x` rows (tokens or sequences) is `2·params·x / (peak · efficiency)`, as
+/// [`PerfModel`] charges it.
+fn retime_matmuls(
+    profile: &mut DeviceProfile,
+    shape: &ModelShape,
+    decode: bool,
+    retime: impl Fn(u64, f64) -> f64,
+) {
     let peak = profile.matmul_tflops * 1e12;
     let n = shape.params as f64;
-    let rates: Vec<(u64, f64)> = e
-        .matmul_by_tokens
+    let e = &mut profile.efficiency;
+    let table = if decode {
+        &e.decode_matmul_by_batch
+    } else {
+        &e.matmul_by_tokens
+    };
+    let rates: Vec<(u64, f64)> = table
         .iter()
-        .map(|&(t, eff)| {
-            let m = 2.0 * n * t as f64 / (peak * eff);
-            let whole = model.seconds(&model.prefill(t as usize, 0));
-            let m2 = (m + (k - 1.0) * whole).max(0.05 * m);
-            (t, 2.0 * n * t as f64 / m2)
+        .map(|&(x, eff)| {
+            let t = 2.0 * n * x as f64 / (peak * eff);
+            let t2 = retime(x, t).max(0.05 * t);
+            (x, 2.0 * n * x as f64 / t2)
         })
         .collect();
     let new_peak = rates.iter().map(|r| r.1).fold(peak, f64::max);
-    let r = peak / new_peak;
-    e.matmul *= r;
-    e.attention *= r;
-    if let Some(d) = e.decode_matmul.as_mut() {
-        *d *= r;
+    let k = peak / new_peak;
+    e.matmul *= k;
+    e.attention *= k;
+    let new: Vec<(u64, f64)> = rates.iter().map(|&(x, r)| (x, r / new_peak)).collect();
+    if decode {
+        for x in &mut e.matmul_by_tokens {
+            x.1 *= k;
+        }
+        e.decode_matmul = new.last().map(|r| r.1).or(e.decode_matmul);
+        e.decode_matmul_by_batch = new;
+    } else {
+        if let Some(d) = e.decode_matmul.as_mut() {
+            *d *= k;
+        }
+        for x in &mut e.decode_matmul_by_batch {
+            x.1 *= k;
+        }
+        e.matmul_by_tokens = new;
     }
-    for x in &mut e.decode_matmul_by_batch {
-        x.1 *= r;
-    }
-    e.matmul_by_tokens = rates.iter().map(|&(t, x)| (t, x / new_peak)).collect();
     profile.matmul_tflops = new_peak / 1e12;
-    Ok(())
 }
 
 /// Steps of a serving trace after a prefill needed at a prompt length for the trace's own
