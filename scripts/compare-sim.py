@@ -201,9 +201,13 @@ def in_spread(a, b, c, lim):
 def main():
     argv = sys.argv[1:]
     again_dir = None
+    for i, a in enumerate(argv):
+        if a.startswith("--between="):
+            argv[i:i + 1] = ["--between", a.split("=", 1)[1]]
+            break
     if "--between" in argv:
         i = argv.index("--between")
-        if i + 1 >= len(argv):
+        if i + 1 >= len(argv) or argv[i + 1].startswith("--") or not argv[i + 1]:
             sys.exit("compare-sim.py: --between needs a second measured run's folder\n" + __doc__)
         again_dir = argv[i + 1]
         del argv[i:i + 2]

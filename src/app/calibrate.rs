@@ -77,7 +77,8 @@ pub struct CalibrateArgs {
     /// loops of each `--trace-clients` count, fp16 K/V, no preemption, prompts of
     /// `--trace-input-len` and outputs of `--trace-output-len` tokens; the profile's decode
     /// steps are then corrected to agree on average with the trace's steps that followed no
-    /// prefill (README, "Calibration"). About 1.5 minutes on 2 cores with the defaults.
+    /// prefill, and its prefills scaled by the trace's one-request prefills over the
+    /// profile's (README, "Calibration"). About 1.5 minutes on 2 cores with the defaults.
     #[arg(long, default_value_t = 24)]
     pub trace_requests: usize,
     /// Client counts of the serving trace's phases, comma-separated (each the most sequences

@@ -713,9 +713,11 @@ pub const MIN_TRACE_PREFILLS: usize = 3;
 
 /// Step 8 of [`fit`]: the serving trace's prefills `(prompt tokens, s)`, each a step that
 /// admitted one request with nothing cached, against the profile's prediction for its
-/// length: one factor `k = Σ measured / Σ predicted`, and every prefill of the profile made
-/// `k` times as long by changing its matrix products' time at each length of the
-/// `matmul_by_tokens` table by `(k − 1)` × the whole prefill's predicted time there (held at
+/// length: one factor `k = Σ measured / Σ predicted`, and the profile's prefill at each
+/// length of the `matmul_by_tokens` table made `k` times as long (between two lengths within
+/// about 0.1 % of `k` times, attention's T² against the table's linear time; beyond the
+/// table's ends, where the efficiency is held, not `k` times) by changing its matrix
+/// products' time there by `(k − 1)` × the whole prefill's predicted time (held at
 /// 5 % of its fitted value or above; the matmul peak raised where a corrected rate passes it,
 /// every matmul-class efficiency rescaled to keep its rate), weights, attention and the fixed
 /// cost untouched so the decode steps fitted before keep their time. The isolated prefills of
@@ -724,8 +726,9 @@ pub const MIN_TRACE_PREFILLS: usize = 3;
 /// 384 tokens (AMD EPYC VM, 2026-12-06, two measured runs of `suites/serve.toml` and one of
 /// `suites/serve-decode.toml` against the calibration minutes before), while the speed probe
 /// ran at the same speed in both: a bias of the isolated timing's setting, not the machine's
-/// drift, and uniform in the length, hence one factor rather than one per length (the same
-/// two-term bias correction as [`fit_trace`]'s, with its level term alone). Errors:
+/// drift, and uniform in the length, hence one factor rather than one per length (a
+/// proportional bias correction of the operator model against the system's own prefill
+/// times, where [`fit_trace`]'s adds seconds). Errors:
 /// [`PerfModel::new`]'s; a prediction that is not positive.
 fn correct_prefills(
     profile: &mut DeviceProfile,
@@ -757,7 +760,8 @@ fn correct_prefills(
 /// other matmul-class rate: where a new rate passes the matmul peak the peak is raised to it
 /// and every other matmul-class efficiency (`matmul`, `attention`, the other table,
 /// `decode_matmul`) rescaled by the old peak over the new, so efficiencies stay in (0, 1]. With
-/// the decode table, `decode_matmul` becomes its largest batch's efficiency. The matmul time
+/// the decode table, `decode_matmul` becomes its largest batch's efficiency; with the
+/// prefill's, `matmul` its longest prompt's (as [`fit`] sets them). The matmul time
 /// of `x` rows (tokens or sequences) is `2·params·x / (peak · efficiency)`, as
 /// [`PerfModel`] charges it.
 fn retime_matmuls(
@@ -800,6 +804,8 @@ fn retime_matmuls(
         for x in &mut e.decode_matmul_by_batch {
             x.1 *= k;
         }
+        // `matmul` is the longest prefill's efficiency, as `fit` sets it.
+        e.matmul = new.last().map_or(e.matmul, |r| r.1);
         e.matmul_by_tokens = new;
     }
     profile.matmul_tflops = new_peak / 1e12;

@@ -65,7 +65,8 @@ pub struct CalibrationSpec {
 /// by `seed` and the client count). Its decode steps are what a serving run's steps really
 /// cost at the batches and contexts serving produces; the fit ([`crate::perf::fit::fit`],
 /// step 7) corrects the profile's decode steps by a line in the batch fitted to those that
-/// followed no prefill, and its extra after a prefill to those that did. The backend of each
+/// followed no prefill, and its extra after a prefill to those that did; step 8 scales the
+/// profile's prefills by the trace's prefills of one request each. The backend of each
 /// phase is warmed by one untimed request first, as a measured serving point's is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceSpec {
