@@ -630,9 +630,7 @@ mod tests {
         assert!(e.contains("no speed_probe_step"), "{e}");
         std::fs::write(
             &p,
-            "kind,scheme,batch,tokens,seconds
-trace_prefill,fp16,1,0,0.1
-",
+            "kind,scheme,batch,tokens,seconds\ntrace_prefill,fp16,1,0,0.1\n",
         )
         .unwrap();
         let e = read_timings(&p).unwrap_err().to_string();
