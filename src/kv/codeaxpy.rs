@@ -9,8 +9,8 @@
 //! row to f32 and accumulates it with `ggml_vec_mad_f32`). The keys' counterpart (Q·K on the codes) is
 //! [`super::intdot`].
 //!
-//! TurboQuant_mse 4-bit and 3-bit values ([`axpy_centroids4`], [`axpy_centroids3`]) are
-//! gathered the same way from their 16 or 8 f32 centroids, in the rotated basis (the caller
+//! TurboQuant_mse 4-, 3- and 2-bit values ([`axpy_centroids4`], [`axpy_centroids_packed`])
+//! are gathered the same way from their 16, 8 or 4 f32 centroids, in the rotated basis (the caller
 //! rotates the sum back once); TurboQuant_prod's QJL half adds `±c` per sign bit
 //! ([`axpy_signs`]).
 //!
@@ -369,18 +369,20 @@ pub fn scalar_axpy_centroids4(
 
 /// `acc[j·d + i] += (w[(t − t0)·nq + j] · n_t) · centroids[code_ti]` for rows `t0..t1` of
 /// `data`: rows of `rb` bytes, an f16 factor `n_t` (TurboQuant_mse's stored norm), then `d`
-/// 3-bit indices packed LSB first (element e at bits 3e..3e+3: TurboQuant, Zandieh et al. 2025,
-/// arXiv 2504.19874, §3.1, 3-bit rows as [`crate::kv::quant::mse::TurboQuantMse`] packs them).
-/// `acc` is `[nq, d]` f32 in element order. Rows whose weights (of the queries summed
-/// together) are all zero are not read. Attention's timed path, as [`axpy_centroids4`]'s
-/// `fused`: the row factor goes into each query's weight, then with AVX2 and FMA per 12 bytes
-/// one [`crate::kv::simd::avx::triplets`] unpack, four 8-entry `vpermps` lookups and one fused
-/// multiply-add per element and query; otherwise [`scalar_axpy_centroids3`]. The
-/// decode-then-accumulate loop's sum up to f32 rounding. Panics (a caller's bug, not input)
-/// unless `d` is a multiple of 32 and the slices hold what the shapes say.
+/// indices of `b` bits packed LSB first (element e at bits `b·e..b·e + b`: TurboQuant, Zandieh
+/// et al. 2025, arXiv 2504.19874, §3.1, rows as [`crate::kv::quant::mse::TurboQuantMse`] packs
+/// them), `b` = 3 for 8 `centroids` and 2 for 4. `acc` is `[nq, d]` f32 in element order. Rows
+/// whose weights (of the queries summed together) are all zero are not read. Attention's timed
+/// path, as [`axpy_centroids4`]'s `fused`: the row factor goes into each query's weight, then
+/// with AVX2 and FMA per block of 32 elements (12 or 8 bytes) one unpack
+/// ([`crate::kv::simd::avx::triplets`] or [`crate::kv::simd::avx::crumbs`]), four 8-entry
+/// `vpermps` lookups (two 16-entry ones with AVX-512) and one fused multiply-add per element
+/// and query; otherwise [`scalar_axpy_centroids_packed`]. The decode-then-accumulate loop's sum
+/// up to f32 rounding. Panics (a caller's bug, not input) unless there are 4 or 8 centroids,
+/// `d` is a multiple of 32 and the slices hold what the shapes say.
 #[allow(clippy::too_many_arguments)] // the stream's coordinates, as in axpy_centroids4
-pub fn axpy_centroids3(
-    centroids: &[f32; 8],
+pub fn axpy_centroids_packed(
+    centroids: &[f32],
     data: &[u8],
     rb: usize,
     d: usize,
@@ -390,22 +392,42 @@ pub fn axpy_centroids3(
     acc: &mut [f32],
 ) {
     let nq = acc.len() / d;
-    assert!(d.is_multiple_of(32) && rb >= 2 + 3 * d / 8 && data.len() >= t1 * rb);
+    let bits = packed_bits(centroids);
+    assert!(d.is_multiple_of(32) && rb >= 2 + bits * d / 8 && data.len() >= t1 * rb);
     assert!(w.len() >= (t1 - t0) * nq && acc.len() == nq * d);
+    // Padded to 8 entries: the kernels look up 8-lane tables; 2-bit codes reach only 0–3.
+    let mut cent = [0f32; 8];
+    cent[..centroids.len()].copy_from_slice(centroids);
     simd_dispatch!(
         ["avx2", "fma"],
         // SAFETY: features enabled at compile time; every read is inside `data`, `w` and `acc`
-        // (asserted above: rows t0..t1 of rb ≥ 2 + 3d/8 bytes, 12 bytes read per block).
-        unsafe { avx::axpy_centroids3(centroids, data, rb, d, t0, t1, w, acc) },
-        scalar_axpy_centroids3(centroids, data, rb, d, t0, t1, w, acc)
+        // (asserted above: rows t0..t1 of rb ≥ 2 + bits·d/8 bytes, 4·bits read per block).
+        unsafe {
+            if bits == 3 {
+                avx::axpy_centroids_packed::<3>(&cent, data, rb, d, t0, t1, w, acc)
+            } else {
+                avx::axpy_centroids_packed::<2>(&cent, data, rb, d, t0, t1, w, acc)
+            }
+        },
+        scalar_axpy_centroids_packed(centroids, data, rb, d, t0, t1, w, acc)
     )
 }
 
-/// [`axpy_centroids3`] in scalar code (a product `(w·n)·c` and a sum per element): the path
-/// without AVX2 and the reference the SIMD kernel is tested against.
+/// The code width of a packed codebook: 3 bits for 8 centroids, 2 for 4. Panics otherwise (a
+/// caller's bug: the streams pass a codebook of the row's width).
+fn packed_bits(centroids: &[f32]) -> usize {
+    match centroids.len() {
+        8 => 3,
+        4 => 2,
+        n => panic!("packed centroid tables hold 4 or 8 entries, not {n}"),
+    }
+}
+
+/// [`axpy_centroids_packed`] in scalar code (a product `(w·n)·c` and a sum per element): the
+/// path without AVX2 and the reference the SIMD kernel is tested against.
 #[allow(clippy::too_many_arguments)]
-pub fn scalar_axpy_centroids3(
-    centroids: &[f32; 8],
+pub fn scalar_axpy_centroids_packed(
+    centroids: &[f32],
     data: &[u8],
     rb: usize,
     d: usize,
@@ -415,6 +437,7 @@ pub fn scalar_axpy_centroids3(
     acc: &mut [f32],
 ) {
     let nq = acc.len() / d;
+    let bits = packed_bits(centroids) as u8;
     for t in t0..t1 {
         let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
         if wt.iter().all(|&x| x == 0.0) {
@@ -425,7 +448,7 @@ pub fn scalar_axpy_centroids3(
         for (a, &wj) in acc.chunks_exact_mut(d).zip(wt) {
             let f = wj * n;
             for (e, a) in a.iter_mut().enumerate() {
-                *a += f * centroids[crate::kv::quant::bits::code_at(&row[2..], 3, e)];
+                *a += f * centroids[crate::kv::quant::bits::code_at(&row[2..], bits, e)];
             }
         }
     }
@@ -513,7 +536,7 @@ pub fn unpair(acc: &mut [f32], d: usize, tmp: &mut [f32]) {
 mod avx {
     use super::CodeValues;
     use crate::kv::formats::fp4::E2M1_X2;
-    use crate::kv::simd::avx::{f16_at, nibbles, nibbles8, triplets};
+    use crate::kv::simd::avx::{crumbs, f16_at, nibbles, nibbles8, triplets};
     use std::arch::x86_64::*;
 
     /// Rows per tile: the accumulators of one block of 32 channels stay in registers over a
@@ -908,10 +931,11 @@ mod avx {
         }
     }
 
-    /// [`super::axpy_centroids3`]: per block of 32 elements and up to four queries, the
-    /// accumulators stay in registers over all the rows ([`centroids3_block`]).
+    /// [`super::axpy_centroids_packed`] for `BITS`-bit codes (3 or 2; 8 centroids, the last
+    /// 4 unused at 2 bits): per block of 32 elements and up to four queries, the accumulators
+    /// stay in registers over all the rows ([`centroids_packed_block`]).
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn axpy_centroids3(
+    pub unsafe fn axpy_centroids_packed<const BITS: usize>(
         centroids: &[f32; 8],
         data: &[u8],
         rb: usize,
@@ -928,23 +952,23 @@ mod avx {
         for b in 0..d / 32 {
             let mut j = 0;
             while nq - j >= 4 {
-                centroids3_block::<4>(cent, rows, b, w, nq, j, o, d);
+                centroids_packed_block::<4, BITS>(cent, rows, b, w, nq, j, o, d);
                 j += 4;
             }
             match nq - j {
-                3 => centroids3_block::<3>(cent, rows, b, w, nq, j, o, d),
-                2 => centroids3_block::<2>(cent, rows, b, w, nq, j, o, d),
-                1 => centroids3_block::<1>(cent, rows, b, w, nq, j, o, d),
+                3 => centroids_packed_block::<3, BITS>(cent, rows, b, w, nq, j, o, d),
+                2 => centroids_packed_block::<2, BITS>(cent, rows, b, w, nq, j, o, d),
+                1 => centroids_packed_block::<1, BITS>(cent, rows, b, w, nq, j, o, d),
                 _ => {}
             }
         }
     }
 
-    /// Block `b` (elements `32b..32b + 32`, bytes `2 + 12b..2 + 12b + 12` of a row) of
-    /// [`super::axpy_centroids3`] for queries `j0..j0 + Q`.
+    /// Block `b` (elements `32b..32b + 32`, bytes `2 + 4·BITS·b..2 + 4·BITS·(b + 1)` of a row)
+    /// of [`super::axpy_centroids_packed`] for queries `j0..j0 + Q`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)] // the block's coordinates, as in centroids_block
-    unsafe fn centroids3_block<const Q: usize>(
+    unsafe fn centroids_packed_block<const Q: usize, const BITS: usize>(
         cent: __m256,
         (data, rb, t0, t1): (&[u8], usize, usize, usize),
         b: usize,
@@ -973,7 +997,7 @@ mod avx {
                 }
                 let row = data.as_ptr().add(t * rb);
                 let nf = f16_at(row);
-                let k = triplets(row.add(2 + 12 * b));
+                let k = packed_codes::<BITS>(row, b);
                 let v = [_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1)]
                     .map(|i| _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(i), cents));
                 for (aj, &wj) in acc.iter_mut().zip(wt) {
@@ -1004,7 +1028,7 @@ mod avx {
             }
             let row = data.as_ptr().add(t * rb);
             let nf = f16_at(row);
-            let k = triplets(row.add(2 + 12 * b));
+            let k = packed_codes::<BITS>(row, b);
             let (k0, k1) = (_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
             let look = |i: __m128i| _mm256_permutevar8x32_ps(cent, _mm256_cvtepu8_epi32(i));
             let v = [
@@ -1024,6 +1048,16 @@ mod avx {
             for (r, x) in aj.iter().enumerate() {
                 _mm256_storeu_ps(o.add((j0 + j) * d + 32 * b + 8 * r), *x);
             }
+        }
+    }
+
+    /// Block `b`'s 32 codes of `BITS` bits (3 or 2) after a row's f16 factor, in element order.
+    #[inline(always)]
+    unsafe fn packed_codes<const BITS: usize>(row: *const u8, b: usize) -> __m256i {
+        if BITS == 3 {
+            triplets(row.add(2 + 12 * b))
+        } else {
+            crumbs(row.add(2 + 8 * b))
         }
     }
 

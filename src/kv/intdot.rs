@@ -160,6 +160,11 @@ pub enum IntKeys {
     /// (element e at bits 3e..3e+3, LSB first, as [`Self::Int3G32`]); scored as
     /// [`Self::Lut4`] through the first 8 entries of this table.
     Lut3([i8; 16]),
+    /// Rows of 2-bit indices into a 4-level codebook (TurboQuant_mse 2-bit keys, and the MSE
+    /// stage of 3-bit TurboQuant_prod keys): f16 row factor, then `d/4` bytes (element e at
+    /// bits 2e..2e+2, LSB first, as [`Self::Int2G32`]); scored as [`Self::Lut4`] through the
+    /// first 4 entries of this table.
+    Lut2([i8; 16]),
 }
 
 impl IntKeys {
@@ -180,6 +185,7 @@ impl IntKeys {
             IntKeys::Mxfp4 => 17 * nb,
             IntKeys::Lut4(_) => 2 + 16 * nb,
             IntKeys::Lut3(_) => 2 + 12 * nb,
+            IntKeys::Lut2(_) => 2 + 8 * nb,
         }
     }
 }
@@ -374,9 +380,10 @@ pub fn scalar_scores(
                     }
                     acc = f16_at(row, 0) * dot as f32;
                 }
-                IntKeys::Lut3(lut) => {
+                IntKeys::Lut3(lut) | IntKeys::Lut2(lut) => {
                     // The table's values for the codes, then the plain dot product.
-                    let code = |e| super::quant::bits::code_at(&row[2..], 3, e);
+                    let bits = if matches!(f, IntKeys::Lut3(_)) { 3 } else { 2 };
+                    let code = |e| super::quant::bits::code_at(&row[2..], bits, e);
                     let dot: i32 = (0..d).map(|e| lut[code(e)] as i32 * c[e] as i32).sum();
                     acc = f16_at(row, 0) * dot as f32;
                 }
@@ -442,7 +449,7 @@ pub(crate) mod avx {
             }
             IntKeys::Int4G32 | IntKeys::Int4Row => (false, true, true),
             IntKeys::Lut4(_) => (true, true, false),
-            IntKeys::Lut3(_) => (true, false, false),
+            IntKeys::Lut3(_) | IntKeys::Lut2(_) => (true, false, false),
         }
     }
 
@@ -451,7 +458,7 @@ pub(crate) mod avx {
     unsafe fn table(f: IntKeys) -> __m256i {
         match f {
             IntKeys::Nvfp4 | IntKeys::Mxfp4 => e2m1_lut(),
-            IntKeys::Lut4(lut) | IntKeys::Lut3(lut) => {
+            IntKeys::Lut4(lut) | IntKeys::Lut3(lut) | IntKeys::Lut2(lut) => {
                 let t = _mm_loadu_si128(lut.as_ptr() as *const __m128i);
                 _mm256_set_m128i(t, t)
             }
@@ -464,7 +471,9 @@ pub(crate) mod avx {
     #[inline(always)]
     unsafe fn row_factor(f: IntKeys, row: *const u8) -> f32 {
         match f {
-            IntKeys::Int8Token | IntKeys::Lut4(_) | IntKeys::Lut3(_) => f16p(row),
+            IntKeys::Int8Token | IntKeys::Lut4(_) | IntKeys::Lut3(_) | IntKeys::Lut2(_) => {
+                f16p(row)
+            }
             IntKeys::Nvfp4 => 0.5 * (row as *const f32).read_unaligned(),
             IntKeys::Mxfp4 => 0.5,
             IntKeys::Q8_0
@@ -554,6 +563,10 @@ pub(crate) mod avx {
             ),
             IntKeys::Lut3(_) => signed(
                 _mm256_shuffle_epi8(tab, triplets(row.add(2 + 12 * b))),
+                _mm256_set1_ps(1.0),
+            ),
+            IntKeys::Lut2(_) => signed(
+                _mm256_shuffle_epi8(tab, crumbs(row.add(2 + 8 * b))),
                 _mm256_set1_ps(1.0),
             ),
         }
@@ -698,6 +711,10 @@ pub(crate) mod avx {
                     let $g = IntKeys::Lut3(t);
                     $body
                 }
+                IntKeys::Lut2(t) => {
+                    let $g = IntKeys::Lut2(t);
+                    $body
+                }
             }
         };
     }
@@ -818,7 +835,10 @@ pub(crate) mod avx {
             let side_on = side_on && !q4;
             // One scale per row (int8-token, the codebook): the lanes' integer sums add up
             // exactly, converted once per row.
-            let unit = matches!(f, IntKeys::Int8Token | IntKeys::Lut4(_) | IntKeys::Lut3(_));
+            let unit = matches!(
+                f,
+                IntKeys::Int8Token | IntKeys::Lut4(_) | IntKeys::Lut3(_) | IntKeys::Lut2(_)
+            );
             let tab = table(f);
             let cb = if pairs {
                 q.pairs.as_ptr()
@@ -1039,6 +1059,30 @@ mod tests {
                             }
                         }
                         (IntKeys::Lut3(lut), data, dec, rb)
+                    },
+                    {
+                        // A 4-level codebook by hand (TurboQuant_mse 2-bit keys): an f16
+                        // factor, then element e at bits 2e..2e+2 (packed here bit by bit);
+                        // value = factor · table[code]. Entries past the fourth are never read.
+                        let lut: [i8; 16] = [
+                            -127, -38, 38, 127, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99,
+                        ];
+                        let rb = 2 + d / 4;
+                        let (mut data, mut dec) = (vec![0u8; n * rb], vec![0f32; n * d]);
+                        for t in 0..n {
+                            let fac = f16::from_f32(0.03 + 0.002 * t as f32);
+                            data[t * rb..t * rb + 2].copy_from_slice(&fac.to_le_bytes());
+                            for e in 0..d {
+                                let code = (t * 7 + e * 5 + e / 3) % 4;
+                                for k in 0..2 {
+                                    let bit = 2 * e + k;
+                                    data[t * rb + 2 + bit / 8] |=
+                                        (((code >> k) & 1) as u8) << (bit % 8);
+                                }
+                                dec[t * d + e] = fac.to_f32() * lut[code] as f32;
+                            }
+                        }
+                        (IntKeys::Lut2(lut), data, dec, rb)
                     },
                 ];
                 for (f, data, dec, rb) in cases {

@@ -80,19 +80,22 @@ impl TurboQuantStream {
 }
 
 impl TurboQuantStream {
-    /// The MSE stage's centroid count (8 or 16) when the rows are TurboQuant_prod with a 3- or
-    /// 4-bit MSE stage (4 or 5 bits in all): the layouts the code paths read.
+    /// The MSE stage's centroid count (4, 8 or 16) when the rows are TurboQuant_prod with a 2-,
+    /// 3- or 4-bit MSE stage (3, 4 or 5 bits in all): the layouts the code paths read.
     fn prod_lut(&self) -> Option<usize> {
         match &self.codec {
-            TqCodec::Prod(c) => Some(c.mse().codebook().centroids().len()).filter(|&n| n == 8 || n == 16),
+            TqCodec::Prod(c) => {
+                Some(c.mse().codebook().centroids().len()).filter(|&n| matches!(n, 4 | 8 | 16))
+            }
             TqCodec::Mse(_) => None,
         }
     }
 }
 
-/// The centroids (16 at 4 bits, 8 at 3) rounded to int8 in units of `ts = max|c|/127`:
+/// The centroids (16 at 4 bits, 8 at 3, 4 at 2) rounded to int8 in units of `ts = max|c|/127`:
 /// `(round(c/ts), ts)`, each entry within `ts/2` of `c/ts·ts` and inside ±127, the entries
-/// past the centroids 0 (the byte-shuffle table of [`intdot::IntKeys::Lut4`] and `Lut3`).
+/// past the centroids 0 (the byte-shuffle table of [`intdot::IntKeys::Lut4`], `Lut3` and
+/// `Lut2`).
 fn int8_table(cent: &[f32]) -> ([i8; 16], f32) {
     let ts = cent.iter().fold(0f32, |m, c| m.max(c.abs())) / 127.0;
     let mut t = [0i8; 16];
@@ -102,6 +105,17 @@ fn int8_table(cent: &[f32]) -> ([i8; 16], f32) {
         }
     }
     (t, ts)
+}
+
+/// The integer key format of rows whose indices go through `table`: 4-bit indices for 16
+/// centroids, 3-bit for 8, 2-bit for 4 (`None` for other codebooks).
+fn lut_keys(centroids: usize, table: [i8; 16]) -> Option<IntKeys> {
+    match centroids {
+        16 => Some(IntKeys::Lut4(table)),
+        8 => Some(IntKeys::Lut3(table)),
+        4 => Some(IntKeys::Lut2(table)),
+        _ => None,
+    }
 }
 
 impl TurboQuantStream {
@@ -182,9 +196,9 @@ impl Stream for TurboQuantStream {
     }
 
     /// Every TurboQuant row has a timed path of its own ([`dot_rows_int`](Stream::dot_rows_int)):
-    /// 3- and 4-bit TurboQuant_mse keys (norm-corrected or not) and TurboQuant_prod keys with
-    /// a 3- or 4-bit MSE stage on their codes ([`intdot::IntKeys::Lut3`]/`Lut4`, QJL by
-    /// tables), the others decoded a tile at a time. Attention takes it
+    /// 2-, 3- and 4-bit TurboQuant_mse keys (norm-corrected or not) and TurboQuant_prod keys
+    /// with a 2-, 3- or 4-bit MSE stage on their codes ([`intdot::IntKeys::Lut2`]/`Lut3`/`Lut4`,
+    /// QJL by tables), the others (1-bit) decoded a tile at a time. Attention takes it
     /// where head_dim is a multiple of 32 (at head_dim 16 the exact `dot_rows` is timed).
     fn int_keys(&self) -> bool {
         true
@@ -217,7 +231,7 @@ impl Stream for TurboQuantStream {
                 let rq: Vec<f32> = pq.iter().flat_map(|p| p.rotated().to_vec()).collect();
                 let qi = QueryI8::quantize(&rq, d);
                 let (table, ts) = int8_table(c.mse().codebook().centroids());
-                let keys = if lut == 8 { IntKeys::Lut3(table) } else { IntKeys::Lut4(table) };
+                let keys = lut_keys(lut, table).expect("prod_lut: 4, 8 or 16 centroids");
                 let n = (t1 - t0) * nq;
                 intdot::scores(keys, &self.data, self.rb, t0, t1, &qi, out);
                 scale_in_place(&mut out[..n], ts);
@@ -252,18 +266,16 @@ impl Stream for TurboQuantStream {
             let d = c.head_dim();
             let mut rq = qs.to_vec();
             rq.chunks_exact_mut(d).for_each(|q| c.rotate_query(q));
-            if let Ok(cent) = <[f32; 8]>::try_from(c.codebook().centroids()) {
-                if d.is_multiple_of(32) {
-                    // 3-bit rows on their codes, as 4-bit ones below: the codes unpacked and
-                    // looked up in the int8-rounded codebook (`IntKeys::Lut3`).
-                    let qi = QueryI8::quantize(&rq, d);
-                    let (table, ts) = int8_table(&cent);
-                    let nq = qs.len() / d;
-                    let n = (t1 - t0) * nq;
-                    intdot::scores(IntKeys::Lut3(table), &self.data, self.rb, t0, t1, &qi, out);
-                    scale_in_place(&mut out[..n], ts);
-                    return;
-                }
+            let cent = c.codebook().centroids();
+            let (table, ts) = int8_table(cent);
+            if let Some(keys) = lut_keys(cent.len(), table).filter(|_| d.is_multiple_of(32)) {
+                // 3- and 2-bit rows on their codes, as 4-bit ones below: the codes unpacked
+                // and looked up in the int8-rounded codebook (`IntKeys::Lut3`, `Lut2`).
+                let qi = QueryI8::quantize(&rq, d);
+                let n = (t1 - t0) * (qs.len() / d);
+                intdot::scores(keys, &self.data, self.rb, t0, t1, &qi, out);
+                scale_in_place(&mut out[..n], ts);
+                return;
             }
             // Other widths: a tile of rows decoded in the rotated basis
             // ([`TurboQuantMse::decode_rotated_fast`]), scored against every rotated query by
@@ -284,9 +296,9 @@ impl Stream for TurboQuantStream {
 
     /// 4-bit rows take the fused code kernel here ([`codeaxpy::axpy_centroids4`] with
     /// `fused`: the norm in the weight, one FMA per element), so plain 4-bit rows are no longer
-    /// bit for bit `axpy_rows`'s sums, only up to f32 rounding; 3-bit rows take
-    /// [`codeaxpy::axpy_centroids3`] (the same sums up to f32 rounding).
-    /// TurboQuant_prod rows here too: with a 3- or 4-bit MSE stage on their codes (those
+    /// bit for bit `axpy_rows`'s sums, only up to f32 rounding; 3- and 2-bit rows take
+    /// [`codeaxpy::axpy_centroids_packed`] (the same sums up to f32 rounding).
+    /// TurboQuant_prod rows here too: with a 2-, 3- or 4-bit MSE stage on their codes (those
     /// kernels for `racc`, [`codeaxpy::axpy_signs`] for `zacc`), otherwise each row unpacked
     /// once into `[‖x‖ŷ, ‖x‖γ√(π/2)/d·z]` ([`TurboQuantProd::decode_split`]) and accumulated
     /// by the tiled f32 kernel into `[racc, zacc]`; either finished per query as on the exact
@@ -301,9 +313,8 @@ impl Stream for TurboQuantStream {
                 let cent = c.mse().codebook().centroids();
                 let (mut racc, mut zacc) = (vec![0f32; nq * d], vec![0f32; nq * d]);
                 let (data, rb) = (&self.data, self.rb);
-                if lut == 8 {
-                    let cent: &[f32; 8] = cent.try_into().expect("8 centroids");
-                    codeaxpy::axpy_centroids3(cent, data, rb, d, t0, t1, w, &mut racc);
+                if lut != 16 {
+                    codeaxpy::axpy_centroids_packed(cent, data, rb, d, t0, t1, w, &mut racc);
                 } else {
                     let cent: &[f32; 16] = cent.try_into().expect("16 centroids");
                     codeaxpy::axpy_centroids4(cent, data, rb, d, t0, t1, w, &mut racc, true);
@@ -338,18 +349,19 @@ impl Stream for TurboQuantStream {
         }
         match self.mse4() {
             None => {
-                // 3-bit rows on their codes ([`codeaxpy::axpy_centroids3`]); other widths:
-                // tiles of rows decoded in the rotated basis, summed by the tiled f32 kernel.
-                // Either sum is rotated back once per query.
+                // 3- and 2-bit rows on their codes ([`codeaxpy::axpy_centroids_packed`]);
+                // 1-bit: tiles of rows decoded in the rotated basis, summed by the tiled f32
+                // kernel. Either sum is rotated back once per query.
                 let TqCodec::Mse(c) = &self.codec else {
                     unreachable!("TurboQuant_prod returned above")
                 };
                 let d = c.head_dim();
                 let mut racc = vec![0f32; acc.len()];
-                match <[f32; 8]>::try_from(c.codebook().centroids()) {
-                    // 3-bit rows on their codes (one lookup and FMA per element and query).
-                    Ok(cent) if d.is_multiple_of(32) => {
-                        codeaxpy::axpy_centroids3(&cent, &self.data, self.rb, d, t0, t1, w, &mut racc)
+                let cent = c.codebook().centroids();
+                match cent.len() {
+                    // On the codes (one lookup and FMA per element and query).
+                    8 | 4 if d.is_multiple_of(32) => {
+                        codeaxpy::axpy_centroids_packed(cent, &self.data, self.rb, d, t0, t1, w, &mut racc)
                     }
                     _ => axpy_rows_with(t0, t1, w, &mut racc, d, |t, r| {
                         c.decode_rotated_fast(self.row(t), r)
@@ -575,7 +587,7 @@ mod tests {
     fn tq4_scores_on_codes_within_rounding_bound() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(2504);
         let cases = [(32usize, false), (64, false), (128, false), (64, true), (128, true)];
-        for (bits, (d, nc)) in [4u8, 3].into_iter().flat_map(|b| cases.map(|c| (b, c))) {
+        for (bits, (d, nc)) in [4u8, 3, 2].into_iter().flat_map(|b| cases.map(|c| (b, c))) {
             for nq in [1usize, 3, 8] {
                 let n = 45;
                 let c = Arc::new(TurboQuantMse::new(d, bits, nc, 7 + d as u64).unwrap());
@@ -594,7 +606,7 @@ mod tests {
                 rq.chunks_exact_mut(d).for_each(|q| c.rotate_query(q));
                 let mut scalar = vec![0f32; (t1 - t0) * nq];
                 let qi = QueryI8::quantize(&rq, d);
-                let f = if bits == 4 { IntKeys::Lut4(table) } else { IntKeys::Lut3(table) };
+                let f = lut_keys(cent.len(), table).unwrap();
                 intdot::scalar_scores(f, &s.data, s.rb, t0, t1, &qi, &mut scalar);
                 let (mut k, mut y) = (vec![0f32; d], vec![0f32; d]);
                 for t in t0..t1 {
@@ -627,8 +639,8 @@ mod tests {
         }
     }
 
-    /// 3-bit TurboQuant_mse values on their codes (`axpy_rows_fast` → the SIMD
-    /// [`codeaxpy::axpy_centroids3`]; and its scalar loop), d 32/64/128, with and without norm
+    /// 3- and 2-bit TurboQuant_mse values on their codes (`axpy_rows_fast` → the SIMD
+    /// [`codeaxpy::axpy_centroids_packed`]; and its scalar loop), d 32/64/128, with and without norm
     /// correction, 1–8 queries (four-query blocks and every remainder), some rows' weights
     /// zero. In the rotated basis both kernels against f64 sums of `decode_rotated` rows
     /// (`codes_to_f32`, which shares none of the unpacking): each sums n terms in order, one
@@ -640,18 +652,20 @@ mod tests {
     fn tq3_values_on_codes_match_decoded_rows() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(1988);
         let u = 2f64.powi(-24);
-        for (d, nc) in [(32usize, false), (64, false), (128, false), (64, true), (128, true)] {
+        let cases = [(32usize, false), (64, false), (128, false), (64, true), (128, true)];
+        for (bits, (d, nc)) in [3u8, 2].into_iter().flat_map(|b| cases.map(|c| (b, c))) {
             for nq in [1usize, 2, 3, 5, 8] {
                 let n = 37;
-                let c = Arc::new(TurboQuantMse::new(d, 3, nc, 3).unwrap());
+                let c = Arc::new(TurboQuantMse::new(d, bits, nc, 3).unwrap());
                 let mut s = TurboQuantStream::new(TqCodec::Mse(c.clone()));
                 s.push(&random_rows(&mut rng, n, d, 0));
                 let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(0.0..1.0)).collect();
                 w[4 * nq..5 * nq].fill(0.0);
-                let cent: [f32; 8] = c.codebook().centroids().try_into().unwrap();
+                let cent = c.codebook().centroids();
+                assert_eq!(cent.len(), 1 << bits);
                 let (mut simd, mut scalar) = (vec![0f32; nq * d], vec![0f32; nq * d]);
-                codeaxpy::axpy_centroids3(&cent, &s.data, s.rb, d, 0, n, &w, &mut simd);
-                codeaxpy::scalar_axpy_centroids3(&cent, &s.data, s.rb, d, 0, n, &w, &mut scalar);
+                codeaxpy::axpy_centroids_packed(cent, &s.data, s.rb, d, 0, n, &w, &mut simd);
+                codeaxpy::scalar_axpy_centroids_packed(cent, &s.data, s.rb, d, 0, n, &w, &mut scalar);
                 let mut y = vec![0f32; n * d];
                 for t in 0..n {
                     c.decode_rotated(s.row(t), &mut y[t * d..(t + 1) * d]);
@@ -664,7 +678,10 @@ mod tests {
                         let bound = 2.0 * g * terms.map(f64::abs).sum::<f64>() + 1e-30;
                         for (name, got) in [("simd", &simd), ("scalar", &scalar)] {
                             let e = (got[j * d + i] as f64 - exact).abs();
-                            assert!(e <= bound, "{name} d={d} nc={nc} nq={nq} {j},{i}: {e} > {bound}");
+                            assert!(
+                                e <= bound,
+                                "{name} bits={bits} d={d} nc={nc} nq={nq} {j},{i}: {e} > {bound}"
+                            );
                         }
                     }
                 }
@@ -676,7 +693,7 @@ mod tests {
         }
     }
 
-    /// Other widths (1–2 bits, norm-corrected or not) take
+    /// The other width (1 bit, norm-corrected or not) takes
     /// the tiled f32 path when timed: scores (`dot_rows_int`) and value sums
     /// (`axpy_rows_fast`) against the exact path's (`dot_rows`, `axpy_rows`), which decode row by
     /// row. Both sum the same products in another order: per score `|err| ≤ 2γ_{d+4}·Σ_i|r_i·y_i|` (Higham §3.1,
@@ -686,7 +703,7 @@ mod tests {
     fn tq_other_widths_timed_path_matches_exact() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(31);
         let u = 2f64.powi(-24);
-        for (d, bits, nc) in [(64usize, 2u8, false), (128, 2, false), (32, 2, true), (64, 1, true)] {
+        for (d, bits, nc) in [(64usize, 1u8, false), (128, 1, false), (32, 1, true), (64, 1, true)] {
             let c = Arc::new(TurboQuantMse::new(d, bits, nc, 5).unwrap());
             let mut s = TurboQuantStream::new(TqCodec::Mse(c.clone()));
             let (n, nq) = (37, 3);
@@ -740,9 +757,9 @@ mod tests {
     /// from the stored bits (read with `code_at`, not the unpacking under test), r, s from
     /// `prepare_query`. d 32/64/128, bits 2–5, 1–8 queries. Bounds (Higham §3.1, `u = 2⁻²⁴`,
     /// `γ_k = k·u/(1 − k·u)`):
-    /// - 2- and 3-bit rows (split rows, tiled f32 dot products of 2d terms, each entry and
-    ///   product rounded once): `|err| ≤ γ_{2d+2}·Σ|terms|`;
-    /// - 4- and 5-bit rows (a 3-/4-bit MSE stage, on the codes): the MSE part as in
+    /// - 2-bit rows (split rows, tiled f32 dot products of 2d terms, each entry and product
+    ///   rounded once): `|err| ≤ γ_{2d+2}·Σ|terms|`;
+    /// - 3-, 4- and 5-bit rows (a 2-/3-/4-bit MSE stage, on the codes): the MSE part as in
     ///   `tq4_scores_on_codes_within_rounding_bound` (`‖x‖·(sq/2·Σ|c_i| + ts/2·(Σ|r_i| +
     ///   d·sq/2))`, query and table rounding) plus 1e-4 of f32 slack; the QJL part by table:
     ///   each entry of [`ProdQuery::sign_sum_tables`] a chain of ≤ 16 roundings on partial
@@ -757,7 +774,7 @@ mod tests {
         let gam = |k: usize| k as f64 * u / (1.0 - k as f64 * u);
         for d in [32usize, 64, 128] {
             for bits in [2u8, 3, 4, 5] {
-                let on_codes = bits >= 4;
+                let on_codes = bits >= 3;
                 let nq = [1usize, 3, 8][(d + bits as usize) % 3];
                 let c = Arc::new(TurboQuantProd::new(d, bits, 9).unwrap());
                 let mut s = TurboQuantStream::new(TqCodec::Prod(c.clone()));
@@ -818,7 +835,7 @@ mod tests {
         }
     }
 
-    /// TurboQuant_prod values on the fast path (`axpy_rows_fast`: on the codes for 4- and 5-bit
+    /// TurboQuant_prod values on the fast path (`axpy_rows_fast`: on the codes for 3- to 5-bit
     /// rows, split rows otherwise) against f64 sums of the rows decoded to the original basis
     /// (`decode`: the MSE part, then `Sᵀz` row by row), d 32/64/128, bits 2–5, 1–8 queries, a
     /// row's weights zero. Bound per element: the bound of
