@@ -1075,9 +1075,11 @@ mod avx {
         acc: &mut [f32],
     ) {
         let nq = acc.len() / d;
-        let totals: Vec<f32> = (0..nq)
-            .map(|j| (t0..t1).map(|t| c[(t - t0) * nq + j]).sum())
-            .collect();
+        // Σ_t c_t per query, rows in order (one pass over `c`, not one strided pass per query).
+        let mut totals = vec![0f32; nq];
+        for ct in c[..(t1 - t0) * nq].chunks_exact(nq) {
+            totals.iter_mut().zip(ct).for_each(|(a, &x)| *a += x);
+        }
         let o = acc.as_mut_ptr();
         let rows = (data, rb, off, t0, t1);
         for b in 0..d / 32 {

@@ -165,6 +165,17 @@ pub enum IntKeys {
     /// bits 2e..2e+2, LSB first, as [`Self::Int2G32`]); scored as [`Self::Lut4`] through the
     /// first 4 entries of this table.
     Lut2([i8; 16]),
+    /// 1-bit signs `z ∈ {±1}^d` (TurboQuant_prod's QJL sketch, Zandieh et al. 2025, arXiv
+    /// 2504.19874, §3.2; QJL, Zandieh et al. 2024, arXiv 2406.03482): f16 `n` at byte 0 (the
+    /// row's norm), f16 `γ` at `off − 2` (the residual's norm), then `d/8` bytes of bits from
+    /// `off` (element e at bit e mod 8 of byte e/8, set for +1). Scored as `n·γ·Σ ±c_e`: with a
+    /// 0/1 code per element, `n·γ·(2·Σ code·c − Σc)` (the unsigned-code form of
+    /// [`Self::Int2G32`], step `2·n·γ`, offset `−n·γ`). The caller multiplies by QJL's
+    /// `√(π/2)/d`.
+    Signs {
+        /// Byte offset of the sign bits in a row (`γ` sits just before).
+        off: usize,
+    },
 }
 
 impl IntKeys {
@@ -186,6 +197,7 @@ impl IntKeys {
             IntKeys::Lut4(_) => 2 + 16 * nb,
             IntKeys::Lut3(_) => 2 + 12 * nb,
             IntKeys::Lut2(_) => 2 + 8 * nb,
+            IntKeys::Signs { off } => off + 4 * nb,
         }
     }
 }
@@ -209,6 +221,11 @@ pub fn scores(
         rb >= f.row_bytes(q.d),
         "{f:?} rows of {rb} bytes hold no {} values",
         q.d
+    );
+    // The sign rows' γ sits before the bits and after the norm.
+    assert!(
+        !matches!(f, IntKeys::Signs { off } if off < 4),
+        "{f:?}: γ would overlap the norm"
     );
     // One group per row: a longer row holds more groups than the kernel reads headers for.
     assert!(
@@ -380,6 +397,13 @@ pub fn scalar_scores(
                     }
                     acc = f16_at(row, 0) * dot as f32;
                 }
+                IntKeys::Signs { off } => {
+                    let bit = |e: usize| (row[off + e / 8] >> (e % 8)) & 1 == 1;
+                    let dot: i32 = (0..d)
+                        .map(|e| if bit(e) { c[e] as i32 } else { -(c[e] as i32) })
+                        .sum();
+                    acc = f16_at(row, 0) * f16_at(row, off - 2) * dot as f32;
+                }
                 IntKeys::Lut3(lut) | IntKeys::Lut2(lut) => {
                     // The table's values for the codes, then the plain dot product.
                     let bits = if matches!(f, IntKeys::Lut3(_)) { 3 } else { 2 };
@@ -444,9 +468,11 @@ pub(crate) mod avx {
             IntKeys::Int8Token | IntKeys::Q8_0 | IntKeys::Nvfp4 | IntKeys::Mxfp4 => {
                 (true, false, false)
             }
-            IntKeys::Q4_0 | IntKeys::Int2G32 | IntKeys::Int3G32 | IntKeys::Int3Row => {
-                (false, false, true)
-            }
+            IntKeys::Q4_0
+            | IntKeys::Int2G32
+            | IntKeys::Int3G32
+            | IntKeys::Int3Row
+            | IntKeys::Signs { .. } => (false, false, true),
             IntKeys::Int4G32 | IntKeys::Int4Row => (false, true, true),
             IntKeys::Lut4(_) => (true, true, false),
             IntKeys::Lut3(_) | IntKeys::Lut2(_) => (true, false, false),
@@ -482,7 +508,8 @@ pub(crate) mod avx {
             | IntKeys::Int4Row
             | IntKeys::Int2G32
             | IntKeys::Int3G32
-            | IntKeys::Int3Row => 1.0,
+            | IntKeys::Int3Row
+            | IntKeys::Signs { .. } => 1.0,
         }
     }
 
@@ -569,7 +596,33 @@ pub(crate) mod avx {
                 _mm256_shuffle_epi8(tab, crumbs(row.add(2 + 8 * b))),
                 _mm256_set1_ps(1.0),
             ),
+            IntKeys::Signs { off } => {
+                // Per block, so the offset term takes the row's factor too (`store` adds the
+                // side terms unscaled).
+                let g = f16p(row) * f16p(row.add(off - 2));
+                Blk {
+                    u: bits01(row.add(off + 4 * b)),
+                    k: _mm256_setzero_si256(),
+                    s: _mm256_set1_ps(2.0 * g),
+                    side: -g,
+                }
+            }
         }
+    }
+
+    /// 4 bytes of bits at `p` → 32 bytes, lane e = bit e mod 8 of byte e/8 (0 or 1): each byte
+    /// broadcast to 8 lanes by one shuffle, its bits selected by a mask and compared.
+    #[inline(always)]
+    unsafe fn bits01(p: *const u8) -> __m256i {
+        let x = _mm256_set1_epi32((p as *const i32).read_unaligned());
+        // Both 128-bit lanes hold the 4 bytes: the low lane spreads bytes 0–1, the high 2–3.
+        let idx = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
+        );
+        let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let y = _mm256_and_si256(_mm256_shuffle_epi8(x, idx), sel);
+        _mm256_and_si256(_mm256_cmpeq_epi8(y, sel), _mm256_set1_epi8(1))
     }
 
     /// Scores of `n ≤ 8` rows from `t` against queries `j0..j0 + Q`: each block of a row is
@@ -713,6 +766,10 @@ pub(crate) mod avx {
                 }
                 IntKeys::Lut2(t) => {
                     let $g = IntKeys::Lut2(t);
+                    $body
+                }
+                IntKeys::Signs { off } => {
+                    let $g = IntKeys::Signs { off };
                     $body
                 }
             }
@@ -1083,6 +1140,30 @@ mod tests {
                             }
                         }
                         (IntKeys::Lut2(lut), data, dec, rb)
+                    },
+                    {
+                        // QJL sign bits by hand (TurboQuant_prod's key layout past its MSE
+                        // stage): an f16 norm at 0, two bytes never read, an f16 γ at 4, the
+                        // bits from 6 (element e at bit e mod 8 of byte e/8, set for +1);
+                        // value = norm · γ · (±1).
+                        let off = 6;
+                        let rb = off + d / 8;
+                        let (mut data, mut dec) = (vec![0u8; n * rb], vec![0f32; n * d]);
+                        for t in 0..n {
+                            let norm = f16::from_f32(1.5 + 0.1 * t as f32);
+                            let gamma = f16::from_f32(0.02 + 0.003 * t as f32);
+                            let r = &mut data[t * rb..(t + 1) * rb];
+                            r[..2].copy_from_slice(&norm.to_le_bytes());
+                            r[2..4].copy_from_slice(&[0xAB, 0xCD]);
+                            r[4..6].copy_from_slice(&gamma.to_le_bytes());
+                            for e in 0..d {
+                                let plus = (t * 3 + e * 5 + e / 9) % 3 != 0;
+                                r[off + e / 8] |= (plus as u8) << (e % 8);
+                                let v = norm.to_f32() * gamma.to_f32();
+                                dec[t * d + e] = if plus { v } else { -v };
+                            }
+                        }
+                        (IntKeys::Signs { off }, data, dec, rb)
                     },
                 ];
                 for (f, data, dec, rb) in cases {

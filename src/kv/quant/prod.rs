@@ -246,30 +246,9 @@ impl ProdQuery {
         &self.rotated
     }
 
-    /// QJL's `⟨S q, z⟩` by table, byte by byte of the sign bits: entry `[p][b]` is
-    /// `Σ_{i<8} ±(S q)_{8p+i}` with `+` where bit `i` of `b` is set (`[d/8][256]`), so a row's
-    /// `⟨S q, z⟩` is `d/8` lookups and adds instead of `d` sign selections (the lookup-table
-    /// form of a ±1 dot product, as LUT-GEMM, Park et al. 2022, arXiv 2206.09557, §3). Each
-    /// entry is built from the one with its lowest set bit cleared, plus `2·(S q)_i`: equal
-    /// to the element-order sum up to f32 rounding. Panics (a caller's bug) unless `d` is a
-    /// multiple of 8.
-    pub fn sign_sum_tables(&self) -> Vec<[f32; 256]> {
-        let sq = &self.sketched;
-        assert!(
-            sq.len().is_multiple_of(8),
-            "QJL sign tables need d a multiple of 8"
-        );
-        sq.chunks_exact(8)
-            .map(|v| {
-                let mut t = [0f32; 256];
-                t[0] = -v.iter().sum::<f32>();
-                for b in 1..256usize {
-                    let low = b.trailing_zeros() as usize;
-                    t[b] = t[b & (b - 1)] + 2.0 * v[low];
-                }
-                t
-            })
-            .collect()
+    /// `S q` (`[d]`): the query's QJL sketch.
+    pub fn sketched(&self) -> &[f32] {
+        &self.sketched
     }
 }
 

@@ -221,30 +221,30 @@ impl Stream for TurboQuantStream {
         if let TqCodec::Prod(c) = &self.codec {
             let d = c.head_dim();
             if let Some(lut) = self.prod_lut().filter(|_| d.is_multiple_of(32)) {
-                // TurboQuant_prod on its codes: the MSE part as the 3-/4-bit TurboQuant keys
-                // (the rotated query in int8 against the int8-rounded codebook), the QJL part
-                // ⟨S q, z⟩ by d/8 table lookups per row ([`ProdQuery::sign_sum_tables`]), then
-                // `‖x‖·(mse + γ·√(π/2)/d·qjl)`.
+                // TurboQuant_prod on its codes: the MSE part as the 2-/3-/4-bit TurboQuant
+                // keys (the rotated query in int8 against the int8-rounded codebook), the QJL
+                // part ⟨S q, z⟩ as an integer dot product of the sketched query in int8 with
+                // the sign bits ([`IntKeys::Signs`]: `n·γ·Σ ±c`), then
+                // `‖x‖·mse + √(π/2)/d·that`.
                 let nq = qs.len() / d;
                 let pq: Vec<ProdQuery> =
                     qs.chunks_exact(d).map(|q| c.prepare_query_fast(q)).collect();
                 let rq: Vec<f32> = pq.iter().flat_map(|p| p.rotated().to_vec()).collect();
-                let qi = QueryI8::quantize(&rq, d);
+                let sk: Vec<f32> = pq.iter().flat_map(|p| p.sketched().to_vec()).collect();
                 let (table, ts) = int8_table(c.mse().codebook().centroids());
                 let keys = lut_keys(lut, table).expect("prod_lut: 4, 8 or 16 centroids");
                 let n = (t1 - t0) * nq;
+                let qi = QueryI8::quantize(&rq, d);
                 intdot::scores(keys, &self.data, self.rb, t0, t1, &qi, out);
-                scale_in_place(&mut out[..n], ts);
-                let tabs: Vec<Vec<[f32; 256]>> = pq.iter().map(|p| p.sign_sum_tables()).collect();
-                let m = c.mse().row_bytes();
-                for (t, o) in (t0..t1).zip(out[..n].chunks_exact_mut(nq)) {
-                    let row = self.row(t);
-                    let k = c.qjl_scale(row);
-                    let z = &row[m + 2..m + 2 + d / 8];
-                    for (o, tab) in o.iter_mut().zip(&tabs) {
-                        let qjl: f32 = z.iter().zip(tab).map(|(&b, t)| t[b as usize]).sum();
-                        *o += k * qjl;
-                    }
+                let mut z = vec![0f32; n];
+                let signs = IntKeys::Signs {
+                    off: c.mse().row_bytes() + 2,
+                };
+                let si = QueryI8::quantize(&sk, d);
+                intdot::scores(signs, &self.data, self.rb, t0, t1, &si, &mut z);
+                let k = (std::f32::consts::PI / 2.0).sqrt() / d as f32;
+                for (o, z) in out[..n].iter_mut().zip(&z) {
+                    *o = o.mul_add(ts, k * z);
                 }
                 return;
             }
@@ -321,10 +321,14 @@ impl Stream for TurboQuantStream {
                     codeaxpy::unpair(&mut racc, d, &mut vec![0f32; d]);
                 }
                 // Each row's QJL coefficient per query, w·‖x‖·γ·√(π/2)/d, then the signs.
+                // (`qjl_scale`'s product, its constant formed once per call.)
                 let m = c.mse().row_bytes();
+                let kq = (std::f32::consts::PI / 2.0).sqrt() / d as f32;
                 let mut cw = w[..(t1 - t0) * nq].to_vec();
-                for (t, ct) in (t0..t1).zip(cw.chunks_exact_mut(nq)) {
-                    let k = c.qjl_scale(self.row(t));
+                let rows = data[t0 * rb..t1 * rb].chunks_exact(rb);
+                for (row, ct) in rows.zip(cw.chunks_exact_mut(nq)) {
+                    let f16 = |i: usize| half::f16::from_le_bytes([row[i], row[i + 1]]).to_f32();
+                    let k = f16(0) * f16(m) * kq;
                     ct.iter_mut().for_each(|x| *x *= k);
                 }
                 codeaxpy::axpy_signs(data, rb, m + 2, d, t0, t1, &cw, &mut zacc);
@@ -761,11 +765,11 @@ mod tests {
     ///   rounded once): `|err| ≤ γ_{2d+2}·Σ|terms|`;
     /// - 3-, 4- and 5-bit rows (a 2-/3-/4-bit MSE stage, on the codes): the MSE part as in
     ///   `tq4_scores_on_codes_within_rounding_bound` (`‖x‖·(sq/2·Σ|c_i| + ts/2·(Σ|r_i| +
-    ///   d·sq/2))`, query and table rounding) plus 1e-4 of f32 slack; the QJL part by table:
-    ///   each entry of [`ProdQuery::sign_sum_tables`] a chain of ≤ 16 roundings on partial
-    ///   sums bounded by the byte's `Σ|s_i|`, then d/8 entries summed, a product and a sum:
-    ///   `γ_{d/8+18}·‖x‖·k·Σ|s_i|`, checked with a factor 2; plus the fast sketch's rounding,
-    ///   `γ_{d+1}·‖x‖·k·Σ_i Σ_k|S_ik·q_k|` ([`TurboQuantProd::prepare_query_fast`]).
+    ///   d·sq/2))`, query and table rounding) plus 1e-4 of f32 slack; the QJL part on the sign
+    ///   bits ([`IntKeys::Signs`]) with `S q` rounded to int8 in steps `ssq = max|S q|/127`:
+    ///   each of the d terms `±(S q)_i` off by at most `ssq/2`, so `‖x‖·k·d·ssq/2`, plus 1e-4
+    ///   of f32 slack; plus the fast sketch's rounding, `γ_{d+1}·‖x‖·k·Σ_i Σ_k|S_ik·q_k|`
+    ///   ([`TurboQuantProd::prepare_query_fast`]).
     #[test]
     fn prod_scores_match_the_estimator() {
         use crate::kv::quant::bits::code_at;
@@ -796,7 +800,7 @@ mod tests {
                         let rs = c.prepare_query(&qs[j * d..(j + 1) * d]).concat();
                         let (r, sk) = rs.split_at(d);
                         let (mut exact, mut mass_a, mut mass_b) = (0f64, 0f64, 0f64);
-                        let (mut csum, mut rsum, mut ssum) = (0f64, 0f64, 0f64);
+                        let (mut csum, mut rsum) = (0f64, 0f64);
                         for i in 0..d {
                             let ci = cent[code_at(&row[2..m], bits - 1, i)] as f64;
                             let a = norm * r[i] as f64 * ci;
@@ -807,7 +811,6 @@ mod tests {
                             mass_b += b.abs();
                             csum += ci.abs();
                             rsum += (r[i] as f64).abs();
-                            ssum += (sk[i] as f64).abs();
                         }
                         let bound = if on_codes {
                             let sq = r.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
@@ -820,9 +823,11 @@ mod tests {
                                     row.iter().zip(q).map(|(&a, &b)| (a * b).abs() as f64).sum::<f64>()
                                 })
                                 .sum();
+                            let ssq = sk.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
                             norm * (sq / 2.0 * csum + ts / 2.0 * (rsum + d as f64 * sq / 2.0))
                                 + 1e-4 * (1.0 + mass_a)
-                                + 2.0 * gam(d / 8 + 18) * norm * k * ssum
+                                + norm * k * d as f64 * ssq / 2.0
+                                + 1e-4 * (1.0 + mass_b)
                                 + gam(d + 1) * norm * k * sabs
                         } else {
                             gam(2 * d + 2) * (mass_a + mass_b) + 1e-30
