@@ -215,6 +215,36 @@ pub fn axpy_codes(
     )
 }
 
+/// [`axpy_codes`] for attention's timed path ([`super::stream::Stream::axpy_rows_fast`]):
+/// the same sums up to f32 rounding. int2 differs: where the build has AVX-512 (F, BW) its
+/// codes are unpacked to bytes ([`crate::kv::simd::avx::crumbs`]) and widened on the 512-bit
+/// tile (two FMAs per query and row for 32 elements, not four), and its offsets `w·m` summed
+/// per query over a tile of rows and added once, as int4's (the exact path adds `w·m` to every
+/// accumulator per row, as the scalar loop rounds); every other format is [`axpy_codes`].
+/// Panics as [`axpy_codes`].
+#[allow(clippy::too_many_arguments)] // as axpy_codes
+pub fn axpy_codes_timed(
+    f: CodeValues,
+    data: &[u8],
+    rb: usize,
+    d: usize,
+    t0: usize,
+    t1: usize,
+    w: &[f32],
+    acc: &mut [f32],
+) {
+    if f == CodeValues::Int2G32 {
+        let nq = acc.len() / d;
+        assert!(d.is_multiple_of(32) && data.len() >= t1 * rb && w.len() >= (t1 - t0) * nq);
+        assert!(rb >= f.row_bytes(d));
+        simd_dispatch!(["avx512f", "avx512bw", "avx2", "fma"], {
+            // SAFETY: as in axpy_codes: rows t0..t1 of rb ≥ the format's row bytes (asserted).
+            return unsafe { avx::avx512::axpy_int2_timed(data, rb, d, t0, t1, w, acc) };
+        });
+    }
+    axpy_codes(f, data, rb, d, t0, t1, w, acc)
+}
+
 /// Byte `b` of 2-bit codes as four f32 values (element `i` = bits `2i..2i+2`): the table the
 /// int2 value path loads 4 codes at a time from (256 × 16 bytes, built once).
 pub(crate) fn int2_table() -> &'static [[f32; 4]; 256] {
@@ -624,7 +654,12 @@ mod avx {
                 let s = f16_at(head);
                 (triplets(head.add(at)), s, s, f16_at(head.add(2)))
             }
-            CodeValues::Int2G32 => unreachable!("int2 codes go through unpack's float table"),
+            // The timed 512-bit tile's int2 (the AVX2 tile looks codes up in a float table).
+            CodeValues::Int2G32 => {
+                let p = row.add(12 * b);
+                let s = f16_at(p);
+                (crumbs(p.add(4)), s, s, f16_at(p.add(2)))
+            }
         }
     }
 
@@ -1284,12 +1319,14 @@ mod avx {
             d: usize,
             lut: __m256i,
         ) {
+            // int2 reaches this tile only from the timed path (`axpy_int2_timed`).
             let deferred = matches!(
                 f,
                 CodeValues::Int4G32
                     | CodeValues::Int4Row
                     | CodeValues::Int3G32
                     | CodeValues::Int3Row
+                    | CodeValues::Int2G32
             );
             let two_scales = f == CodeValues::Nvfp4;
             let mut off = [0f32; Q];
@@ -1350,6 +1387,19 @@ mod avx {
                 return super::axpy_codes(f, data, rb, d, t0, t1, w, acc);
             }
             per_format!(f, g => super::drive::<true>(g, data, rb, d, t0, t1, w, acc))
+        }
+
+        /// [`super::super::axpy_codes_timed`]'s int2: the 512-bit tile, offsets deferred.
+        pub unsafe fn axpy_int2_timed(
+            data: &[u8],
+            rb: usize,
+            d: usize,
+            t0: usize,
+            t1: usize,
+            w: &[f32],
+            acc: &mut [f32],
+        ) {
+            super::drive::<true>(CodeValues::Int2G32, data, rb, d, t0, t1, w, acc)
         }
     }
 }
@@ -1545,7 +1595,9 @@ mod tests {
     /// row), and the reference's decoded `m + code·s` carries two, all relative to
     /// `w·(|m| + code·|s|) ≤ w·(|m| + 3|s|)`, not to `|w·v|` (m and code·s may cancel): so
     /// `|err| ≤ γ_{n+5}·Σ_t w_t·(|m_t| + 3|s_t|)` (Higham §3.1, `γ_k = k·u/(1 − k·u)`,
-    /// `u = 2⁻²⁴`), with `s`, `m` the element's group parameters as stored (f16).
+    /// `u = 2⁻²⁴`), with `s`, `m` the element's group parameters as stored (f16). The timed
+    /// path ([`axpy_codes_timed`]: `(w·s)·code` fused per row, `Σ w·m` per tile of rows added
+    /// once) rounds each term no more often, so the same bound holds for it.
     #[test]
     fn int2_code_axpy_matches_decoded_rows() {
         use crate::kv::formats::uniform::UniformGroupRow;
@@ -1565,6 +1617,8 @@ mod tests {
                 axpy_codes(CodeValues::Int2G32, &data, rb, d, 0, n, &w, &mut got);
                 let mut scalar = vec![0f32; nq * d];
                 scalar_axpy_codes(CodeValues::Int2G32, &data, rb, d, 0, n, &w, &mut scalar);
+                let mut timed = vec![0f32; nq * d];
+                axpy_codes_timed(CodeValues::Int2G32, &data, rb, d, 0, n, &w, &mut timed);
                 let u = 2f64.powi(-24);
                 let gamma = (n + 5) as f64 * u / (1.0 - (n + 5) as f64 * u);
                 let f16 = |p: &[u8]| half::f16::from_le_bytes([p[0], p[1]]).to_f32() as f64;
@@ -1581,7 +1635,7 @@ mod tests {
                             })
                             .sum();
                         let bound = gamma * mass + 1e-30;
-                        for (name, v) in [("simd", &got), ("scalar", &scalar)] {
+                        for (name, v) in [("simd", &got), ("scalar", &scalar), ("timed", &timed)] {
                             let e = (v[j * d + i] as f64 - exact).abs();
                             assert!(e <= bound, "int2 {name} d={d} nq={nq}: {e} > {bound}");
                         }

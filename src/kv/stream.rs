@@ -291,7 +291,11 @@ impl<C: RowCodec> RowStream<C> {
             // longer rows than `int4-row`'s one group).
             if self.head_dim.is_multiple_of(32) && f.row_bytes(self.head_dim) == rb {
                 let d = self.head_dim;
-                return super::codeaxpy::axpy_codes(f, data, rb, d, t0, t1, w, acc);
+                return if exact {
+                    super::codeaxpy::axpy_codes(f, data, rb, d, t0, t1, w, acc)
+                } else {
+                    super::codeaxpy::axpy_codes_timed(f, data, rb, d, t0, t1, w, acc)
+                };
             }
         }
         axpy_rows_with(t0, t1, w, acc, self.head_dim, |t, r| {
