@@ -3,8 +3,8 @@
 //! is formed once and multiplies the block's codes (`Σ_t p·s·c = Σ_t (p·s) · c`), so a value row
 //! is never widened to an f32 buffer first. FP4 (NVFP4, MXFP4) codes go through a 16-entry E2M1
 //! table; int8-token, Q8_0, Q4_0 and int4 codes are sign- or zero-extended; int2 codes come
-//! from a 256-entry table. The SIMD kernel keeps each block's accumulators (four queries ×
-//! 32 channels) in registers over a tile of 32 rows, so a row costs its FMAs, not a load and a
+//! from a 256-entry table (on the timed 512-bit tile: unpacked to bytes and widened). The
+//! SIMD kernel keeps each block's accumulators (four queries × 32 channels) in registers over a tile of 32 rows, so a row costs its FMAs, not a load and a
 //! store of every accumulator (llama.cpp's CPU flash attention instead widens each quantized V
 //! row to f32 and accumulates it with `ggml_vec_mad_f32`). The keys' counterpart (Q·K on the codes) is
 //! [`super::intdot`].
@@ -216,7 +216,8 @@ pub fn axpy_codes(
 }
 
 /// [`axpy_codes`] for attention's timed path ([`super::stream::Stream::axpy_rows_fast`]):
-/// the same sums up to f32 rounding. int2 differs: where the build has AVX-512 (F, BW) its
+/// the same sums up to f32 rounding. int2 differs: where the build has AVX-512 (F, BW, VNNI:
+/// the 512-bit tile's gate) its
 /// codes are unpacked to bytes ([`crate::kv::simd::avx::crumbs`]) and widened on the 512-bit
 /// tile (two FMAs per query and row for 32 elements, not four), and its offsets `w·m` summed
 /// per query over a tile of rows and added once, as int4's (the exact path adds `w·m` to every
@@ -588,8 +589,9 @@ mod avx {
     /// Block `b` (32 elements) of the row at `row` as 32 i8 codes in element order (FP4:
     /// E2M1 values ×2; Q4_0: nibble − 8; int4: the nibbles), the step of the first 16 and of
     /// the last 16 elements (equal except for NVFP4's two scales, the row factor folded in)
-    /// and the offset (int4's minimum). Every format but int2 (whose codes go through a float
-    /// table in [`unpack`]).
+    /// and the offset (int4's and int2's minimum). int2 comes here only on the timed 512-bit
+    /// tile ([`super::axpy_codes_timed`]); the AVX2 tile looks its codes up in a float table
+    /// ([`unpack`]).
     #[inline(always)]
     unsafe fn codes(
         f: CodeValues,
@@ -1299,7 +1301,9 @@ mod avx {
     /// The value kernel with 512-bit registers (AVX-512 BW): a block of 32 channels is two
     /// vectors of 16 f32, so a row costs two FMAs per query instead of four; the codes come
     /// from [`codes`] and are widened with one `vpmovsxbd` per 16. Same products, same
-    /// order: results equal the AVX2 kernel's bit for bit. int2 stays on the AVX2 kernel.
+    /// order: results equal the AVX2 kernel's bit for bit. int2 stays on the AVX2 kernel in
+    /// [`axpy_codes`]; on the timed path ([`axpy_int2_timed`]) it runs here with its offsets
+    /// summed per tile (so not bit for bit the AVX2 kernel's sums).
     #[cfg(all(target_feature = "avx512f", target_feature = "avx512bw"))]
     pub(super) mod avx512 {
         use super::*;
@@ -1595,9 +1599,11 @@ mod tests {
     /// row), and the reference's decoded `m + code·s` carries two, all relative to
     /// `w·(|m| + code·|s|) ≤ w·(|m| + 3|s|)`, not to `|w·v|` (m and code·s may cancel): so
     /// `|err| ≤ γ_{n+5}·Σ_t w_t·(|m_t| + 3|s_t|)` (Higham §3.1, `γ_k = k·u/(1 − k·u)`,
-    /// `u = 2⁻²⁴`), with `s`, `m` the element's group parameters as stored (f16). The timed
-    /// path ([`axpy_codes_timed`]: `(w·s)·code` fused per row, `Σ w·m` per tile of rows added
-    /// once) rounds each term no more often, so the same bound holds for it.
+    /// `u = 2⁻²⁴`), with `s`, `m` the element's group parameters as stored (f16); the AVX2
+    /// tile rounds its running sum twice per row (`+ w·m`, then the FMA), so the first row's
+    /// term sees up to `2n` roundings: checked against `γ_{2n+5}`. The timed path
+    /// ([`axpy_codes_timed`]: `(w·s)·code` fused per row, `Σ w·m` per tile of rows added once)
+    /// rounds each term fewer times.
     #[test]
     fn int2_code_axpy_matches_decoded_rows() {
         use crate::kv::formats::uniform::UniformGroupRow;
@@ -1620,7 +1626,7 @@ mod tests {
                 let mut timed = vec![0f32; nq * d];
                 axpy_codes_timed(CodeValues::Int2G32, &data, rb, d, 0, n, &w, &mut timed);
                 let u = 2f64.powi(-24);
-                let gamma = (n + 5) as f64 * u / (1.0 - (n + 5) as f64 * u);
+                let gamma = (2 * n + 5) as f64 * u / (1.0 - (2 * n + 5) as f64 * u);
                 let f16 = |p: &[u8]| half::f16::from_le_bytes([p[0], p[1]]).to_f32() as f64;
                 for j in 0..nq {
                     for i in 0..d {

@@ -21,7 +21,10 @@
 //!
 //! - a 16-level codebook (TurboQuant_mse 4-bit keys, `k = ‖k‖ · centroid[nib]` in the rotated
 //!   basis): the centroids rounded to int8 in units of a step `ts` go through the same byte
-//!   shuffle, `score = sq · ts · ‖k‖ · Σ c·round(centroid/ts)[nib]`, the query rotated first.
+//!   shuffle, `score = sq · ts · ‖k‖ · Σ c·round(centroid/ts)[nib]`, the query rotated first;
+//!   8- and 4-level codebooks (3- and 2-bit indices) the same way after unpacking to bytes.
+//! - QJL sign bits (`k = n·γ·(±1)`, TurboQuant_prod's sketch): 0/1 codes per element,
+//!   `score = sq · n·γ · (2·Σ c·bit − Σc)`.
 //!
 //! The only error against the exact f32 path is the query's rounding, at most `sq/2` per
 //! element (and for a codebook, its rounding to the table, at most `ts/2` per centroid);
@@ -204,8 +207,8 @@ impl IntKeys {
 
 /// `out[(t − t0)·nq + j] = q_j · key_t` for rows `t0..t1` of `data` (rows of `rb` bytes in
 /// format `f`), computed on the codes. Panics (a caller's bug, not input) when `rb` is shorter
-/// than [`IntKeys::row_bytes`] (for [`IntKeys::Int4Row`], other than it) or a slice is shorter
-/// than the shapes say.
+/// than [`IntKeys::row_bytes`] (for [`IntKeys::Int4Row`], other than it), for
+/// [`IntKeys::Signs`] with `off < 4`, or when a slice is shorter than the shapes say.
 pub fn scores(
     f: IntKeys,
     data: &[u8],
@@ -452,7 +455,8 @@ pub(crate) mod avx {
     /// One block of 32 key elements unpacked once for every query that scores it: `u` the
     /// unsigned operand of the u8 × i8 dot (`maddubs`/`vpdpbusd`), `k` the signed codes whose signs move onto the query's
     /// codes (formats with signed codes), `s` the block's scale per lane, `side` the
-    /// coefficient of the query's block code sum (Q4_0's −8·d, int4's minimum; else 0).
+    /// coefficient of the query's block code sum (Q4_0's −8·d, int4's minimum, the sign bits'
+    /// −n·γ; else 0).
     struct Blk {
         u: __m256i,
         k: __m256i,

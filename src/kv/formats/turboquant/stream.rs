@@ -198,7 +198,8 @@ impl Stream for TurboQuantStream {
     /// Every TurboQuant row has a timed path of its own ([`dot_rows_int`](Stream::dot_rows_int)):
     /// 2-, 3- and 4-bit TurboQuant_mse keys (norm-corrected or not) and TurboQuant_prod keys
     /// with a 2-, 3- or 4-bit MSE stage on their codes ([`intdot::IntKeys::Lut2`]/`Lut3`/`Lut4`,
-    /// QJL by tables), the others (1-bit) decoded a tile at a time. Attention takes it
+    /// QJL on its sign bits, [`intdot::IntKeys::Signs`]), the others (1-bit) decoded a tile at
+    /// a time. Attention takes it
     /// where head_dim is a multiple of 32 (at head_dim 16 the exact `dot_rows` is timed).
     fn int_keys(&self) -> bool {
         true
@@ -206,10 +207,11 @@ impl Stream for TurboQuantStream {
 
     /// The query is rotated once per call (`R q`), quantized to int8 ([`QueryI8`]; the `q`
     /// passed in, quantized before the rotation, is not used), and scored against each key's
-    /// 4-bit indices through the int8-rounded codebook: `n · ts · sq · Σ c_i·table[code_i]`, `n`
-    /// the stored norm (norm correction is folded into it at encode).
-    /// Error against [`dot_rows`](Stream::dot_rows): at most
-    /// `n·(sq/2·Σ|ŷ_i| + ts/2·Σ|sq·c_i|)` (see the tests), plus f32 rounding.
+    /// 4-, 3- or 2-bit indices through the int8-rounded codebook: `n · ts · sq · Σ
+    /// c_i·table[code_i]`, `n` the stored norm (norm correction is folded into it at encode).
+    /// Error against [`dot_rows`](Stream::dot_rows): at most `n·(sq/2·Σ|ŷ_i| + ts/2·Σ|sq·c_i|)`
+    /// (see the tests), plus f32 rounding; TurboQuant_prod adds its sketched query's rounding
+    /// to int8 (steps `ssq`), at most `n·γ·√(π/2)/d·d·ssq/2`.
     fn dot_rows_int(
         &self,
         t0: usize,
@@ -244,7 +246,7 @@ impl Stream for TurboQuantStream {
                 intdot::scores(signs, &self.data, self.rb, t0, t1, &si, &mut z);
                 let k = (std::f32::consts::PI / 2.0).sqrt() / d as f32;
                 for (o, z) in out[..n].iter_mut().zip(&z) {
-                    *o = o.mul_add(ts, k * z);
+                    *o = *o * ts + k * z;
                 }
                 return;
             }
@@ -308,7 +310,7 @@ impl Stream for TurboQuantStream {
             let d = c.head_dim();
             let nq = acc.len() / d;
             if let Some(lut) = self.prod_lut().filter(|_| d.is_multiple_of(32)) {
-                // On the codes: the MSE part by the 3-/4-bit centroid kernels (rotated basis),
+                // On the codes: the MSE part by the 2-/3-/4-bit centroid kernels (rotated basis),
                 // the QJL part as ±(w·‖x‖·γ·√(π/2)/d) per sign bit, finished once per query.
                 let cent = c.mse().codebook().centroids();
                 let (mut racc, mut zacc) = (vec![0f32; nq * d], vec![0f32; nq * d]);
@@ -574,7 +576,7 @@ mod tests {
             .collect()
     }
 
-    /// 4-bit and 3-bit TurboQuant_mse keys scored on their codes (`dot_rows_int`: rotated
+    /// 4-, 3- and 2-bit TurboQuant_mse keys scored on their codes (`dot_rows_int`: rotated
     /// query quantized to int8, centroids rounded to int8) against f64 dot products of the
     /// exact query with the rows decoded to the original basis (`decode`, which shares none of
     /// the integer path), d 32/64/128, 1–8 queries, with and without norm correction.
