@@ -196,11 +196,7 @@ pub fn axpy_codes(
     w: &[f32],
     acc: &mut [f32],
 ) {
-    let nq = acc.len() / d;
-    assert!(d.is_multiple_of(32) && data.len() >= t1 * rb && w.len() >= (t1 - t0) * nq);
-    assert!(rb >= f.row_bytes(d));
-    // One group per row: a longer row holds more groups than the kernel reads headers for.
-    assert!(!matches!(f, CodeValues::Int4Row | CodeValues::Int3Row) || rb == f.row_bytes(d));
+    check_code_args(f, data, rb, d, t0, t1, w, acc);
     simd_dispatch!(
         ["avx512f", "avx512bw", "avx2", "fma"],
         // SAFETY: as below; the AVX-512 kernel reads the same rows and blocks.
@@ -213,6 +209,26 @@ pub fn axpy_codes(
             scalar_axpy_codes(f, data, rb, d, t0, t1, w, acc)
         )
     )
+}
+
+/// The shapes [`axpy_codes`] and [`axpy_codes_timed`] need (rows `t0..t1` of `rb` bytes in
+/// `data`, `w` `[t1 − t0, nq]`): panics (a caller's bug) otherwise.
+#[allow(clippy::too_many_arguments)] // as axpy_codes
+fn check_code_args(
+    f: CodeValues,
+    data: &[u8],
+    rb: usize,
+    d: usize,
+    t0: usize,
+    t1: usize,
+    w: &[f32],
+    acc: &[f32],
+) {
+    let nq = acc.len() / d;
+    assert!(d.is_multiple_of(32) && data.len() >= t1 * rb && w.len() >= (t1 - t0) * nq);
+    assert!(rb >= f.row_bytes(d));
+    // One group per row: a longer row holds more groups than the kernel reads headers for.
+    assert!(!matches!(f, CodeValues::Int4Row | CodeValues::Int3Row) || rb == f.row_bytes(d));
 }
 
 /// [`axpy_codes`] for attention's timed path ([`super::stream::Stream::axpy_rows_fast`]):
@@ -235,9 +251,7 @@ pub fn axpy_codes_timed(
     acc: &mut [f32],
 ) {
     if f == CodeValues::Int2G32 {
-        let nq = acc.len() / d;
-        assert!(d.is_multiple_of(32) && data.len() >= t1 * rb && w.len() >= (t1 - t0) * nq);
-        assert!(rb >= f.row_bytes(d));
+        check_code_args(f, data, rb, d, t0, t1, w, acc);
         simd_dispatch!(["avx512f", "avx512bw", "avx2", "fma"], {
             // SAFETY: as in axpy_codes: rows t0..t1 of rb ≥ the format's row bytes (asserted).
             return unsafe { avx::avx512::axpy_int2_timed(data, rb, d, t0, t1, w, acc) };

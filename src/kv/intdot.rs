@@ -1014,6 +1014,34 @@ mod tests {
         (data, dec)
     }
 
+    /// `n` rows of `d` codebook indices of `bits` bits by hand: an f16 factor `fac(t)`, then
+    /// element e's `code(t, e)` at bits `bits·e..bits·e + bits`, packed here bit by bit; decoded
+    /// value `factor · lut[code]`. Returns (rows, decoded `[n, d]`, row bytes).
+    fn lut_rows(
+        bits: usize,
+        lut: &[i8; 16],
+        n: usize,
+        d: usize,
+        fac: impl Fn(usize) -> f32,
+        code: impl Fn(usize, usize) -> usize,
+    ) -> (Vec<u8>, Vec<f32>, usize) {
+        let rb = 2 + bits * d / 8;
+        let (mut data, mut dec) = (vec![0u8; n * rb], vec![0f32; n * d]);
+        for t in 0..n {
+            let f = f16::from_f32(fac(t));
+            data[t * rb..t * rb + 2].copy_from_slice(&f.to_le_bytes());
+            for e in 0..d {
+                let c = code(t, e);
+                for k in 0..bits {
+                    let bit = bits * e + k;
+                    data[t * rb + 2 + bit / 8] |= (((c >> k) & 1) as u8) << (bit % 8);
+                }
+                dec[t * d + e] = f.to_f32() * lut[c] as f32;
+            }
+        }
+        (data, dec, rb)
+    }
+
     /// Against f64 dot products of the decoded keys with the exact queries: the only error is
     /// the query rounding, `|err| ≤ Σ_i |k_i| · sq/2` (plus f32 accumulation slack).
     /// Every compiled kernel runs: `scores` dispatches to the widest one (AVX-512 where the
@@ -1104,21 +1132,9 @@ mod tests {
                         let lut: [i8; 16] = [
                             -127, -70, -33, -9, 9, 33, 70, 127, 99, 99, 99, 99, 99, 99, 99, 99,
                         ];
-                        let rb = 2 + 3 * d / 8;
-                        let (mut data, mut dec) = (vec![0u8; n * rb], vec![0f32; n * d]);
-                        for t in 0..n {
-                            let fac = f16::from_f32(0.02 + 0.001 * t as f32);
-                            data[t * rb..t * rb + 2].copy_from_slice(&fac.to_le_bytes());
-                            for e in 0..d {
-                                let code = (t * 5 + e * 3 + e / 7) % 8;
-                                for k in 0..3 {
-                                    let bit = 3 * e + k;
-                                    data[t * rb + 2 + bit / 8] |=
-                                        (((code >> k) & 1) as u8) << (bit % 8);
-                                }
-                                dec[t * d + e] = fac.to_f32() * lut[code] as f32;
-                            }
-                        }
+                        let fac = |t: usize| 0.02 + 0.001 * t as f32;
+                        let code = |t: usize, e: usize| (t * 5 + e * 3 + e / 7) % 8;
+                        let (data, dec, rb) = lut_rows(3, &lut, n, d, fac, code);
                         (IntKeys::Lut3(lut), data, dec, rb)
                     },
                     {
@@ -1128,21 +1144,9 @@ mod tests {
                         let lut: [i8; 16] = [
                             -127, -38, 38, 127, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99,
                         ];
-                        let rb = 2 + d / 4;
-                        let (mut data, mut dec) = (vec![0u8; n * rb], vec![0f32; n * d]);
-                        for t in 0..n {
-                            let fac = f16::from_f32(0.03 + 0.002 * t as f32);
-                            data[t * rb..t * rb + 2].copy_from_slice(&fac.to_le_bytes());
-                            for e in 0..d {
-                                let code = (t * 7 + e * 5 + e / 3) % 4;
-                                for k in 0..2 {
-                                    let bit = 2 * e + k;
-                                    data[t * rb + 2 + bit / 8] |=
-                                        (((code >> k) & 1) as u8) << (bit % 8);
-                                }
-                                dec[t * d + e] = fac.to_f32() * lut[code] as f32;
-                            }
-                        }
+                        let fac = |t: usize| 0.03 + 0.002 * t as f32;
+                        let code = |t: usize, e: usize| (t * 7 + e * 5 + e / 3) % 4;
+                        let (data, dec, rb) = lut_rows(2, &lut, n, d, fac, code);
                         (IntKeys::Lut2(lut), data, dec, rb)
                     },
                     {
