@@ -261,6 +261,12 @@ impl TurboQuantProd {
         self.mse.norm(row) * gamma * (PI / 2.0).sqrt() as f32 / self.head_dim() as f32
     }
 
+    /// QJL's constant `√(π/2)/d` (as an f32): the timed paths multiply a row's `‖x‖·γ` by it
+    /// (per call, not per row).
+    pub fn qjl_factor(&self) -> f32 {
+        (PI / 2.0).sqrt() as f32 / self.head_dim() as f32
+    }
+
     /// A stored row as one `[2d]` vector `[‖x‖·ŷ, ‖x‖·γ·√(π/2)/d·z]` (`z ∈ {±1}^d`), so that
     /// its dot product with [`ProdQuery::concat`] is the estimator of
     /// [`score`](Self::score) (TurboQuant §3.2, Alg. 2) as one plain dot product of 2d terms:

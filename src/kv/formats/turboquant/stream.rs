@@ -66,8 +66,8 @@ impl TurboQuantStream {
     }
 
     /// The quantizer and its 16 centroids when the rows are 4-bit TurboQuant_mse (with or
-    /// without norm correction) and `d` is a multiple of 32: the layout the code paths
-    /// ([`intdot::IntKeys::Lut4`], [`codeaxpy::axpy_centroids4`]) read.
+    /// without norm correction) and `d` is a multiple of 32: the layout the value path
+    /// ([`codeaxpy::axpy_centroids4`]) reads.
     fn mse4(&self) -> Option<(&TurboQuantMse, [f32; 16])> {
         match &self.codec {
             TqCodec::Mse(c) if c.bits() == 4 && c.head_dim().is_multiple_of(32) => {
@@ -244,7 +244,7 @@ impl Stream for TurboQuantStream {
                 };
                 let si = QueryI8::quantize(&sk, d);
                 intdot::scores(signs, &self.data, self.rb, t0, t1, &si, &mut z);
-                let k = (std::f32::consts::PI / 2.0).sqrt() / d as f32;
+                let k = c.qjl_factor();
                 for (o, z) in out[..n].iter_mut().zip(&z) {
                     *o = *o * ts + k * z;
                 }
@@ -261,39 +261,29 @@ impl Stream for TurboQuantStream {
                 c.decode_split(self.row(t), r)
             });
         }
-        let Some((c, cent)) = self.mse4() else {
-            let TqCodec::Mse(c) = &self.codec else {
-                unreachable!("TurboQuant_prod returned above")
-            };
-            let d = c.head_dim();
-            let mut rq = qs.to_vec();
-            rq.chunks_exact_mut(d).for_each(|q| c.rotate_query(q));
-            let cent = c.codebook().centroids();
-            let (table, ts) = int8_table(cent);
-            if let Some(keys) = lut_keys(cent.len(), table).filter(|_| d.is_multiple_of(32)) {
-                // 3- and 2-bit rows on their codes, as 4-bit ones below: the codes unpacked
-                // and looked up in the int8-rounded codebook (`IntKeys::Lut3`, `Lut2`).
-                let qi = QueryI8::quantize(&rq, d);
-                let n = (t1 - t0) * (qs.len() / d);
-                intdot::scores(keys, &self.data, self.rb, t0, t1, &qi, out);
-                scale_in_place(&mut out[..n], ts);
-                return;
-            }
-            // Other widths: a tile of rows decoded in the rotated basis
-            // ([`TurboQuantMse::decode_rotated_fast`]), scored against every rotated query by
-            // the tiled f32 kernel (the exact path's sums up to f32 rounding).
-            return dot_rows_with(t0, t1, &rq, out, d, |t, r| {
-                c.decode_rotated_fast(self.row(t), r)
-            });
+        let TqCodec::Mse(c) = &self.codec else {
+            unreachable!("TurboQuant_prod returned above")
         };
         let d = c.head_dim();
         let mut rq = qs.to_vec();
         rq.chunks_exact_mut(d).for_each(|q| c.rotate_query(q));
-        let qi = QueryI8::quantize(&rq, d);
-        let (table, ts) = int8_table(&cent);
-        let n = (t1 - t0) * (qs.len() / d);
-        intdot::scores(IntKeys::Lut4(table), &self.data, self.rb, t0, t1, &qi, out);
-        scale_in_place(&mut out[..n], ts);
+        let cent = c.codebook().centroids();
+        let (table, ts) = int8_table(cent);
+        if let Some(keys) = lut_keys(cent.len(), table).filter(|_| d.is_multiple_of(32)) {
+            // 4-, 3- and 2-bit rows on their codes: the codes unpacked and looked up in the
+            // int8-rounded codebook (`IntKeys::Lut4`, `Lut3`, `Lut2`).
+            let qi = QueryI8::quantize(&rq, d);
+            let n = (t1 - t0) * (qs.len() / d);
+            intdot::scores(keys, &self.data, self.rb, t0, t1, &qi, out);
+            scale_in_place(&mut out[..n], ts);
+            return;
+        }
+        // Other widths: a tile of rows decoded in the rotated basis
+        // ([`TurboQuantMse::decode_rotated_fast`]), scored against every rotated query by the
+        // tiled f32 kernel (the exact path's sums up to f32 rounding).
+        dot_rows_with(t0, t1, &rq, out, d, |t, r| {
+            c.decode_rotated_fast(self.row(t), r)
+        })
     }
 
     /// 4-bit rows take the fused code kernel here ([`codeaxpy::axpy_centroids4`] with
@@ -325,7 +315,7 @@ impl Stream for TurboQuantStream {
                 // Each row's QJL coefficient per query, w·‖x‖·γ·√(π/2)/d, then the signs.
                 // (`qjl_scale`'s product, its constant formed once per call.)
                 let m = c.mse().row_bytes();
-                let kq = (std::f32::consts::PI / 2.0).sqrt() / d as f32;
+                let kq = c.qjl_factor();
                 let mut cw = w[..(t1 - t0) * nq].to_vec();
                 let rows = data[t0 * rb..t1 * rb].chunks_exact(rb);
                 for (row, ct) in rows.zip(cw.chunks_exact_mut(nq)) {
