@@ -499,13 +499,15 @@ pub fn scalar_axpy_centroids_packed(
     }
 }
 
-/// `acc[j·d + i] += c[(t − t0)·nq + j] · (z_ti ? +1 : −1)` for rows `t0..t1` of `data` (rows of
-/// `rb` bytes, `d` sign bits LSB-first from byte `off` of each row: TurboQuant_prod's QJL
-/// sketch, Zandieh et al. 2025, arXiv 2504.19874, §3.2), `acc` `[nq, d]` f32: the QJL half of
-/// a weighted value sum, `c` each row's `w·‖x‖·γ·√(π/2)/d` per query. With AVX2 as
-/// `2·Σ_t c_t·z_ti − Σ_t c_t` (a byte of bits spread to a lane mask by one compare, the
-/// coefficient masked in and added: four operations per 8 elements and query, the
-/// accumulators of four queries in registers over all rows), otherwise
+/// `acc[j·d + i] += c_tj · (z_ti ? +1 : −1)`, `c_tj = w[(t − t0)·nq + j] · f[t − t0]`, for rows
+/// `t0..t1` of `data` (rows of `rb` bytes, `d` sign bits LSB-first from byte `off` of each
+/// row: TurboQuant_prod's QJL sketch, Zandieh et al. 2025, arXiv 2504.19874, §3.2, or 1-bit
+/// TurboQuant_mse codes), `acc` `[nq, d]` f32: the QJL half of a weighted value sum, `w` the
+/// attention weights `[t1 − t0, nq]`, `f` each row's factor (`‖x‖·γ·√(π/2)/d` for QJL). With
+/// AVX2 as `2·Σ_t c_t·z_ti − Σ_t c_t` (a byte of bits spread to a lane mask by one compare,
+/// the coefficient masked in and added: four operations per 8 elements and query; AVX-512: one
+/// masked add per 16; the accumulators of four queries in registers over all rows, `c` formed
+/// per row in the loop and `Σ_t c_t` summed in registers during the first block), otherwise
 /// [`scalar_axpy_signs`]; the same sum up to f32 rounding. Panics (a caller's bug, not input)
 /// unless `d` is a multiple of 32 and the slices hold what the shapes say.
 #[allow(clippy::too_many_arguments)] // the stream's coordinates, as in axpy_centroids4
@@ -516,22 +518,23 @@ pub fn axpy_signs(
     d: usize,
     t0: usize,
     t1: usize,
-    c: &[f32],
+    w: &[f32],
+    f: &[f32],
     acc: &mut [f32],
 ) {
     let nq = acc.len() / d;
     assert!(d.is_multiple_of(32) && off + d / 8 <= rb && data.len() >= t1 * rb);
-    assert!(c.len() >= (t1 - t0) * nq && acc.len() == nq * d);
+    assert!(w.len() >= (t1 - t0) * nq && f.len() >= t1 - t0 && acc.len() == nq * d);
     simd_dispatch!(
         ["avx2", "fma"],
         // SAFETY: AVX2 and FMA enabled at compile time; every read is inside `data` (rows
-        // t0..t1, bytes off..off + d/8 of each, asserted above), `c` and `acc`.
-        unsafe { avx::axpy_signs(data, rb, off, d, t0, t1, c, acc) },
-        scalar_axpy_signs(data, rb, off, d, t0, t1, c, acc)
+        // t0..t1, bytes off..off + d/8 of each, asserted above), `w`, `f` and `acc`.
+        unsafe { avx::axpy_signs(data, rb, off, d, t0, t1, w, f, acc) },
+        scalar_axpy_signs(data, rb, off, d, t0, t1, w, f, acc)
     )
 }
 
-/// [`axpy_signs`] in scalar code (`±c` added per element): the path without AVX2 and the
+/// [`axpy_signs`] in scalar code (`±w·f` added per element): the path without AVX2 and the
 /// reference the SIMD kernel is tested against.
 #[allow(clippy::too_many_arguments)]
 pub fn scalar_axpy_signs(
@@ -541,13 +544,16 @@ pub fn scalar_axpy_signs(
     d: usize,
     t0: usize,
     t1: usize,
-    c: &[f32],
+    w: &[f32],
+    f: &[f32],
     acc: &mut [f32],
 ) {
     let nq = acc.len() / d;
     for t in t0..t1 {
         let z = &data[t * rb + off..t * rb + off + d / 8];
-        for (a, &cj) in acc.chunks_exact_mut(d).zip(&c[(t - t0) * nq..]) {
+        let wt = &w[(t - t0) * nq..(t - t0 + 1) * nq];
+        for (a, &wj) in acc.chunks_exact_mut(d).zip(wt) {
+            let cj = wj * f[t - t0];
             for (i, a) in a.iter_mut().enumerate() {
                 *a += if (z[i / 8] >> (i % 8)) & 1 == 1 {
                     cj
@@ -556,6 +562,68 @@ pub fn scalar_axpy_signs(
                 };
             }
         }
+    }
+}
+
+/// `acc[j·d + i] += w[(t − t0)·nq + j] · n_t · centroids[code_ti]` for TurboQuant_mse rows of
+/// any width on their codes (an f16 factor `n_t`, then `d` indices of `log2(centroids)` bits
+/// packed LSB first: TurboQuant, Zandieh et al. 2025, arXiv 2504.19874, §3.1); `acc` `[nq, d]`
+/// f32 in element order. 16 centroids: [`axpy_centroids4`] (with `fused` as there; into a
+/// scratch buffer kept in pair order, then added); 8 or 4: [`axpy_centroids_packed`]; 2 (1-bit
+/// rows, the bits laid out as [`axpy_signs`] reads them): `n·c[bit] = n·(c₀ + c₁)/2 +
+/// n·(c₁ − c₀)/2·(±1)`, so [`axpy_signs`] with each row's coefficient `w·n·(c₁ − c₀)/2` and,
+/// per query, `Σ_t w·n·(c₀ + c₁)/2` added to every element. The decode-then-accumulate loop's
+/// sum up to f32 rounding (bit for bit for 16 centroids without `fused`). Panics (a caller's
+/// bug, not input) for other codebook sizes, unless `d` is a multiple of 32, or where the
+/// slices hold less than the shapes say.
+#[allow(clippy::too_many_arguments)] // the stream's coordinates, as in axpy_centroids4
+pub fn axpy_codebook(
+    centroids: &[f32],
+    data: &[u8],
+    rb: usize,
+    d: usize,
+    t0: usize,
+    t1: usize,
+    w: &[f32],
+    acc: &mut [f32],
+    fused: bool,
+) {
+    let nq = acc.len() / d;
+    match centroids.len() {
+        16 => {
+            let cent: &[f32; 16] = centroids.try_into().expect("16 centroids");
+            let mut paired = vec![0f32; acc.len()];
+            axpy_centroids4(cent, data, rb, d, t0, t1, w, &mut paired, fused);
+            unpair(&mut paired, d, &mut vec![0f32; d]);
+            acc.iter_mut().zip(&paired).for_each(|(a, p)| *a += p);
+        }
+        8 | 4 => axpy_centroids_packed(centroids, data, rb, d, t0, t1, w, acc),
+        2 => {
+            assert!(w.len() >= (t1 - t0) * nq && data.len() >= t1 * rb && rb >= 2);
+            let (half_step, mid) = (
+                0.5 * (centroids[1] - centroids[0]),
+                0.5 * (centroids[0] + centroids[1]),
+            );
+            let norms: Vec<f32> = data[t0 * rb..t1 * rb]
+                .chunks_exact(rb)
+                .map(|row| f16::from_le_bytes([row[0], row[1]]).to_f32())
+                .collect();
+            let f: Vec<f32> = norms.iter().map(|n| n * half_step).collect();
+            axpy_signs(data, rb, 2, d, t0, t1, w, &f, acc);
+            // The codebook's midpoint (0 for a symmetric one): Σ_t w·n·mid per query.
+            if mid != 0.0 {
+                let mut base = vec![0f32; nq];
+                for (wt, n) in w.chunks_exact(nq).zip(&norms) {
+                    base.iter_mut()
+                        .zip(wt)
+                        .for_each(|(b, &wj)| *b += wj * n * mid);
+                }
+                for (a, b) in acc.chunks_exact_mut(d).zip(&base) {
+                    a.iter_mut().for_each(|a| *a += b);
+                }
+            }
+        }
+        n => panic!("TurboQuant codebooks hold 2, 4, 8 or 16 centroids, not {n}"),
     }
 }
 
@@ -1113,7 +1181,8 @@ mod avx {
     }
 
     /// [`super::axpy_signs`]: per block of 32 elements (4 bytes of bits) and up to four
-    /// queries, `Σ_t c_t·z_ti` in registers over all the rows, then `2·that − Σ_t c_t` added.
+    /// queries, `Σ_t c_t·z_ti` in registers over all the rows, then `2·that − Σ_t c_t` added;
+    /// `Σ_t c_t` (rows in order) summed in registers during block 0 and kept for the others.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn axpy_signs(
         data: &[u8],
@@ -1122,43 +1191,50 @@ mod avx {
         d: usize,
         t0: usize,
         t1: usize,
-        c: &[f32],
+        w: &[f32],
+        f: &[f32],
         acc: &mut [f32],
     ) {
         let nq = acc.len() / d;
-        // Σ_t c_t per query, rows in order (one pass over `c`, not one strided pass per query).
         let mut totals = vec![0f32; nq];
-        for ct in c[..(t1 - t0) * nq].chunks_exact(nq) {
-            totals.iter_mut().zip(ct).for_each(|(a, &x)| *a += x);
-        }
         let o = acc.as_mut_ptr();
         let rows = (data, rb, off, t0, t1);
         for b in 0..d / 32 {
             let mut j = 0;
+            macro_rules! block {
+                ($q:literal) => {
+                    if b == 0 {
+                        signs_block::<$q, true>(rows, b, (w, f), nq, j, &mut totals, o, d)
+                    } else {
+                        signs_block::<$q, false>(rows, b, (w, f), nq, j, &mut totals, o, d)
+                    }
+                };
+            }
             while nq - j >= 4 {
-                signs_block::<4>(rows, b, c, nq, j, &totals, o, d);
+                block!(4);
                 j += 4;
             }
             match nq - j {
-                3 => signs_block::<3>(rows, b, c, nq, j, &totals, o, d),
-                2 => signs_block::<2>(rows, b, c, nq, j, &totals, o, d),
-                1 => signs_block::<1>(rows, b, c, nq, j, &totals, o, d),
+                3 => block!(3),
+                2 => block!(2),
+                1 => block!(1),
                 _ => {}
             }
         }
     }
 
     /// Block `b` (elements `32b..32b + 32`, bytes `off + 4b..off + 4b + 4` of a row) of
-    /// [`axpy_signs`] for queries `j0..j0 + Q`.
+    /// [`axpy_signs`] for queries `j0..j0 + Q`; with `FIRST`, `Σ_t c_t` is summed here and
+    /// written to `totals`, otherwise read from it.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)] // the block's coordinates, as in centroids_block
-    unsafe fn signs_block<const Q: usize>(
+    unsafe fn signs_block<const Q: usize, const FIRST: bool>(
         (data, rb, off, t0, t1): (&[u8], usize, usize, usize, usize),
         b: usize,
-        c: &[f32],
+        (w, f): (&[f32], &[f32]),
         nq: usize,
         j0: usize,
-        totals: &[f32],
+        totals: &mut [f32],
         o: *mut f32,
         d: usize,
     ) {
@@ -1168,21 +1244,30 @@ mod avx {
             // u16 is element 16k + i): one masked add per 16 elements and query, the same sums
             // as the 8-lane loop below (adding 0 leaves a sum as it is), so the same result.
             let mut sum = [[_mm512_setzero_ps(); 2]; Q];
+            let mut tv = [_mm512_setzero_ps(); Q];
             for t in t0..t1 {
                 let z = data.as_ptr().add(t * rb + off + 4 * b);
                 let m: [__mmask16; 2] = [
                     u16::from_le_bytes([*z, *z.add(1)]),
                     u16::from_le_bytes([*z.add(2), *z.add(3)]),
                 ];
-                let ct = c.get_unchecked((t - t0) * nq + j0..(t - t0) * nq + j0 + Q);
-                for (sj, &cj) in sum.iter_mut().zip(ct) {
-                    let cv = _mm512_set1_ps(cj);
+                let wt = w.get_unchecked((t - t0) * nq + j0..(t - t0) * nq + j0 + Q);
+                let ft = *f.get_unchecked(t - t0);
+                for ((sj, &wj), tj) in sum.iter_mut().zip(wt).zip(tv.iter_mut()) {
+                    let cv = _mm512_set1_ps(wj * ft);
                     for (x, &mk) in sj.iter_mut().zip(&m) {
                         *x = _mm512_mask_add_ps(*x, mk, *x, cv);
+                    }
+                    if FIRST {
+                        *tj = _mm512_add_ps(*tj, cv);
                     }
                 }
             }
             for (jj, sj) in sum.iter().enumerate() {
+                // Every lane of `tv` holds the same sum, rows in order.
+                if FIRST {
+                    totals[j0 + jj] = _mm512_cvtss_f32(tv[jj]);
+                }
                 let tot = _mm512_set1_ps(totals[j0 + jj]);
                 for (k, x) in sj.iter().enumerate() {
                     let p = o.add((j0 + jj) * d + 32 * b + 16 * k);
@@ -1195,21 +1280,29 @@ mod avx {
         #[allow(unreachable_code)]
         let bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
         let mut sum = [[_mm256_setzero_ps(); 4]; Q];
+        let mut tv = [_mm256_setzero_ps(); Q];
         for t in t0..t1 {
             let z = data.as_ptr().add(t * rb + off + 4 * b);
             let m: [__m256; 4] = std::array::from_fn(|k| {
                 let v = _mm256_and_si256(_mm256_set1_epi32(*z.add(k) as i32), bit);
                 _mm256_castsi256_ps(_mm256_cmpeq_epi32(v, bit))
             });
-            let ct = c.get_unchecked((t - t0) * nq + j0..(t - t0) * nq + j0 + Q);
-            for (sj, &cj) in sum.iter_mut().zip(ct) {
-                let cv = _mm256_set1_ps(cj);
+            let wt = w.get_unchecked((t - t0) * nq + j0..(t - t0) * nq + j0 + Q);
+            let ft = *f.get_unchecked(t - t0);
+            for ((sj, &wj), tj) in sum.iter_mut().zip(wt).zip(tv.iter_mut()) {
+                let cv = _mm256_set1_ps(wj * ft);
                 for (x, &mk) in sj.iter_mut().zip(&m) {
                     *x = _mm256_add_ps(*x, _mm256_and_ps(mk, cv));
+                }
+                if FIRST {
+                    *tj = _mm256_add_ps(*tj, cv);
                 }
             }
         }
         for (jj, sj) in sum.iter().enumerate() {
+            if FIRST {
+                totals[j0 + jj] = _mm256_cvtss_f32(tv[jj]);
+            }
             let tot = _mm256_set1_ps(totals[j0 + jj]);
             for (k, x) in sj.iter().enumerate() {
                 let p = o.add((j0 + jj) * d + 32 * b + 8 * k);
@@ -1457,14 +1550,24 @@ mod avx {
 mod tests {
     use super::*;
 
-    /// QJL sign sums: by hand (d = 32, bits 0 and 31 set, coefficient 2 → +2 there, −2
+    /// QJL sign sums: by hand (d = 32, bits 0 and 31 set, coefficient 2 (weight 0.5 × row factor 4) → +2 there, −2
     /// elsewhere, added to what `acc` held), and on random rows (1–9 queries, some
     /// coefficients 0) the SIMD kernel against the scalar one within the rounding of
     /// `2·Σ c·z − Σ c` (`|err| ≤ 3·γ_{n+1}·Σ_t|c_t|` per element, Higham §3.1).
     #[test]
     fn sign_sums_by_hand_and_against_scalar() {
         let mut acc = vec![1f32; 32];
-        axpy_signs(&[9, 0x01, 0, 0, 0x80], 5, 1, 32, 0, 1, &[2.0], &mut acc);
+        axpy_signs(
+            &[9, 0x01, 0, 0, 0x80],
+            5,
+            1,
+            32,
+            0,
+            1,
+            &[0.5],
+            &[4.0],
+            &mut acc,
+        );
         for (i, &a) in acc.iter().enumerate() {
             let want = if i == 0 || i == 31 { 3.0 } else { -1.0 };
             assert_eq!(a, want, "element {i}");
@@ -1474,12 +1577,14 @@ mod tests {
         for (d, nq) in [(32usize, 1usize), (64, 3), (128, 4), (64, 9)] {
             let (n, rb, off) = (29, d / 8 + 6, 4);
             let data: Vec<u8> = (0..n * rb).map(|_| rng.random()).collect();
-            let mut c: Vec<f32> = (0..n * nq).map(|_| rng.random_range(-1.0..1.0)).collect();
-            c[3 * nq..4 * nq].fill(0.0);
+            let mut w: Vec<f32> = (0..n * nq).map(|_| rng.random_range(-1.0..1.0)).collect();
+            w[3 * nq..4 * nq].fill(0.0);
+            let f: Vec<f32> = (0..n).map(|_| rng.random_range(0.1..2.0)).collect();
+            let c: Vec<f32> = (0..n * nq).map(|i| w[i] * f[i / nq]).collect();
             let start: Vec<f32> = (0..nq * d).map(|_| rng.random_range(-1.0..1.0)).collect();
             let (mut simd, mut scalar) = (start.clone(), start);
-            axpy_signs(&data, rb, off, d, 1, n, &c, &mut simd);
-            scalar_axpy_signs(&data, rb, off, d, 1, n, &c, &mut scalar);
+            axpy_signs(&data, rb, off, d, 1, n, &w, &f, &mut simd);
+            scalar_axpy_signs(&data, rb, off, d, 1, n, &w, &f, &mut scalar);
             let g = n as f64 * u / (1.0 - n as f64 * u);
             for j in 0..nq {
                 let mass: f64 = (0..n - 1)

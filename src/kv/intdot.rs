@@ -168,6 +168,12 @@ pub enum IntKeys {
     /// bits 2e..2e+2, LSB first, as [`Self::Int2G32`]); scored as [`Self::Lut4`] through the
     /// first 4 entries of this table.
     Lut2([i8; 16]),
+    /// Rows of 1-bit indices into a 2-level codebook (TurboQuant_mse 1-bit keys, and the MSE
+    /// stage of 2-bit TurboQuant_prod keys): f16 row factor, then `d/8` bytes (element e at
+    /// bit e mod 8 of byte e/8, as [`Self::Signs`]); `score = sq · factor · Σ c·table[bit]`
+    /// through the first 2 entries of this table, computed as `factor·(table[0]·Σc +
+    /// (table[1] − table[0])·Σ bit·c)` (the unsigned-code form of [`Self::Signs`]).
+    Lut1([i8; 16]),
     /// 1-bit signs `z ∈ {±1}^d` (TurboQuant_prod's QJL sketch, Zandieh et al. 2025, arXiv
     /// 2504.19874, §3.2; QJL, Zandieh et al. 2024, arXiv 2406.03482): f16 `n` at byte 0 (the
     /// row's norm), f16 `γ` at `off − 2` (the residual's norm), then `d/8` bytes of bits from
@@ -200,6 +206,7 @@ impl IntKeys {
             IntKeys::Lut4(_) => 2 + 16 * nb,
             IntKeys::Lut3(_) => 2 + 12 * nb,
             IntKeys::Lut2(_) => 2 + 8 * nb,
+            IntKeys::Lut1(_) => 2 + 4 * nb,
             IntKeys::Signs { off } => off + 4 * nb,
         }
     }
@@ -407,9 +414,13 @@ pub fn scalar_scores(
                         .sum();
                     acc = f16_at(row, 0) * f16_at(row, off - 2) * dot as f32;
                 }
-                IntKeys::Lut3(lut) | IntKeys::Lut2(lut) => {
+                IntKeys::Lut3(lut) | IntKeys::Lut2(lut) | IntKeys::Lut1(lut) => {
                     // The table's values for the codes, then the plain dot product.
-                    let bits = if matches!(f, IntKeys::Lut3(_)) { 3 } else { 2 };
+                    let bits = match f {
+                        IntKeys::Lut3(_) => 3,
+                        IntKeys::Lut2(_) => 2,
+                        _ => 1,
+                    };
                     let code = |e| super::quant::bits::code_at(&row[2..], bits, e);
                     let dot: i32 = (0..d).map(|e| lut[code(e)] as i32 * c[e] as i32).sum();
                     acc = f16_at(row, 0) * dot as f32;
@@ -476,7 +487,8 @@ pub(crate) mod avx {
             | IntKeys::Int2G32
             | IntKeys::Int3G32
             | IntKeys::Int3Row
-            | IntKeys::Signs { .. } => (false, false, true),
+            | IntKeys::Signs { .. }
+            | IntKeys::Lut1(_) => (false, false, true),
             IntKeys::Int4G32 | IntKeys::Int4Row => (false, true, true),
             IntKeys::Lut4(_) => (true, true, false),
             IntKeys::Lut3(_) | IntKeys::Lut2(_) => (true, false, false),
@@ -513,7 +525,8 @@ pub(crate) mod avx {
             | IntKeys::Int2G32
             | IntKeys::Int3G32
             | IntKeys::Int3Row
-            | IntKeys::Signs { .. } => 1.0,
+            | IntKeys::Signs { .. }
+            | IntKeys::Lut1(_) => 1.0,
         }
     }
 
@@ -609,6 +622,17 @@ pub(crate) mod avx {
                     k: _mm256_setzero_si256(),
                     s: _mm256_set1_ps(2.0 * g),
                     side: -g,
+                }
+            }
+            IntKeys::Lut1(lut) => {
+                // As the sign bits: `factor·(t0 + (t1 − t0)·bit)` per element, the row's
+                // factor taken per block.
+                let g = f16p(row);
+                Blk {
+                    u: bits01(row.add(2 + 4 * b)),
+                    k: _mm256_setzero_si256(),
+                    s: _mm256_set1_ps((lut[1] as f32 - lut[0] as f32) * g),
+                    side: lut[0] as f32 * g,
                 }
             }
         }
@@ -774,6 +798,10 @@ pub(crate) mod avx {
                 }
                 IntKeys::Signs { off } => {
                     let $g = IntKeys::Signs { off };
+                    $body
+                }
+                IntKeys::Lut1(t) => {
+                    let $g = IntKeys::Lut1(t);
                     $body
                 }
             }
@@ -1148,6 +1176,17 @@ mod tests {
                         let code = |t: usize, e: usize| (t * 7 + e * 5 + e / 3) % 4;
                         let (data, dec, rb) = lut_rows(2, &lut, n, d, fac, code);
                         (IntKeys::Lut2(lut), data, dec, rb)
+                    },
+                    {
+                        // A 2-level codebook by hand (TurboQuant_mse 1-bit keys), asymmetric
+                        // so the `table[0]·Σc` side term counts: an f16 factor, then element
+                        // e at bit e mod 8 of byte e/8; value = factor · table[bit].
+                        let mut lut = [99i8; 16];
+                        lut[..2].copy_from_slice(&[-90, 127]);
+                        let fac = |t: usize| 0.04 + 0.002 * t as f32;
+                        let code = |t: usize, e: usize| (t * 3 + e * 5 + e / 7) % 3 % 2;
+                        let (data, dec, rb) = lut_rows(1, &lut, n, d, fac, code);
+                        (IntKeys::Lut1(lut), data, dec, rb)
                     },
                     {
                         // QJL sign bits by hand (TurboQuant_prod's key layout past its MSE

@@ -65,37 +65,34 @@ impl TurboQuantStream {
         &self.data[slot * self.rb..(slot + 1) * self.rb]
     }
 
-    /// The quantizer and its 16 centroids when the rows are 4-bit TurboQuant_mse (with or
-    /// without norm correction) and `d` is a multiple of 32: the layout the value path
-    /// ([`codeaxpy::axpy_centroids4`]) reads.
-    fn mse4(&self) -> Option<(&TurboQuantMse, [f32; 16])> {
+    /// The quantizer when the rows are 4-bit TurboQuant_mse (with or without norm correction)
+    /// and `d` is a multiple of 32: the layout whose code path ([`codeaxpy::axpy_centroids4`]
+    /// without `fused`) gives the exact path's sums bit for bit.
+    fn mse4(&self) -> Option<&TurboQuantMse> {
         match &self.codec {
-            TqCodec::Mse(c) if c.bits() == 4 && c.head_dim().is_multiple_of(32) => {
-                let cent: [f32; 16] = c.codebook().centroids().try_into().ok()?;
-                Some((c, cent))
-            }
+            TqCodec::Mse(c) if c.bits() == 4 && c.head_dim().is_multiple_of(32) => Some(c),
             _ => None,
         }
     }
 }
 
 impl TurboQuantStream {
-    /// The MSE stage's centroid count (4, 8 or 16) when the rows are TurboQuant_prod with a 2-,
-    /// 3- or 4-bit MSE stage (3, 4 or 5 bits in all): the layouts the code paths read.
+    /// The MSE stage's centroid count (2, 4, 8 or 16) when the rows are TurboQuant_prod with a
+    /// 1- to 4-bit MSE stage (2 to 5 bits in all): the layouts the code paths read.
     fn prod_lut(&self) -> Option<usize> {
         match &self.codec {
             TqCodec::Prod(c) => {
-                Some(c.mse().codebook().centroids().len()).filter(|&n| matches!(n, 4 | 8 | 16))
+                Some(c.mse().codebook().centroids().len()).filter(|&n| matches!(n, 2 | 4 | 8 | 16))
             }
             TqCodec::Mse(_) => None,
         }
     }
 }
 
-/// The centroids (16 at 4 bits, 8 at 3, 4 at 2) rounded to int8 in units of `ts = max|c|/127`:
+/// The centroids (16 at 4 bits, 8 at 3, 4 at 2, 2 at 1) rounded to int8 in units of `ts = max|c|/127`:
 /// `(round(c/ts), ts)`, each entry within `ts/2` of `c/ts·ts` and inside ±127, the entries
 /// past the centroids 0 (the byte-shuffle table of [`intdot::IntKeys::Lut4`], `Lut3` and
-/// `Lut2`).
+/// `Lut2`; `Lut1` reads the first two entries).
 fn int8_table(cent: &[f32]) -> ([i8; 16], f32) {
     let ts = cent.iter().fold(0f32, |m, c| m.max(c.abs())) / 127.0;
     let mut t = [0i8; 16];
@@ -108,25 +105,24 @@ fn int8_table(cent: &[f32]) -> ([i8; 16], f32) {
 }
 
 /// The integer key format of rows whose indices go through `table`: 4-bit indices for 16
-/// centroids, 3-bit for 8, 2-bit for 4 (`None` for other codebooks).
+/// centroids, 3-bit for 8, 2-bit for 4, 1-bit for 2 (`None` for other codebooks).
 fn lut_keys(centroids: usize, table: [i8; 16]) -> Option<IntKeys> {
     match centroids {
         16 => Some(IntKeys::Lut4(table)),
         8 => Some(IntKeys::Lut3(table)),
         4 => Some(IntKeys::Lut2(table)),
+        2 => Some(IntKeys::Lut1(table)),
         _ => None,
     }
 }
 
 impl TurboQuantStream {
-    /// `acc += Σ_t w_t·‖v_t‖·R⁻¹(centroid[codes_t])` for 4-bit rows on their codes
-    /// ([`codeaxpy::axpy_centroids4`], in pair order, restored once; with `fused`, the timed
-    /// path's fused form), rotated back once.
-    #[allow(clippy::too_many_arguments)]
+    /// `acc += Σ_t w_t·‖v_t‖·R⁻¹(centroid[codes_t])` for rows of any width on their codes
+    /// ([`codeaxpy::axpy_codebook`]; with `fused`, the timed path's fused form), rotated back
+    /// once per query. `d` must be a multiple of 32.
     fn axpy_codes(
         &self,
         c: &TurboQuantMse,
-        cent: &[f32; 16],
         t0: usize,
         t1: usize,
         w: &[f32],
@@ -134,12 +130,9 @@ impl TurboQuantStream {
         fused: bool,
     ) {
         let d = c.head_dim();
-        let nq = acc.len() / d;
-        let mut y = vec![0f32; d];
-        let mut racc = vec![0f32; nq * d];
-        let (data, rb) = (&self.data, self.rb);
-        codeaxpy::axpy_centroids4(cent, data, rb, d, t0, t1, w, &mut racc, fused);
-        codeaxpy::unpair(&mut racc, d, &mut y);
+        let mut racc = vec![0f32; acc.len()];
+        let (data, rb, cent) = (&self.data, self.rb, c.codebook().centroids());
+        codeaxpy::axpy_codebook(cent, data, rb, d, t0, t1, w, &mut racc, fused);
         for (a, r) in acc.chunks_exact_mut(d).zip(racc.chunks_exact_mut(d)) {
             c.rotation().inverse(r);
             a.iter_mut().zip(r.iter()).for_each(|(a, v)| *a += v);
@@ -196,18 +189,17 @@ impl Stream for TurboQuantStream {
     }
 
     /// Every TurboQuant row has a timed path of its own ([`dot_rows_int`](Stream::dot_rows_int)):
-    /// 2-, 3- and 4-bit TurboQuant_mse keys (norm-corrected or not) and TurboQuant_prod keys
-    /// with a 2-, 3- or 4-bit MSE stage on their codes ([`intdot::IntKeys::Lut2`]/`Lut3`/`Lut4`,
-    /// QJL on its sign bits, [`intdot::IntKeys::Signs`]), the others (1-bit) decoded a tile at
-    /// a time. Attention takes it
-    /// where head_dim is a multiple of 32 (at head_dim 16 the exact `dot_rows` is timed).
+    /// TurboQuant_mse keys of every width (1–4 bits, norm-corrected or not) and TurboQuant_prod
+    /// keys (a 1- to 4-bit MSE stage) on their codes ([`intdot::IntKeys::Lut1`] to `Lut4`, QJL
+    /// on its sign bits, [`intdot::IntKeys::Signs`]), where head_dim is a multiple of 32 (other
+    /// head sizes decoded a tile at a time; at head_dim 16 the exact `dot_rows` is timed).
     fn int_keys(&self) -> bool {
         true
     }
 
     /// The query is rotated once per call (`R q`), quantized to int8 ([`QueryI8`]; the `q`
     /// passed in, quantized before the rotation, is not used), and scored against each key's
-    /// 4-, 3- or 2-bit indices through the int8-rounded codebook: `n · ts · sq · Σ
+    /// 4-, 3-, 2- or 1-bit indices through the int8-rounded codebook: `n · ts · sq · Σ
     /// c_i·table[code_i]`, `n` the stored norm (norm correction is folded into it at encode).
     /// Error against [`dot_rows`](Stream::dot_rows): at most `n·(sq/2·Σ|ŷ_i| + ts/2·Σ|sq·c_i|)`
     /// (see the tests), plus f32 rounding; TurboQuant_prod adds its sketched query's rounding
@@ -223,7 +215,7 @@ impl Stream for TurboQuantStream {
         if let TqCodec::Prod(c) = &self.codec {
             let d = c.head_dim();
             if let Some(lut) = self.prod_lut().filter(|_| d.is_multiple_of(32)) {
-                // TurboQuant_prod on its codes: the MSE part as the 2-/3-/4-bit TurboQuant
+                // TurboQuant_prod on its codes: the MSE part as the 1- to 4-bit TurboQuant
                 // keys (the rotated query in int8 against the int8-rounded codebook), the QJL
                 // part ⟨S q, z⟩ as an integer dot product of the sketched query in int8 with
                 // the sign bits ([`IntKeys::Signs`]: `n·γ·Σ ±c`), then
@@ -270,8 +262,8 @@ impl Stream for TurboQuantStream {
         let cent = c.codebook().centroids();
         let (table, ts) = int8_table(cent);
         if let Some(keys) = lut_keys(cent.len(), table).filter(|_| d.is_multiple_of(32)) {
-            // 4-, 3- and 2-bit rows on their codes: the codes unpacked and looked up in the
-            // int8-rounded codebook (`IntKeys::Lut4`, `Lut3`, `Lut2`).
+            // Rows on their codes: the codes unpacked and looked up in the int8-rounded
+            // codebook (`IntKeys::Lut4`, `Lut3`, `Lut2`, `Lut1`).
             let qi = QueryI8::quantize(&rq, d);
             let n = (t1 - t0) * (qs.len() / d);
             intdot::scores(keys, &self.data, self.rb, t0, t1, &qi, out);
@@ -286,12 +278,14 @@ impl Stream for TurboQuantStream {
         })
     }
 
-    /// 4-bit rows take the fused code kernel here ([`codeaxpy::axpy_centroids4`] with
-    /// `fused`: the norm in the weight, one FMA per element), so plain 4-bit rows are no longer
-    /// bit for bit `axpy_rows`'s sums, only up to f32 rounding; 3- and 2-bit rows take
-    /// [`codeaxpy::axpy_centroids_packed`] (the same sums up to f32 rounding).
-    /// TurboQuant_prod rows here too: with a 2-, 3- or 4-bit MSE stage on their codes (those
-    /// kernels for `racc`, [`codeaxpy::axpy_signs`] for `zacc`), otherwise each row unpacked
+    /// Rows of every width on their codes where `d` is a multiple of 32
+    /// ([`codeaxpy::axpy_codebook`]): 4-bit rows by the fused code kernel
+    /// ([`codeaxpy::axpy_centroids4`] with `fused`: the norm in the weight, one FMA per
+    /// element), so plain 4-bit rows are no longer bit for bit `axpy_rows`'s sums, only up to
+    /// f32 rounding; 3- and 2-bit rows by [`codeaxpy::axpy_centroids_packed`], 1-bit rows by
+    /// [`codeaxpy::axpy_signs`] (the same sums up to f32 rounding); other head sizes a tile of
+    /// decoded rows at a time. TurboQuant_prod rows here too: with a 1- to 4-bit MSE stage on
+    /// their codes (those kernels for `racc`, [`codeaxpy::axpy_signs`] for `zacc`), otherwise each row unpacked
     /// once into `[‖x‖ŷ, ‖x‖γ√(π/2)/d·z]` ([`TurboQuantProd::decode_split`]) and accumulated
     /// by the tiled f32 kernel into `[racc, zacc]`; either finished per query as on the exact
     /// path ([`TurboQuantProd::finish_sum`]); the same sums up to f32 rounding.
@@ -299,31 +293,25 @@ impl Stream for TurboQuantStream {
         if let TqCodec::Prod(c) = &self.codec {
             let d = c.head_dim();
             let nq = acc.len() / d;
-            if let Some(lut) = self.prod_lut().filter(|_| d.is_multiple_of(32)) {
-                // On the codes: the MSE part by the 2-/3-/4-bit centroid kernels (rotated basis),
+            if self.prod_lut().is_some() && d.is_multiple_of(32) {
+                // On the codes: the MSE part by the centroid kernels (rotated basis),
                 // the QJL part as ±(w·‖x‖·γ·√(π/2)/d) per sign bit, finished once per query.
                 let cent = c.mse().codebook().centroids();
                 let (mut racc, mut zacc) = (vec![0f32; nq * d], vec![0f32; nq * d]);
                 let (data, rb) = (&self.data, self.rb);
-                if lut != 16 {
-                    codeaxpy::axpy_centroids_packed(cent, data, rb, d, t0, t1, w, &mut racc);
-                } else {
-                    let cent: &[f32; 16] = cent.try_into().expect("16 centroids");
-                    codeaxpy::axpy_centroids4(cent, data, rb, d, t0, t1, w, &mut racc, true);
-                    codeaxpy::unpair(&mut racc, d, &mut vec![0f32; d]);
-                }
-                // Each row's QJL coefficient per query, w·‖x‖·γ·√(π/2)/d, then the signs.
-                // (`qjl_scale`'s product, its constant formed once per call.)
+                codeaxpy::axpy_codebook(cent, data, rb, d, t0, t1, w, &mut racc, true);
+                // Each row's QJL factor ‖x‖·γ·√(π/2)/d (`qjl_scale`'s product, its constant
+                // formed once per call), times each query's weight in the signs' kernel.
                 let m = c.mse().row_bytes();
                 let kq = c.qjl_factor();
-                let mut cw = w[..(t1 - t0) * nq].to_vec();
-                let rows = data[t0 * rb..t1 * rb].chunks_exact(rb);
-                for (row, ct) in rows.zip(cw.chunks_exact_mut(nq)) {
-                    let f16 = |i: usize| half::f16::from_le_bytes([row[i], row[i + 1]]).to_f32();
-                    let k = f16(0) * f16(m) * kq;
-                    ct.iter_mut().for_each(|x| *x *= k);
-                }
-                codeaxpy::axpy_signs(data, rb, m + 2, d, t0, t1, &cw, &mut zacc);
+                let f: Vec<f32> = data[t0 * rb..t1 * rb]
+                    .chunks_exact(rb)
+                    .map(|row| {
+                        let f16 = |i: usize| half::f16::from_le_bytes([row[i], row[i + 1]]).to_f32();
+                        f16(0) * f16(m) * kq
+                    })
+                    .collect();
+                codeaxpy::axpy_signs(data, rb, m + 2, d, t0, t1, w, &f, &mut zacc);
                 for ((a, r), z) in acc
                     .chunks_exact_mut(d)
                     .zip(racc.chunks_exact_mut(d))
@@ -343,32 +331,23 @@ impl Stream for TurboQuantStream {
             }
             return;
         }
-        match self.mse4() {
-            None => {
-                // 3- and 2-bit rows on their codes ([`codeaxpy::axpy_centroids_packed`]);
-                // 1-bit: tiles of rows decoded in the rotated basis, summed by the tiled f32
-                // kernel. Either sum is rotated back once per query.
-                let TqCodec::Mse(c) = &self.codec else {
-                    unreachable!("TurboQuant_prod returned above")
-                };
-                let d = c.head_dim();
-                let mut racc = vec![0f32; acc.len()];
-                let cent = c.codebook().centroids();
-                match cent.len() {
-                    // On the codes (one lookup and FMA per element and query).
-                    8 | 4 if d.is_multiple_of(32) => {
-                        codeaxpy::axpy_centroids_packed(cent, &self.data, self.rb, d, t0, t1, w, &mut racc)
-                    }
-                    _ => axpy_rows_with(t0, t1, w, &mut racc, d, |t, r| {
-                        c.decode_rotated_fast(self.row(t), r)
-                    }),
-                }
-                for (a, r) in acc.chunks_exact_mut(d).zip(racc.chunks_exact_mut(d)) {
-                    c.rotation().inverse(r);
-                    a.iter_mut().zip(r.iter()).for_each(|(a, v)| *a += v);
-                }
-            }
-            Some((c, cent)) => self.axpy_codes(c, &cent, t0, t1, w, acc, true),
+        let TqCodec::Mse(c) = &self.codec else {
+            unreachable!("TurboQuant_prod returned above")
+        };
+        let d = c.head_dim();
+        if d.is_multiple_of(32) {
+            // On the codes, every width ([`codeaxpy::axpy_codebook`]).
+            return self.axpy_codes(c, t0, t1, w, acc, true);
+        }
+        // Other head sizes: tiles of rows decoded in the rotated basis, summed by the tiled
+        // f32 kernel, rotated back once per query.
+        let mut racc = vec![0f32; acc.len()];
+        axpy_rows_with(t0, t1, w, &mut racc, d, |t, r| {
+            c.decode_rotated_fast(self.row(t), r)
+        });
+        for (a, r) in acc.chunks_exact_mut(d).zip(racc.chunks_exact_mut(d)) {
+            c.rotation().inverse(r);
+            a.iter_mut().zip(r.iter()).for_each(|(a, v)| *a += v);
         }
     }
 
@@ -376,9 +355,9 @@ impl Stream for TurboQuantStream {
         let d = self.codec.head_dim();
         let nq = acc.len() / d;
         let mut y = vec![0f32; d];
-        if let Some((c, cent)) = self.mse4() {
+        if let Some(c) = self.mse4() {
             // The same sums as the loop below, on the codes.
-            return self.axpy_codes(c, &cent, t0, t1, w, acc, false);
+            return self.axpy_codes(c, t0, t1, w, acc, false);
         }
         match &self.codec {
             TqCodec::Mse(c) => {
@@ -566,7 +545,7 @@ mod tests {
             .collect()
     }
 
-    /// 4-, 3- and 2-bit TurboQuant_mse keys scored on their codes (`dot_rows_int`: rotated
+    /// TurboQuant_mse keys of every width (4 to 1 bits) scored on their codes (`dot_rows_int`: rotated
     /// query quantized to int8, centroids rounded to int8) against f64 dot products of the
     /// exact query with the rows decoded to the original basis (`decode`, which shares none of
     /// the integer path), d 32/64/128, 1–8 queries, with and without norm correction.
@@ -583,7 +562,7 @@ mod tests {
     fn tq4_scores_on_codes_within_rounding_bound() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(2504);
         let cases = [(32usize, false), (64, false), (128, false), (64, true), (128, true)];
-        for (bits, (d, nc)) in [4u8, 3, 2].into_iter().flat_map(|b| cases.map(|c| (b, c))) {
+        for (bits, (d, nc)) in [4u8, 3, 2, 1].into_iter().flat_map(|b| cases.map(|c| (b, c))) {
             for nq in [1usize, 3, 8] {
                 let n = 45;
                 let c = Arc::new(TurboQuantMse::new(d, bits, nc, 7 + d as u64).unwrap());
@@ -635,21 +614,27 @@ mod tests {
         }
     }
 
-    /// 3- and 2-bit TurboQuant_mse values on their codes (`axpy_rows_fast` → the SIMD
-    /// [`codeaxpy::axpy_centroids_packed`]; and its scalar loop), d 32/64/128, with and without norm
-    /// correction, 1–8 queries (four-query blocks and every remainder), some rows' weights
-    /// zero. In the rotated basis both kernels against f64 sums of `decode_rotated` rows
+    /// 3-, 2- and 1-bit TurboQuant_mse values on their codes (`axpy_rows_fast` →
+    /// [`codeaxpy::axpy_codebook`]: the SIMD [`codeaxpy::axpy_centroids_packed`], and its scalar
+    /// loop, for 3 and 2 bits; [`codeaxpy::axpy_signs`] for 1), d 32/64/128, with and without
+    /// norm correction, 1–8 queries (four-query blocks and every remainder), some rows' weights
+    /// zero. In the rotated basis the kernels against f64 sums of `decode_rotated` rows
     /// (`codes_to_f32`, which shares none of the unpacking): each sums n terms in order, one
     /// rounding of `w·N` and one of each product and sum, so per element at most
-    /// `γ_{n+2}·Σ_t w_t·|N_t·y_ti|` (Higham §3.1, `u = 2⁻²⁴`; checked with a factor 2 of margin);
-    /// in the original basis the timed path against f64 sums of `decode`d rows within the bound
-    /// of `tq4_values_on_codes_match_decoded_rows`.
+    /// `γ_{n+2}·Σ_t w_t·|N_t·y_ti|` (Higham §3.1, `u = 2⁻²⁴`; checked with a factor 2 of
+    /// margin). At 1 bit the sum is formed as `Σ_t c_t·(±1) + Σ_t w_t·N_t·(c₀ + c₁)/2` with
+    /// `c_t = w_t·N_t·(c₁ − c₀)/2` (three roundings per coefficient) and, on AVX2, the signed
+    /// sum as `2·Σ c·z − Σ c` (two sums of n terms and their difference): at most
+    /// `(2γ_{n+3} + u)·Σ_t|c_t| + γ_{n+3}·Σ_t w_t·N_t·|c₀ + c₁|/2`, checked against
+    /// `4·γ_{n+3}·Σ_t w_t·N_t·max|c|` (both `|c_t|` and the mid term are within it). In the
+    /// original basis the timed path against f64 sums of `decode`d rows within the bound of
+    /// `tq4_values_on_codes_match_decoded_rows`.
     #[test]
     fn tq3_values_on_codes_match_decoded_rows() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(1988);
         let u = 2f64.powi(-24);
         let cases = [(32usize, false), (64, false), (128, false), (64, true), (128, true)];
-        for (bits, (d, nc)) in [3u8, 2].into_iter().flat_map(|b| cases.map(|c| (b, c))) {
+        for (bits, (d, nc)) in [3u8, 2, 1].into_iter().flat_map(|b| cases.map(|c| (b, c))) {
             for nq in [1usize, 2, 3, 5, 8] {
                 let n = 37;
                 let c = Arc::new(TurboQuantMse::new(d, bits, nc, 3).unwrap());
@@ -659,20 +644,33 @@ mod tests {
                 w[4 * nq..5 * nq].fill(0.0);
                 let cent = c.codebook().centroids();
                 assert_eq!(cent.len(), 1 << bits);
-                let (mut simd, mut scalar) = (vec![0f32; nq * d], vec![0f32; nq * d]);
-                codeaxpy::axpy_centroids_packed(cent, &s.data, s.rb, d, 0, n, &w, &mut simd);
-                codeaxpy::scalar_axpy_centroids_packed(cent, &s.data, s.rb, d, 0, n, &w, &mut scalar);
+                let mut simd = vec![0f32; nq * d];
+                codeaxpy::axpy_codebook(cent, &s.data, s.rb, d, 0, n, &w, &mut simd, true);
+                let mut kernels = vec![("simd", simd)];
+                if bits > 1 {
+                    let mut scalar = vec![0f32; nq * d];
+                    codeaxpy::scalar_axpy_centroids_packed(cent, &s.data, s.rb, d, 0, n, &w, &mut scalar);
+                    kernels.push(("scalar", scalar));
+                }
                 let mut y = vec![0f32; n * d];
                 for t in 0..n {
                     c.decode_rotated(s.row(t), &mut y[t * d..(t + 1) * d]);
                 }
-                let g = (n + 2) as f64 * u / (1.0 - (n + 2) as f64 * u);
+                let cmax = cent.iter().fold(0f32, |m, c| m.max(c.abs())) as f64;
+                let g = |k: usize| k as f64 * u / (1.0 - k as f64 * u);
                 for j in 0..nq {
                     for i in 0..d {
                         let terms = (0..n).map(|t| w[t * nq + j] as f64 * y[t * d + i] as f64);
                         let exact: f64 = terms.clone().sum();
-                        let bound = 2.0 * g * terms.map(f64::abs).sum::<f64>() + 1e-30;
-                        for (name, got) in [("simd", &simd), ("scalar", &scalar)] {
+                        let bound = if bits > 1 {
+                            2.0 * g(n + 2) * terms.map(f64::abs).sum::<f64>()
+                        } else {
+                            let wn: f64 = (0..n)
+                                .map(|t| w[t * nq + j] as f64 * c.norm(s.row(t)) as f64)
+                                .sum();
+                            4.0 * g(n + 3) * wn * cmax
+                        } + 1e-30;
+                        for (name, got) in &kernels {
                             let e = (got[j * d + i] as f64 - exact).abs();
                             assert!(
                                 e <= bound,
@@ -689,8 +687,8 @@ mod tests {
         }
     }
 
-    /// The other width (1 bit, norm-corrected or not) takes
-    /// the tiled f32 path when timed: scores (`dot_rows_int`) and value sums
+    /// Head sizes that are not a multiple of 32 (16 here; every width, norm-corrected or not)
+    /// take the tiled f32 path when timed: scores (`dot_rows_int`) and value sums
     /// (`axpy_rows_fast`) against the exact path's (`dot_rows`, `axpy_rows`), which decode row by
     /// row. Both sum the same products in another order: per score `|err| ≤ 2γ_{d+4}·Σ_i|r_i·y_i|` (Higham §3.1,
     /// `γ_k = k·u/(1 − k·u)`, `u = 2⁻²⁴`, y the decoded rotated key, r the rotated query);
@@ -699,7 +697,7 @@ mod tests {
     fn tq_other_widths_timed_path_matches_exact() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(31);
         let u = 2f64.powi(-24);
-        for (d, bits, nc) in [(64usize, 1u8, false), (128, 1, false), (32, 1, true), (64, 1, true)] {
+        for (d, bits, nc) in [(16usize, 1u8, false), (16, 2, true), (16, 3, false), (16, 4, true)] {
             let c = Arc::new(TurboQuantMse::new(d, bits, nc, 5).unwrap());
             let mut s = TurboQuantStream::new(TqCodec::Mse(c.clone()));
             let (n, nq) = (37, 3);
@@ -751,11 +749,11 @@ mod tests {
     /// TurboQuant_prod keys on the fast path (`dot_rows_int`) against the estimator
     /// `‖x‖·(Σ_i r_i·c[code_i] + γ·√(π/2)/d·Σ_i ±s_i)` (TurboQuant §3.2) evaluated here in f64
     /// from the stored bits (read with `code_at`, not the unpacking under test), r, s from
-    /// `prepare_query`. d 32/64/128, bits 2–5, 1–8 queries. Bounds (Higham §3.1, `u = 2⁻²⁴`,
+    /// `prepare_query`. d 16/32/64/128, bits 2–5, 1–8 queries. Bounds (Higham §3.1, `u = 2⁻²⁴`,
     /// `γ_k = k·u/(1 − k·u)`):
-    /// - 2-bit rows (split rows, tiled f32 dot products of 2d terms, each entry and product
+    /// - d = 16 (split rows, tiled f32 dot products of 2d terms, each entry and product
     ///   rounded once): `|err| ≤ γ_{2d+2}·Σ|terms|`;
-    /// - 3-, 4- and 5-bit rows (a 2-/3-/4-bit MSE stage, on the codes): the MSE part as in
+    /// - d a multiple of 32 (a 1- to 4-bit MSE stage, on the codes): the MSE part as in
     ///   `tq4_scores_on_codes_within_rounding_bound` (`‖x‖·(sq/2·Σ|c_i| + ts/2·(Σ|r_i| +
     ///   d·sq/2))`, query and table rounding) plus 1e-4 of f32 slack; the QJL part on the sign
     ///   bits ([`IntKeys::Signs`]) with `S q` rounded to int8 in steps `ssq = max|S q|/127`:
@@ -768,9 +766,9 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(2406);
         let u = 2f64.powi(-24);
         let gam = |k: usize| k as f64 * u / (1.0 - k as f64 * u);
-        for d in [32usize, 64, 128] {
+        for d in [16usize, 32, 64, 128] {
             for bits in [2u8, 3, 4, 5] {
-                let on_codes = bits >= 3;
+                let on_codes = d.is_multiple_of(32);
                 let nq = [1usize, 3, 8][(d + bits as usize) % 3];
                 let c = Arc::new(TurboQuantProd::new(d, bits, 9).unwrap());
                 let mut s = TurboQuantStream::new(TqCodec::Prod(c.clone()));
@@ -832,9 +830,9 @@ mod tests {
         }
     }
 
-    /// TurboQuant_prod values on the fast path (`axpy_rows_fast`: on the codes for 3- to 5-bit
-    /// rows, split rows otherwise) against f64 sums of the rows decoded to the original basis
-    /// (`decode`: the MSE part, then `Sᵀz` row by row), d 32/64/128, bits 2–5, 1–8 queries, a
+    /// TurboQuant_prod values on the fast path (`axpy_rows_fast`: on the codes where d is a
+    /// multiple of 32, split rows at d = 16) against f64 sums of the rows decoded to the original
+    /// basis (`decode`: the MSE part, then `Sᵀz` row by row), d 16–128, bits 2–5, 1–8 queries, a
     /// row's weights zero. Bound per element: the bound of
     /// `tq4_values_on_codes_match_decoded_rows` with both halves' mass, `Σ_t w_t·‖x_t‖·(1 +
     /// γ_t·√(π/2)/d·4d)` (the sketch half, `Sᵀ·zacc`, sums 2d more terms per element; 4d stands
@@ -842,7 +840,7 @@ mod tests {
     #[test]
     fn prod_values_match_decoded_rows() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(2407);
-        for d in [32usize, 64, 128] {
+        for d in [16usize, 32, 64, 128] {
             for bits in [2u8, 3, 4, 5] {
                 let nq = [1usize, 3, 8][(d + bits as usize) % 3];
                 let c = Arc::new(TurboQuantProd::new(d, bits, 9).unwrap());
