@@ -272,6 +272,37 @@ pub fn axpy_many(w: &[f32], row: &[f32], acc: &mut [f32]) {
     )
 }
 
+/// `out[i] += Σ_k cols[k·d + i]·v[k]` for `d = out.len()`, `cols` `[v.len(), d]` (the columns
+/// of a `[d, v.len()]` matrix, one after another: a matrix–vector product over the transpose).
+/// Each product is rounded, then added to `out[i]` in k order, with no fused multiply-add:
+/// every entry is the plain sequential sum `(((out[i] + p₀) + p₁) + …)` to the bit (start
+/// from −0.0 for `Iterator::sum`'s). With AVX2, 64
+/// entries at a time advance together in eight vector accumulators held in registers over all
+/// k (the same operations per lane), instead of one chain of dependent scalar additions per
+/// entry; entries past the last multiple of 64 run the scalar loop. Panics (a caller's bug)
+/// when `cols` holds fewer than `v.len()·d` values.
+pub fn cols_matvec(cols: &[f32], v: &[f32], out: &mut [f32]) {
+    let d = out.len();
+    assert!(
+        cols.len() >= v.len() * d,
+        "{} values hold no [{}, {d}]",
+        cols.len(),
+        v.len()
+    );
+    let done = simd_dispatch!(
+        ["avx2"],
+        // SAFETY: AVX2 enabled at compile time; reads inside `cols` (asserted above) and `v`,
+        // writes inside `out`.
+        unsafe { avx::cols_matvec64(cols, v, out) },
+        0
+    );
+    for (i, o) in out.iter_mut().enumerate().skip(done) {
+        for (k, &vk) in v.iter().enumerate() {
+            *o += cols[k * d + i] * vk;
+        }
+    }
+}
+
 /// Whether the fused row kernels ([`row_dots`], [`row_axpy`]) run 16 lanes wide: where the
 /// build has the AVX-512 primitives ([`avx512`]). Same products, same order per lane, so the
 /// same results to the bit as the AVX2 kernels (tests assert it), in half the FMAs and
@@ -1399,6 +1430,28 @@ pub(crate) mod avx {
         }
     }
 
+    /// [`super::cols_matvec`] for the entries below the last multiple of 64 of `out.len()`
+    /// (returned): eight accumulators of 8 lanes over all of `v`, a product and a sum (no
+    /// FMA) per lane and k.
+    pub unsafe fn cols_matvec64(cols: &[f32], v: &[f32], out: &mut [f32]) -> usize {
+        let d = out.len();
+        let body = d - d % 64;
+        for i0 in (0..body).step_by(64) {
+            let mut acc: [__m256; 8] =
+                std::array::from_fn(|r| _mm256_loadu_ps(out.as_ptr().add(i0 + 8 * r)));
+            for (k, &vk) in v.iter().enumerate() {
+                let (col, vv) = (cols.as_ptr().add(k * d + i0), _mm256_set1_ps(vk));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(_mm256_loadu_ps(col.add(8 * r)), vv));
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(i0 + 8 * r), *a);
+            }
+        }
+        body
+    }
+
     #[inline(always)]
     pub unsafe fn axpy_many(w: &[f32], row: &[f32], acc: &mut [f32]) {
         let d = row.len();
@@ -1481,6 +1534,32 @@ pub(crate) mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `cols_matvec` against the sequential sums written out (`o += c·v` in k order, from the
+    /// value `out` held), compared to the bit: by hand (d = 2, two columns: (1, 2)·3 + (4, 5)·
+    /// 0.5 added to (10, 20) → (15, 28.5)), and on pseudo-random values at d 16 (scalar only),
+    /// 64, 128 and 80 (a 64-entry vector block plus a scalar tail).
+    #[test]
+    fn cols_matvec_is_the_sequential_sum_to_the_bit() {
+        let mut out = [10f32, 20.0];
+        cols_matvec(&[1.0, 2.0, 4.0, 5.0], &[3.0, 0.5], &mut out);
+        assert_eq!(out, [15.0, 28.5]);
+        for (d, n) in [(16usize, 16usize), (64, 64), (128, 40), (80, 33)] {
+            let val = |i: usize| ((i as f32 * 0.754_877_7).fract() - 0.5) * (1.0 + (i % 7) as f32);
+            let cols: Vec<f32> = (0..n * d).map(val).collect();
+            let v: Vec<f32> = (0..n).map(|k| val(7919 * k + 3)).collect();
+            let start: Vec<f32> = (0..d).map(|i| val(31 * i + 1)).collect();
+            let mut got = start.clone();
+            cols_matvec(&cols, &v, &mut got);
+            for i in 0..d {
+                let mut want = start[i];
+                for k in 0..n {
+                    want += cols[k * d + i] * v[k];
+                }
+                assert_eq!(got[i].to_bits(), want.to_bits(), "d={d} entry {i}");
+            }
+        }
+    }
 
     /// By hand: codes (1, 2, 3, 4, 5, 6, 7, 0) pack LSB first into 0xD1, 0x58, 0x1F (byte 0 =
     /// 1 | 2<<3 | (3&3)<<6, byte 1 = 3>>2 | 4<<1 | 5<<4 | (6&1)<<7, byte 2 = 6>>1 | 7<<2);

@@ -32,6 +32,9 @@ pub struct TurboQuantProd {
     mse: TurboQuantMse,
     /// `[d, d]` row-major N(0, 1).
     s: Vec<f32>,
+    /// `Sᵀ` (`[d, d]` row-major: column k of `S` at `k·d..k·d + d`), so [`Self::sketch`]
+    /// advances every entry of `S·v` together.
+    st: Vec<f32>,
 }
 
 /// A query prepared for scoring [`TurboQuantProd`] rows: `R q` and `S q` (`[d]` each).
@@ -72,9 +75,11 @@ impl TurboQuantProd {
                 reason: format!("needs {} finite values ({d}×{d}), got {}", d * d, s.len()),
             });
         }
+        let st = (0..d * d).map(|i| s[(i % d) * d + i / d]).collect();
         Ok(Self {
             mse: TurboQuantMse::with_rotation(rot, bits - 1, false)?,
             s,
+            st,
         })
     }
 
@@ -103,17 +108,22 @@ impl TurboQuantProd {
         &self.mse
     }
 
-    /// Bytes of the fixed QJL matrix if held as f32 (`d²·4`), once per quantizer.
+    /// Bytes of the fixed QJL matrix as held, once per quantizer: `S` and its transpose in
+    /// f32 (`2·d²·4`).
     pub fn matrix_bytes(&self) -> usize {
-        self.s.len() * 4
+        (self.s.len() + self.st.len()) * 4
     }
 
-    /// `S·v` (`[d]`).
+    /// `S·v` (`[d]`): entry i is `Σ_k S_ik·v_k`, each product rounded, then added in k order
+    /// (a plain sequential sum from −0.0, as `Iterator::sum` forms it), computed column by
+    /// column of `S` (rows of `Sᵀ`, [`crate::kv::simd::cols_matvec`]) so the entries advance
+    /// together in vector lanes: each lane performs the same operations in the same order as
+    /// the sequential sum, so the result is the same to the bit, without its chain of d
+    /// dependent additions.
     fn sketch(&self, v: &[f32]) -> Vec<f32> {
-        self.s
-            .chunks_exact(self.head_dim())
-            .map(|row| row.iter().zip(v).map(|(a, b)| a * b).sum())
-            .collect()
+        let mut out = vec![-0.0f32; self.head_dim()];
+        crate::kv::simd::cols_matvec(&self.st, v, &mut out);
+        out
     }
 
     /// Quantizes `x` (`[d]`) into `out` (`row_bytes()` bytes). Returns how many f16 fields
@@ -150,22 +160,6 @@ impl TurboQuantProd {
             rotated,
             sketched: self.sketch(q),
         }
-    }
-
-    /// [`prepare_query`](Self::prepare_query) as attention's timed path computes it: each
-    /// entry of `S q` summed with eight running sums ([`crate::kv::simd::dot`], vectorized)
-    /// instead of one in element order — the same vector up to f32 rounding of the order
-    /// (`|Δ(S q)_i| ≤ γ_d·Σ_k|S_ik·q_k|`, Higham §3.1). The exact path and `encode` keep the
-    /// element-order sums, so no stored bit and no quality number depends on this.
-    pub fn prepare_query_fast(&self, q: &[f32]) -> ProdQuery {
-        let mut rotated = q.to_vec();
-        self.mse.rotation().forward(&mut rotated);
-        let sketched = self
-            .s
-            .chunks_exact(self.head_dim())
-            .map(|row| crate::kv::simd::dot(row, q))
-            .collect();
-        ProdQuery { rotated, sketched }
     }
 
     /// The QJL matrix `S` (`[d, d]` row-major, N(0, 1) entries).
@@ -370,14 +364,10 @@ impl TurboQuantProd {
     /// Adds the sum gathered by [`accumulate`](Self::accumulate) to `out` (`[d]`):
     /// `R⁻¹·racc + Sᵀ·zacc`. `racc` is rotated in place (scratch afterwards).
     pub fn finish_sum(&self, racc: &mut [f32], zacc: &[f32], out: &mut [f32]) {
-        let d = self.head_dim();
         self.mse.rotation().inverse(racc);
         out.iter_mut().zip(racc.iter()).for_each(|(o, r)| *o += r);
-        for (srow, &zi) in self.s.chunks_exact(d).zip(zacc) {
-            if zi != 0.0 {
-                out.iter_mut().zip(srow).for_each(|(o, s)| *o += zi * s);
-            }
-        }
+        // `out += Sᵀ·zacc`, rows of S in order (each product rounded, then added).
+        crate::kv::simd::cols_matvec(&self.s, zacc, out);
     }
 }
 
@@ -387,6 +377,28 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
+
+    /// The column-by-column sketch equals the plain sequential sum `Σ_k S_ik·v_k` (each
+    /// product rounded, added in k order: the definition, written out here) to the bit, for
+    /// every entry, on random S and v at d 16/64/128.
+    #[test]
+    fn sketch_equals_the_sequential_sum_to_the_bit() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3482);
+        for d in [16usize, 64, 128] {
+            let q = TurboQuantProd::new(d, 3, d as u64).unwrap();
+            for _ in 0..5 {
+                let v: Vec<f32> = (0..d).map(|_| rng.random_range(-3.0..3.0)).collect();
+                let got = q.sketch(&v);
+                for (i, row) in q.matrix().chunks_exact(d).enumerate() {
+                    let mut want = -0.0f32;
+                    for (a, b) in row.iter().zip(&v) {
+                        want += a * b;
+                    }
+                    assert_eq!(got[i].to_bits(), want.to_bits(), "d={d} entry {i}");
+                }
+            }
+        }
+    }
 
     /// QJL by hand with S = I, d = 4, 2 bits (1 MSE bit + QJL), no sign flips, x = (2, 0, 0, 0):
     /// the MSE part is the 1-bit example above, û = (0.79788, 0, 0, 0), r = u − û =
