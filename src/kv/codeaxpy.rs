@@ -12,7 +12,8 @@
 //! TurboQuant_mse 4-, 3- and 2-bit values ([`axpy_centroids4`], [`axpy_centroids_packed`])
 //! are gathered the same way from their 16, 8 or 4 f32 centroids, in the rotated basis (the caller
 //! rotates the sum back once); TurboQuant_prod's QJL half adds `±c` per sign bit
-//! ([`axpy_signs`]).
+//! ([`axpy_signs`]), and 1-bit values are that plus the codebook's midpoint; [`axpy_codebook`]
+//! picks the kernel for a codebook of any width.
 //!
 //! The result is the dequantize-then-accumulate result up to f32 rounding (the same products,
 //! associated differently): no query or weight is quantized.
@@ -573,7 +574,8 @@ pub fn scalar_axpy_signs(
 /// rows, the bits laid out as [`axpy_signs`] reads them): `n·c[bit] = n·(c₀ + c₁)/2 +
 /// n·(c₁ − c₀)/2·(±1)`, so [`axpy_signs`] with each row's coefficient `w·n·(c₁ − c₀)/2` and,
 /// per query, `Σ_t w·n·(c₀ + c₁)/2` added to every element. The decode-then-accumulate loop's
-/// sum up to f32 rounding (bit for bit for 16 centroids without `fused`). Panics (a caller's
+/// sum up to f32 rounding (bit for bit for 16 centroids without `fused` when `acc` starts at
+/// zero: the scratch's sums are then added to zeros). Panics (a caller's
 /// bug, not input) for other codebook sizes, unless `d` is a multiple of 32, or where the
 /// slices hold less than the shapes say.
 #[allow(clippy::too_many_arguments)] // the stream's coordinates, as in axpy_centroids4
@@ -611,7 +613,7 @@ pub fn axpy_codebook(
             let f: Vec<f32> = norms.iter().map(|n| n * half_step).collect();
             axpy_signs(data, rb, 2, d, t0, t1, w, &f, acc);
             // The codebook's midpoint (0 for a symmetric one): Σ_t w·n·mid per query.
-            if mid != 0.0 {
+            if mid != 0.0 && nq > 0 {
                 let mut base = vec![0f32; nq];
                 for (wt, n) in w.chunks_exact(nq).zip(&norms) {
                     base.iter_mut()

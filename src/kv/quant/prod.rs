@@ -366,7 +366,8 @@ impl TurboQuantProd {
     pub fn finish_sum(&self, racc: &mut [f32], zacc: &[f32], out: &mut [f32]) {
         self.mse.rotation().inverse(racc);
         out.iter_mut().zip(racc.iter()).for_each(|(o, r)| *o += r);
-        // `out += Sᵀ·zacc`, rows of S in order (each product rounded, then added).
+        // `out += Sᵀ·zacc`, rows of S in order (each product rounded, then added; a zero
+        // `zacc` entry adds ±0, which leaves every value as it was, a −0.0 sum becoming +0.0).
         crate::kv::simd::cols_matvec(&self.s, zacc, out);
     }
 }

@@ -191,8 +191,9 @@ impl Stream for TurboQuantStream {
     /// Every TurboQuant row has a timed path of its own ([`dot_rows_int`](Stream::dot_rows_int)):
     /// TurboQuant_mse keys of every width (1–4 bits, norm-corrected or not) and TurboQuant_prod
     /// keys (a 1- to 4-bit MSE stage) on their codes ([`intdot::IntKeys::Lut1`] to `Lut4`, QJL
-    /// on its sign bits, [`intdot::IntKeys::Signs`]), where head_dim is a multiple of 32 (other
-    /// head sizes decoded a tile at a time; at head_dim 16 the exact `dot_rows` is timed).
+    /// on its sign bits, [`intdot::IntKeys::Signs`]), where head_dim is a multiple of 32.
+    /// Attention calls `dot_rows_int` only there; at other head sizes (16) it times the exact
+    /// `dot_rows`, and `dot_rows_int` itself (called directly) decodes a tile at a time.
     fn int_keys(&self) -> bool {
         true
     }
@@ -226,7 +227,7 @@ impl Stream for TurboQuantStream {
                 let rq: Vec<f32> = pq.iter().flat_map(|p| p.rotated().to_vec()).collect();
                 let sk: Vec<f32> = pq.iter().flat_map(|p| p.sketched().to_vec()).collect();
                 let (table, ts) = int8_table(c.mse().codebook().centroids());
-                let keys = lut_keys(lut, table).expect("prod_lut: 4, 8 or 16 centroids");
+                let keys = lut_keys(lut, table).expect("prod_lut: 2, 4, 8 or 16 centroids");
                 let n = (t1 - t0) * nq;
                 let qi = QueryI8::quantize(&rq, d);
                 intdot::scores(keys, &self.data, self.rb, t0, t1, &qi, out);
@@ -623,10 +624,12 @@ mod tests {
     /// rounding of `w·N` and one of each product and sum, so per element at most
     /// `γ_{n+2}·Σ_t w_t·|N_t·y_ti|` (Higham §3.1, `u = 2⁻²⁴`; checked with a factor 2 of
     /// margin). At 1 bit the sum is formed as `Σ_t c_t·(±1) + Σ_t w_t·N_t·(c₀ + c₁)/2` with
-    /// `c_t = w_t·N_t·(c₁ − c₀)/2` (three roundings per coefficient) and, on AVX2, the signed
-    /// sum as `2·Σ c·z − Σ c` (two sums of n terms and their difference): at most
-    /// `(2γ_{n+3} + u)·Σ_t|c_t| + γ_{n+3}·Σ_t w_t·N_t·|c₀ + c₁|/2`, checked against
-    /// `4·γ_{n+3}·Σ_t w_t·N_t·max|c|` (both `|c_t|` and the mid term are within it). In the
+    /// `c_t = w_t·N_t·(c₁ − c₀)/2` (two roundings per coefficient, `γ_2`) and the signed sum as
+    /// `2·Σ c·z − Σ c` (two sums of n terms, the first doubled, their difference and the add to
+    /// `acc`): at most `(3γ_n + γ_2 + 2u)·Σ_t|c_t|`, plus the reference's own rounding of
+    /// `N·c` (`u` per term) and `γ_{n+1}·Σ_t w_t·N_t·|c₀ + c₁|/2` for the midpoint; checked
+    /// against `4·γ_{n+3}·Σ_t w_t·N_t·max|c|` (`|c_t| ≤ w_t·N_t·max|c|`; ~1.4× margin at
+    /// n = 37). In the
     /// original basis the timed path against f64 sums of `decode`d rows within the bound of
     /// `tq4_values_on_codes_match_decoded_rows`.
     #[test]
