@@ -508,7 +508,7 @@ pub fn scalar_axpy_centroids_packed(
 /// AVX2 as `2·Σ_t c_t·z_ti − Σ_t c_t` (a byte of bits spread to a lane mask by one compare,
 /// the coefficient masked in and added: four operations per 8 elements and query; AVX-512: one
 /// masked add per 16; the accumulators of four queries in registers over all rows, `c` formed
-/// per row in the loop and `Σ_t c_t` summed in registers during the first block), otherwise
+/// per row in the loop and `Σ_t c_t` summed alongside during the first block), otherwise
 /// [`scalar_axpy_signs`]; the same sum up to f32 rounding. Panics (a caller's bug, not input)
 /// unless `d` is a multiple of 32 and the slices hold what the shapes say.
 #[allow(clippy::too_many_arguments)] // the stream's coordinates, as in axpy_centroids4
@@ -1184,7 +1184,7 @@ mod avx {
 
     /// [`super::axpy_signs`]: per block of 32 elements (4 bytes of bits) and up to four
     /// queries, `Σ_t c_t·z_ti` in registers over all the rows, then `2·that − Σ_t c_t` added;
-    /// `Σ_t c_t` (rows in order) summed in registers during block 0 and kept for the others.
+    /// `Σ_t c_t` (rows in order) summed during block 0 and kept for the others.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn axpy_signs(
         data: &[u8],
@@ -1226,8 +1226,8 @@ mod avx {
     }
 
     /// Block `b` (elements `32b..32b + 32`, bytes `off + 4b..off + 4b + 4` of a row) of
-    /// [`axpy_signs`] for queries `j0..j0 + Q`; with `FIRST`, `Σ_t c_t` is summed here and
-    /// written to `totals`, otherwise read from it.
+    /// [`axpy_signs`] for queries `j0..j0 + Q`; with `FIRST`, `Σ_t c_t` is summed here (rows in
+    /// order, one scalar sum per query) and written to `totals`, otherwise read from it.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)] // the block's coordinates, as in centroids_block
     unsafe fn signs_block<const Q: usize, const FIRST: bool>(
@@ -1246,7 +1246,7 @@ mod avx {
             // u16 is element 16k + i): one masked add per 16 elements and query, the same sums
             // as the 8-lane loop below (adding 0 leaves a sum as it is), so the same result.
             let mut sum = [[_mm512_setzero_ps(); 2]; Q];
-            let mut tv = [_mm512_setzero_ps(); Q];
+            let mut ts = [0f32; Q];
             for t in t0..t1 {
                 let z = data.as_ptr().add(t * rb + off + 4 * b);
                 let m: [__mmask16; 2] = [
@@ -1255,21 +1255,21 @@ mod avx {
                 ];
                 let wt = w.get_unchecked((t - t0) * nq + j0..(t - t0) * nq + j0 + Q);
                 let ft = *f.get_unchecked(t - t0);
-                for ((sj, &wj), tj) in sum.iter_mut().zip(wt).zip(tv.iter_mut()) {
-                    let cv = _mm512_set1_ps(wj * ft);
+                for ((sj, &wj), tj) in sum.iter_mut().zip(wt).zip(ts.iter_mut()) {
+                    let c = wj * ft;
+                    let cv = _mm512_set1_ps(c);
                     for (x, &mk) in sj.iter_mut().zip(&m) {
                         *x = _mm512_mask_add_ps(*x, mk, *x, cv);
                     }
                     if FIRST {
-                        *tj = _mm512_add_ps(*tj, cv);
+                        *tj += c;
                     }
                 }
             }
+            if FIRST {
+                totals[j0..j0 + Q].copy_from_slice(&ts);
+            }
             for (jj, sj) in sum.iter().enumerate() {
-                // Every lane of `tv` holds the same sum, rows in order.
-                if FIRST {
-                    totals[j0 + jj] = _mm512_cvtss_f32(tv[jj]);
-                }
                 let tot = _mm512_set1_ps(totals[j0 + jj]);
                 for (k, x) in sj.iter().enumerate() {
                     let p = o.add((j0 + jj) * d + 32 * b + 16 * k);
@@ -1282,7 +1282,7 @@ mod avx {
         #[allow(unreachable_code)]
         let bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
         let mut sum = [[_mm256_setzero_ps(); 4]; Q];
-        let mut tv = [_mm256_setzero_ps(); Q];
+        let mut ts = [0f32; Q];
         for t in t0..t1 {
             let z = data.as_ptr().add(t * rb + off + 4 * b);
             let m: [__m256; 4] = std::array::from_fn(|k| {
@@ -1291,20 +1291,21 @@ mod avx {
             });
             let wt = w.get_unchecked((t - t0) * nq + j0..(t - t0) * nq + j0 + Q);
             let ft = *f.get_unchecked(t - t0);
-            for ((sj, &wj), tj) in sum.iter_mut().zip(wt).zip(tv.iter_mut()) {
-                let cv = _mm256_set1_ps(wj * ft);
+            for ((sj, &wj), tj) in sum.iter_mut().zip(wt).zip(ts.iter_mut()) {
+                let c = wj * ft;
+                let cv = _mm256_set1_ps(c);
                 for (x, &mk) in sj.iter_mut().zip(&m) {
                     *x = _mm256_add_ps(*x, _mm256_and_ps(mk, cv));
                 }
                 if FIRST {
-                    *tj = _mm256_add_ps(*tj, cv);
+                    *tj += c;
                 }
             }
         }
+        if FIRST {
+            totals[j0..j0 + Q].copy_from_slice(&ts);
+        }
         for (jj, sj) in sum.iter().enumerate() {
-            if FIRST {
-                totals[j0 + jj] = _mm256_cvtss_f32(tv[jj]);
-            }
             let tot = _mm256_set1_ps(totals[j0 + jj]);
             for (k, x) in sj.iter().enumerate() {
                 let p = o.add((j0 + jj) * d + 32 * b + 8 * k);
