@@ -652,6 +652,7 @@ mod avx {
     use super::CodeValues;
     use crate::kv::formats::fp4::E2M1_X2;
     use crate::kv::simd::avx::{crumbs, f16_at, nibbles, nibbles8, triplets};
+    use crate::util::simd::query_groups;
     use std::arch::x86_64::*;
 
     /// Rows per tile: the accumulators of one block of 32 channels stay in registers over a
@@ -961,23 +962,12 @@ mod avx {
             let n = (t1 - t).min(TILE);
             let wt = w.as_ptr().add((t - t0) * nq);
             for b in 0..d / 32 {
-                let mut j = 0;
-                while nq - j >= 4 {
-                    tile_of::<4, WIDE>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut);
-                    j += 4;
-                }
-                match nq - j {
-                    3 => {
-                        tile_of::<3, WIDE>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut)
-                    }
-                    2 => {
-                        tile_of::<2, WIDE>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut)
-                    }
-                    1 => {
-                        tile_of::<1, WIDE>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut)
-                    }
-                    _ => {}
-                }
+                query_groups!(
+                    nq,
+                    Q,
+                    j,
+                    tile_of::<Q, WIDE>(f, data, rb, (t, n, b), wt, nq, j, a.add(j * d), d, lut)
+                );
             }
             t += n;
         }
@@ -1038,17 +1028,12 @@ mod avx {
         let o = acc.as_mut_ptr();
         let rows = (data, rb, t0, t1);
         for b in 0..d / 32 {
-            let mut j = 0;
-            while nq - j >= 4 {
-                centroids_block::<4, WIDE16, FUSED>(cents, rows, b, w, nq, j, o, d);
-                j += 4;
-            }
-            match nq - j {
-                3 => centroids_block::<3, WIDE16, FUSED>(cents, rows, b, w, nq, j, o, d),
-                2 => centroids_block::<2, WIDE16, FUSED>(cents, rows, b, w, nq, j, o, d),
-                1 => centroids_block::<1, WIDE16, FUSED>(cents, rows, b, w, nq, j, o, d),
-                _ => {}
-            }
+            query_groups!(
+                nq,
+                Q,
+                j,
+                centroids_block::<Q, WIDE16, FUSED>(cents, rows, b, w, nq, j, o, d)
+            );
         }
     }
 
@@ -1071,17 +1056,12 @@ mod avx {
         let o = acc.as_mut_ptr();
         let rows = (data, rb, t0, t1);
         for b in 0..d / 32 {
-            let mut j = 0;
-            while nq - j >= 4 {
-                centroids_packed_block::<4, BITS>(cent, rows, b, w, nq, j, o, d);
-                j += 4;
-            }
-            match nq - j {
-                3 => centroids_packed_block::<3, BITS>(cent, rows, b, w, nq, j, o, d),
-                2 => centroids_packed_block::<2, BITS>(cent, rows, b, w, nq, j, o, d),
-                1 => centroids_packed_block::<1, BITS>(cent, rows, b, w, nq, j, o, d),
-                _ => {}
-            }
+            query_groups!(
+                nq,
+                Q,
+                j,
+                centroids_packed_block::<Q, BITS>(cent, rows, b, w, nq, j, o, d)
+            );
         }
     }
 
@@ -1202,26 +1182,16 @@ mod avx {
         let o = acc.as_mut_ptr();
         let rows = (data, rb, off, t0, t1);
         for b in 0..d / 32 {
-            let mut j = 0;
-            macro_rules! block {
-                ($q:literal) => {
-                    if b == 0 {
-                        signs_block::<$q, true>(rows, b, (w, f), nq, j, &mut totals, o, d)
-                    } else {
-                        signs_block::<$q, false>(rows, b, (w, f), nq, j, &mut totals, o, d)
-                    }
-                };
-            }
-            while nq - j >= 4 {
-                block!(4);
-                j += 4;
-            }
-            match nq - j {
-                3 => block!(3),
-                2 => block!(2),
-                1 => block!(1),
-                _ => {}
-            }
+            query_groups!(
+                nq,
+                Q,
+                j,
+                if b == 0 {
+                    signs_block::<Q, true>(rows, b, (w, f), nq, j, &mut totals, o, d)
+                } else {
+                    signs_block::<Q, false>(rows, b, (w, f), nq, j, &mut totals, o, d)
+                }
+            );
         }
     }
 

@@ -440,6 +440,7 @@ pub(crate) mod avx {
     use super::{IntKeys, QueryI8, B};
     use crate::kv::formats::fp4::{e4m3_to_f32, e8m0_to_f32, E2M1_X2};
     use crate::kv::simd::avx::{crumbs, dot_u8_i8, f16_at as f16p, nibbles, nibbles8, triplets};
+    use crate::util::simd::query_groups;
     use std::arch::x86_64::*;
 
     /// The E2M1 table ×2 in both 128-bit lanes (for `_mm256_shuffle_epi8`).
@@ -841,17 +842,12 @@ pub(crate) mod avx {
             let n = (t1 - t).min(8);
             let ot = o.add((t - t0) * nq);
             // Queries four at a time (a GQA group of 3 in one pass, 7 in two).
-            let mut j = 0;
-            while nq - j >= 4 {
-                rows_of::<4, WIDE>(f, data, rb, t, n, q, j, ot, corr);
-                j += 4;
-            }
-            match nq - j {
-                3 => rows_of::<3, WIDE>(f, data, rb, t, n, q, j, ot, corr),
-                2 => rows_of::<2, WIDE>(f, data, rb, t, n, q, j, ot, corr),
-                1 => rows_of::<1, WIDE>(f, data, rb, t, n, q, j, ot, corr),
-                _ => {}
-            }
+            query_groups!(
+                nq,
+                Q,
+                j,
+                rows_of::<Q, WIDE>(f, data, rb, t, n, q, j, ot, corr)
+            );
             t += n;
         }
     }

@@ -712,6 +712,7 @@ pub fn scale_in_place(x: &mut [f32], a: f32) {
 pub(crate) mod avx {
     //! AVX2 primitives shared by attention ([`super`], [`super::super::intdot`]) and the
     //! decode matmul (`crate::model::qmatmul`).
+    use crate::util::simd::query_groups;
     use std::arch::x86_64::*;
 
     /// Little-endian f16 at `p` to f32 (F16C).
@@ -1161,17 +1162,12 @@ pub(crate) mod avx {
         let mut r0 = 0;
         while r0 < full {
             let or = out.add(r0 * nq);
-            let mut j = 0;
-            while nq - j >= 4 {
-                dot_block::<4, WIDE>(ld, r0, q.add(j * d), d, nq, or.add(j));
-                j += 4;
-            }
-            match nq - j {
-                3 => dot_block::<3, WIDE>(ld, r0, q.add(j * d), d, nq, or.add(j)),
-                2 => dot_block::<2, WIDE>(ld, r0, q.add(j * d), d, nq, or.add(j)),
-                1 => dot_block::<1, WIDE>(ld, r0, q.add(j * d), d, nq, or.add(j)),
-                _ => {}
-            }
+            query_groups!(
+                nq,
+                Q,
+                j,
+                dot_block::<Q, WIDE>(ld, r0, q.add(j * d), d, nq, or.add(j))
+            );
             r0 += 4;
         }
     }
@@ -1278,17 +1274,12 @@ pub(crate) mod avx {
     ) {
         let mut c0 = 0;
         while c0 < body {
-            let mut j = 0;
-            while nq - j >= 4 {
-                axpy_block::<4, WIDE>(w.add(j), ld, rows, d, nq, a.add(j * d), c0);
-                j += 4;
-            }
-            match nq - j {
-                3 => axpy_block::<3, WIDE>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
-                2 => axpy_block::<2, WIDE>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
-                1 => axpy_block::<1, WIDE>(w.add(j), ld, rows, d, nq, a.add(j * d), c0),
-                _ => {}
-            }
+            query_groups!(
+                nq,
+                Q,
+                j,
+                axpy_block::<Q, WIDE>(w.add(j), ld, rows, d, nq, a.add(j * d), c0)
+            );
             c0 += 32;
         }
     }
