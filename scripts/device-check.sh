@@ -108,8 +108,8 @@ if [ ! -f "$stage/done-A" ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv
     lscpu | grep -E "Model name|^CPU\(s\)"
     echo "== 0. the read ceiling: PyTorch sums a 4 GiB fp16 tensor (bytes read once), and copies it"
-    step 40 python3 - <<'PY'
-import torch
+    KVBENCH_READ_FILE="$stage/read-gbs" step 40 python3 - <<'PY'
+import os, torch
 x = torch.randn(2 << 30, dtype=torch.float16, device="cuda")
 y = torch.empty_like(x)
 def med(f, n=20):
@@ -120,9 +120,20 @@ def med(f, n=20):
         a.record(); f(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b) / 1e3)
     return sorted(ts)[n // 2]
 gb = x.numel() * 2 / 1e9
-print(f"read (sum) {gb / med(lambda: x.sum(dtype=torch.float32)):.0f} GB/s, "
+read = gb / med(lambda: x.sum(dtype=torch.float32))
+print(f"read (sum) {read:.0f} GB/s, "
       f"copy {2 * gb / med(lambda: y.copy_(x)):.0f} GB/s (read + write), {gb:.2f} GB, median of 20")
+open(os.environ["KVBENCH_READ_FILE"], "w").write(f"{read:.0f}\n")
 PY
+    # "% of peak" against the read ceiling just measured (H100 80GB ~3.0, H200 ~4.2 TB/s here),
+    # else the datasheet's HBM bandwidth for the card's name.
+    peak=$(cat "$stage/read-gbs" 2>/dev/null || true)
+    if [ -z "$peak" ]; then
+        case "$(nvidia-smi --query-gpu=name --format=csv,noheader)" in
+            *H200*) peak=4800 ;; *H100*) peak=3350 ;; *) peak=2000 ;;
+        esac
+    fi
+    echo "peak bandwidth for attn-bench: $peak GB/s"
     echo "== 1. kernels against their CPU references"
     step 90 "$stage/cuda-tests" --test-threads=1 --nocapture > "$out/kernel-tests.log" 2>&1
     grep -E "^test |test result|panicked|assert" "$out/kernel-tests.log" | head -n 40
@@ -130,9 +141,9 @@ PY
     # Llama-3-8B's geometry (32 layers, 8 kv heads × 128; shipped, no weights), where the cache
     # is large enough to be bandwidth-bound, then the default model's (launch-bound).
     step 110 "$stage/kvbench" attn-bench --model llama-3-8b --device cuda:0 --dtypes "$schemes" \
-        --seq-len 8192,32768 --steps 30 --peak-bandwidth 4800 --out "$work/attn-llama-3-8b"
+        --seq-len 8192,32768 --steps 30 --peak-bandwidth "$peak" --out "$work/attn-llama-3-8b"
     step 50 "$stage/kvbench" attn-bench --model smollm2-135m --device cuda:0 --dtypes "$schemes" \
-        --seq-len 8192 --steps 30 --peak-bandwidth 4800 --out "$work/attn-smollm2"
+        --seq-len 8192 --steps 30 --peak-bandwidth "$peak" --out "$work/attn-smollm2"
     echo "== 2b. split sizes side by side (KVBENCH_CUDA_SPLIT_TOKENS): 64, the earlier cap, and the default 128, alternated"
     # (2 against 8 blocks per SM, KVBENCH_CUDA_BLOCKS_PER_SM, was timed in
     # results/h200-2026-12-04-b: 1.16–1.29× for the default.)
@@ -140,7 +151,7 @@ PY
         for n in 64 default; do
             if [ "$n" = 64 ]; then export KVBENCH_CUDA_SPLIT_TOKENS=64; else unset KVBENCH_CUDA_SPLIT_TOKENS; fi
             step 40 "$stage/kvbench" attn-bench --model llama-3-8b --device cuda:0 \
-                --dtypes fp16,int8-token,q4_0 --seq-len 8192,32768 --steps 20 --peak-bandwidth 4800 \
+                --dtypes fp16,int8-token,q4_0 --seq-len 8192,32768 --steps 20 --peak-bandwidth "$peak" \
                 > "$work/split-$n-$pass.txt" 2>&1
             grep -E "^(decode-step|fp16|int8-token|q4_0) " "$work/split-$n-$pass.txt" \
                 | sed -E "s/^decode-step.*context ([0-9]+) tokens.*/context \1:/; s/^/tokens\/split $n, pass $pass: /"
@@ -159,7 +170,7 @@ PY
         timeout -k 5 60 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
             --print-units base -k regex:'kv_attn' --launch-skip 64 -c 64 \
             "$stage/kvbench" attn-bench --model llama-3-8b --device cuda:0 --dtypes fp16 \
-            --seq-len 8192 --steps 1 --peak-bandwidth 4800 > "$work/ncu.csv" 2>&1 \
+            --seq-len 8192 --steps 1 --peak-bandwidth "$peak" > "$work/ncu.csv" 2>&1 \
             || echo "ncu: failed or timed out (a diagnostic; no check fails)"
         # Per kernel: launches and mean ns.
         awk -F'","' '/gpu__time_duration.sum/ { v = $NF; gsub(/[^0-9.]/, "", v); n[$5]++; t[$5] += v }
