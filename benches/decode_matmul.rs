@@ -6,7 +6,11 @@
 //! `cargo bench --bench decode_matmul` prints, per variant, the median time of one decode
 //! step's worth of matmuls (30 layers × q, k, v, o, gate, up, down + the 49152-row head), the
 //! weight bytes read and the implied GB/s, and each kernel's speed-up over candle. Random
-//! weights: the timing does not depend on their values.
+//! weights: the timing does not depend on their values. Every layer has weights of its own
+//! (30 copies of each shape, 143 MB of Q8_0 per step, as the model streams them from memory):
+//! until 2026-12-06 each shape was one matrix used 30–60 times per step, which held the
+//! smaller ones in cache and printed Q8_0 at batch 1 at 36 GB/s, above what the model's
+//! decode step reaches.
 
 use std::time::Instant;
 
@@ -23,10 +27,10 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (49152, 576, 1), // tied output head
 ];
 
+/// One shape's `count` matrices per step, each with weights of its own.
 struct Layer {
-    candle: QMatMul,
-    ours: QMatrix,
-    count: usize,
+    candle: Vec<QMatMul>,
+    ours: Vec<QMatrix>,
     cols: usize,
     bytes: usize,
 }
@@ -41,20 +45,22 @@ fn layers(dtype: GgmlDType) -> Vec<Layer> {
                 .affine(1.0, i as f64 * 1e-3)
                 .unwrap();
             let q = QTensor::quantize(&w, dtype).unwrap();
-            let ours = QMatrix::new(
-                BlockFormat::of(dtype).unwrap(),
-                rows,
-                cols,
-                q.data().unwrap().into_owned(),
-            )
-            .unwrap();
-            let bytes = ours.bytes();
+            let blocks = q.data().unwrap().into_owned();
+            let format = BlockFormat::of(dtype).unwrap();
+            let ours: Vec<QMatrix> = (0..count)
+                .map(|_| QMatrix::new(format, rows, cols, blocks.clone()).unwrap())
+                .collect();
+            let candle = (0..count)
+                .map(|_| {
+                    let q = QTensor::quantize(&w, dtype).unwrap();
+                    QMatMul::from_qtensor(q).unwrap()
+                })
+                .collect();
             Layer {
-                candle: QMatMul::from_qtensor(q).unwrap(),
+                bytes: ours[0].bytes(),
+                candle,
                 ours,
-                count,
                 cols,
-                bytes,
             }
         })
         .collect()
@@ -66,13 +72,15 @@ fn step(layers: &[Layer], m: usize, ours: bool) -> f64 {
     for l in layers {
         let x: Vec<f32> = (0..m * l.cols).map(|i| (i as f32 * 0.37).sin()).collect();
         let xt = Tensor::from_vec(x.clone(), (m, l.cols), &Device::Cpu).unwrap();
-        for _ in 0..l.count {
-            if ours {
-                let mut out = vec![0f32; m * l.ours.rows()];
-                l.ours.matmul(&x, &mut out);
+        if ours {
+            for w in &l.ours {
+                let mut out = vec![0f32; m * w.rows()];
+                w.matmul(&x, &mut out);
                 std::hint::black_box(&out);
-            } else {
-                std::hint::black_box(l.candle.forward(&xt).unwrap());
+            }
+        } else {
+            for w in &l.candle {
+                std::hint::black_box(w.forward(&xt).unwrap());
             }
         }
     }
@@ -88,7 +96,7 @@ fn main() {
     let sets: Vec<(&str, Vec<Layer>)> = formats.iter().map(|&(n, d)| (n, layers(d))).collect();
     let mut variants = Vec::new();
     for (fi, (name, ls)) in sets.iter().enumerate() {
-        let bytes: usize = ls.iter().map(|l| l.bytes * l.count).sum();
+        let bytes: usize = ls.iter().map(|l| l.bytes * l.ours.len()).sum();
         for m in [1usize, 4, 8] {
             for ours in [false, true] {
                 variants.push((fi, *name, m, ours, bytes, Vec::new()));
