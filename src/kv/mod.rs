@@ -114,7 +114,8 @@ pub enum AnyCache {
 
 impl AnyCache {
     /// An empty cache for `batch` sequences on `device`, sized for `capacity` tokens per
-    /// sequence (the CPU cache grows on demand and ignores it). Errors: as [`KvCache::new`];
+    /// sequence (on the CPU, room reserved by [`KvCache::reserve`]; it grows past it on
+    /// demand). Errors: as [`KvCache::new`];
     /// on CUDA also a scheme without CUDA kernels and allocation failures (out of memory).
     pub fn new(
         scheme: KvScheme,
@@ -129,8 +130,9 @@ impl AnyCache {
                 scheme, geom, batch, capacity, device,
             )?)),
             candle_core::Device::Cpu => {
-                let _ = capacity;
-                Ok(Self::Cpu(KvCache::new(scheme, geom, batch)?))
+                let mut cache = KvCache::new(scheme, geom, batch)?;
+                cache.reserve(capacity);
+                Ok(Self::Cpu(cache))
             }
             other => Err(Error::InvalidArgument {
                 name: "--device".into(),
@@ -272,6 +274,8 @@ pub struct KvCache {
     exact: bool,
     /// Per-layer sliding windows ([`KvCache::set_layer_windows`]); empty: none.
     windows: Vec<Option<usize>>,
+    /// Tokens per sequence each stream has room for ([`KvCache::reserve`]); 0: none.
+    reserved_tokens: usize,
     /// Time and bytes of the attention kernels since the last [`KvCache::take_attention_meter`].
     meter: AttentionMeter,
 }
@@ -332,6 +336,7 @@ impl KvCache {
             saturated: 0,
             exact: true,
             windows: Vec::new(),
+            reserved_tokens: 0,
             meter: AttentionMeter::default(),
         })
     }
@@ -390,6 +395,7 @@ impl KvCache {
             saturated: 0,
             exact: self.exact,
             windows: self.windows.clone(),
+            reserved_tokens: 0,
             meter: AttentionMeter::default(),
         })
     }
@@ -467,7 +473,34 @@ impl KvCache {
             ));
         }
         self.windows = windows;
+        self.reserve(self.reserved_tokens);
         Ok(())
+    }
+
+    /// Gives every K and V stream room for `tokens` tokens per sequence up front
+    /// ([`Stream::reserve`]), as a serving engine allocates a sequence's blocks before it
+    /// decodes (vLLM's block tables, llama.cpp's `n_ctx` cells), so no append up to that many
+    /// reallocates and copies the cache (the first decode step after a prefill did, in every
+    /// stream at once, and its time went into TPOT). Memory is reserved, not touched: resident
+    /// memory grows as tokens arrive, [`reserved_bytes`](Self::reserved_bytes) counts it at
+    /// once. A layer with a sliding window ([`set_layer_windows`](Self::set_layer_windows),
+    /// which re-applies this) gets room for its window only; a scheme that evicts, none (it
+    /// holds at most its budget and grows to it on demand). Changes no result.
+    pub fn reserve(&mut self, tokens: usize) {
+        self.reserved_tokens = tokens;
+        if tokens == 0 || self.scheme.evicts() {
+            return;
+        }
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            let rows = match self.windows.get(l).copied().flatten() {
+                Some(w) => tokens.min(w),
+                None => tokens,
+            };
+            for h in &mut layer.heads {
+                h.k.reserve(rows);
+                h.v.reserve(rows);
+            }
+        }
     }
 
     /// Whether `other`'s layer windows fit this cache's for a [`join`](Self::join) or

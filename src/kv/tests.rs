@@ -584,3 +584,50 @@ fn join_adopts_layer_windows_of_a_prefilled_cache() {
     }
     assert!(batch.join(other).is_err());
 }
+
+/// `reserve`: room for the tokens in every stream up front, counted by hand (fp16 rows of
+/// `2·d` bytes; int8-token rows `d + 2`), no reallocation while they arrive (capacity
+/// unchanged), a window layer's room capped at its window, none for an evicting scheme, and
+/// attention bit for bit that of a cache that grew on demand.
+#[test]
+fn reserve_gives_every_stream_room_up_front_and_changes_no_result() {
+    let d = 16;
+    let g = CacheGeometry {
+        layers: 2,
+        kv_heads: 2,
+        q_heads: 4,
+        head_dim: d,
+        window: None,
+    };
+    let (batch, n) = (2usize, 9usize);
+    // 2 layers × 2 sequences × 2 kv heads × (K, V) = 16 streams.
+    for (scheme, row) in [(KvScheme::FP16, 2 * d), ("int8".parse().unwrap(), d + 2)] {
+        let mut grown = KvCache::new(scheme, g, batch).unwrap();
+        let mut fixed = KvCache::new(scheme, g, batch).unwrap();
+        fixed.reserve(n);
+        assert_eq!(fixed.reserved_bytes(), 16 * n * row, "{scheme}");
+        for t in 0..n {
+            let k = noise(100 + t as u64, batch * 2 * d);
+            let v = noise(200 + t as u64, batch * 2 * d);
+            let q = noise(300 + t as u64, batch * 4 * d);
+            for layer in 0..2 {
+                grown.append(layer, &k, &v, 1);
+                fixed.append(layer, &k, &v, 1);
+                let (a, b) = (grown.attend(layer, &q, 1), fixed.attend(layer, &q, 1));
+                assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+            }
+            assert_eq!(fixed.reserved_bytes(), 16 * n * row, "{scheme} token {t}");
+        }
+        assert_eq!(fixed.kv_bytes(), 16 * n * row);
+    }
+    // Layer 1 slides over 4 tokens: its 8 streams get room for 4, layer 0's for all 9
+    // (positions are kept per slot on window layers, allocated as they arrive).
+    let mut c = KvCache::new(KvScheme::FP16, g, batch).unwrap();
+    c.reserve(n);
+    c.set_layer_windows(&[None, Some(4)]).unwrap();
+    assert_eq!(c.reserved_bytes(), 8 * n * 2 * d + 8 * 4 * 2 * d);
+    // An evicting scheme holds at most its budget and reserves nothing.
+    let mut e = KvCache::new("window:size=4,sinks=1@fp16".parse().unwrap(), g, batch).unwrap();
+    e.reserve(n);
+    assert_eq!(e.reserved_bytes(), 0);
+}

@@ -849,6 +849,12 @@ impl Stream for ChannelStream {
         self.blocks.capacity() + self.resid.capacity()
     }
 
+    /// The quantized blocks only (the f16 residual ring is at most `residual + group` rows).
+    fn reserve(&mut self, rows: usize) {
+        let bytes = rows / self.group * self.block_bytes();
+        crate::kv::stream::reserve_rows(&mut self.blocks, bytes);
+    }
+
     fn swap_remove(&mut self, _slot: usize) {
         unreachable!("KvScheme::from_str rejects eviction over per-channel keys")
     }

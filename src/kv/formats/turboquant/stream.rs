@@ -412,6 +412,10 @@ impl Stream for TurboQuantStream {
         self.data.capacity()
     }
 
+    fn reserve(&mut self, rows: usize) {
+        crate::kv::stream::reserve_rows(&mut self.data, rows * self.rb);
+    }
+
     fn swap_remove(&mut self, slot: usize) {
         swap_remove_row(&mut self.data, self.rb, slot);
     }
