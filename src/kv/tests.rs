@@ -594,10 +594,7 @@ fn reserve_gives_every_stream_room_up_front_and_changes_no_result() {
     let d = 16;
     let g = CacheGeometry {
         layers: 2,
-        kv_heads: 2,
-        q_heads: 4,
-        head_dim: d,
-        window: None,
+        ..geom(2, 2, d)
     };
     let (batch, n) = (2usize, 9usize);
     // 2 layers × 2 sequences × 2 kv heads × (K, V) = 16 streams.
