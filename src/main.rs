@@ -4,8 +4,8 @@
 /// user). The decode step allocates hundreds of short-lived buffers (candle's tensors, each
 /// layer's outputs) between KV caches of hundreds of MB; glibc spent 4 % of a batch-8 step in
 /// `_int_malloc` alone (perf, default model, batch 8 × 512 tokens, 2026-12-06) and gave pages
-/// back to the kernel only to fault them in again. Interleaved, same machine: TPOT at batch 1
-/// × 512 tokens 9.7 → 8.1 ms, batch 8 27.4 → 25.6 ms (README, "Decode steps").
+/// back to the kernel only to fault them in again. Interleaved, same machine, four runs each
+/// (commit d51464c): TPOT at batch 1 × 512 tokens 9.7 → 8.1 ms, batch 8 27.4 → 25.6 ms.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -395,7 +395,7 @@ impl KvCache {
             saturated: 0,
             exact: self.exact,
             windows: self.windows.clone(),
-            reserved_tokens: 0,
+            reserved_tokens: self.reserved_tokens,
             meter: AttentionMeter::default(),
         })
     }
@@ -513,6 +513,7 @@ impl KvCache {
         }
         if self.windows.is_empty() && self.is_empty() {
             self.windows = other.windows.clone();
+            self.reserve(self.reserved_tokens);
             return true;
         }
         false

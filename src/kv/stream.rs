@@ -66,7 +66,7 @@ pub trait Stream: Send + Sync + std::fmt::Debug {
     /// that many never reallocate: a growing buffer that doubles copies the whole stream in
     /// the push that crosses its capacity, and on the first decode step after a prefill that
     /// filled the buffer exactly, every (layer, sequence, head) stream did it at once (fp16,
-    /// batch 8 × 512 tokens: 95 MB copied, that step 2–5× a steady one, inside TPOT). On an
+    /// batch 8 × 512 tokens: 95 MB copied, that step 2–6× a steady one, inside TPOT). On an
     /// empty stream the buffer is replaced by one of exactly that room (so it also shrinks).
     /// Changes no row; formats whose buffers are not one row per slot may keep growing on
     /// demand.

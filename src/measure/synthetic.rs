@@ -186,6 +186,7 @@ fn point(
 ) -> crate::Result<super::sweep::PointTiming> {
     let mut cache = KvCache::new(scheme, *geom, batch)?;
     cache.set_exact_attention(false); // timed as the sweep's decode steps are
+    cache.reserve(seq_len + gen); // as the sweep's cache (`AnyCache::new`)
     crate::util::memory::reset_peak_rss();
     fill(&mut cache, geom, seq_len, seed);
     cache.take_attention_meter();

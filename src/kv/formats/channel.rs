@@ -849,7 +849,8 @@ impl Stream for ChannelStream {
         self.blocks.capacity() + self.resid.capacity()
     }
 
-    /// The quantized blocks only (the f16 residual ring is at most `residual + group` rows).
+    /// The quantized blocks only (the f16 residual rows are quantized a group at a time as they
+    /// arrive, and keep their own buffer).
     fn reserve(&mut self, rows: usize) {
         let bytes = rows / self.group * self.block_bytes();
         crate::kv::stream::reserve_rows(&mut self.blocks, bytes);
