@@ -140,7 +140,7 @@ pub(crate) fn axpy_rows_with(
 
 /// Capacity for `bytes` in `data` ([`Stream::reserve`]): a fresh buffer of exactly that
 /// room when `data` is empty, else at least that much.
-pub(crate) fn reserve_rows(data: &mut Vec<u8>, bytes: usize) {
+pub(crate) fn reserve_buffer(data: &mut Vec<u8>, bytes: usize) {
     if data.is_empty() {
         *data = Vec::with_capacity(bytes);
     } else {
@@ -266,7 +266,7 @@ impl<C: RowCodec + std::fmt::Debug> Stream for RowStream<C> {
     }
 
     fn reserve(&mut self, rows: usize) {
-        reserve_rows(&mut self.data, rows * self.rb);
+        reserve_buffer(&mut self.data, rows * self.rb);
     }
 
     fn swap_remove(&mut self, slot: usize) {

@@ -853,7 +853,7 @@ impl Stream for ChannelStream {
     /// arrive, and keep their own buffer).
     fn reserve(&mut self, rows: usize) {
         let bytes = rows / self.group * self.block_bytes();
-        crate::kv::stream::reserve_rows(&mut self.blocks, bytes);
+        crate::kv::stream::reserve_buffer(&mut self.blocks, bytes);
     }
 
     fn swap_remove(&mut self, _slot: usize) {

@@ -413,7 +413,7 @@ impl Stream for TurboQuantStream {
     }
 
     fn reserve(&mut self, rows: usize) {
-        crate::kv::stream::reserve_rows(&mut self.data, rows * self.rb);
+        crate::kv::stream::reserve_buffer(&mut self.data, rows * self.rb);
     }
 
     fn swap_remove(&mut self, slot: usize) {
