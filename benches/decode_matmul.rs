@@ -5,7 +5,10 @@
 //!
 //! `cargo bench --bench decode_matmul` prints, per variant, the median time of one decode
 //! step's worth of matmuls (30 layers × q, k, v, o, gate, up, down + the 49152-row head), the
-//! weight bytes read and the implied GB/s, and each kernel's speed-up over candle. Random
+//! weight bytes read and the implied GB/s, and each kernel's speed-up over candle. Q8_0 runs
+//! kvbench's kernel twice where the AVX-512 kernels are built: on the interleaved layout owned
+//! weights get (`kvbench`) and on ggml's blocks, as a mapped file's (`kvb-ggml`). `FORMAT=q8_0`
+//! (or `q4_1`) times one format only, `ROUNDS=n` sets the rounds (15). Random
 //! weights: the timing does not depend on their values. Every layer has weights of its own
 //! (30 copies of each shape, 143 MB of Q8_0 per step, as the model streams them from memory):
 //! until 2026-12-06 each shape was one matrix used 30–60 times per step, which held the
@@ -31,6 +34,8 @@ const SHAPES: &[(usize, usize, usize)] = &[
 struct Layer {
     candle: Vec<QMatMul>,
     ours: Vec<QMatrix>,
+    /// `ours` on ggml's blocks (Q8_0 only: the other formats have one layout).
+    ggml: Vec<QMatrix>,
     cols: usize,
     bytes: usize,
 }
@@ -50,6 +55,13 @@ fn layers(dtype: GgmlDType) -> Vec<Layer> {
             let ours: Vec<QMatrix> = (0..count)
                 .map(|_| QMatrix::new(format, rows, cols, blocks.clone()).unwrap())
                 .collect();
+            let ggml: Vec<QMatrix> = if dtype == GgmlDType::Q8_0 {
+                (0..count)
+                    .map(|_| QMatrix::ggml_layout(format, rows, cols, blocks.clone()).unwrap())
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let candle = (0..count)
                 .map(|_| {
                     let q = QTensor::quantize(&w, dtype).unwrap();
@@ -60,28 +72,51 @@ fn layers(dtype: GgmlDType) -> Vec<Layer> {
                 bytes: ours[0].bytes(),
                 candle,
                 ours,
+                ggml,
                 cols,
             }
         })
         .collect()
 }
 
+/// Which kernel a variant times.
+#[derive(Clone, Copy, PartialEq)]
+enum Kernel {
+    Candle,
+    Ours,
+    OursGgml,
+}
+
+impl Kernel {
+    fn name(self) -> &'static str {
+        match self {
+            Kernel::Candle => "candle",
+            Kernel::Ours => "kvbench",
+            Kernel::OursGgml => "kvb-ggml",
+        }
+    }
+}
+
 /// One decode step's matmuls for `m` sequences, ms.
-fn step(layers: &[Layer], m: usize, ours: bool) -> f64 {
+fn step(layers: &[Layer], m: usize, kernel: Kernel) -> f64 {
     let t = Instant::now();
     for l in layers {
         let x: Vec<f32> = (0..m * l.cols).map(|i| (i as f32 * 0.37).sin()).collect();
         let xt = Tensor::from_vec(x.clone(), (m, l.cols), &Device::Cpu).unwrap();
-        if ours {
-            for w in &l.ours {
-                let mut out = vec![0f32; m * w.rows()];
-                w.matmul(&x, &mut out);
-                std::hint::black_box(&out);
+        let ours = match kernel {
+            Kernel::Candle => {
+                for w in &l.candle {
+                    std::hint::black_box(w.forward(&xt).unwrap());
+                }
+                continue;
             }
-        } else {
-            for w in &l.candle {
-                std::hint::black_box(w.forward(&xt).unwrap());
-            }
+            Kernel::Ours => &l.ours,
+            Kernel::OursGgml => &l.ggml,
+        };
+        for w in ours {
+            let mut out = vec![0f32; m * w.rows()];
+            w.matmul(&x, &mut out);
+            std::hint::black_box(&out);
         }
     }
     t.elapsed().as_secs_f64() * 1e3
@@ -92,14 +127,22 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(15);
+    let only = std::env::var("FORMAT").ok();
     let formats = [("q8_0", GgmlDType::Q8_0), ("q4_1", GgmlDType::Q4_1)];
-    let sets: Vec<(&str, Vec<Layer>)> = formats.iter().map(|&(n, d)| (n, layers(d))).collect();
+    let sets: Vec<(&str, Vec<Layer>)> = formats
+        .iter()
+        .filter(|(n, _)| only.as_deref().is_none_or(|o| o == *n))
+        .map(|&(n, d)| (n, layers(d)))
+        .collect();
     let mut variants = Vec::new();
     for (fi, (name, ls)) in sets.iter().enumerate() {
         let bytes: usize = ls.iter().map(|l| l.bytes * l.ours.len()).sum();
+        let ggml = ls[0].ggml.len() > 0 && ls[0].ours[0].is_interleaved();
         for m in [1usize, 4, 8] {
-            for ours in [false, true] {
-                variants.push((fi, *name, m, ours, bytes, Vec::new()));
+            for kernel in [Kernel::Candle, Kernel::Ours, Kernel::OursGgml] {
+                if kernel != Kernel::OursGgml || ggml {
+                    variants.push((fi, *name, m, kernel, bytes, Vec::new()));
+                }
             }
         }
     }
@@ -127,22 +170,22 @@ fn main() {
         xs[xs.len() / 2]
     };
     let mut last_candle = 0.0;
-    for (_, name, m, ours, bytes, times) in variants.iter_mut() {
+    for (_, name, m, kernel, bytes, times) in variants.iter_mut() {
         let ms = median(times);
-        if !*ours {
+        if *kernel == Kernel::Candle {
             last_candle = ms;
         }
         println!(
             "{:<6} {:>3} {:<8} {:>9.2} {:>8.1} {:>9}",
             name,
             m,
-            if *ours { "kvbench" } else { "candle" },
+            kernel.name(),
             ms,
             *bytes as f64 / (ms * 1e-3) / 1e9,
-            if *ours {
-                format!("{:.2}×", last_candle / ms)
-            } else {
+            if *kernel == Kernel::Candle {
                 "-".into()
+            } else {
+                format!("{:.2}×", last_candle / ms)
             }
         );
     }

@@ -45,8 +45,14 @@ pub const PREFETCH_AHEAD: usize = 2048;
 /// crosses every 32 fp16 rows; a software prefetch crosses it. No effect on any result.
 #[inline(always)]
 pub fn prefetch_ahead(data: &[u8], at: usize, len: usize) {
-    let from = at + PREFETCH_AHEAD;
-    let to = (from + len).min(data.len());
+    prefetch_range(data, at + PREFETCH_AHEAD, len);
+}
+
+/// Software prefetch of `data[from..from + len]` (into L1, `_MM_HINT_T0`), one request per
+/// 64-byte line; nothing past `data`'s end. No effect on any result.
+#[inline(always)]
+pub fn prefetch_range(data: &[u8], from: usize, len: usize) {
+    let to = from.saturating_add(len).min(data.len());
     simd_dispatch!(["sse"], {
         let mut o = from;
         while o < to {

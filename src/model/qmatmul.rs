@@ -30,6 +30,19 @@
 //! by 128 with a per-weight compensation term is how oneDNN runs `s8 × s8` products on VNNI,
 //! its "s8s8 compensation".)
 //!
+//! Owned Q8_0 weights (converted at load, not a mapped file's pages) are re-laid once, at
+//! construction, where that kernel is compiled: per weight row and chunk of 16 blocks, byte
+//! group `g` (codes `4g..4g+4`) of the 16 blocks side by side in one 64-byte line, offset to
+//! unsigned (`q + 128`), the blocks past the last whole chunk in pairs as the pair kernel takes
+//! them, and every row's f16 scales after all rows' codes — the same 34 bytes per block.
+//! One `vpdpbusd` per line then adds four products of each of 16 blocks into that block's own
+//! i32 lane, so the 8 lines of a chunk leave every block's whole dot product in one lane with
+//! no horizontal sum, and the scales apply as one vector: per activation row and 16 blocks, 8
+//! `vpdpbusd`, a subtraction of `128 · Σc` per block (the offset, computed once per product
+//! from the activation codes), a conversion, a multiply by `dx` and an FMA by `dw` — about a
+//! third of the pair kernel's instructions. (The interleaving is llama.cpp's "repack" idea —
+//! `ggml-cpu/repack.cpp`, `block_q8_0x4` and friends — with our own grouping for VNNI.)
+//!
 //! Each weight row's bytes [`PREFETCH_AHEAD`](crate::kv::simd::PREFETCH_AHEAD) ahead are
 //! prefetched in software as the row starts: a mapped file's pages are 4 KiB, and the hardware
 //! prefetcher stops at each page boundary (a Q8_0 row of 4,096 inputs is 4,352 bytes, so every
@@ -40,7 +53,7 @@
 //! product only by the activation rounding (at most `dx/2` per element).
 
 use crate::kv::intdot::{dot_i8, dot_nibbles, f16_at};
-use crate::kv::simd::prefetch_ahead;
+use crate::kv::simd::{prefetch_ahead, prefetch_range, PREFETCH_AHEAD};
 use crate::util::simd::simd_dispatch;
 
 use super::mapped::WeightBytes;
@@ -89,13 +102,34 @@ pub struct QMatrix {
     rows: usize,
     cols: usize,
     data: WeightBytes,
+    /// Whether `data` is Q8_0 re-laid for the interleaved kernel (see the module docs and
+    /// [`interleave_q8`]) rather than ggml's blocks.
+    interleaved: bool,
 }
 
 impl QMatrix {
-    /// Wraps ggml block bytes (owned, or a mapped file's: see [`WeightBytes`]). Returns `None`
-    /// when `cols` is not a multiple of 32 or `data` is not `rows · cols/32` blocks (the caller
-    /// then keeps candle's path).
+    /// Wraps ggml block bytes (owned, or a mapped file's: see [`WeightBytes`]); owned Q8_0
+    /// bytes are re-laid for the interleaved kernel where it is compiled (the same number of
+    /// bytes; see the module docs). Returns `None` when `cols` is not a multiple of 32 or
+    /// `data` is not `rows · cols/32` blocks (the caller then keeps candle's path).
     pub fn new(
+        format: BlockFormat,
+        rows: usize,
+        cols: usize,
+        data: impl Into<WeightBytes>,
+    ) -> Option<Self> {
+        let mut q = Self::ggml_layout(format, rows, cols, data)?;
+        if AVX512_Q8 && format == BlockFormat::Q8_0 && !q.data.is_mapped() {
+            q.data = interleave_q8(&q.data, rows, cols / BLOCK).into();
+            q.interleaved = true;
+        }
+        Some(q)
+    }
+
+    /// [`Self::new`] without re-laying: the bytes stay ggml's blocks, and Q8_0 runs the pair
+    /// kernel (as it does on a mapped file's pages) — for benchmarks that set one kernel
+    /// beside the other.
+    pub fn ggml_layout(
         format: BlockFormat,
         rows: usize,
         cols: usize,
@@ -110,6 +144,7 @@ impl QMatrix {
             rows,
             cols,
             data,
+            interleaved: false,
         })
     }
 
@@ -133,6 +168,11 @@ impl QMatrix {
         self.data.is_mapped()
     }
 
+    /// Whether the bytes are Q8_0 re-laid for the interleaved kernel (see the module docs).
+    pub fn is_interleaved(&self) -> bool {
+        self.interleaved
+    }
+
     /// The block format.
     pub fn format(&self) -> BlockFormat {
         self.format
@@ -145,7 +185,9 @@ impl QMatrix {
         let m = x.len() / self.cols;
         assert!(x.len() == m * self.cols && out.len() == m * self.rows);
         let mut act = Activations::quantize(x, self.cols);
-        if self.format == BlockFormat::Q8_0 {
+        if self.interleaved {
+            act.interleave();
+        } else if self.format == BlockFormat::Q8_0 {
             act.pack_pairs();
         }
         // Work items: groups of weight rows; every item handles all activation rows.
@@ -181,16 +223,33 @@ impl QMatrix {
             let mr = (act.m - r0).min(MAX_M);
             let mut i = i0;
             while i < i1 {
-                let w = &self.data[i * nb * bb..(i + 1) * nb * bb];
+                // An interleaved row's codes (32 bytes a block; its scales follow all rows').
+                let rb = if self.interleaved {
+                    nb * BLOCK
+                } else {
+                    nb * bb
+                };
+                let w = &self.data[i * rb..(i + 1) * rb];
                 if r0 == 0 {
                     // Rows are consecutive in the file: one row's worth of bytes from 2 KiB
                     // ahead (the rest of this row, the start of the next), across the 4 KiB
                     // page boundaries where the hardware prefetcher stops (mapped file pages
                     // are 4 KiB). Once per weight row, not per pass over activation rows.
-                    prefetch_ahead(&self.data, i * nb * bb, nb * bb);
+                    prefetch_ahead(&self.data, i * rb, rb);
+                    if self.interleaved {
+                        // The scales' stream (after all rows' codes) as many rows ahead.
+                        let sb = nb * 2;
+                        let ahead = PREFETCH_AHEAD.div_ceil(rb);
+                        prefetch_range(&self.data, self.rows * rb + (i + ahead) * sb, sb);
+                    }
                 }
                 let mut sums = [0f32; MAX_M];
-                dot_rows(self.format, w, nb, act, r0, mr, &mut sums);
+                if self.interleaved {
+                    let sc = &self.data[self.rows * rb + i * nb * 2..][..nb * 2];
+                    dot_rows_interleaved(w, sc, nb, act, r0, mr, &mut sums);
+                } else {
+                    dot_rows(self.format, w, nb, act, r0, mr, &mut sums);
+                }
                 for (r, &s) in sums[..mr].iter().enumerate() {
                     *out.add((r0 + r) * self.rows + i) = s;
                 }
@@ -215,6 +274,68 @@ pub struct Activations {
     s: Vec<f32>,
     /// The AVX-512 Q8_0 kernel's layout (empty unless [`Activations::pack_pairs`] ran).
     pairs: Pairs,
+    /// The interleaved Q8_0 kernel's layout (empty unless [`Activations::interleave`] ran).
+    inter: Interleaved,
+}
+
+/// Blocks per chunk of the interleaved Q8_0 layout (one i32 lane of a 512-bit register each).
+const CHUNK: usize = 16;
+
+/// Re-lays Q8_0 blocks (`rows` rows of `nb` ggml blocks: f16 `d`, 32 × i8) for the interleaved
+/// kernel, in the same `rows · nb · 34` bytes: first every row's codes, `nb · 32` bytes a row,
+/// each offset to unsigned (`q + 128`) — per whole chunk `k` of 16 blocks at byte `512k` of
+/// the row, line `g` (0..8) at `64g` holding codes `4g..4g+4` of blocks `0..16` in order; the
+/// `nb mod 16` blocks past the last whole chunk (the tail) as they were, 32 codes each — then
+/// every row's `nb` f16 scales (`[rows, nb]`, at byte `rows · nb · 32`). Two sequential
+/// streams, each read in order. Source: the module docs.
+fn interleave_q8(src: &[u8], rows: usize, nb: usize) -> Vec<u8> {
+    let whole = nb / CHUNK * CHUNK;
+    let mut out = vec![0u8; rows * nb * 34];
+    let (codes, scales) = out.split_at_mut(rows * nb * BLOCK);
+    for (i, s) in src.chunks_exact(nb * 34).enumerate() {
+        let row = &mut codes[i * nb * BLOCK..][..nb * BLOCK];
+        for b in 0..nb {
+            let blk = &s[b * 34..][..34];
+            scales[2 * (i * nb + b)..][..2].copy_from_slice(&blk[..2]);
+            for (e, &q) in blk[2..].iter().enumerate() {
+                let at = if b < whole {
+                    (b - b % CHUNK) * BLOCK + 4 * (CHUNK * (e / 4) + b % CHUNK) + e % 4
+                } else {
+                    b * BLOCK + e
+                };
+                row[at] = q ^ 0x80;
+            }
+        }
+    }
+    out
+}
+
+/// Activations for the interleaved Q8_0 kernel, per row. Whole chunks of 16 blocks: `codes`
+/// `[m, chunks, 8, 16, 4]` i8 — line `g` holds codes `4g..4g+4` of the chunk's 16 blocks, as
+/// the weights' lines — `dx` `[m, chunks · 16]` the blocks' scales and `corr` `[m, chunks ·
+/// 16]` `128 · Σc` per block (what the weights' offset of 128 adds to each block's dot
+/// product). The tail, in pairs of blocks as the pair kernel takes them (a last odd block
+/// padded with zeros): `tcodes` `[m, pairs, 64]`, and per i32 lane (4 codes of one block)
+/// `tdx` `[m, pairs, 16]` its block's scale and `tcorr` `[m, pairs, 16]` `128 ·` its 4 codes'
+/// sum.
+#[derive(Debug, Default)]
+#[cfg_attr(
+    not(all(
+        target_feature = "avx512f",
+        target_feature = "avx512bw",
+        target_feature = "avx512vnni"
+    )),
+    allow(dead_code)
+)]
+struct Interleaved {
+    codes: Vec<i8>,
+    dx: Vec<f32>,
+    corr: Vec<i32>,
+    chunks: usize,
+    tcodes: Vec<i8>,
+    tdx: Vec<f32>,
+    tcorr: Vec<i32>,
+    pairs: usize,
 }
 
 /// Whether the build has the AVX-512 Q8_0 kernel (`avx::avx512`; its `cfg` attributes name the
@@ -276,7 +397,57 @@ impl Activations {
             d,
             s,
             pairs: Pairs::default(),
+            inter: Interleaved::default(),
         }
+    }
+
+    /// Builds [`Interleaved`] (for a matrix [`interleave_q8`] re-laid).
+    fn interleave(&mut self) {
+        let (chunks, tail) = (self.nb / CHUNK, self.nb % CHUNK);
+        let (lanes, pairs) = (chunks * CHUNK, tail.div_ceil(2));
+        let mut v = Interleaved {
+            codes: vec![0i8; self.m * lanes * BLOCK],
+            dx: vec![0f32; self.m * lanes],
+            corr: vec![0i32; self.m * lanes],
+            chunks,
+            tcodes: vec![0i8; self.m * pairs * 2 * BLOCK],
+            tdx: vec![0f32; self.m * pairs * 16],
+            tcorr: vec![0i32; self.m * pairs * 16],
+            pairs,
+        };
+        for row in 0..self.m {
+            for b in 0..self.nb {
+                let src = self.block(row, b);
+                let d = self.d[row * self.nb + b];
+                // Four codes as one word, and 128 times their sum.
+                let word = |g: usize| {
+                    let q: [i8; 4] = src[4 * g..][..4].try_into().unwrap();
+                    let sum = q.iter().map(|&c| c as i32).sum::<i32>();
+                    (q, 128 * sum)
+                };
+                if b < lanes {
+                    let base = (row * chunks + b / CHUNK) * CHUNK * BLOCK + 4 * (b % CHUNK);
+                    let mut corr = 0;
+                    for g in 0..8 {
+                        let (q, c) = word(g);
+                        v.codes[base + 4 * CHUNK * g..][..4].copy_from_slice(&q);
+                        corr += c;
+                    }
+                    v.dx[row * lanes + b] = d;
+                    v.corr[row * lanes + b] = corr;
+                } else {
+                    // Lane `8·(t mod 2) + g` of pair `t / 2`, `t` the block's place in the tail.
+                    let t = b - lanes;
+                    let lane = (row * pairs + t / 2) * 16 + 8 * (t % 2);
+                    v.tcodes[lane * 4..][..BLOCK].copy_from_slice(src);
+                    for g in 0..8 {
+                        v.tdx[lane + g] = d;
+                        v.tcorr[lane + g] = word(g).1;
+                    }
+                }
+            }
+        }
+        self.inter = v;
     }
 
     /// Builds [`Pairs`] (where the AVX-512 Q8_0 kernel is compiled; a no-op elsewhere).
@@ -324,6 +495,51 @@ fn dot_rows(
         unsafe { avx::dot_rows(format, w, nb, act, r0, mr, sums) },
         scalar_dot_rows(format, w, nb, act, r0, mr, sums)
     )
+}
+
+/// [`dot_rows`] for a weight row [`interleave_q8`] re-laid, `w` its codes and `scales` its
+/// f16 scales (only built where the AVX-512 Q8_0 kernel is compiled).
+#[inline(always)]
+fn dot_rows_interleaved(
+    w: &[u8],
+    scales: &[u8],
+    nb: usize,
+    act: &Activations,
+    r0: usize,
+    mr: usize,
+    sums: &mut [f32; MAX_M],
+) {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx512f",
+        target_feature = "avx512bw",
+        target_feature = "avx512vnni"
+    ))]
+    // SAFETY: features enabled at compile time; the kernel reads `w`'s `nb · 32` bytes,
+    // `scales`' `nb · 2` and the activations' rows `r0..r0 + mr`, all inside their buffers.
+    unsafe {
+        use avx::avx512::q8_interleaved as k;
+        match mr {
+            1 => k::<1>(w, scales, nb, act, r0, sums),
+            2 => k::<2>(w, scales, nb, act, r0, sums),
+            3 => k::<3>(w, scales, nb, act, r0, sums),
+            4 => k::<4>(w, scales, nb, act, r0, sums),
+            5 => k::<5>(w, scales, nb, act, r0, sums),
+            6 => k::<6>(w, scales, nb, act, r0, sums),
+            7 => k::<7>(w, scales, nb, act, r0, sums),
+            _ => k::<8>(w, scales, nb, act, r0, sums),
+        }
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx512f",
+        target_feature = "avx512bw",
+        target_feature = "avx512vnni"
+    )))]
+    {
+        let _ = (w, scales, nb, act, r0, mr, sums);
+        unreachable!("interleaved Q8_0 only where the AVX-512 kernel is compiled");
+    }
 }
 
 /// The same arithmetic in scalar integer code: the reference the SIMD kernel is tested
@@ -509,8 +725,8 @@ mod avx {
         target_feature = "avx512bw",
         target_feature = "avx512vnni"
     ))]
-    mod avx512 {
-        use super::super::{Activations, MAX_M};
+    pub(super) mod avx512 {
+        use super::super::{Activations, BLOCK, CHUNK, MAX_M};
         use super::{hsum, q8_block};
         use crate::kv::simd::avx512::{fold, join, offset_correction};
         use std::arch::x86_64::*;
@@ -562,6 +778,89 @@ mod avx {
             }
             for r in 0..M {
                 sums[r] = hsum(_mm256_add_ps(fold(acc[r]), tail[r]));
+            }
+        }
+
+        /// `sums[r]` for activation rows `r0..r0 + M` against a weight row re-laid by
+        /// [`super::super::interleave_q8`] (`nb` blocks; `w` its codes, `scales` its f16
+        /// scales), on [`super::super::Interleaved`]
+        /// activations. Per whole chunk of 16 blocks the 8 weight lines are loaded once and,
+        /// per row, 8 `vpdpbusd` in two chains leave block `j`'s `Σ (q + 128)·c` in lane `j`;
+        /// minus `128 · Σc`, times `dx`, fused by `dw` into the row's 16-lane accumulator. Per
+        /// pair of tail blocks (a last odd one alone, its upper lanes zero) one `vpdpbusd`,
+        /// with the pair's scales widened to their lanes as the pair kernel does.
+        #[inline(always)]
+        pub unsafe fn q8_interleaved<const M: usize>(
+            w: &[u8],
+            scales: &[u8],
+            nb: usize,
+            act: &Activations,
+            r0: usize,
+            sums: &mut [f32; MAX_M],
+        ) {
+            let v = &act.inter;
+            let (chunks, pairs) = (v.chunks, v.pairs);
+            debug_assert!(chunks == nb / CHUNK && pairs == (nb % CHUNK).div_ceil(2));
+            debug_assert!(w.len() == nb * BLOCK && scales.len() == nb * 2);
+            let wp = w.as_ptr();
+            let sp = scales.as_ptr() as *const u16;
+            let (codes, dx, corr) = (v.codes.as_ptr(), v.dx.as_ptr(), v.corr.as_ptr());
+            let mut acc = [_mm512_setzero_ps(); M];
+            for k in 0..chunks {
+                let base = wp.add(k * CHUNK * BLOCK);
+                let mut wv = [_mm512_setzero_si512(); 8];
+                for (g, x) in wv.iter_mut().enumerate() {
+                    *x = _mm512_loadu_si512(base.add(64 * g) as *const __m512i);
+                }
+                let sw = _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(k * CHUNK) as *const __m256i));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let lane = ((r0 + r) * chunks + k) * CHUNK;
+                    let c = codes.add(lane * BLOCK) as *const __m512i;
+                    let z = _mm512_setzero_si512();
+                    let mut s0 = _mm512_dpbusd_epi32(z, wv[0], _mm512_loadu_si512(c));
+                    let mut s1 = _mm512_dpbusd_epi32(z, wv[1], _mm512_loadu_si512(c.add(1)));
+                    s0 = _mm512_dpbusd_epi32(s0, wv[2], _mm512_loadu_si512(c.add(2)));
+                    s1 = _mm512_dpbusd_epi32(s1, wv[3], _mm512_loadu_si512(c.add(3)));
+                    s0 = _mm512_dpbusd_epi32(s0, wv[4], _mm512_loadu_si512(c.add(4)));
+                    s1 = _mm512_dpbusd_epi32(s1, wv[5], _mm512_loadu_si512(c.add(5)));
+                    s0 = _mm512_dpbusd_epi32(s0, wv[6], _mm512_loadu_si512(c.add(6)));
+                    s1 = _mm512_dpbusd_epi32(s1, wv[7], _mm512_loadu_si512(c.add(7)));
+                    let s = _mm512_sub_epi32(
+                        _mm512_add_epi32(s0, s1),
+                        _mm512_loadu_si512(corr.add(lane) as *const __m512i),
+                    );
+                    let f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_loadu_ps(dx.add(lane)));
+                    *a = _mm512_fmadd_ps(f, sw, *a);
+                }
+            }
+            // Lane i takes element i / 8 of a two-element vector: [x0 × 8, x1 × 8].
+            let halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+            let (tcodes, tdx, tcorr) = (v.tcodes.as_ptr(), v.tdx.as_ptr(), v.tcorr.as_ptr());
+            let first = chunks * CHUNK;
+            for p in 0..pairs {
+                let b = first + 2 * p;
+                let (q, d) = if b + 1 < nb {
+                    let q = _mm512_loadu_si512(wp.add(b * BLOCK) as *const __m512i);
+                    (q, *sp.add(b) as u32 | (*sp.add(b + 1) as u32) << 16)
+                } else {
+                    let q = _mm512_maskz_loadu_epi32(0xff, wp.add(b * BLOCK) as *const i32);
+                    (q, *sp.add(b) as u32)
+                };
+                let dws = _mm_cvtph_ps(_mm_cvtsi32_si128(d as i32));
+                let dw = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(dws));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let lane = ((r0 + r) * pairs + p) * 16;
+                    let c = _mm512_loadu_si512(tcodes.add(lane * 4) as *const __m512i);
+                    let s = _mm512_sub_epi32(
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, c),
+                        _mm512_loadu_si512(tcorr.add(lane) as *const __m512i),
+                    );
+                    let f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_loadu_ps(tdx.add(lane)));
+                    *a = _mm512_fmadd_ps(f, dw, *a);
+                }
+            }
+            for r in 0..M {
+                sums[r] = _mm512_reduce_add_ps(acc[r]);
             }
         }
     }
@@ -617,8 +916,15 @@ mod tests {
 
     use super::*;
 
-    /// ggml blocks built by hand from integer codes, so the exact f32 product is known.
+    /// ggml blocks built by hand from integer codes, so the exact f32 product is known; as
+    /// [`QMatrix::new`] holds them (Q8_0 interleaved where that kernel is compiled).
     fn matrix(format: BlockFormat, rows: usize, cols: usize, seed: u32) -> (QMatrix, Vec<f32>) {
+        let (data, dense) = blocks(format, rows, cols, seed);
+        (QMatrix::new(format, rows, cols, data).unwrap(), dense)
+    }
+
+    /// The ggml bytes of [`matrix`] and their dequantized values `[rows, cols]`.
+    fn blocks(format: BlockFormat, rows: usize, cols: usize, seed: u32) -> (Vec<u8>, Vec<f32>) {
         let nb = cols / BLOCK;
         let bb = format.block_bytes();
         let mut data = vec![0u8; rows * nb * bb];
@@ -661,7 +967,7 @@ mod tests {
                 }
             }
         }
-        (QMatrix::new(format, rows, cols, data).unwrap(), dense)
+        (data, dense)
     }
 
     /// Against the exact f32 product of the dequantized weights (an independent computation
@@ -670,11 +976,15 @@ mod tests {
     #[test]
     fn matches_dense_product_within_activation_rounding() {
         for format in [BlockFormat::Q8_0, BlockFormat::Q4_0, BlockFormat::Q4_1] {
+            // Block counts below, at and past the interleaved layout's chunk of 16 (576:
+            // SmolLM2's width, 16 + 2 blocks; 1,024: two whole chunks).
             for (rows, cols, m) in [
                 (5usize, 64usize, 1usize),
                 (37, 96, 3),
                 (16, 32, 8),
                 (9, 160, 11),
+                (7, 576, 9),
+                (3, 1024, 2),
             ] {
                 let (q, dense) = matrix(format, rows, cols, rows as u32 * 7 + m as u32);
                 let x: Vec<f32> = (0..m * cols)
@@ -715,7 +1025,8 @@ mod tests {
         for format in [BlockFormat::Q8_0, BlockFormat::Q4_0, BlockFormat::Q4_1] {
             // Even and odd block counts; one pass, several passes, a partial last pass.
             for cols in [64usize, 96, 160, 256] {
-                let (q, _) = matrix(format, 3, cols, 11 + cols as u32);
+                let (data, _) = blocks(format, 3, cols, 11 + cols as u32);
+                let q = QMatrix::ggml_layout(format, 3, cols, data).unwrap();
                 for m in [1usize, 3, 8, 9, 11, 16, 17] {
                     let x: Vec<f32> = (0..m * cols)
                         .map(|i| ((i as f32) * 0.113).cos() * 3.0)
@@ -748,6 +1059,53 @@ mod tests {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// The interleaved Q8_0 layout against ggml's (which `simd_equals_scalar_reference` ties to
+    /// the scalar reference): the same integer dot per block, so equal up to f32 summation
+    /// order, for block counts below, at and past a chunk (2, 3, 16, 17, 18, 32, 33) and for
+    /// one pass of activation rows, several and a partial one; the re-laid bytes are as many
+    /// as ggml's and hold every scale and code (`q + 128`) where the layout says (whole
+    /// chunks interleaved, the tail in order).
+    #[test]
+    fn interleaved_q8_equals_ggml_layout() {
+        for nb in [2usize, 3, 16, 17, 18, 32, 33] {
+            let (rows, cols) = (5, nb * BLOCK);
+            let (data, _) = blocks(BlockFormat::Q8_0, rows, cols, 5 + nb as u32);
+            let re = interleave_q8(&data, rows, nb);
+            assert_eq!(re.len(), data.len());
+            for (i, b) in [(0, 0), (rows - 1, nb - 1), (2, nb / 2)] {
+                let (src, row) = (&data[(i * nb + b) * 34..][..34], &re[i * nb * 32..]);
+                let scale = &re[rows * nb * 32 + 2 * (i * nb + b)..][..2];
+                assert_eq!(scale, &src[..2], "nb={nb} scale {i},{b}");
+                let (k, j) = (b / CHUNK, b % CHUNK);
+                for e in 0..32 {
+                    let at = if b < nb / CHUNK * CHUNK {
+                        k * 512 + 64 * (e / 4) + 4 * j + e % 4
+                    } else {
+                        32 * b + e
+                    };
+                    assert_eq!(row[at], src[2 + e] ^ 0x80, "nb={nb} code {i},{b},{e}");
+                }
+            }
+            let ggml = QMatrix::ggml_layout(BlockFormat::Q8_0, rows, cols, data.clone()).unwrap();
+            let q = QMatrix::new(BlockFormat::Q8_0, rows, cols, data).unwrap();
+            assert_eq!(q.interleaved, AVX512_Q8);
+            for m in [1usize, 3, 8, 9, 17] {
+                let x: Vec<f32> = (0..m * cols)
+                    .map(|i| ((i as f32) * 0.291).sin() * (1.0 + (i % 5) as f32))
+                    .collect();
+                let (mut a, mut b) = (vec![0f32; m * rows], vec![0f32; m * rows]);
+                ggml.matmul(&x, &mut a);
+                q.matmul(&x, &mut b);
+                for (i, (&u, &v)) in a.iter().zip(&b).enumerate() {
+                    assert!(
+                        (u - v).abs() <= 1e-5 * (1.0 + u.abs()),
+                        "nb={nb} m={m} out {i}: {v} vs ggml layout {u}"
+                    );
                 }
             }
         }
