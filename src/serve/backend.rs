@@ -71,7 +71,7 @@ impl<'a> ModelBackend<'a> {
             self.batch.is_none(),
             "warm-up of a backend that already serves"
         );
-        let mut last = self.admit(prompt, false)?;
+        let mut last = self.admit(prompt, false, prompt.len() + steps + 1)?;
         for _ in 0..steps {
             last = self.step(&[last])?[0];
         }
@@ -139,8 +139,9 @@ impl Backend for ModelBackend<'_> {
         Ok(t0.elapsed().as_secs_f64())
     }
 
-    fn admit(&mut self, tokens: &[u32], after_prefix: bool) -> Result<u32> {
+    fn admit(&mut self, tokens: &[u32], after_prefix: bool, lifetime: usize) -> Result<u32> {
         let mut cache = self.fresh()?;
+        cache.reserve(lifetime);
         if after_prefix {
             let (kv, n) = self
                 .prefix

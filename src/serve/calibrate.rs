@@ -151,10 +151,12 @@ pub fn measure(
     // more).
     let mut running = ModelBackend::new(prefill, decode, KvScheme::FP16);
     let mut last = Vec::with_capacity(RUNNING);
-    for i in 0..RUNNING {
-        last.push(running.admit(prompt(i, spec.short_ctx)?, false)?);
-    }
     let n = spec.prefill_lens.len();
+    // Room for every step it takes (4 per length and round), as serving reserves a request's.
+    let lifetime = spec.short_ctx + 4 * n * (repeats + 1) + 1;
+    for i in 0..RUNNING {
+        last.push(running.admit(prompt(i, spec.short_ctx)?, false, lifetime)?);
+    }
     let (mut prefill_times, mut before, mut after) = (
         vec![Vec::with_capacity(repeats); n],
         vec![Vec::with_capacity(repeats); n],
@@ -174,7 +176,8 @@ pub fn measure(
             timed_step(&mut last)?;
             let s0 = timed_step(&mut last)?;
             let t0 = Instant::now();
-            b.admit(p, false)?;
+            // Prefilled and dropped: no steps to reserve for.
+            b.admit(p, false, 0)?;
             let tp = t0.elapsed().as_secs_f64();
             let s1 = timed_step(&mut last)?;
             if r > 0 {
@@ -274,7 +277,9 @@ pub fn speed_probe(prefill: &Model, decode: &Model) -> Result<SpeedProbe> {
     let mut running = ModelBackend::new(prefill, decode, KvScheme::FP16);
     let mut last = Vec::with_capacity(SpeedProbe::BATCH);
     for i in 0..SpeedProbe::BATCH {
-        last.push(running.admit(&tokens(SpeedProbe::RUNNING_PROMPT, i), false)?);
+        let lifetime =
+            SpeedProbe::RUNNING_PROMPT + (SpeedProbe::ROUNDS + 1) * SpeedProbe::STEPS + 1;
+        last.push(running.admit(&tokens(SpeedProbe::RUNNING_PROMPT, i), false, lifetime)?);
     }
     let (mut prefills, mut steps) = (Vec::new(), Vec::new());
     for r in 0..=SpeedProbe::ROUNDS {
@@ -288,7 +293,7 @@ pub fn speed_probe(prefill: &Model, decode: &Model) -> Result<SpeedProbe> {
         let mut b = ModelBackend::new(prefill, decode, KvScheme::FP16);
         let p = tokens(SpeedProbe::PROMPT, SpeedProbe::BATCH + r);
         let t0 = Instant::now();
-        b.admit(&p, false)?;
+        b.admit(&p, false, 0)?;
         let fill = t0.elapsed().as_secs_f64();
         if r > 0 {
             prefills.push(fill * 1e3);
@@ -415,7 +420,8 @@ fn interleaved_steps<'t>(
         let mut b = ModelBackend::new(prefill, decode, scheme);
         let mut last = Vec::with_capacity(batch);
         for i in 0..batch {
-            last.push(b.admit(prompt(i, ctx)?, false)?);
+            // Two steps a round, as serving reserves a request's whole life.
+            last.push(b.admit(prompt(i, ctx)?, false, ctx + 2 * (repeats + 1) + 1)?);
         }
         live.push((b, last, Vec::with_capacity(repeats)));
     }

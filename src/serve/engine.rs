@@ -32,7 +32,11 @@ pub trait Backend {
     fn prepare_prefix(&mut self, prefix: &[u32]) -> Result<f64>;
     /// Prefills `tokens` as a new sequence appended to the running batch — after a copy of the
     /// shared prefix's cache when `after_prefix` — and returns its first generated token.
-    fn admit(&mut self, tokens: &[u32], after_prefix: bool) -> Result<u32>;
+    /// `lifetime`: the tokens the sequence's cache may hold by its end (prefix, prompt and
+    /// output), reserved up front where the backend keeps real caches
+    /// ([`crate::kv::KvCache::reserve`], as vLLM allocates a sequence's blocks; 0: none), so
+    /// no decode step pays for growing it.
+    fn admit(&mut self, tokens: &[u32], after_prefix: bool, lifetime: usize) -> Result<u32>;
     /// One decode step: feeds `last[i]` to running sequence `i`, returns each one's next token.
     fn step(&mut self, last: &[u32]) -> Result<Vec<u32>>;
     /// Drops running sequence `i` and its cache; later sequences move down by one.
@@ -471,7 +475,8 @@ impl<'a> Scheduler<'a> {
         tokens.extend_from_slice(&req.prompt);
         tokens.extend_from_slice(&st.generated);
         let t0 = self.backend.now();
-        let tok = self.backend.admit(&tokens, self.caching)?;
+        let lifetime = self.cfg.prefix_tokens + req.prompt.len() + req.output_len;
+        let tok = self.backend.admit(&tokens, self.caching, lifetime)?;
         let t1 = self.backend.now();
         let t = t1 - self.offset;
         self.prefilled.0 += t1 - t0;
@@ -869,6 +874,103 @@ pub(crate) mod tests {
         );
         assert_eq!(off.steps.iter().map(|x| x.running).max(), Some(3));
         assert!(off.requests.iter().all(|r| r.prompt_tokens == 40));
+    }
+
+    /// The scheduler's tests' backend, recording what `admit` reserves for each sequence and
+    /// checking at every step that no running sequence holds more tokens than that.
+    struct Reserving {
+        inner: VirtualBackend<FixedCost>,
+        prefix: usize,
+        /// Per running sequence: (tokens held, tokens reserved).
+        held: Vec<(usize, usize)>,
+        admitted: Vec<(usize, usize)>,
+    }
+
+    impl Backend for Reserving {
+        fn now(&self) -> f64 {
+            self.inner.now()
+        }
+        fn wait_until(&mut self, t: f64) {
+            self.inner.wait_until(t)
+        }
+        fn prepare_prefix(&mut self, prefix: &[u32]) -> Result<f64> {
+            self.prefix = prefix.len();
+            self.inner.prepare_prefix(prefix)
+        }
+        fn admit(&mut self, tokens: &[u32], after_prefix: bool, lifetime: usize) -> Result<u32> {
+            let held = tokens.len() + if after_prefix { self.prefix } else { 0 };
+            self.held.push((held, lifetime));
+            self.admitted.push((tokens.len(), lifetime));
+            self.inner.admit(tokens, after_prefix, lifetime)
+        }
+        fn step(&mut self, last: &[u32]) -> Result<Vec<u32>> {
+            for (held, reserved) in &mut self.held {
+                *held += 1;
+                assert!(
+                    *held <= *reserved,
+                    "{held} tokens held, {reserved} reserved"
+                );
+            }
+            self.inner.step(last)
+        }
+        fn remove(&mut self, i: usize) -> Result<()> {
+            self.held.remove(i);
+            self.inner.remove(i)
+        }
+        fn kv_bytes(&self) -> usize {
+            self.inner.kv_bytes()
+        }
+    }
+
+    /// Every admission reserves the request's whole life — prefix, prompt and output, by hand
+    /// 24 + 6 + 8 = 38 tokens — with prefix caching or without, and a request preempted and
+    /// prefilled again (a pool of 5 blocks of 16 for sequences that start in 2 and grow into a
+    /// third) reserves the same again; no sequence ever holds more than its reservation.
+    #[test]
+    fn admission_reserves_each_request_lifetime() {
+        let s = fp16_sizer();
+        for (caching, blocks) in [(true, 64), (false, 64), (false, 5)] {
+            let cfg = SchedConfig {
+                sizer: s,
+                kv_budget: blocks * s.block_bytes(),
+                max_num_seqs: 64,
+                prefix_tokens: 24,
+                prefix_caching: caching,
+            };
+            let mut b = Reserving {
+                inner: mock(s),
+                prefix: 0,
+                held: Vec::new(),
+                admitted: Vec::new(),
+            };
+            let r = reqs(6, 6, 8);
+            let prefix = vec![5u32; 24];
+            let o = serve(
+                &mut b,
+                &cfg,
+                &r,
+                Arrival::Poisson {
+                    rate: f64::INFINITY,
+                },
+                &prefix,
+                0,
+                &mut |_| Ok(()),
+            )
+            .unwrap();
+            assert!(
+                o.requests.iter().all(|r| r.status == "ok"),
+                "{caching} {blocks}"
+            );
+            assert!(b.admitted.len() >= 6);
+            assert!(b.admitted.iter().all(|&(_, l)| l == 38), "{:?}", b.admitted);
+            if blocks == 5 {
+                assert!(
+                    o.requests.iter().any(|r| r.preemptions > 0),
+                    "no preemption"
+                );
+                assert!(b.admitted.len() > 6);
+            }
+        }
     }
 
     /// A request that cannot fit an empty pool is rejected, not waited on forever.

@@ -116,7 +116,7 @@ impl<C: StepCost> Backend for VirtualBackend<C> {
         self.prefilled = self.prefilled.max(prefix.len());
         Ok(s)
     }
-    fn admit(&mut self, tokens: &[u32], after_prefix: bool) -> Result<u32> {
+    fn admit(&mut self, tokens: &[u32], after_prefix: bool, _lifetime: usize) -> Result<u32> {
         let before = if after_prefix { self.prefix } else { 0 };
         self.clock += self.cost.prefill_s(tokens.len(), before);
         self.prefilled = self.prefilled.max(tokens.len());
