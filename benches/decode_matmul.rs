@@ -6,8 +6,8 @@
 //! `cargo bench --bench decode_matmul` prints, per variant, the median time of one decode
 //! step's worth of matmuls (30 layers × q, k, v, o, gate, up, down + the 49152-row head), the
 //! weight bytes read and the implied GB/s, and each kernel's speed-up over candle. Q8_0 runs
-//! kvbench's kernel twice where the AVX-512 kernels are built: on the interleaved layout owned
-//! weights get (`kvbench`) and on ggml's blocks, as a mapped file's (`kvb-ggml`). `FORMAT=q8_0`
+//! kvbench's kernel twice where the AVX-512 kernels are built: on the interleaved layout weights
+//! converted at load get (`kvbench`) and on ggml's blocks, as a file's own (`kvb-ggml`). `FORMAT=q8_0`
 //! (or `q4_1`) times one format only, `ROUNDS=n` sets the rounds (15). Random
 //! weights: the timing does not depend on their values. Every layer has weights of its own
 //! (30 copies of each shape, 143 MB of Q8_0 per step, as the model streams them from memory):
@@ -53,11 +53,11 @@ fn layers(dtype: GgmlDType) -> Vec<Layer> {
             let blocks = q.data().unwrap().into_owned();
             let format = BlockFormat::of(dtype).unwrap();
             let ours: Vec<QMatrix> = (0..count)
-                .map(|_| QMatrix::new(format, rows, cols, blocks.clone()).unwrap())
+                .map(|_| QMatrix::relaid(format, rows, cols, blocks.clone()).unwrap())
                 .collect();
             let ggml: Vec<QMatrix> = if dtype == GgmlDType::Q8_0 {
                 (0..count)
-                    .map(|_| QMatrix::ggml_layout(format, rows, cols, blocks.clone()).unwrap())
+                    .map(|_| QMatrix::new(format, rows, cols, blocks.clone()).unwrap())
                     .collect()
             } else {
                 Vec::new()

@@ -152,6 +152,9 @@ impl Linear {
     /// every device; quantized blocks are then copied to `device` as they are (candle's CUDA
     /// QMatMul runs Q4_0/Q4_1/Q5_x/Q8_0 and the k-quants). Errors: [`Error::Candle`].
     pub fn new(w: QTensor, b: Option<Tensor>, dtype: WeightDtype, device: &Device) -> Result<Self> {
+        // Whether kvbench requantizes the blocks here (they get the re-laid Q8_0 kernel; a
+        // file's own blocks keep ggml's layout, mapped or read: see `QMatrix::relaid`).
+        let converted = dtype == WeightDtype::Q8_0 && w.dtype() != GgmlDType::Q8_0;
         let w = match (dtype, w.dtype()) {
             (WeightDtype::Native, GgmlDType::F16 | GgmlDType::BF16) if !device.is_cpu() => {
                 let half = if w.dtype() == GgmlDType::F16 {
@@ -181,7 +184,7 @@ impl Linear {
                 )?))
             }
         };
-        Self::with_kernel(w, b)
+        Self::with_kernel(w, b, converted)
     }
 
     /// Builds the layer from a stored tensor without copying it when `dtype` computes in the
@@ -209,16 +212,21 @@ impl Linear {
     }
 
     /// Moves block-quantized weights on the CPU into kvbench's kernel ([`qmatmul`]), dropping
-    /// candle's copy: one copy per layer.
-    fn with_kernel(w: QMatMul, b: Option<Tensor>) -> Result<Self> {
+    /// candle's copy: one copy per layer; blocks kvbench `converted` (requantized at load) are
+    /// re-laid for it ([`qmatmul::QMatrix::relaid`]).
+    fn with_kernel(w: QMatMul, b: Option<Tensor>, converted: bool) -> Result<Self> {
         if let QMatMul::QTensor(q) = &w {
             if q.device().is_cpu() {
                 if let (Some(format), Ok((rows, cols))) =
                     (qmatmul::BlockFormat::of(q.dtype()), q.shape().dims2())
                 {
-                    if let Some(m) =
-                        qmatmul::QMatrix::new(format, rows, cols, q.data()?.into_owned())
-                    {
+                    let data = q.data()?.into_owned();
+                    let m = if converted {
+                        qmatmul::QMatrix::relaid(format, rows, cols, data)
+                    } else {
+                        qmatmul::QMatrix::new(format, rows, cols, data)
+                    };
+                    if let Some(m) = m {
                         return Ok(Self {
                             w: LinearWeight::Blocks(Arc::new(m)),
                             b,
@@ -261,7 +269,8 @@ impl Linear {
                 device,
             )?)),
         };
-        Self::with_kernel(w, b)
+        // Quantized here from dense weights: re-laid where kvbench's kernel runs them.
+        Self::with_kernel(w, b, true)
     }
 
     /// Bytes of this layer's weight and bias as held (see [`super::Model::weight_bytes`]).

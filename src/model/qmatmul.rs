@@ -30,8 +30,10 @@
 //! by 128 with a per-weight compensation term is how oneDNN runs `s8 × s8` products on VNNI,
 //! its "s8s8 compensation".)
 //!
-//! Owned Q8_0 weights (converted at load, not a mapped file's pages) are re-laid once, at
-//! construction, where that kernel is compiled: per weight row and chunk of 16 blocks, byte
+//! Q8_0 weights kvbench converts at load ([`QMatrix::relaid`]: the timing path's default, the
+//! default model's Q4_1 requantized) are re-laid once, where that kernel is compiled; a file's
+//! own Q8_0 blocks, mapped or read, keep ggml's layout and the pair kernel, so a model computes
+//! the same whichever way it was loaded. The layout: per weight row and chunk of 16 blocks, byte
 //! group `g` (codes `4g..4g+4`) of the 16 blocks side by side in one 64-byte line, offset to
 //! unsigned (`q + 128`), the blocks past the last whole chunk in pairs as the pair kernel takes
 //! them, and every row's f16 scales after all rows' codes — the same 34 bytes per block.
@@ -112,28 +114,24 @@ pub struct QMatrix {
 }
 
 impl QMatrix {
-    /// Wraps ggml block bytes (owned, or a mapped file's: see [`WeightBytes`]); owned Q8_0
-    /// bytes are re-laid for the interleaved kernel where it is compiled (the same number of
-    /// bytes; see the module docs). Returns `None` when `cols` is not a multiple of 32 or
-    /// `data` is not `rows · cols/32` blocks (the caller then keeps candle's path).
-    pub fn new(
-        format: BlockFormat,
-        rows: usize,
-        cols: usize,
-        data: impl Into<WeightBytes>,
-    ) -> Option<Self> {
-        let mut q = Self::ggml_layout(format, rows, cols, data)?;
-        if AVX512_Q8 && format == BlockFormat::Q8_0 && !q.data.is_mapped() {
+    /// Blocks kvbench converted at load (a layer requantized to Q8_0 from another format or
+    /// from f32): as [`Self::new`], then Q8_0 re-laid for the interleaved kernel where it is
+    /// compiled (the same number of bytes; see the module docs). A file's own blocks go
+    /// through [`Self::new`] whether mapped or read into memory, so a model computes the same
+    /// whichever way it was loaded. Returns `None` as [`Self::new`].
+    pub fn relaid(format: BlockFormat, rows: usize, cols: usize, data: Vec<u8>) -> Option<Self> {
+        let mut q = Self::new(format, rows, cols, data)?;
+        if AVX512_Q8 && format == BlockFormat::Q8_0 {
             q.data = interleave_q8(&q.data, rows, cols / BLOCK).into();
             q.interleaved = true;
         }
         Some(q)
     }
 
-    /// [`Self::new`] without re-laying: the bytes stay ggml's blocks, and Q8_0 runs the pair
-    /// kernel (as it does on a mapped file's pages) — for benchmarks that set one kernel
-    /// beside the other.
-    pub fn ggml_layout(
+    /// Wraps ggml block bytes (owned, or a mapped file's: see [`WeightBytes`]) as they are:
+    /// Q8_0 runs the pair kernel. Returns `None` when `cols` is not a multiple of 32 or `data`
+    /// is not `rows · cols/32` blocks (the caller then keeps candle's path).
+    pub fn new(
         format: BlockFormat,
         rows: usize,
         cols: usize,
@@ -921,10 +919,10 @@ mod tests {
     use super::*;
 
     /// ggml blocks built by hand from integer codes, so the exact f32 product is known; as
-    /// [`QMatrix::new`] holds them (Q8_0 interleaved where that kernel is compiled).
+    /// [`QMatrix::relaid`] holds them (Q8_0 interleaved where that kernel is compiled).
     fn matrix(format: BlockFormat, rows: usize, cols: usize, seed: u32) -> (QMatrix, Vec<f32>) {
         let (data, dense) = blocks(format, rows, cols, seed);
-        (QMatrix::new(format, rows, cols, data).unwrap(), dense)
+        (QMatrix::relaid(format, rows, cols, data).unwrap(), dense)
     }
 
     /// The ggml bytes of [`matrix`] and their dequantized values `[rows, cols]`.
@@ -1030,7 +1028,7 @@ mod tests {
             // Even and odd block counts; one pass, several passes, a partial last pass.
             for cols in [64usize, 96, 160, 256] {
                 let (data, _) = blocks(format, 3, cols, 11 + cols as u32);
-                let q = QMatrix::ggml_layout(format, 3, cols, data).unwrap();
+                let q = QMatrix::new(format, 3, cols, data).unwrap();
                 for m in [1usize, 3, 8, 9, 11, 16, 17] {
                     let x: Vec<f32> = (0..m * cols)
                         .map(|i| ((i as f32) * 0.113).cos() * 3.0)
@@ -1095,8 +1093,8 @@ mod tests {
                     assert_eq!(row[at], src[2 + e] ^ 0x80, "nb={nb} code {i},{b},{e}");
                 }
             }
-            let ggml = QMatrix::ggml_layout(BlockFormat::Q8_0, rows, cols, data.clone()).unwrap();
-            let q = QMatrix::new(BlockFormat::Q8_0, rows, cols, data).unwrap();
+            let ggml = QMatrix::new(BlockFormat::Q8_0, rows, cols, data.clone()).unwrap();
+            let q = QMatrix::relaid(BlockFormat::Q8_0, rows, cols, data).unwrap();
             assert_eq!(q.interleaved, AVX512_Q8);
             for m in [1usize, 3, 8, 9, 17] {
                 let x: Vec<f32> = (0..m * cols)
@@ -1144,5 +1142,6 @@ mod tests {
         assert!(QMatrix::new(BlockFormat::Q8_0, 2, 33, vec![0; 68]).is_none());
         assert!(QMatrix::new(BlockFormat::Q8_0, 2, 32, vec![0; 67]).is_none());
         assert!(QMatrix::new(BlockFormat::Q4_1, 2, 64, vec![0; 80]).is_some());
+        assert!(QMatrix::relaid(BlockFormat::Q8_0, 2, 32, vec![0; 67]).is_none());
     }
 }

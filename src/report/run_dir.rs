@@ -298,6 +298,31 @@ fn alive(pid: u32) -> Option<bool> {
     Some(Path::new(&format!("/proc/{pid}")).exists())
 }
 
+/// Creates the lock file `path` holding `pid`, atomically: the PID is written to a file of this
+/// process's own (`<lock>.<pid>`), which is then hard-linked to `path` (fails with
+/// `AlreadyExists` when the lock is held) and removed — so another process never reads a lock
+/// file that exists but holds no PID yet (with `create_new` and a write after, one that did
+/// took it for stale, removed it, and both runs wrote into one folder). Where hard links are
+/// not supported, `create_new` and a write, as before.
+fn create_with_pid(path: &Path, pid: u32) -> std::io::Result<()> {
+    let mut own = path.as_os_str().to_owned();
+    own.push(format!(".{pid}"));
+    let own = PathBuf::from(own);
+    std::fs::write(&own, format!("{pid}\n"))?;
+    let linked = std::fs::hard_link(&own, path);
+    let _ = std::fs::remove_file(&own);
+    match linked {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)?;
+            writeln!(f, "{pid}")
+        }
+        r => r,
+    }
+}
+
 impl FolderLock {
     /// Takes the lock of run folder `dir` (which must exist) for this process. `flag` names
     /// the input that chose the folder (`--out`, `--resume`) for the error. A stale lock (its
@@ -308,13 +333,8 @@ impl FolderLock {
         let path = dir.join(LOCK_FILE);
         let me = std::process::id();
         for _ in 0..2 {
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-            {
-                Ok(mut f) => {
-                    writeln!(f, "{me}").map_err(|e| Error::io(&path, e))?;
+            match create_with_pid(&path, me) {
+                Ok(()) => {
                     if let Ok(mut h) = HELD.lock() {
                         *h = Some(dir.to_path_buf());
                     }
@@ -368,7 +388,8 @@ impl FolderLock {
         let others = std::fs::read_dir(dir)
             .map_err(|e| Error::io(dir, e))?
             .flatten()
-            .any(|e| e.file_name() != LOCK_FILE);
+            // Not the lock, nor another run's lock being created (`<lock>.<pid>`, gone at once).
+            .any(|e| !e.file_name().to_string_lossy().starts_with(LOCK_FILE));
         if others {
             return Err(Error::InvalidArgument {
                 name: flag.into(),
@@ -596,6 +617,26 @@ mod tests {
         );
         drop(l);
         assert!(!d.join(LOCK_FILE).exists());
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// The lock file appears with its PID already in it (a file of the creator's own, linked
+    /// into place), never empty, so no other run can take a lock being written for stale; the
+    /// creator's own file is gone after; a second creation finds the lock and fails.
+    #[test]
+    fn the_lock_file_appears_with_its_pid() {
+        let d = tmp("link");
+        let path = d.join(LOCK_FILE);
+        create_with_pid(&path, 4242).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "4242\n");
+        let names: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [LOCK_FILE], "the creator's own file is removed");
+        let e = create_with_pid(&path, 4243).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "4242\n");
         std::fs::remove_dir_all(&d).ok();
     }
 
