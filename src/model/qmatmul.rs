@@ -321,14 +321,7 @@ fn interleave_q8(src: &[u8], rows: usize, nb: usize) -> Vec<u8> {
 /// `tdx` `[m, pairs, 16]` its block's scale and `tcorr` `[m, pairs, 16]` `128 ·` its 4 codes'
 /// sum.
 #[derive(Debug, Default)]
-#[cfg_attr(
-    not(all(
-        target_feature = "avx512f",
-        target_feature = "avx512bw",
-        target_feature = "avx512vnni"
-    )),
-    allow(dead_code)
-)]
+#[allow(dead_code)] // read by the AVX-512 kernel only, as `Pairs`
 struct Interleaved {
     codes: Vec<i8>,
     dx: Vec<f32>,
