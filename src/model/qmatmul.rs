@@ -20,7 +20,8 @@
 //! - Q4_0 (`w = dw · (q − 8)`): `dw · dx · Σ q·c − 8 · dw · sx`.
 //!
 //! Where the build targets AVX-512BW and AVX512-VNNI (Xeons since Cascade Lake, AMD since
-//! Zen 4), Q8_0 takes two blocks per 512-bit register instead. The activations are regrouped
+//! Zen 4), Q8_0 in ggml's layout (a file's own blocks: the "pair kernel") takes two blocks per
+//! 512-bit register instead. The activations are regrouped
 //! once per product (`Pairs`: per pass of up to 8 rows and per block pair, codes offset to
 //! unsigned `c + 128`, and the pair's two scales), so per activation row and block pair the
 //! inner loop is a load of 64 codes, one `vpdpbusd` (weights as the signed operand; `128 · Σq`,
@@ -35,8 +36,9 @@
 //! own Q8_0 blocks, mapped or read, keep ggml's layout and the pair kernel, so a model computes
 //! the same whichever way it was loaded. The layout: per weight row and chunk of 16 blocks, byte
 //! group `g` (codes `4g..4g+4`) of the 16 blocks side by side in one 64-byte line, offset to
-//! unsigned (`q + 128`), the blocks past the last whole chunk in pairs as the pair kernel takes
-//! them, and every row's f16 scales after all rows' codes — the same 34 bytes per block.
+//! unsigned (`q + 128`); the blocks past the last whole chunk as they were (32 codes each, offset
+//! the same; the kernel takes them two to a register); and every row's f16 scales after all
+//! rows' codes — the same 34 bytes per block.
 //! One `vpdpbusd` per line then adds four products of each of 16 blocks into that block's own
 //! i32 lane, so the 8 lines of a chunk leave every block's whole dot product in one lane with
 //! no horizontal sum, and the scales apply as one vector: per activation row and 16 blocks, 8
@@ -45,7 +47,7 @@
 //! `dx` and an FMA by `dw`, against 8 instructions per pair of blocks (64) in the pair kernel.
 //! Measured (README, "Q8_0 weights re-laid for VNNI"): 1.23–1.39× the pair kernel's rate at 8
 //! activation rows on weights in cache, 1.08–1.11× at one; a decode step's matmuls at batch 8
-//! 14–17 % faster, at batch 1 no faster (bound by the weight stream). (The interleaving is llama.cpp's
+//! 15–17 % faster, at batch 1 no faster (bound by the weight stream). (The interleaving is llama.cpp's
 //! "repack" idea — `ggml-cpu/repack.cpp`, `block_q8_0x4` and friends — with our own grouping
 //! for VNNI.)
 //!
@@ -101,7 +103,8 @@ impl BlockFormat {
 }
 
 /// A quantized weight matrix `[rows = out, cols = in]` in ggml's row-major block layout (row
-/// `i` is `cols / 32` consecutive blocks), as stored in a GGUF file.
+/// `i` is `cols / 32` consecutive blocks), as stored in a GGUF file — or, built by
+/// [`QMatrix::relaid`], Q8_0 in the interleaved layout of the module docs.
 #[derive(Debug, Clone)]
 pub struct QMatrix {
     format: BlockFormat,
@@ -233,7 +236,7 @@ impl QMatrix {
                 };
                 let w = &self.data[i * rb..(i + 1) * rb];
                 if r0 == 0 {
-                    // Rows are consecutive in the file: one row's worth of bytes from 2 KiB
+                    // Rows (codes, re-laid) are consecutive: one row's worth of bytes from 2 KiB
                     // ahead (the rest of this row, the start of the next), across the 4 KiB
                     // page boundaries where the hardware prefetcher stops (mapped file pages
                     // are 4 KiB). Once per weight row, not per pass over activation rows.
@@ -836,10 +839,14 @@ mod avx {
                 let b = first + 2 * p;
                 let (q, d) = if b + 1 < nb {
                     let q = _mm512_loadu_si512(wp.add(b * BLOCK) as *const __m512i);
-                    (q, *sp.add(b) as u32 | (*sp.add(b + 1) as u32) << 16)
+                    (
+                        q,
+                        sp.add(b).read_unaligned() as u32
+                            | (sp.add(b + 1).read_unaligned() as u32) << 16,
+                    )
                 } else {
                     let q = _mm512_maskz_loadu_epi32(0xff, wp.add(b * BLOCK) as *const i32);
-                    (q, *sp.add(b) as u32)
+                    (q, sp.add(b).read_unaligned() as u32)
                 };
                 let dws = _mm_cvtph_ps(_mm_cvtsi32_si128(d as i32));
                 let dw = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(dws));
@@ -1063,7 +1070,8 @@ mod tests {
     /// the scalar reference): the same integer dot per block, so equal up to f32 summation
     /// order, for block counts below, at and past a chunk (2, 3, 16, 17, 18, 32, 33) and for
     /// one pass of activation rows, several and a partial one; the re-laid bytes are as many
-    /// as ggml's and hold every scale and code (`q + 128`) where the layout says (whole
+    /// as ggml's and hold the scale and codes (`q + 128`) of three sampled blocks per shape (first,
+    /// last, middle) where the layout says (whole
     /// chunks interleaved, the tail in order).
     #[test]
     fn interleaved_q8_equals_ggml_layout() {
