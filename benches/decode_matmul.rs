@@ -55,7 +55,8 @@ fn layers(dtype: GgmlDType) -> Vec<Layer> {
             let ours: Vec<QMatrix> = (0..count)
                 .map(|_| QMatrix::relaid(format, rows, cols, blocks.clone()).unwrap())
                 .collect();
-            let ggml: Vec<QMatrix> = if dtype == GgmlDType::Q8_0 {
+            // Only where the re-laid kernel exists is there a second layout to time.
+            let ggml: Vec<QMatrix> = if ours[0].is_interleaved() {
                 (0..count)
                     .map(|_| QMatrix::new(format, rows, cols, blocks.clone()).unwrap())
                     .collect()
@@ -137,7 +138,7 @@ fn main() {
     let mut variants = Vec::new();
     for (fi, (name, ls)) in sets.iter().enumerate() {
         let bytes: usize = ls.iter().map(|l| l.bytes * l.ours.len()).sum();
-        let ggml = ls[0].ggml.len() > 0 && ls[0].ours[0].is_interleaved();
+        let ggml = !ls[0].ggml.is_empty();
         for m in [1usize, 4, 8] {
             for kernel in [Kernel::Candle, Kernel::Ours, Kernel::OursGgml] {
                 if kernel != Kernel::OursGgml || ggml {

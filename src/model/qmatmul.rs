@@ -729,6 +729,20 @@ mod avx {
         use crate::kv::simd::avx512::{fold, join, offset_correction};
         use std::arch::x86_64::*;
 
+        /// Lanes 0..8 take element 0 of `x`, lanes 8..16 element 1: a pair of blocks' scales
+        /// widened to their lanes.
+        #[inline(always)]
+        unsafe fn widen_pair(x: __m128) -> __m512 {
+            let halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+            _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(x))
+        }
+
+        /// [`widen_pair`] of two f16 scales, `bits` the first in its low half.
+        #[inline(always)]
+        unsafe fn f16_pair(bits: u32) -> __m512 {
+            widen_pair(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+        }
+
         /// `sums[r]` for activation rows `r0..r0 + M` (`r0` a multiple of the pass size) against
         /// weight row `w`: block pairs on [`super::super::Pairs`], an odd last block on the
         /// 256-bit [`q8_block`].
@@ -744,8 +758,6 @@ mod avx {
             debug_assert!(r0.is_multiple_of(rows) && M <= rows);
             let u = act.pairs.u.as_ptr().add(r0 * np * 64);
             let dx = act.pairs.dx.as_ptr().add(r0 * np * 2);
-            // Lane i takes element i / 8 of a two-element vector: [x0 × 8, x1 × 8].
-            let halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
             let k128 = _mm512_set1_epi8(-128);
             let mut acc = [_mm512_setzero_ps(); M];
             let wp = w.as_ptr();
@@ -753,8 +765,7 @@ mod avx {
                 let blk = wp.add(2 * p * 34);
                 let d0 = u16::from_le_bytes([*blk, *blk.add(1)]) as u32;
                 let d1 = u16::from_le_bytes([*blk.add(34), *blk.add(35)]) as u32;
-                let dws = _mm_cvtph_ps(_mm_cvtsi32_si128((d0 | d1 << 16) as i32));
-                let dw = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(dws));
+                let dw = f16_pair(d0 | d1 << 16);
                 let q = join(
                     _mm256_loadu_si256(blk.add(2) as *const __m256i),
                     _mm256_loadu_si256(blk.add(36) as *const __m256i),
@@ -766,7 +777,7 @@ mod avx {
                     let c = _mm512_loadu_si512(up.add(r * 64) as *const __m512i);
                     let f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, c, q));
                     let dxs = _mm_castsi128_ps(_mm_loadl_epi64(dp.add(r * 2) as *const __m128i));
-                    let dx = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(dxs));
+                    let dx = widen_pair(dxs);
                     *a = _mm512_fmadd_ps(_mm512_mul_ps(f, dx), dw, *a);
                 }
             }
@@ -831,8 +842,6 @@ mod avx {
                     *a = _mm512_fmadd_ps(f, sw, *a);
                 }
             }
-            // Lane i takes element i / 8 of a two-element vector: [x0 × 8, x1 × 8].
-            let halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
             let (tcodes, tdx, tcorr) = (v.tcodes.as_ptr(), v.tdx.as_ptr(), v.tcorr.as_ptr());
             let first = chunks * CHUNK;
             for p in 0..pairs {
@@ -848,8 +857,7 @@ mod avx {
                     let q = _mm512_maskz_loadu_epi32(0xff, wp.add(b * BLOCK) as *const i32);
                     (q, sp.add(b).read_unaligned() as u32)
                 };
-                let dws = _mm_cvtph_ps(_mm_cvtsi32_si128(d as i32));
-                let dw = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(dws));
+                let dw = f16_pair(d);
                 for (r, a) in acc.iter_mut().enumerate() {
                     let lane = ((r0 + r) * pairs + p) * 16;
                     let c = _mm512_loadu_si512(tcodes.add(lane * 4) as *const __m512i);
