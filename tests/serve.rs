@@ -145,6 +145,34 @@ fn warm_up_leaves_no_sequence_and_restarts_the_clock() {
     assert_eq!((max, preempted), (3, 1));
 }
 
+/// Admission reserves each sequence's whole life (issue #23): the measured backend sets aside
+/// prompt + output tokens when it admits a request, so no decode step grows and copies a
+/// sequence's buffers. By hand (fp16, SmolLM2-135M: 30 layers × 3 KV heads × (K + V rows of
+/// 64 · 2 bytes) = 23,040 bytes a token): a 5-token prompt admitted for a life of 40 tokens
+/// holds 921,600 bytes of buffers before its first step (5 tokens' worth, 115,200, if the
+/// reservation were dropped), still 921,600 after 3 steps, and a second request of 8 + 12
+/// tokens adds 460,800 on joining. Leaving frees its share.
+#[test]
+fn admission_reserves_each_sequence_life_on_the_real_cache() {
+    use kvbench::serve::engine::Backend;
+    const TOKEN_BYTES: usize = 30 * 3 * 2 * 64 * 2;
+    let m = common::smollm_f32();
+    let text = fox_text(m);
+    let mut backend = ModelBackend::new(&m.model, &m.model, KvScheme::FP16);
+    let mut last = backend.admit(&text[..5], false, 40).unwrap();
+    assert_eq!(backend.reserved_bytes(), 40 * TOKEN_BYTES);
+    assert_eq!(backend.kv_bytes(), 5 * TOKEN_BYTES);
+    for _ in 0..3 {
+        last = backend.step(&[last]).unwrap()[0];
+    }
+    assert_eq!(backend.kv_bytes(), 8 * TOKEN_BYTES);
+    assert_eq!(backend.reserved_bytes(), 40 * TOKEN_BYTES);
+    backend.admit(&text[5..13], false, 20).unwrap();
+    assert_eq!(backend.reserved_bytes(), 60 * TOKEN_BYTES);
+    backend.remove(0).unwrap();
+    assert_eq!(backend.reserved_bytes(), 20 * TOKEN_BYTES);
+}
+
 /// Prefix caching on the real model: the prefix is stored once in the pool and each cache gets
 /// a copy of its rows, so stored bytes (copies) exceed the pool's blocks in use by exactly the
 /// shared blocks' worth, while still fitting the tables.

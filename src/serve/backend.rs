@@ -81,6 +81,13 @@ impl<'a> ModelBackend<'a> {
         Ok(self)
     }
 
+    /// Bytes the running batch's cache has allocated (buffer capacity, ≥ its K/V bytes;
+    /// [`KvCache::reserved_bytes`]): each admitted sequence reserves its whole lifetime (prefix
+    /// + prompt + output tokens) up front, so this does not grow while sequences decode.
+    pub fn reserved_bytes(&self) -> usize {
+        self.batch.as_ref().map_or(0, KvCache::reserved_bytes)
+    }
+
     fn fresh(&self) -> Result<KvCache> {
         let mut c = KvCache::new(self.scheme, self.geom, 1)?;
         c.set_exact_attention(false);
