@@ -33,6 +33,13 @@ probe_prefill_ms, probe_step_ms) and the simulated run's profile holds the calib
 probe, the table says how much slower than at calibration the machine ran each point (above 1:
 slower), prefill and decode step apart; a simulation run with --speed-from is scaled by the
 median of these over the run (one probe spreads about ±7 % around its minute's speed).
+Last, from each point's requests in raw.jsonl, how well its TPOT p50 is conditioned: the
+requests' mean TPOT measured → second run (error), and how far apart the four TPOTs around the
+median lie (per cent of the median). A request's TPOT is its decode steps plus the prefills of
+other requests that land inside them (an ITL above 3× the point's median ITL: a stall), so the
+TPOTs cluster by stall count; where the median falls in a gap between clusters, a prefill
+landing just before rather than just after one request's last token moves the p50 by the gap,
+and the last column counts the requests whose stall count differs between the two runs.
 """
 import csv
 import json
@@ -192,6 +199,63 @@ def terms(meas_dir, sim_dir, md):
         print(("| " + " | ".join(line) + " |") if md else "\t".join(line))
 
 
+def requests(d):
+    """(scheme, arrival label, prefix_caching) -> {request id: (TPOT ms, stalls)}, from raw.jsonl."""
+    out = {}
+    with open(f"{d}/raw.jsonl") as f:
+        for line in f:
+            x = json.loads(line)
+            t = x.get("token_s") if x.get("kind") == "request" else None
+            if not t or len(t) < 3 or x.get("status") != "ok":
+                continue
+            a = x.get("arrival", {})
+            label = f"{a.get('kind', '?')} {a.get('rate', '')}".strip()
+            key = (x["scheme"], label, str(x.get("prefix_caching")).lower())
+            itl = [b - a_ for a_, b in zip(t, t[1:])]
+            med = sorted(itl)[len(itl) // 2]
+            tpot = 1000.0 * (t[-1] - x["first_token_s"]) / (len(t) - 1)
+            out.setdefault(key, {})[x["id"]] = (tpot, sum(1 for g in itl if g > 3 * med))
+    return out
+
+
+def tpot_conditioning(meas_dir, sim_dir, md):
+    """Prints, per point, mean TPOT and how much the TPOT p50 moves if one request changes cluster."""
+    try:
+        rm, rs = requests(meas_dir), requests(sim_dir)
+    except OSError:
+        return
+    lines = []
+    for key, m in rm.items():
+        s = rs.get(key, {})
+        ids = [i for i in m if i in s]
+        if len(ids) < 4:
+            continue
+        mean = lambda d: sum(d[i][0] for i in ids) / len(ids)
+        a, b = mean(m), mean(s)
+
+        def gap(d):
+            v = sorted(d[i][0] for i in ids)
+            k = len(v) // 2
+            return 100.0 * (v[min(k + 1, len(v) - 1)] - v[max(k - 2, 0)]) / v[k]
+
+        flips = sum(1 for i in ids if m[i][1] != s[i][1])
+        lines.append([key[0], key[1], f"{a:.4g} → {b:.4g} ({100.0 * (b / a - 1.0):+.1f} %)",
+                      f"{gap(m):.0f} % / {gap(s):.0f} %", f"{flips} of {len(ids)}"])
+    if not lines:
+        return
+    head = ["scheme", "arrival", f"mean TPOT ms: measured → {OTHER} (error)",
+            "spread of the 4 TPOTs around the median, % of it: measured / " + OTHER,
+            "requests whose stall count differs"]
+    print()
+    print("TPOT p50's conditioning (per request, from raw.jsonl):")
+    print()
+    if md:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+    for line in [head] * (not md) + lines:
+        print(("| " + " | ".join(line) + " |") if md else "\t".join(line))
+
+
 def in_spread(a, b, c, lim):
     """Whether `b` is within `lim` % of `a` or of `c`, or between them."""
     near = lambda x: x is not None and x != 0 and abs(100.0 * (b / x - 1.0)) <= lim
@@ -268,6 +332,7 @@ def main():
         print(f"{spread_ok} of {spread_total} points within target of either measured run or "
               "between them (the measurement's own spread; not the target)")
     terms(args[0], args[1], md)
+    tpot_conditioning(args[0], args[1], md)
 
 
 if __name__ == "__main__":
