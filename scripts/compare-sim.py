@@ -161,6 +161,17 @@ def slowdown(m, base):
     return f"{a / base['prefill_ms']:.3f} / {b / base['step_ms']:.3f}"
 
 
+def table(title, head, lines, md):
+    """Prints a titled table after a blank line: markdown with `md`, else tab-separated."""
+    print()
+    print(title)
+    print()
+    if md:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+    for line in [head] * (not md) + lines:
+        print(("| " + " | ".join(line) + " |") if md else "\t".join(line))
+
 def terms(meas_dir, sim_dir, md):
     """Prints the step fits of every point both runs traced."""
     try:
@@ -189,14 +200,7 @@ def terms(meas_dir, sim_dir, md):
             "after a prefill, ms more", "prefill ms per token",
             f"measured steps ÷ {OTHER} fit, same shapes",
             "speed probe ÷ calibration's: prefill / step", "steps"]
-    print()
-    print(f"Decode steps fitted (measured → {OTHER}):")
-    print()
-    if md:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-    for line in [head] * (not md) + lines:
-        print(("| " + " | ".join(line) + " |") if md else "\t".join(line))
+    table(f"Decode steps fitted (measured → {OTHER}):", head, lines, md)
 
 
 def requests(d):
@@ -246,14 +250,7 @@ def tpot_conditioning(meas_dir, sim_dir, md):
     head = ["scheme", "arrival", f"mean TPOT ms: measured → {OTHER} (error)",
             "spread of the 4 TPOTs around the median, % of it: measured / " + OTHER,
             "requests whose stall count differs"]
-    print()
-    print("TPOT p50's conditioning (per request, from raw.jsonl):")
-    print()
-    if md:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-    for line in [head] * (not md) + lines:
-        print(("| " + " | ".join(line) + " |") if md else "\t".join(line))
+    table("TPOT p50's conditioning (per request, from raw.jsonl):", head, lines, md)
 
 
 def in_spread(a, b, c, lim):
