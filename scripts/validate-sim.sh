@@ -3,7 +3,10 @@
 # prefills and decode steps, measure two serving workloads, simulate the same workloads on the
 # calibrated profile, and print predicted next to measured for every point.
 #
-# Usage: scripts/validate-sim.sh [OUT] [--repeat]   (default OUT reports/validate-sim-<time>)
+# Usage: scripts/validate-sim.sh [OUT] [--repeat] [--num-requests N]
+#   (default OUT reports/validate-sim-<time>; N: requests per point in every measured and
+#   simulated run, overriding the suites' 48 — the same seeded requests plus more; the run time
+#   grows in proportion)
 # About 30 minutes on 2 idle cores; with --repeat about 55: each suite is measured a second time
 # right after the first (same seed, same arrivals) and the second run is compared with the first
 # on the same targets, which says how far the measurement agrees with itself at each point, and
@@ -18,12 +21,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repeat=0
 args=()
-for a in "$@"; do
-    case $a in
+extra=()
+usage="usage: validate-sim.sh [OUT] [--repeat] [--num-requests N]"
+while [ $# -gt 0 ]; do
+    case $1 in
         --repeat) repeat=1 ;;
-        -*) echo "validate-sim.sh: unknown option $a (usage: validate-sim.sh [OUT] [--repeat])" >&2; exit 2 ;;
-        *) args+=("$a") ;;
+        --num-requests)
+            case ${2:-} in
+                ''|*[!0-9]*) echo "validate-sim.sh: --num-requests needs a whole number of requests per point ($usage)" >&2; exit 2 ;;
+            esac
+            extra=(--num-requests "$2"); shift ;;
+        -*) echo "validate-sim.sh: unknown option $1 ($usage)" >&2; exit 2 ;;
+        *) args+=("$1") ;;
     esac
+    shift
 done
 out=${args[0]:-reports/validate-sim-$(date -u +%Y%m%d-%H%M%S)}
 bin=target/release/kvbench
@@ -33,15 +44,15 @@ echo "== calibrate ($out/profile.toml)"
 "$bin" calibrate --out "$out/profile.toml"
 for w in serve serve-decode; do
     echo "== measured: suites/$w.toml"
-    "$bin" serve --suite "suites/$w.toml" --out "$out/measured-$w"
+    "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} --out "$out/measured-$w"
     if [ "$repeat" = 1 ]; then
         echo "== measured again: suites/$w.toml"
-        "$bin" serve --suite "suites/$w.toml" --out "$out/measured-again-$w"
+        "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} --out "$out/measured-again-$w"
     fi
     echo "== simulated on the calibrated profile: suites/$w.toml"
-    "$bin" serve --suite "suites/$w.toml" --simulate "$out/profile.toml" --out "$out/simulated-$w"
+    "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} --simulate "$out/profile.toml" --out "$out/simulated-$w"
     echo "== simulated at the measured run's speed (--speed-from): suites/$w.toml"
-    "$bin" serve --suite "suites/$w.toml" --simulate "$out/profile.toml" \
+    "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} --simulate "$out/profile.toml" \
         --speed-from "$out/measured-$w" --out "$out/simulated-at-speed-$w"
 done
 for w in serve serve-decode; do
