@@ -4,16 +4,30 @@
 //! ([`check_resume`]), and the append-only raw log ([`RawLog`], [`read_jsonl`]): one JSON
 //! line per finished result, flushed at once; on resume rewritten to the finished work first.
 //!
-//! One writer per run folder: a lock file (`.kvbench.lock`, holding the writer's PID) created
-//! atomically (`O_CREAT | O_EXCL`) before a run writes anything, removed when the run ends.
-//! Two runs given the same `--out` at the same moment both see an empty folder; only one can
-//! create the lock, so the other is refused instead of interleaving its rows into the first
-//! one's `raw.jsonl` (the defect of issue #25: two `serve` runs into one folder both exited 0).
+//! One writer per run folder: a lock file (`.kvbench.lock`, holding the writer's PID) that the
+//! writer holds the kernel's advisory lock on (`flock(2)` through [`std::fs::File::try_lock`])
+//! from before it writes anything until it ends. Two runs given the same `--out` at the same
+//! moment both see an empty folder; only one gets the lock, so the other is refused instead of
+//! interleaving its rows into the first one's `raw.jsonl` (the defect of issue #25: two
+//! `serve` runs into one folder both exited 0).
 //!
-//! A lock left by a process that no longer runs (kill -9, a lost machine) is stale: the next
-//! run takes it over, since `--resume` after a crash is the normal way on. Whether the PID runs
-//! is read from `/proc/<pid>` (Linux); where `/proc` is missing the lock is taken as stale.
-//! The same scheme as Slurm's and many daemons' PID files.
+//! The kernel drops the lock when its process ends however it ends (kill -9 included), so a
+//! lock file left behind is free to the next run — `--resume` after a crash is the normal way
+//! on — and no run decides from a PID whether a lock is stale: two runs that found the same
+//! left-behind file both took it over under the PID-file scheme this replaces (each removed
+//! the file and created its own; the second removal took the first run's fresh lock), and a
+//! PID reused by another process kept a dead run's folder locked. The PID in the file only
+//! names the holder in errors. A run removes the lock file when it ends only if it is still
+//! its own (same device and inode: `--force` may have moved its folder aside meanwhile), and
+//! `--force` refuses a folder a run still holds.
+//!
+//! Where the file system takes no advisory locks (some network mounts; tried on a file of the
+//! run's own before the shared one is touched), the PID-file scheme stands in: the file created
+//! atomically (`O_CREAT | O_EXCL` through a hard link), a lock whose PID no longer runs
+//! (`/proc/<pid>`) taken over — the scheme of Slurm's and many daemons' PID files, with its
+//! races (two runs finding a stale file at once may both take it; a reused PID holds it).
+//! A run of a kvbench from before 2026-12-06 holds its folder by the PID-file scheme alone,
+//! which this one does not see: let such runs end before starting new ones in their folders.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -280,14 +294,137 @@ pub const LEGACY_QUALITY_FILE: &str = "quality.jsonl";
 /// The lock file's name inside a run folder.
 pub const LOCK_FILE: &str = ".kvbench.lock";
 
-/// The run folder this process holds, for the interrupt handler ([`crate::cli::interrupt`]).
-static HELD: Mutex<Option<PathBuf>> = Mutex::new(None);
+/// The file [`create_out`] writes and removes to see that a run folder takes files.
+const WRITE_TEST: &str = ".kvbench-write-test";
 
-/// A held run-folder lock; dropping it removes the lock file.
+/// The run folder this process holds, for the interrupt handler ([`crate::cli::interrupt`]),
+/// and its lock file's identity (`None`: the PID-file scheme).
+static HELD: Mutex<Option<(PathBuf, Option<FileId>)>> = Mutex::new(None);
+
+/// A file's identity: its device and inode numbers.
+type FileId = (u64, u64);
+
+fn file_id(m: &std::fs::Metadata) -> FileId {
+    use std::os::unix::fs::MetadataExt;
+    (m.dev(), m.ino())
+}
+
+/// Whether the file at `path` is the open file `file` (the same device and inode).
+fn same_file(path: &Path, file: &std::fs::File) -> bool {
+    match (std::fs::metadata(path), file.metadata()) {
+        (Ok(a), Ok(b)) => file_id(&a) == file_id(&b),
+        _ => false,
+    }
+}
+
+/// A held run-folder lock; dropping it removes the lock file if it is still this lock's (and
+/// then releases the kernel's lock on it, by closing the file).
 #[derive(Debug)]
 pub struct FolderLock {
     path: PathBuf,
     dir: PathBuf,
+    /// The lock file, open with the kernel's lock held on it (`None`: the PID-file scheme).
+    file: Option<std::fs::File>,
+}
+
+/// What one try at the kernel's lock on a run folder's lock file found.
+#[derive(Debug)]
+enum Flock {
+    /// Held by this process from now on: the lock file, open, holding this process's PID.
+    Held(std::fs::File),
+    /// Held by another run: the PID its file names, where it names one that runs.
+    Busy(Option<u32>),
+    /// The file was removed or replaced between opening and locking it (its holder ended
+    /// meanwhile): try again.
+    Moved,
+}
+
+/// The PID a lock file names, if it names one.
+fn pid_in(path: &Path) -> Option<u32> {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+}
+
+/// Whether the file system of lock file `path` takes advisory locks, tried on a file of this
+/// call's own next to it (`<lock>.<pid>.<n>.probe`, removed after), so the shared lock file is
+/// not touched before the scheme is chosen (and two threads of one process trying at once do
+/// not lock each other's probe). Errors: the probe file cannot be created.
+fn flock_supported(path: &Path, pid: u32) -> std::io::Result<bool> {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut probe = path.as_os_str().to_owned();
+    probe.push(format!(".{pid}.{n}.probe"));
+    let probe = PathBuf::from(probe);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&probe)?;
+    let ok = file.try_lock().is_ok();
+    drop(file);
+    let _ = std::fs::remove_file(&probe);
+    Ok(ok)
+}
+
+/// One try at the kernel's lock on lock file `path` for process `pid`: opened (created if
+/// missing, never truncated before the lock is held), then [`lock_open`]. A file this user may
+/// not write (left by another user in a shared folder) is locked read-only and, when no one
+/// holds it, removed (then [`Flock::Moved`]: try again). Errors: opening, removing or writing
+/// the file; the kernel refusing the lock for another reason than another holder.
+fn flock_with_pid(path: &Path, pid: u32) -> std::io::Result<Flock> {
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && path.exists() => {
+            let theirs = std::fs::File::open(path)?;
+            return match lock_open(path, theirs, None)? {
+                Flock::Held(f) => {
+                    std::fs::remove_file(path)?;
+                    drop(f);
+                    Ok(Flock::Moved)
+                }
+                other => Ok(other),
+            };
+        }
+        Err(e) => return Err(e),
+    };
+    lock_open(path, file, Some(pid))
+}
+
+/// The kernel's lock on `file`, opened at `path`: held, and `path` still names `file`, it is
+/// [`Flock::Held`] and the file then holds `pid` alone (`None`: left as it is). The holder
+/// before this one removes the file when it ends and then lets go, so one who opened the file
+/// before the removal finds it moved, whether the holder let go yet or not. Errors: the kernel
+/// refusing the lock for another reason than another holder; writing the file.
+fn lock_open(path: &Path, mut file: std::fs::File, pid: Option<u32>) -> std::io::Result<Flock> {
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            if !same_file(path, &file) {
+                return Ok(Flock::Moved);
+            }
+            // Until the holder writes its own, the file may name the run that left it.
+            let holder = pid_in(path).filter(|&p| alive(p) != Some(false));
+            return Ok(Flock::Busy(holder));
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(e),
+    }
+    if !same_file(path, &file) {
+        return Ok(Flock::Moved);
+    }
+    if let Some(pid) = pid {
+        file.set_len(0)?;
+        writeln!(file, "{pid}")?;
+        file.flush()?;
+    }
+    Ok(Flock::Held(file))
 }
 
 /// Whether process `pid` runs now (`/proc/<pid>` exists). `None` where `/proc` is absent.
@@ -324,59 +461,80 @@ fn create_with_pid(path: &Path, pid: u32) -> std::io::Result<()> {
 }
 
 impl FolderLock {
-    /// Takes the lock of run folder `dir` (which must exist) for this process. `flag` names
-    /// the input that chose the folder (`--out`, `--resume`) for the error. A stale lock (its
-    /// PID no longer runs, or unreadable) is taken over. Errors: [`Error::InvalidArgument`]
-    /// naming `flag` when another running process (its PID named) holds the folder;
-    /// [`Error::Io`] when the lock file cannot be written.
+    /// Takes the lock of run folder `dir` (which must exist) for this process: the kernel's
+    /// advisory lock on its lock file, or where the file system takes none the PID-file scheme
+    /// (module docs). A lock file no process holds the kernel's lock on (its run ended,
+    /// however) is taken over, whatever PID it names. `flag` names the input that chose the
+    /// folder (`--out`, `--resume`) for the error. Errors: [`Error::InvalidArgument`] naming
+    /// `flag` when another run (its PID named where the file names one that runs) holds the
+    /// folder, or the file changed hands three times while this run tried; [`Error::Io`] when
+    /// the lock file cannot be opened or written, or the kernel refuses the lock for another
+    /// reason than another holder.
     pub fn acquire(dir: &Path, flag: &str) -> Result<FolderLock> {
+        let path = dir.join(LOCK_FILE);
+        let me = std::process::id();
+        if !flock_supported(&path, me).map_err(|e| Error::io(&path, e))? {
+            return Self::acquire_by_pid(dir, flag);
+        }
+        for _ in 0..3 {
+            match flock_with_pid(&path, me).map_err(|e| Error::io(&path, e))? {
+                Flock::Held(file) => {
+                    let id = file.metadata().ok().map(|m| file_id(&m));
+                    if let Ok(mut h) = HELD.lock() {
+                        *h = Some((dir.to_path_buf(), id));
+                    }
+                    return Ok(FolderLock {
+                        path,
+                        dir: dir.to_path_buf(),
+                        file: Some(file),
+                    });
+                }
+                Flock::Busy(pid) => return Err(busy(dir, &path, flag, pid)),
+                Flock::Moved => continue,
+            }
+        }
+        Err(changed_hands(dir, flag))
+    }
+
+    /// [`Self::acquire`] where the file system takes no advisory locks: the PID-file scheme
+    /// (module docs). Errors: [`Error::InvalidArgument`] naming `flag` when a running process
+    /// other than this one (its PID named) holds the folder, or the lock changed hands twice
+    /// while this run tried; [`Error::Io`] when the lock file cannot be created or a stale one
+    /// removed.
+    fn acquire_by_pid(dir: &Path, flag: &str) -> Result<FolderLock> {
         let path = dir.join(LOCK_FILE);
         let me = std::process::id();
         for _ in 0..2 {
             match create_with_pid(&path, me) {
                 Ok(()) => {
                     if let Ok(mut h) = HELD.lock() {
-                        *h = Some(dir.to_path_buf());
+                        *h = Some((dir.to_path_buf(), None));
                     }
                     return Ok(FolderLock {
                         path,
                         dir: dir.to_path_buf(),
+                        file: None,
                     });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let holder = std::fs::read_to_string(&path)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<u32>().ok());
-                    match holder {
+                    match pid_in(&path) {
                         Some(pid) if pid != me && alive(pid) == Some(true) => {
-                            return Err(Error::InvalidArgument {
-                                name: flag.into(),
-                                reason: format!(
-                                    "{} is being written by another kvbench run (pid {pid}, \
-                                     lock {}); give each run its own --out, or wait until that \
-                                     run ends and then `--resume` it",
-                                    dir.display(),
-                                    path.display()
-                                ),
-                            });
+                            return Err(busy(dir, &path, flag, Some(pid)));
                         }
-                        // Stale (the writer is gone) or ours: take it over.
-                        _ => {
-                            std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
-                        }
+                        // Stale (the writer is gone) or ours: take it over (gone already:
+                        // another run took it over first; try again).
+                        _ => match std::fs::remove_file(&path) {
+                            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                                return Err(Error::io(&path, e));
+                            }
+                            _ => {}
+                        },
                     }
                 }
                 Err(e) => return Err(Error::io(&path, e)),
             }
         }
-        Err(Error::InvalidArgument {
-            name: flag.into(),
-            reason: format!(
-                "{} changed hands twice while this run tried to lock it: another kvbench run is \
-                 starting there; give each run its own --out",
-                dir.display()
-            ),
-        })
+        Err(changed_hands(dir, flag))
     }
 
     /// [`Self::acquire`] for a new run: the folder must then hold nothing but the lock. Files
@@ -388,8 +546,13 @@ impl FolderLock {
         let others = std::fs::read_dir(dir)
             .map_err(|e| Error::io(dir, e))?
             .flatten()
-            // Not the lock, nor another run's lock being created (`<lock>.<pid>`, gone at once).
-            .any(|e| !e.file_name().to_string_lossy().starts_with(LOCK_FILE));
+            // Not the lock, nor another run's lock or probe being created (`<lock>.<pid>…`,
+            // gone at once), nor another run's write test (`create_out`).
+            .any(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                !name.starts_with(LOCK_FILE) && name != WRITE_TEST
+            });
         if others {
             return Err(Error::InvalidArgument {
                 name: flag.into(),
@@ -411,9 +574,17 @@ impl FolderLock {
 
 impl Drop for FolderLock {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        // Only this lock's own file: a folder moved aside (`--force`) holds another run's at
+        // this path now.
+        let ours = match &self.file {
+            Some(f) => same_file(&self.path, f),
+            None => pid_in(&self.path) == Some(std::process::id()),
+        };
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
         if let Ok(mut h) = HELD.lock() {
-            if h.as_deref() == Some(self.dir.as_path()) {
+            if h.as_ref().map(|(d, _)| d.as_path()) == Some(self.dir.as_path()) {
                 *h = None;
             }
         }
@@ -422,19 +593,74 @@ impl Drop for FolderLock {
 
 /// The run folder this process holds a lock on now, if any.
 pub fn held() -> Option<PathBuf> {
-    HELD.lock().ok().and_then(|h| h.clone())
+    HELD.lock()
+        .ok()
+        .and_then(|h| h.as_ref().map(|(d, _)| d.clone()))
 }
 
-/// Removes the lock file of `dir` if this process holds it (for an exit that skips `Drop`).
+/// Removes the lock file of `dir` if it is this process's (for an exit that skips `Drop`; the
+/// kernel's lock goes with the process anyway): the file this process locked, or under the
+/// PID-file scheme the file naming this process.
 pub fn release_held(dir: &Path) {
     let path = dir.join(LOCK_FILE);
-    let mine = std::fs::read_to_string(&path)
+    let id = HELD
+        .lock()
         .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok())
-        == Some(std::process::id());
+        .and_then(|h| h.as_ref().filter(|(d, _)| d == dir).map(|(_, id)| *id));
+    let mine = match id {
+        Some(Some(id)) => std::fs::metadata(&path).ok().map(|m| file_id(&m)) == Some(id),
+        _ => pid_in(&path) == Some(std::process::id()),
+    };
     if mine {
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// Holds the kernel's lock on run folder `out`'s lock file, if it has one, while `--force`
+/// moves the folder aside, so no run takes the folder meanwhile; `None` where it has none or
+/// the file system takes no advisory locks. Errors: [`Error::InvalidArgument`] (`--force`)
+/// when a run holds the folder (moved aside, it would go on writing into the new run's
+/// folder, which has its path).
+fn hold_for_move(out: &Path) -> Result<Option<std::fs::File>> {
+    let path = out.join(LOCK_FILE);
+    let Ok(file) = std::fs::File::open(&path) else {
+        return Ok(None);
+    };
+    match lock_open(&path, file, None) {
+        Ok(Flock::Held(f)) => Ok(Some(f)),
+        Ok(Flock::Busy(pid)) => Err(busy(out, &path, "--force", pid)),
+        // Its holder ended meanwhile, or no advisory locks here: nothing to hold.
+        Ok(Flock::Moved) | Err(_) => Ok(None),
+    }
+}
+
+/// The error for a run folder `dir` whose lock file `path` another run holds (`pid`, where
+/// the file names one); `flag` chose the folder.
+fn busy(dir: &Path, path: &Path, flag: &str, pid: Option<u32>) -> Error {
+    let who = pid.map_or("its PID not yet written".to_string(), |p| {
+        format!("pid {p}")
+    });
+    invalid(
+        flag,
+        format!(
+            "{} is being written by another kvbench run ({who}, lock {}); give each run its own \
+             --out, or wait until that run ends and then `--resume` it",
+            dir.display(),
+            path.display()
+        ),
+    )
+}
+
+/// The error for a run folder whose lock changed hands more than this run's tries.
+fn changed_hands(dir: &Path, flag: &str) -> Error {
+    invalid(
+        flag,
+        format!(
+            "{} changed hands repeatedly while this run tried to lock it: another kvbench run \
+             is starting there; give each run its own --out",
+            dir.display()
+        ),
+    )
 }
 
 fn invalid(name: &str, reason: String) -> Error {
@@ -451,8 +677,9 @@ pub fn non_empty(dir: &Path) -> bool {
 
 /// Prepares `--out` for a new run: a missing or empty folder is fine; a non-empty one is refused
 /// (it would mix two runs' rows and overwrite the first run's `meta.json`) unless `force`, which
-/// renames it to `<out>.old-<UTC time>` first and says so. Errors: [`Error::InvalidArgument`]
-/// (`--out`) naming the folder and what to pass instead; [`Error::Io`] when the move fails.
+/// renames it to `<out>.old-<UTC time>` first and says so — unless a run still writes it.
+/// Errors: [`Error::InvalidArgument`] (`--out`) naming the folder and what to pass instead, or
+/// (`--force`) naming the run that holds it; [`Error::Io`] when the move fails.
 pub fn prepare_out(out: &Path, force: bool) -> Result<()> {
     if out.exists() && !out.is_dir() {
         return Err(invalid(
@@ -482,7 +709,15 @@ pub fn prepare_out(out: &Path, force: bool) -> Result<()> {
         aside = PathBuf::from(format!("{}.old-{time}-{n}", out.display()));
         n += 1;
     }
+    let hold = hold_for_move(out)?;
     std::fs::rename(out, &aside).map_err(|e| Error::io(out, e))?;
+    if let Some(file) = hold {
+        // The lock file a run left behind, moved along: no run holds it.
+        let moved = aside.join(LOCK_FILE);
+        if same_file(&moved, &file) {
+            let _ = std::fs::remove_file(&moved);
+        }
+    }
     eprintln!(
         "note: --force: moved the earlier {} to {}",
         out.display(),
@@ -504,7 +739,7 @@ pub fn create_out(dir: &Path) -> Result<()> {
         )
     })?;
     // A folder that exists but cannot take files fails here, not after the model has loaded.
-    let probe = dir.join(".kvbench-write-test");
+    let probe = dir.join(WRITE_TEST);
     std::fs::write(&probe, b"").map_err(|e| {
         invalid(
             "--out",
@@ -601,15 +836,18 @@ mod tests {
         d
     }
 
-    /// A folder locked by a running process (PID 1, init, always runs) is refused naming the
-    /// flag and the PID; once released, the lock can be taken.
+    /// A folder whose lock file another holder has the kernel's lock on (here an open file of
+    /// this test's own, naming PID 1) is refused naming the flag and the PID; once that holder
+    /// lets go, the lock is taken, the file then naming this process, and removed on drop.
     #[test]
     fn a_folder_held_by_a_running_process_is_refused() {
         let d = tmp("held");
         std::fs::write(d.join(LOCK_FILE), "1\n").unwrap();
+        let holder = std::fs::File::open(d.join(LOCK_FILE)).unwrap();
+        holder.try_lock().unwrap();
         let e = FolderLock::acquire(&d, "--out").unwrap_err().to_string();
         assert!(e.contains("--out") && e.contains("pid 1"), "{e}");
-        std::fs::remove_file(d.join(LOCK_FILE)).unwrap();
+        drop(holder);
         let l = FolderLock::acquire(&d, "--out").unwrap();
         assert_eq!(
             std::fs::read_to_string(d.join(LOCK_FILE)).unwrap().trim(),
@@ -640,17 +878,165 @@ mod tests {
         std::fs::remove_dir_all(&d).ok();
     }
 
-    /// A lock whose PID no longer runs (PIDs are below 2^22 on Linux, so 4,000,000,000 never
-    /// runs) or that holds no PID is stale and taken over.
+    /// A lock file no process holds the kernel's lock on is taken over, whatever it names: a
+    /// PID that no longer runs (PIDs are below 2^22 on Linux, so 4,000,000,000 never runs),
+    /// none, or one that runs (PID 1, init) — a killed run's PID reused by another process
+    /// kept its folder locked under the PID-file scheme.
     #[test]
-    fn a_stale_lock_is_taken_over() {
+    fn a_left_behind_lock_is_taken_over() {
         let d = tmp("stale");
-        for stale in ["4000000000\n", "", "not a pid"] {
+        for stale in ["4000000000\n", "", "not a pid", "1\n"] {
             std::fs::write(d.join(LOCK_FILE), stale).unwrap();
             let l = FolderLock::acquire(&d, "--resume").unwrap();
+            assert_eq!(
+                std::fs::read_to_string(d.join(LOCK_FILE)).unwrap(),
+                format!("{}\n", std::process::id()),
+                "{stale:?}"
+            );
             drop(l);
         }
         std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// The PID-file scheme (file systems without advisory locks): a lock naming a PID that no
+    /// longer runs, or none, is taken over; one naming a running process (PID 1) is refused,
+    /// naming it; a file removed before it could be (another run took it over first) is no
+    /// error.
+    #[test]
+    fn the_pid_file_scheme_takes_stale_locks_and_refuses_live_ones() {
+        let d = tmp("pidfile");
+        for stale in ["4000000000\n", "", "not a pid"] {
+            std::fs::write(d.join(LOCK_FILE), stale).unwrap();
+            let l = FolderLock::acquire_by_pid(&d, "--resume").unwrap();
+            assert_eq!(
+                pid_in(&d.join(LOCK_FILE)),
+                Some(std::process::id()),
+                "{stale:?}"
+            );
+            drop(l);
+            assert!(!d.join(LOCK_FILE).exists());
+        }
+        std::fs::write(d.join(LOCK_FILE), "1\n").unwrap();
+        let e = FolderLock::acquire_by_pid(&d, "--out")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--out") && e.contains("pid 1"), "{e}");
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// A run that opened the lock file just before its holder ended (the holder removes the
+    /// file, then lets go) finds it moved and tries again — whether the holder has let go yet
+    /// or not — rather than locking a file no longer in the folder (a third run would create
+    /// a new one and hold the folder too) or being refused from a free folder.
+    #[test]
+    fn a_lock_file_removed_after_opening_is_tried_again() {
+        let d = tmp("moved");
+        let path = d.join(LOCK_FILE);
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap()
+        };
+        let holder = FolderLock::acquire(&d, "--out").unwrap();
+        let late = open();
+        assert!(matches!(
+            lock_open(&path, late, Some(7)).unwrap(),
+            Flock::Busy(Some(p)) if p == std::process::id()
+        ));
+        let (late, later) = (open(), open());
+        drop(holder);
+        assert!(!path.exists());
+        assert!(matches!(
+            lock_open(&path, late, Some(7)).unwrap(),
+            Flock::Moved
+        ));
+        // Another run has created a new lock file at the path since: the old file, opened
+        // before, is still not the folder's.
+        std::fs::write(&path, "").unwrap();
+        assert!(matches!(
+            lock_open(&path, later, Some(7)).unwrap(),
+            Flock::Moved
+        ));
+        drop(FolderLock::acquire(&d, "--out").unwrap());
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// Four runs taking and letting go of one folder's lock over and over, starting from a lock
+    /// file a killed run left: never two hold it at once, and every run gets it in turn. Four
+    /// threads stand for the runs (the kernel's lock belongs to each open file, so two opens in
+    /// one process exclude each other as two processes do).
+    #[test]
+    fn runs_taking_one_folder_never_hold_it_together() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let d = tmp("stress");
+        std::fs::write(d.join(LOCK_FILE), "4000000000\n").unwrap();
+        let holding = AtomicUsize::new(0);
+        let most = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    let mut got = 0;
+                    while got < 50 {
+                        let Ok(lock) = FolderLock::acquire(&d, "--resume") else {
+                            std::thread::yield_now();
+                            continue;
+                        };
+                        let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        std::thread::yield_now();
+                        holding.fetch_sub(1, Ordering::SeqCst);
+                        drop(lock);
+                        got += 1;
+                    }
+                });
+            }
+        });
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            1,
+            "two runs held the folder at once"
+        );
+        assert!(!d.join(LOCK_FILE).exists());
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// `--force` refuses to move aside a folder a run still writes (moved, that run would go on
+    /// writing by path into the new run's folder), naming the run; a lock file a killed run
+    /// left behind is no obstacle, and is not carried into the moved folder.
+    #[test]
+    fn force_does_not_move_a_folder_a_run_writes() {
+        let d = tmp("force");
+        std::fs::write(d.join("raw.jsonl"), "{}\n").unwrap();
+        let holder = FolderLock::acquire(&d, "--out").unwrap();
+        let e = prepare_out(&d, true).unwrap_err().to_string();
+        assert!(
+            e.contains("--force") && e.contains(&format!("pid {}", std::process::id())),
+            "{e}"
+        );
+        assert!(d.join("raw.jsonl").exists());
+        drop(holder);
+        std::fs::write(d.join(LOCK_FILE), "4000000000\n").unwrap();
+        prepare_out(&d, true).unwrap();
+        assert!(!d.exists());
+        let parent = d.parent().unwrap();
+        let stem = d.file_name().unwrap().to_string_lossy().to_string();
+        let aside: Vec<_> = std::fs::read_dir(parent)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(&format!("{stem}.old-"))
+            })
+            .collect();
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        assert!(aside[0].join("raw.jsonl").exists());
+        assert!(!aside[0].join(LOCK_FILE).exists());
+        std::fs::remove_dir_all(&aside[0]).ok();
     }
 
     #[test]
