@@ -362,7 +362,9 @@ fn flock_supported(path: &Path, pid: u32) -> std::io::Result<bool> {
         .create(true)
         .truncate(true)
         .open(&probe)?;
-    let ok = file.try_lock().is_ok();
+    // Another holder of this very file (a process of the same PID in another PID namespace
+    // sharing the folder) proves locks work as well as holding it does.
+    let ok = !matches!(file.try_lock(), Err(std::fs::TryLockError::Error(_)));
     drop(file);
     let _ = std::fs::remove_file(&probe);
     Ok(ok)
@@ -603,9 +605,11 @@ pub fn held() -> Option<PathBuf> {
 /// PID-file scheme the file naming this process.
 pub fn release_held(dir: &Path) {
     let path = dir.join(LOCK_FILE);
-    let id = HELD
-        .lock()
-        .ok()
+    // Held across the check and the removal: `Drop` clears HELD before it closes the file, so
+    // the inode checked cannot be another run's new lock file meanwhile.
+    let guard = HELD.lock().ok();
+    let id = guard
+        .as_ref()
         .and_then(|h| h.as_ref().filter(|(d, _)| d == dir).map(|(_, id)| *id));
     let mine = match id {
         Some(Some(id)) => std::fs::metadata(&path).ok().map(|m| file_id(&m)) == Some(id),
@@ -614,24 +618,35 @@ pub fn release_held(dir: &Path) {
     if mine {
         let _ = std::fs::remove_file(&path);
     }
+    drop(guard);
 }
 
-/// Holds the kernel's lock on run folder `out`'s lock file, if it has one, while `--force`
-/// moves the folder aside, so no run takes the folder meanwhile; `None` where it has none or
-/// the file system takes no advisory locks. Errors: [`Error::InvalidArgument`] (`--force`)
-/// when a run holds the folder (moved aside, it would go on writing into the new run's
-/// folder, which has its path).
+/// Holds the kernel's lock on run folder `out`'s lock file (created if missing) while
+/// `--force` moves the non-empty folder aside, so no run takes the folder meanwhile; `None`
+/// where the file system takes no advisory locks and no running process other than this one
+/// holds the folder by the PID-file scheme. Errors: [`Error::InvalidArgument`] (`--force`)
+/// when a run holds the folder (moved aside, it would go on writing by path into the new
+/// run's folder) or it changed hands three times meanwhile; [`Error::Io`] when the lock file
+/// cannot be opened.
 fn hold_for_move(out: &Path) -> Result<Option<std::fs::File>> {
     let path = out.join(LOCK_FILE);
-    let Ok(file) = std::fs::File::open(&path) else {
-        return Ok(None);
-    };
-    match lock_open(&path, file, None) {
-        Ok(Flock::Held(f)) => Ok(Some(f)),
-        Ok(Flock::Busy(pid)) => Err(busy(out, &path, "--force", pid)),
-        // Its holder ended meanwhile, or no advisory locks here: nothing to hold.
-        Ok(Flock::Moved) | Err(_) => Ok(None),
+    let me = std::process::id();
+    if !flock_supported(&path, me).map_err(|e| Error::io(&path, e))? {
+        return match pid_in(&path) {
+            Some(pid) if pid != me && alive(pid) == Some(true) => {
+                Err(busy(out, &path, "--force", Some(pid)))
+            }
+            _ => Ok(None),
+        };
     }
+    for _ in 0..3 {
+        match flock_with_pid(&path, me).map_err(|e| Error::io(&path, e))? {
+            Flock::Held(f) => return Ok(Some(f)),
+            Flock::Busy(pid) => return Err(busy(out, &path, "--force", pid)),
+            Flock::Moved => continue,
+        }
+    }
+    Err(changed_hands(out, "--force"))
 }
 
 /// The error for a run folder `dir` whose lock file `path` another run holds (`pid`, where
@@ -940,12 +955,18 @@ mod tests {
                 .unwrap()
         };
         let holder = FolderLock::acquire(&d, "--out").unwrap();
-        let late = open();
         assert!(matches!(
-            lock_open(&path, late, Some(7)).unwrap(),
+            lock_open(&path, open(), Some(7)).unwrap(),
             Flock::Busy(Some(p)) if p == std::process::id()
         ));
-        let (late, later) = (open(), open());
+        // Three runs open the file; then the holder ends: its `Drop` removes the file (done
+        // here by hand first, to look between the removal and the letting go), then lets go.
+        let (early, late, later) = (open(), open(), open());
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(
+            lock_open(&path, early, Some(7)).unwrap(),
+            Flock::Moved
+        ));
         drop(holder);
         assert!(!path.exists());
         assert!(matches!(
@@ -979,13 +1000,17 @@ mod tests {
                 s.spawn(|| {
                     let mut got = 0;
                     while got < 50 {
-                        let Ok(lock) = FolderLock::acquire(&d, "--resume") else {
-                            std::thread::yield_now();
-                            continue;
+                        let lock = match FolderLock::acquire(&d, "--resume") {
+                            Ok(lock) => lock,
+                            Err(Error::InvalidArgument { .. }) => {
+                                std::thread::yield_now();
+                                continue;
+                            }
+                            Err(e) => panic!("{e}"),
                         };
                         let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
                         most.fetch_max(now, Ordering::SeqCst);
-                        std::thread::yield_now();
+                        std::thread::sleep(std::time::Duration::from_micros(100));
                         holding.fetch_sub(1, Ordering::SeqCst);
                         drop(lock);
                         got += 1;
