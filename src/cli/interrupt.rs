@@ -58,7 +58,9 @@ pub fn install() {
 
 /// Sets `"status": "interrupted"` and `"interrupted_at"` in `dir/meta.json` (written through a
 /// temporary file and a rename, as every `meta.json` write). A folder without a readable
-/// `meta.json` is left alone.
+/// `meta.json` is left alone, and so is a run that has already ended (`finished`, `failed`,
+/// `partial`): a signal that arrives after its last `meta.json` write, while it lets go of its
+/// folder, does not relabel its complete results.
 pub fn mark_interrupted(dir: &Path) {
     let path = dir.join("meta.json");
     let Ok(text) = std::fs::read_to_string(&path) else {
@@ -70,6 +72,12 @@ pub fn mark_interrupted(dir: &Path) {
     let Some(m) = v.as_object_mut() else {
         return;
     };
+    if matches!(
+        m.get("status").and_then(|s| s.as_str()),
+        Some("finished" | "failed" | "partial")
+    ) {
+        return;
+    }
     m.insert("status".into(), "interrupted".into());
     m.insert(
         "interrupted_at".into(),
@@ -103,6 +111,20 @@ mod tests {
         assert_eq!(v["run_id"], "x");
         assert_eq!(v["format"], 1);
         assert!(v["interrupted_at"].as_str().unwrap().ends_with('Z'));
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// A run that has ended keeps its status: the signal came after its last write.
+    #[test]
+    fn an_ended_run_is_not_marked_interrupted() {
+        let d = std::env::temp_dir().join(format!("kvbench-int-done-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        for status in ["finished", "failed", "partial"] {
+            let meta = format!(r#"{{"format": 1, "status": "{status}", "run_id": "x"}}"#);
+            std::fs::write(d.join("meta.json"), &meta).unwrap();
+            mark_interrupted(&d);
+            assert_eq!(std::fs::read_to_string(d.join("meta.json")).unwrap(), meta);
+        }
         std::fs::remove_dir_all(&d).ok();
     }
 }
