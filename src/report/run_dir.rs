@@ -473,29 +473,18 @@ impl FolderLock {
     /// the lock file cannot be opened or written, or the kernel refuses the lock for another
     /// reason than another holder.
     pub fn acquire(dir: &Path, flag: &str) -> Result<FolderLock> {
-        let path = dir.join(LOCK_FILE);
-        let me = std::process::id();
-        if !flock_supported(&path, me).map_err(|e| Error::io(&path, e))? {
+        let Some(file) = flock_folder(dir, flag)? else {
             return Self::acquire_by_pid(dir, flag);
+        };
+        let id = file.metadata().ok().map(|m| file_id(&m));
+        if let Ok(mut h) = HELD.lock() {
+            *h = Some((dir.to_path_buf(), id));
         }
-        for _ in 0..3 {
-            match flock_with_pid(&path, me).map_err(|e| Error::io(&path, e))? {
-                Flock::Held(file) => {
-                    let id = file.metadata().ok().map(|m| file_id(&m));
-                    if let Ok(mut h) = HELD.lock() {
-                        *h = Some((dir.to_path_buf(), id));
-                    }
-                    return Ok(FolderLock {
-                        path,
-                        dir: dir.to_path_buf(),
-                        file: Some(file),
-                    });
-                }
-                Flock::Busy(pid) => return Err(busy(dir, &path, flag, pid)),
-                Flock::Moved => continue,
-            }
-        }
-        Err(changed_hands(dir, flag))
+        Ok(FolderLock {
+            path: dir.join(LOCK_FILE),
+            dir: dir.to_path_buf(),
+            file: Some(file),
+        })
     }
 
     /// [`Self::acquire`] where the file system takes no advisory locks: the PID-file scheme
@@ -519,18 +508,16 @@ impl FolderLock {
                     });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    match pid_in(&path) {
-                        Some(pid) if pid != me && alive(pid) == Some(true) => {
-                            return Err(busy(dir, &path, flag, Some(pid)));
+                    if let Some(pid) = live_holder(&path, me) {
+                        return Err(busy(dir, &path, flag, Some(pid)));
+                    }
+                    // Stale (the writer is gone) or ours: take it over (gone already: another
+                    // run took it over first; try again).
+                    match std::fs::remove_file(&path) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(Error::io(&path, e));
                         }
-                        // Stale (the writer is gone) or ours: take it over (gone already:
-                        // another run took it over first; try again).
-                        _ => match std::fs::remove_file(&path) {
-                            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                                return Err(Error::io(&path, e));
-                            }
-                            _ => {}
-                        },
+                        _ => {}
                     }
                 }
                 Err(e) => return Err(Error::io(&path, e)),
@@ -629,24 +616,40 @@ pub fn release_held(dir: &Path) {
 /// run's folder) or it changed hands three times meanwhile; [`Error::Io`] when the lock file
 /// cannot be opened.
 fn hold_for_move(out: &Path) -> Result<Option<std::fs::File>> {
+    if let Some(file) = flock_folder(out, "--force")? {
+        return Ok(Some(file));
+    }
     let path = out.join(LOCK_FILE);
+    match live_holder(&path, std::process::id()) {
+        Some(pid) => Err(busy(out, &path, "--force", Some(pid))),
+        None => Ok(None),
+    }
+}
+
+/// The kernel's lock on run folder `dir`'s lock file for this process, tried up to three times
+/// while the file changes hands; `None` where the file system takes no advisory locks.
+/// Errors: [`Error::InvalidArgument`] naming `flag` when another run holds it or it changed
+/// hands three times; [`Error::Io`] when the file cannot be opened or written.
+fn flock_folder(dir: &Path, flag: &str) -> Result<Option<std::fs::File>> {
+    let path = dir.join(LOCK_FILE);
     let me = std::process::id();
     if !flock_supported(&path, me).map_err(|e| Error::io(&path, e))? {
-        return match pid_in(&path) {
-            Some(pid) if pid != me && alive(pid) == Some(true) => {
-                Err(busy(out, &path, "--force", Some(pid)))
-            }
-            _ => Ok(None),
-        };
+        return Ok(None);
     }
     for _ in 0..3 {
         match flock_with_pid(&path, me).map_err(|e| Error::io(&path, e))? {
-            Flock::Held(f) => return Ok(Some(f)),
-            Flock::Busy(pid) => return Err(busy(out, &path, "--force", pid)),
+            Flock::Held(file) => return Ok(Some(file)),
+            Flock::Busy(pid) => return Err(busy(dir, &path, flag, pid)),
             Flock::Moved => continue,
         }
     }
-    Err(changed_hands(out, "--force"))
+    Err(changed_hands(dir, flag))
+}
+
+/// Under the PID-file scheme, the running process other than `me` that lock file `path`
+/// names, if any.
+fn live_holder(path: &Path, me: u32) -> Option<u32> {
+    pid_in(path).filter(|&pid| pid != me && alive(pid) == Some(true))
 }
 
 /// The error for a run folder `dir` whose lock file `path` another run holds (`pid`, where
