@@ -4,6 +4,9 @@
 Usage: scripts/compare-sim.py MEASURED_DIR SIMULATED_DIR [--markdown] [--repeat]
                               [--between MEASURED_AGAIN_DIR]
 
+Either folder may be a comma-separated list of runs of the same workload (DIR1,DIR2,DIR3): each
+point's numbers on that side are then the median over the runs (validate-sim.sh --runs K).
+
 Reads each folder's results.csv (kvbench serve), pairs points by scheme and arrival, and prints
 for each: request throughput, TTFT p50/p95 and TPOT p50/p95, measured | simulated | error %.
 A point is within target when throughput is within 10 % and all four latencies within 15 %.
@@ -51,13 +54,55 @@ OTHER = "measured again" if "--repeat" in sys.argv else "simulated"
 
 
 def rows(d):
-    with open(f"{d}/results.csv", newline="") as f:
-        return {(r["scheme"], r["arrival"], r["prefix_caching"]): r for r in csv.DictReader(f)}
+    """(scheme, arrival, prefix_caching) -> results.csv row. `d` may name several folders,
+    comma-separated (runs of one workload): each point's numbers are then the median over the
+    folders whose row is ok (the middle one of three; the mean of the middle two of an even
+    count), its status ok where any folder's is."""
+    dirs = [x for x in d.split(",") if x]
+    runs = []
+    for x in dirs:
+        with open(f"{x}/results.csv", newline="") as f:
+            runs.append({(r["scheme"], r["arrival"], r["prefix_caching"]): r
+                         for r in csv.DictReader(f)})
+    if len(runs) == 1:
+        return runs[0]
+    out = {}
+    for key in runs[0]:
+        ok = [r[key] for r in runs if key in r and r[key]["status"] == "ok"]
+        if not ok:
+            out[key] = runs[0][key]
+            continue
+        row = dict(ok[0])
+        for c in row:
+            v = sorted(x for x in (num(r, c) if c != "status" else None for r in ok)
+                       if x is not None)
+            if v and all(_is_num(r.get(c, "")) for r in ok):
+                k = len(v) // 2
+                row[c] = repr(v[k] if len(v) % 2 else (v[k - 1] + v[k]) / 2.0)
+        out[key] = row
+    return out
+
+
+def _is_num(v):
+    try:
+        float(v)
+        return True
+    except ValueError:
+        return False
+
+
+def first(d):
+    """The first folder of a comma-separated list (the per-step and per-request sections read
+    one run)."""
+    return d.split(",")[0]
 
 
 def num(r, k):
     v = r.get(k, "")
-    return float(v) if v not in ("", "NaN") else None
+    try:
+        return float(v) if v not in ("", "NaN") else None
+    except ValueError:
+        return None
 
 
 def traces(d):
@@ -328,8 +373,10 @@ def main():
     if again is not None:
         print(f"{spread_ok} of {spread_total} points within target of either measured run or "
               "between them (the measurement's own spread; not the target)")
-    terms(args[0], args[1], md)
-    tpot_conditioning(args[0], args[1], md)
+    if "," in args[0] + args[1]:
+        print("(the sections below read the first folder of each list)")
+    terms(first(args[0]), first(args[1]), md)
+    tpot_conditioning(first(args[0]), first(args[1]), md)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # prefills and decode steps, measure two serving workloads, simulate the same workloads on the
 # calibrated profile, and print predicted next to measured for every point.
 #
-# Usage: scripts/validate-sim.sh [OUT] [--repeat] [--num-requests N]
+# Usage: scripts/validate-sim.sh [OUT] [--repeat | --runs K] [--num-requests N]
 #   (default OUT reports/validate-sim-<time>; N: requests per point in every measured and
 #   simulated run, overriding the suites' 48 — the same seeded requests plus more; the run time
 #   grows in proportion)
@@ -12,6 +12,13 @@
 # on the same targets, which says how far the measurement agrees with itself at each point, and
 # the simulation at the first run's speed is scored against both runs (compare-sim --between:
 # within target of either, or between them).
+# With --runs K (K >= 2; about 5 + 24·K minutes) each suite is measured K times, the suites
+# interleaved (serve, decode-heavy, serve, ...), each run simulated at its own speed, and every
+# point scored by the median of the K measured runs against the median of the K simulations
+# (compare-sim with comma-separated folders): the reference is then the measurement's central
+# value rather than one draw of a VM whose runs agree with each other on 9–15 of 24 points.
+# Each measured run is also scored against the median of the others (the measurement's own
+# agreement with such a reference) and against the first run.
 # Each comparison is printed twice: against the simulation at the calibration's speed, and
 # against the same simulation at the speed the machine had while the measured run ran
 # (--speed-from: the run's median speed probe against the calibration's), which takes a shared
@@ -20,12 +27,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeat=0
+runs=1
 args=()
 extra=()
-usage="usage: validate-sim.sh [OUT] [--repeat] [--num-requests N]"
+usage="usage: validate-sim.sh [OUT] [--repeat | --runs K] [--num-requests N]"
 while [ $# -gt 0 ]; do
     case $1 in
         --repeat) repeat=1 ;;
+        --runs)
+            case ${2:-} in
+                ''|*[!0-9]*|0|1) echo "validate-sim.sh: --runs needs a whole number of measured runs per suite, 2 or more ($usage)" >&2; exit 2 ;;
+            esac
+            runs=$2; shift ;;
         --num-requests)
             case ${2:-} in
                 ''|*[!0-9]*) echo "validate-sim.sh: --num-requests needs a whole number of requests per point ($usage)" >&2; exit 2 ;;
@@ -36,12 +49,51 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+if [ "$repeat" = 1 ] && [ "$runs" != 1 ]; then
+    echo "validate-sim.sh: --repeat and --runs exclude each other (--repeat is two runs compared run to run; $usage)" >&2
+    exit 2
+fi
 out=${args[0]:-reports/validate-sim-$(date -u +%Y%m%d-%H%M%S)}
 bin=target/release/kvbench
 test -x "$bin" || cargo build --release
 mkdir -p "$out"
 echo "== calibrate ($out/profile.toml)"
 "$bin" calibrate --out "$out/profile.toml"
+if [ "$runs" != 1 ]; then
+    # Run k's folders: measured-$w for the first, measured-k-$w after it.
+    name() { if [ "$2" = 1 ]; then echo "$out/$1-$3"; else echo "$out/$1-$2-$3"; fi; }
+    for k in $(seq 1 "$runs"); do
+        for w in serve serve-decode; do
+            echo "== measured, run $k of $runs: suites/$w.toml"
+            "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} --out "$(name measured "$k" "$w")"
+        done
+    done
+    for w in serve serve-decode; do
+        meas=() sims=()
+        for k in $(seq 1 "$runs"); do
+            echo "== simulated at run $k's speed (--speed-from): suites/$w.toml"
+            "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} --simulate "$out/profile.toml" \
+                --speed-from "$(name measured "$k" "$w")" --out "$(name simulated-at-speed "$k" "$w")"
+            meas+=("$(name measured "$k" "$w")")
+            sims+=("$(name simulated-at-speed "$k" "$w")")
+        done
+        all_meas=$(IFS=,; echo "${meas[*]}")
+        all_sims=$(IFS=,; echo "${sims[*]}")
+        echo "== $w: median of $runs measured runs | median of the simulations at their speeds | error"
+        scripts/compare-sim.py "$all_meas" "$all_sims" --markdown | tee "$out/compare-median-$w.md"
+        for k in $(seq 1 "$runs"); do
+            others=()
+            for j in $(seq 1 "$runs"); do [ "$j" = "$k" ] || others+=("$(name measured "$j" "$w")"); done
+            echo "== $w: median of the other measured runs | measured run $k | difference"
+            scripts/compare-sim.py "$(IFS=,; echo "${others[*]}")" "$(name measured "$k" "$w")" \
+                --markdown --repeat | tee "$out/repeat-median-$k-$w.md"
+            echo "== $w: measured run $k | simulated at its speed | error"
+            scripts/compare-sim.py "$(name measured "$k" "$w")" "$(name simulated-at-speed "$k" "$w")" \
+                --markdown | tee "$out/compare-at-speed-$k-$w.md"
+        done
+    done
+    exit 0
+fi
 for w in serve serve-decode; do
     echo "== measured: suites/$w.toml"
     "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} --out "$out/measured-$w"
