@@ -321,6 +321,11 @@ def main():
     if len(args) != 2:
         sys.exit(__doc__)
     md = "--markdown" in argv
+    for side, d in (("measured", args[0]), (OTHER, args[1])):
+        if "," in d:
+            print(f"{side}: each point the median over {len(d.split(','))} runs ({d})")
+    if "," in args[0] + args[1]:
+        print()
     meas, sim = rows(args[0]), rows(args[1])
     again = rows(again_dir) if again_dir else None
     cols = [("request_throughput", 10.0), ("ttft_ms_p50", 15.0), ("ttft_ms_p95", 15.0),
