@@ -53,48 +53,51 @@ import sys
 OTHER = "measured again" if "--repeat" in sys.argv else "simulated"
 
 
+# results.csv columns that are labels, not numbers a median is taken of.
+LABELS = {"run_id", "model", "mode", "profile", "scheme", "arrival", "prefix_caching", "status",
+          "contended", "error"}
+
+
+def folders(d):
+    """The folders a command-line argument names: one, or several comma-separated."""
+    dirs = [x for x in d.split(",") if x]
+    if not dirs:
+        sys.exit(f"compare-sim.py: no run folder in `{d}`\n" + __doc__)
+    return dirs
+
+
 def rows(d):
     """(scheme, arrival, prefix_caching) -> results.csv row. `d` may name several folders,
     comma-separated (runs of one workload): each point's numbers are then the median over the
-    folders whose row is ok (the middle one of three; the mean of the middle two of an even
-    count), its status ok where any folder's is."""
-    dirs = [x for x in d.split(",") if x]
+    runs whose row is ok (the middle one of three; the mean of the middle two of an even
+    count; a cell with no number left out), and the point counts as ok only where more than
+    half of the runs are (else its status is `partial`, and it is not scored)."""
     runs = []
-    for x in dirs:
+    for x in folders(d):
         with open(f"{x}/results.csv", newline="") as f:
             runs.append({(r["scheme"], r["arrival"], r["prefix_caching"]): r
                          for r in csv.DictReader(f)})
     if len(runs) == 1:
         return runs[0]
     out = {}
-    for key in runs[0]:
+    for key in dict.fromkeys(k for r in runs for k in r):
         ok = [r[key] for r in runs if key in r and r[key]["status"] == "ok"]
-        if not ok:
-            out[key] = runs[0][key]
+        if 2 * len(ok) <= len(runs):
+            some = next(r[key] for r in runs if key in r)
+            out[key] = dict(some, status="partial")
             continue
         row = dict(ok[0])
         for c in row:
-            v = sorted(x for x in (num(r, c) if c != "status" else None for r in ok)
-                       if x is not None)
-            if v and all(_is_num(r.get(c, "")) for r in ok):
+            if c in LABELS:
+                continue
+            v = sorted(x for x in (num(r, c) for r in ok) if x is not None)
+            if v:
                 k = len(v) // 2
                 row[c] = repr(v[k] if len(v) % 2 else (v[k - 1] + v[k]) / 2.0)
+            else:
+                row[c] = ""
         out[key] = row
     return out
-
-
-def _is_num(v):
-    try:
-        float(v)
-        return True
-    except ValueError:
-        return False
-
-
-def first(d):
-    """The first folder of a comma-separated list (the per-step and per-request sections read
-    one run)."""
-    return d.split(",")[0]
 
 
 def num(r, k):
@@ -321,10 +324,11 @@ def main():
     if len(args) != 2:
         sys.exit(__doc__)
     md = "--markdown" in argv
-    for side, d in (("measured", args[0]), (OTHER, args[1])):
-        if "," in d:
-            print(f"{side}: each point the median over {len(d.split(','))} runs ({d})")
-    if "," in args[0] + args[1]:
+    lists = [len(folders(d)) > 1 for d in args]
+    for side, d, many in zip(("measured", OTHER), args, lists):
+        if many:
+            print(f"{side}: each point the median over {len(folders(d))} runs ({d})")
+    if any(lists):
         print()
     meas, sim = rows(args[0]), rows(args[1])
     again = rows(again_dir) if again_dir else None
@@ -378,10 +382,12 @@ def main():
     if again is not None:
         print(f"{spread_ok} of {spread_total} points within target of either measured run or "
               "between them (the measurement's own spread; not the target)")
-    if "," in args[0] + args[1]:
-        print("(the sections below read the first folder of each list)")
-    terms(first(args[0]), first(args[1]), md)
-    tpot_conditioning(first(args[0]), first(args[1]), md)
+    if any(lists):
+        # The step fits and TPOT conditioning compare one run with one run; a median side has
+        # no steps of its own (compare the runs pairwise for those).
+        return
+    terms(args[0], args[1], md)
+    tpot_conditioning(args[0], args[1], md)
 
 
 if __name__ == "__main__":

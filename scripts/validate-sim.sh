@@ -18,8 +18,9 @@
 # (compare-sim with comma-separated folders): the reference is then the measurement's central
 # value rather than one draw of a VM whose runs agree with each other on 9–15 of 24 points.
 # Each measured run is also scored against the median of the others (the measurement's own
-# agreement with such a reference) and against the first run.
-# Each comparison is printed twice: against the simulation at the calibration's speed, and
+# agreement with such a reference) and against its own simulation. (--runs compares at the
+# runs' speeds only.)
+# Otherwise each comparison is printed twice: against the simulation at the calibration's speed, and
 # against the same simulation at the speed the machine had while the measured run ran
 # (--speed-from: the run's median speed probe against the calibration's), which takes a shared
 # VM's drift between the calibration and the run out of the error and leaves the model's own.
@@ -36,9 +37,14 @@ while [ $# -gt 0 ]; do
         --repeat) repeat=1 ;;
         --runs)
             case ${2:-} in
-                ''|*[!0-9]*|0|1) echo "validate-sim.sh: --runs needs a whole number of measured runs per suite, 2 or more ($usage)" >&2; exit 2 ;;
+                ''|*[!0-9]*) echo "validate-sim.sh: --runs needs a whole number of measured runs per suite, 2 or more ($usage)" >&2; exit 2 ;;
             esac
-            runs=$2; shift ;;
+            runs=$((10#$2))
+            if [ "$runs" -lt 2 ]; then
+                echo "validate-sim.sh: --runs needs 2 or more measured runs per suite, got $2 (one run: leave --runs out; $usage)" >&2
+                exit 2
+            fi
+            shift ;;
         --num-requests)
             case ${2:-} in
                 ''|*[!0-9]*) echo "validate-sim.sh: --num-requests needs a whole number of requests per point ($usage)" >&2; exit 2 ;;
@@ -49,17 +55,21 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-if [ "$repeat" = 1 ] && [ "$runs" != 1 ]; then
+if [ "$repeat" = 1 ] && [ "$runs" -gt 1 ]; then
     echo "validate-sim.sh: --repeat and --runs exclude each other (--repeat is two runs compared run to run; $usage)" >&2
     exit 2
 fi
 out=${args[0]:-reports/validate-sim-$(date -u +%Y%m%d-%H%M%S)}
+if [ "$runs" -gt 1 ] && [[ $out == *,* ]]; then
+    echo "validate-sim.sh: OUT ($out) has a comma, which compare-sim.py reads as a list of folders; give --runs an OUT without one" >&2
+    exit 2
+fi
 bin=target/release/kvbench
 test -x "$bin" || cargo build --release
 mkdir -p "$out"
 echo "== calibrate ($out/profile.toml)"
 "$bin" calibrate --out "$out/profile.toml"
-if [ "$runs" != 1 ]; then
+if [ "$runs" -gt 1 ]; then
     # Run k's folders: measured-$w for the first, measured-k-$w after it.
     name() { if [ "$2" = 1 ]; then echo "$out/$1-$3"; else echo "$out/$1-$2-$3"; fi; }
     for k in $(seq 1 "$runs"); do
