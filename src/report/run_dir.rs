@@ -661,8 +661,9 @@ fn busy(dir: &Path, path: &Path, flag: &str, pid: Option<u32>) -> Error {
     invalid(
         flag,
         format!(
-            "{} is being written by another kvbench run ({who}, lock {}); give each run its own \
-             --out, or wait until that run ends and then `--resume` it",
+            "{} is held by another kvbench run ({who}, lock {}): one writing it, or one moving \
+             it aside under --force; give each run its own --out, or wait until that run ends \
+             and then `--resume` the folder if it is still there",
             dir.display(),
             path.display()
         ),
