@@ -324,11 +324,11 @@ def main():
     if len(args) != 2:
         sys.exit(__doc__)
     md = "--markdown" in argv
-    lists = [len(folders(d)) > 1 for d in args]
-    for side, d, many in zip(("measured", OTHER), args, lists):
-        if many:
-            print(f"{side}: each point the median over {len(folders(d))} runs ({d})")
-    if any(lists):
+    runs = [len(folders(d)) for d in args]
+    for side, d, n in zip(("measured", OTHER), args, runs):
+        if n > 1:
+            print(f"{side}: each point the median over {n} runs ({d})")
+    if max(runs) > 1:
         print()
     meas, sim = rows(args[0]), rows(args[1])
     again = rows(again_dir) if again_dir else None
@@ -382,7 +382,7 @@ def main():
     if again is not None:
         print(f"{spread_ok} of {spread_total} points within target of either measured run or "
               "between them (the measurement's own spread; not the target)")
-    if any(lists):
+    if max(runs) > 1:
         # The step fits and TPOT conditioning compare one run with one run; a median side has
         # no steps of its own (compare the runs pairwise for those).
         return

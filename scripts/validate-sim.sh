@@ -67,6 +67,10 @@ fi
 bin=target/release/kvbench
 test -x "$bin" || cargo build --release
 mkdir -p "$out"
+# One serving run of suite $1 (serve, serve-decode), the rest of the arguments kvbench serve's.
+serve_suite() { local w=$1; shift; "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} "$@"; }
+# Its arguments joined by commas (compare-sim.py's list of runs).
+join() { local IFS=,; echo "$*"; }
 echo "== calibrate ($out/profile.toml)"
 "$bin" calibrate --out "$out/profile.toml"
 if [ "$runs" -gt 1 ]; then
@@ -75,27 +79,25 @@ if [ "$runs" -gt 1 ]; then
     for k in $(seq 1 "$runs"); do
         for w in serve serve-decode; do
             echo "== measured, run $k of $runs: suites/$w.toml"
-            "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} --out "$(name measured "$k" "$w")"
+            serve_suite "$w" --out "$(name measured "$k" "$w")"
         done
     done
     for w in serve serve-decode; do
         meas=() sims=()
         for k in $(seq 1 "$runs"); do
             echo "== simulated at run $k's speed (--speed-from): suites/$w.toml"
-            "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} --simulate "$out/profile.toml" \
-                --speed-from "$(name measured "$k" "$w")" --out "$(name simulated-at-speed "$k" "$w")"
+            serve_suite "$w" --simulate "$out/profile.toml" --speed-from "$(name measured "$k" "$w")" \
+                --out "$(name simulated-at-speed "$k" "$w")"
             meas+=("$(name measured "$k" "$w")")
             sims+=("$(name simulated-at-speed "$k" "$w")")
         done
-        all_meas=$(IFS=,; echo "${meas[*]}")
-        all_sims=$(IFS=,; echo "${sims[*]}")
         echo "== $w: median of $runs measured runs | median of the simulations at their speeds | error"
-        scripts/compare-sim.py "$all_meas" "$all_sims" --markdown | tee "$out/compare-median-$w.md"
+        scripts/compare-sim.py "$(join "${meas[@]}")" "$(join "${sims[@]}")" --markdown | tee "$out/compare-median-$w.md"
         for k in $(seq 1 "$runs"); do
             others=()
             for j in $(seq 1 "$runs"); do [ "$j" = "$k" ] || others+=("$(name measured "$j" "$w")"); done
             echo "== $w: median of the other measured runs | measured run $k | difference"
-            scripts/compare-sim.py "$(IFS=,; echo "${others[*]}")" "$(name measured "$k" "$w")" \
+            scripts/compare-sim.py "$(join "${others[@]}")" "$(name measured "$k" "$w")" \
                 --markdown --repeat | tee "$out/repeat-median-$k-$w.md"
             echo "== $w: measured run $k | simulated at its speed | error"
             scripts/compare-sim.py "$(name measured "$k" "$w")" "$(name simulated-at-speed "$k" "$w")" \
@@ -106,16 +108,16 @@ if [ "$runs" -gt 1 ]; then
 fi
 for w in serve serve-decode; do
     echo "== measured: suites/$w.toml"
-    "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} --out "$out/measured-$w"
+    serve_suite "$w" --out "$out/measured-$w"
     if [ "$repeat" = 1 ]; then
         echo "== measured again: suites/$w.toml"
-        "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} --out "$out/measured-again-$w"
+        serve_suite "$w" --out "$out/measured-again-$w"
     fi
     echo "== simulated on the calibrated profile: suites/$w.toml"
-    "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} --simulate "$out/profile.toml" --out "$out/simulated-$w"
+    serve_suite "$w" --simulate "$out/profile.toml" --out "$out/simulated-$w"
     echo "== simulated at the measured run's speed (--speed-from): suites/$w.toml"
-    "$bin" serve --suite "suites/$w.toml" ${extra[@]+"${extra[@]}"} --simulate "$out/profile.toml" \
-        --speed-from "$out/measured-$w" --out "$out/simulated-at-speed-$w"
+    serve_suite "$w" --simulate "$out/profile.toml" --speed-from "$out/measured-$w" \
+        --out "$out/simulated-at-speed-$w"
 done
 for w in serve serve-decode; do
     echo "== $w: measured | simulated | error"

@@ -12,6 +12,7 @@
 //! action, as `cat` or `grep` do, instead of Rust's default of ignoring SIGPIPE and then
 //! panicking on the failed write ([`install`]).
 
+use crate::report::meta::RunStatus;
 use std::path::Path;
 
 /// Installs the handlers: SIGPIPE back to its default action, and a thread that waits for
@@ -62,7 +63,7 @@ pub fn install() {
 /// `partial`): a signal that arrives after its last `meta.json` write, while it lets go of its
 /// folder, does not relabel its complete results.
 pub fn mark_interrupted(dir: &Path) {
-    let path = dir.join("meta.json");
+    let path = dir.join(crate::report::META_FILE);
     let Ok(text) = std::fs::read_to_string(&path) else {
         return;
     };
@@ -72,13 +73,14 @@ pub fn mark_interrupted(dir: &Path) {
     let Some(m) = v.as_object_mut() else {
         return;
     };
-    if matches!(
-        m.get("status").and_then(|s| s.as_str()),
-        Some("finished" | "failed" | "partial")
-    ) {
+    let status = m
+        .get("status")
+        .cloned()
+        .map(serde_json::from_value::<RunStatus>);
+    if matches!(status, Some(Ok(s)) if s.has_ended()) {
         return;
     }
-    m.insert("status".into(), "interrupted".into());
+    m.insert("status".into(), serde_json::json!(RunStatus::Interrupted));
     m.insert(
         "interrupted_at".into(),
         crate::util::time::now_rfc3339().into(),

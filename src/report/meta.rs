@@ -112,6 +112,14 @@ pub enum RunStatus {
     Partial,
 }
 
+impl RunStatus {
+    /// Whether the run has ended and wrote its last `meta.json` (finished, failed or a partial
+    /// merge): a later signal must not relabel it ([`crate::cli::interrupt::mark_interrupted`]).
+    pub fn has_ended(self) -> bool {
+        matches!(self, Self::Finished | Self::Failed | Self::Partial)
+    }
+}
+
 /// `meta.json`: every choice that changes a number, typed where kvbench reads it back
 /// (`report`, `--resume`, `merge`, `gate`), for any command: `S` its settings
 /// (`SweepSettings`, `ServeSettings`), `C` what every row repeats; the command's own
